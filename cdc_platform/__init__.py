@@ -1,0 +1,1 @@
+"""CDC from MySQL/MariaDB read replicas into reconciled lake tables, orchestrated by Dagster."""

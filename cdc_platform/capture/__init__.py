@@ -1,0 +1,1 @@
+"""The capture engine: pure Python, no Dagster or Spark imports."""

@@ -1,0 +1,622 @@
+"""The capture engine: binlog -> committed transactions -> changelog segments + checkpoint.
+
+Lifecycle (after the async embedded-engine design): CREATED -> STARTING -> STREAMING, with
+RECONNECTING between streams when the source connection drops, then STOPPING -> STOPPED, or
+FAILED. Every transition is logged. A stop request (Dagster cancel, SIGTERM) is honoured between
+events: committed transactions are flushed, the checkpoint written, and ``run`` returns.
+
+Guarantees (ARCHITECTURE section 5): only committed transactions are emitted, in binlog order;
+the checkpoint is written after every segment it covers is durable; on restart the engine
+deletes segments past the checkpoint and replays from the checkpoint's GTID position, giving
+the replayed records the same positions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import enum
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pymysqlreplication.event import (
+    GtidEvent,
+    HeartbeatLogEvent,
+    MariadbGtidEvent,
+    QueryEvent,
+    RotateEvent,
+    XidEvent,
+)
+from pymysqlreplication.row_event import (
+    DeleteRowsEvent,
+    TableMapEvent,
+    UpdateRowsEvent,
+    WriteRowsEvent,
+)
+
+from cdc_platform.capture import source as source_sql
+from cdc_platform.capture.binlog import (
+    BinlogStream,
+    is_retriable,
+    schema_from_table_map,
+)
+from cdc_platform.capture.gtid import GtidSet, parse_gtid, parse_position
+from cdc_platform.capture.landing import Checkpoint, LandingZone
+from cdc_platform.capture.schema import TableSchema
+from cdc_platform.capture.source import TableSelector
+from cdc_platform.capture.values import Converter, converter_for
+
+if TYPE_CHECKING:
+    from cdc_platform.config import Settings
+
+_TABLE_NAME = r"((?:`[^`]+`|\w+)(?:\.(?:`[^`]+`|\w+))?)"
+_DDL = re.compile(
+    r"^\s*(?:/\*.*?\*/\s*)*(?:(ALTER|CREATE|DROP|RENAME)\s+(?:(?:ONLINE|IGNORE|TEMPORARY|OR\s+REPLACE)\s+)*"
+    r"TABLE|(TRUNCATE)(?:\s+TABLE)?)\s+(?:IF\s+(?:NOT\s+)?EXISTS\s+)?" + _TABLE_NAME,
+    re.IGNORECASE | re.DOTALL,
+)
+_SAVEPOINT = re.compile(
+    r"^\s*(?:(ROLLBACK\s+(?:WORK\s+)?TO\s+(?:SAVEPOINT\s+)?)|SAVEPOINT\s+)(`[^`]+`|\w+)\s*$",
+    re.IGNORECASE,
+)
+
+
+class EngineState(enum.Enum):
+    CREATED = "created"
+    STARTING = "starting"
+    STREAMING = "streaming"
+    RECONNECTING = "reconnecting"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+class EngineError(RuntimeError):
+    """A non-retriable capture failure; the message names the table/GTID and what to do."""
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    server_name: str
+    flavour: str
+    server_id: int
+    connection_settings: dict[str, Any]
+    selector: TableSelector = field(default_factory=TableSelector)
+    heartbeat_seconds: float = 5.0
+    flush_interval_seconds: float = 1.0
+    flush_max_rows: int = 50_000
+    initial_backoff_seconds: float = 0.5
+    max_backoff_seconds: float = 30.0
+    max_reconnect_attempts: int = 0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> EngineOptions:
+        capture = settings.capture
+        return cls(
+            server_name=settings.source.server_name,
+            flavour=settings.source.flavour,
+            server_id=settings.source.server_id,
+            connection_settings=settings.source.connection_settings(),
+            selector=TableSelector(
+                include=capture.tables.include,
+                exclude=capture.tables.exclude,
+                excluded_columns=capture.excluded_columns,
+                system_databases=capture.system_databases,
+            ),
+            heartbeat_seconds=capture.heartbeat_interval_seconds,
+            flush_interval_seconds=capture.flush_interval_seconds,
+            flush_max_rows=capture.flush_max_rows,
+            initial_backoff_seconds=capture.reconnect.initial_backoff_seconds,
+            max_backoff_seconds=capture.reconnect.max_backoff_seconds,
+            max_reconnect_attempts=capture.reconnect.max_attempts,
+        )
+
+
+@dataclass
+class EngineStats:
+    """What the engine did in one ``run``; the Dagster op reports these as metadata."""
+
+    state: str = EngineState.CREATED.value
+    events: int = 0
+    transactions: int = 0
+    records: int = 0
+    records_by_table: dict[str, int] = field(default_factory=dict)
+    ddl_statements: int = 0
+    rolled_back: int = 0
+    reconnects: int = 0
+    flushes: int = 0
+    segments_written: int = 0
+    orphans_removed: int = 0
+    position: str = ""
+    next_pos: int = 1
+    lag_seconds: float | None = None
+    caught_up: bool = False
+    started_at: float = field(default_factory=time.time)
+
+    @property
+    def elapsed_seconds(self) -> float:
+        return time.time() - self.started_at
+
+
+@dataclass
+class _TableState:
+    """How rows of one binlog table id become landing tuples (built once per table map)."""
+
+    schema: TableSchema  # after column exclusion
+    names: tuple[str, ...]
+    converters: list[tuple[int, Converter]]
+    key_indexes: tuple[int, ...]
+
+
+@dataclass
+class _Chunk:
+    """Committed records of one table under one schema, waiting for the next flush."""
+
+    schema: TableSchema
+    positions: list[int] = field(default_factory=list)
+    gtids: list[str] = field(default_factory=list)
+    ops: list[str] = field(default_factory=list)
+    timestamps: list[int] = field(default_factory=list)
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
+
+
+@dataclass
+class _OpenTransaction:
+    gtid: str
+    records: list[tuple[_TableState, str, tuple[Any, ...]]] = field(default_factory=list)
+    savepoints: dict[str, int] = field(default_factory=dict)
+
+
+class CaptureEngine:
+    """Streams one source server into its landing-zone folder. One engine per server name."""
+
+    def __init__(self, options: EngineOptions, landing: LandingZone,
+                 log: Any | None = None) -> None:
+        self.options = options
+        self.landing = landing
+        self.log = log or logging.getLogger(__name__)
+        self.state = EngineState.CREATED
+        self.stats = EngineStats()
+        self._processed: GtidSet = parse_position(options.flavour, "")
+        self._next_pos = 1
+        self._table_ids: dict[int, _TableState | None] = {}
+        self._schemas: dict[str, TableSchema] = {}
+        self._schemas_dirty = False
+        self._chunks: dict[str, list[_Chunk]] = {}
+        self._buffered_rows = 0
+        self._txn: _OpenTransaction | None = None
+        self._last_flush = time.monotonic()
+        self._checkpointed_position = ""
+        self._last_commit_ts: float | None = None
+        self._last_activity = time.monotonic()
+        self._control: Any = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _transition(self, state: EngineState, reason: str = "") -> None:
+        previous = self.state
+        self.state = state
+        self.stats.state = state.value
+        self.log.info(
+            f"capture engine {self.options.server_name}: {previous.value} -> {state.value}"
+            + (f" ({reason})" if reason else "")
+        )
+
+    def run(
+        self,
+        stop: threading.Event | None = None,
+        stop_when_caught_up: bool = False,
+        caught_up_idle_seconds: float = 0.0,
+        on_progress: Callable[[EngineStats], None] | None = None,
+    ) -> EngineStats:
+        """Stream until ``stop`` is set (or, optionally, until caught up with the source)."""
+        stop = stop or threading.Event()
+        self._transition(EngineState.STARTING)
+        try:
+            self._start()
+            self._stream(stop, stop_when_caught_up, caught_up_idle_seconds, on_progress)
+            self._transition(EngineState.STOPPING, "stop requested" if stop.is_set()
+                             else "caught up with the source")
+            self._discard_open_transaction("engine stopping")
+            self.flush(force=True)
+            self._transition(EngineState.STOPPED)
+        except BaseException as error:
+            self._fail(error)
+            raise
+        finally:
+            self._close_control()
+        return self.stats
+
+    def _fail(self, error: BaseException) -> None:
+        """Keep what was committed: flushing whole transactions is always safe."""
+        self._discard_open_transaction("engine failing")
+        try:
+            self.flush(force=True)
+        except Exception:  # noqa: BLE001 - the original error matters more
+            self.log.error("capture engine: final flush failed", exc_info=True)
+        reason = f"{type(error).__name__}: {error}"
+        self._transition(EngineState.FAILED, reason)
+
+    def _start(self) -> None:
+        opts = self.options
+        checkpoint = self.landing.read_checkpoint()
+        if checkpoint is not None:
+            if checkpoint.flavour != opts.flavour:
+                raise EngineError(
+                    f"checkpoint of {opts.server_name} was written for a {checkpoint.flavour} "
+                    f"source but source.flavour is {opts.flavour}: fix the config or point "
+                    "landing_zone.url elsewhere"
+                )
+            self._processed = parse_position(opts.flavour, checkpoint.gtid)
+            self._next_pos = checkpoint.next_pos
+            removed = self.landing.remove_uncommitted(checkpoint.next_pos)
+            self.stats.orphans_removed = len(removed)
+            if removed:
+                self.log.info(f"capture engine {opts.server_name}: removed {len(removed)} "
+                              "segment(s) written after the last checkpoint; replaying them")
+            self._checkpointed_position = checkpoint.gtid
+        self._schemas = self.landing.read_tables()
+        self._control = source_sql.connect(opts.connection_settings)
+        source_sql.require_prerequisites(self._control, opts.flavour, opts.server_name)
+        self._record_discovered_tables()
+        self.stats.position = str(self._processed)
+        self.stats.next_pos = self._next_pos
+        self.log.info(
+            f"capture engine {opts.server_name}: resuming after GTID position "
+            f"{str(self._processed) or '(start of the binlog)'} at changelog position "
+            f"{self._next_pos}"
+        )
+
+    def _record_discovered_tables(self) -> None:
+        """Note every captured table's schema, so empty tables still get a target."""
+        for database, table in source_sql.list_tables(self._control, self.options.selector):
+            table_id = f"{database}.{table}"
+            if table_id in self._schemas:
+                continue
+            schema = source_sql.read_table_schema(self._control, database, table)
+            excluded = self.options.selector.excluded_columns_of(
+                database, table, schema.column_names)
+            self._schemas[table_id] = schema.without_columns(excluded)
+            self._schemas_dirty = True
+
+    def _close_control(self) -> None:
+        if self._control is not None:
+            with contextlib.suppress(Exception):
+                self._control.close()
+            self._control = None
+
+    # -- streaming -------------------------------------------------------------------------
+
+    def _stream(self, stop: threading.Event, stop_when_caught_up: bool,
+                caught_up_idle_seconds: float,
+                on_progress: Callable[[EngineStats], None] | None) -> None:
+        opts = self.options
+        failures = 0
+        next_caught_up_check = 0.0
+        while not stop.is_set():
+            stream: BinlogStream | None = None
+            try:
+                stream = BinlogStream(opts.connection_settings, opts.server_id, opts.flavour,
+                                      str(self._processed), opts.heartbeat_seconds)
+                self._transition(EngineState.STREAMING,
+                                 f"from {str(self._processed) or 'the start of the binlog'}")
+                for event in stream:
+                    failures = 0
+                    idle = self._handle(event)
+                    now = time.monotonic()
+                    if now - self._last_flush >= opts.flush_interval_seconds:
+                        self.flush()
+                        if on_progress:
+                            on_progress(self.stats)
+                    if stop.is_set():
+                        return
+                    if stop_when_caught_up and self._txn is None and (
+                        idle or now >= next_caught_up_check
+                    ):
+                        next_caught_up_check = now + 0.5
+                        if self._caught_up() and (
+                            now - self._last_activity >= caught_up_idle_seconds
+                        ):
+                            return
+            except BaseException as error:
+                if not is_retriable(error):
+                    raise
+                failures += 1
+                self.stats.reconnects += 1
+                self._discard_open_transaction("connection lost")
+                limit = opts.max_reconnect_attempts
+                if limit and failures > limit:
+                    raise EngineError(
+                        f"source {opts.server_name} unreachable after {failures - 1} "
+                        f"reconnect attempts ({error}); check the replica and restart the run"
+                    ) from error
+                backoff = min(opts.max_backoff_seconds,
+                              opts.initial_backoff_seconds * 2 ** (failures - 1))
+                self._transition(EngineState.RECONNECTING,
+                                 f"{error}; retry {failures} in {backoff:.1f}s from "
+                                 f"{str(self._processed) or 'the start'}")
+                self.flush()
+                if self._control is not None and failures > 1:
+                    self._close_control()
+                stop.wait(backoff)
+            finally:
+                if stream is not None:
+                    stream.close()
+
+    def _caught_up(self) -> bool:
+        """True when everything the source has executed is processed (not a watermark)."""
+        if self._control is None:
+            self._control = source_sql.connect(self.options.connection_settings)
+        executed = parse_position(
+            self.options.flavour,
+            source_sql.executed_gtid_text(self._control, self.options.flavour),
+        )
+        caught_up = self._processed.issuperset(executed)
+        self.stats.caught_up = caught_up
+        if caught_up:
+            self.stats.lag_seconds = 0.0
+        return caught_up
+
+    def _handle(self, event: Any) -> bool:
+        """Apply one binlog event; returns True when the event says the stream is idle."""
+        self.stats.events += 1
+        if isinstance(event, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent):
+            self._on_rows(event)
+        elif isinstance(event, TableMapEvent):
+            self._on_table_map(event)
+        elif isinstance(event, XidEvent):
+            self._commit(event.timestamp)
+        elif isinstance(event, MariadbGtidEvent | GtidEvent):
+            self._begin(event.gtid)
+        elif isinstance(event, QueryEvent):
+            self._on_query(event)
+        elif isinstance(event, HeartbeatLogEvent):
+            # The server had nothing more to send: we are at the end of its binlog.
+            if self._txn is None:
+                self.stats.lag_seconds = 0.0
+            return True
+        elif isinstance(event, RotateEvent):
+            self._table_ids.clear()
+        return False
+
+    def _begin(self, gtid: str) -> None:
+        if self._txn is not None:
+            self.log.warning(f"transaction {self._txn.gtid} has no commit before GTID {gtid}; "
+                             "discarding its buffered rows")
+            self.stats.rolled_back += 1
+        self._txn = _OpenTransaction(gtid)
+
+    def _on_table_map(self, event: TableMapEvent) -> None:
+        if event.table_id in self._table_ids:
+            return
+        database, table = event.schema, event.table
+        if not self.options.selector.captures(database, table):
+            self._table_ids[event.table_id] = None
+            return
+        full = schema_from_table_map(event)
+        excluded = self.options.selector.excluded_columns_of(database, table, full.column_names)
+        schema = full.without_columns(excluded)
+        if not schema.primary_key:
+            self.log.warning(f"table {schema.table_id} has no primary key: its changes are "
+                             "landed but target tables need a key; add one or a surrogate key")
+        previous = self._schemas.get(schema.table_id)
+        if previous is None or previous.columns != schema.columns or (
+            previous.primary_key != schema.primary_key
+        ):
+            if previous is not None:
+                added = [c for c in schema.column_names if c not in previous.column_names]
+                dropped = [c for c in previous.column_names if c not in schema.column_names]
+                gtid = self._txn.gtid if self._txn else "?"
+                self.log.info(f"table {schema.table_id}: schema changed at GTID {gtid} "
+                              f"(added {added or 'none'}, dropped {dropped or 'none'})")
+            self._schemas[schema.table_id] = schema
+            self._schemas_dirty = True
+        converters = []
+        for index, column in enumerate(schema.columns):
+            converter = converter_for(column, from_binlog=True)
+            if converter is not None:
+                converters.append((index, converter))
+        key_indexes = tuple(schema.column_names.index(k) for k in schema.primary_key)
+        self._table_ids[event.table_id] = _TableState(schema, schema.column_names, converters,
+                                                      key_indexes)
+
+    def _row(self, state: _TableState, values: dict[str, Any]) -> tuple[Any, ...]:
+        try:
+            row = [values[name] for name in state.names]
+        except KeyError as missing:
+            raise EngineError(
+                f"table {state.schema.table_id}: binlog row lacks column {missing} at GTID "
+                f"{self._txn.gtid if self._txn else '?'}; is binlog_row_image FULL?"
+            ) from None
+        for index, convert in state.converters:
+            row[index] = convert(row[index])
+        return tuple(row)
+
+    def _tombstone(self, state: _TableState, row: tuple[Any, ...]) -> tuple[Any, ...]:
+        out: list[Any] = [None] * len(row)
+        for index in state.key_indexes:
+            out[index] = row[index]
+        return tuple(out)
+
+    def _on_rows(self, event: Any) -> None:
+        state = self._table_ids.get(event.table_id)
+        if state is None:
+            return
+        if self._txn is None:
+            self._txn = _OpenTransaction("")
+        records = self._txn.records
+        if isinstance(event, WriteRowsEvent):
+            for row in event.rows:
+                records.append((state, "c", self._row(state, row["values"])))
+        elif isinstance(event, UpdateRowsEvent):
+            keys = state.key_indexes
+            for row in event.rows:
+                after = self._row(state, row["after_values"])
+                if keys:
+                    before = self._row(state, row["before_values"])
+                    if any(before[i] != after[i] for i in keys):
+                        records.append((state, "d", self._tombstone(state, before)))
+                records.append((state, "u", after))
+        else:
+            for row in event.rows:
+                records.append((state, "d", self._tombstone(state, self._row(state, row["values"]))))
+
+    def _on_query(self, event: QueryEvent) -> None:
+        query = event.query if isinstance(event.query, str) else event.query.decode(errors="replace")
+        statement = query.strip().upper()
+        if statement in ("BEGIN", "XA START"):
+            return
+        if statement == "COMMIT":
+            self._commit(event.timestamp)
+            return
+        savepoint = _SAVEPOINT.match(query)
+        if savepoint:
+            self._on_savepoint(savepoint.group(1) is not None, savepoint.group(2).strip("`"))
+            return
+        if statement.startswith("ROLLBACK"):
+            if self._txn is not None:
+                self.stats.rolled_back += 1
+                self.log.info(f"transaction {self._txn.gtid}: rolled back in the binlog; "
+                              "nothing emitted")
+            self._txn = None
+            return
+        match = _DDL.match(query)
+        if match:
+            self._on_ddl(event, (match.group(1) or match.group(2)).upper(), match.group(3), query)
+        # A statement outside BEGIN (DDL, or any implicit-commit statement) completes its GTID.
+        if self._txn is not None and not self._txn.records:
+            self._commit(event.timestamp)
+
+    def _on_savepoint(self, rollback: bool, name: str) -> None:
+        """Rows after a savepoint that was rolled back to never happened: drop them."""
+        txn = self._txn
+        if txn is None:
+            return
+        if not rollback:
+            txn.savepoints[name] = len(txn.records)
+        elif name in txn.savepoints:
+            del txn.records[txn.savepoints[name]:]
+
+    def _on_ddl(self, event: QueryEvent, verb: str, name: str, query: str) -> None:
+        parts = [p.strip("`") for p in name.split(".")]
+        default_db = event.schema.decode() if isinstance(event.schema, bytes) else event.schema
+        database, table = (parts[0], parts[1]) if len(parts) == 2 else (default_db, parts[0])
+        if not self.options.selector.captures(database, table):
+            return
+        self.stats.ddl_statements += 1
+        gtid = self._txn.gtid if self._txn else "?"
+        self.log.info(f"table {database}.{table}: {verb} at GTID {gtid} (tracked, not "
+                      "replicated; the new columns arrive with the next rows)")
+        if verb == "TRUNCATE":
+            self.log.warning(f"table {database}.{table} was truncated at GTID {gtid}: a "
+                             "TRUNCATE has no row events, so the target keeps its rows until "
+                             "the table is re-snapshotted")
+        # Table ids of the old definition are stale from here on.
+        self._table_ids = {k: v for k, v in self._table_ids.items()
+                           if v is None or v.schema.table_id != f"{database}.{table}"}
+
+    def _commit(self, timestamp: int) -> None:
+        txn = self._txn
+        self._txn = None
+        if txn is None:
+            return
+        position = self._next_pos
+        gtid = txn.gtid
+        ts_ms = int(timestamp) * 1000
+        for state, op, row in txn.records:
+            table_id = state.schema.table_id
+            chunks = self._chunks.setdefault(table_id, [])
+            if not chunks or chunks[-1].schema is not state.schema:
+                chunks.append(_Chunk(state.schema))
+            chunk = chunks[-1]
+            chunk.positions.append(position)
+            chunk.gtids.append(gtid)
+            chunk.ops.append(op)
+            chunk.timestamps.append(ts_ms)
+            chunk.rows.append(row)
+            position += 1
+        count = position - self._next_pos
+        self._next_pos = position
+        self._buffered_rows += count
+        if gtid:
+            self._processed = self._processed.add(parse_gtid(self.options.flavour, gtid))
+        self.stats.transactions += 1
+        self.stats.records += count
+        self._last_commit_ts = float(timestamp)
+        self._last_activity = time.monotonic()
+        self.stats.lag_seconds = max(0.0, time.time() - float(timestamp))
+        self.stats.caught_up = False
+        if self._buffered_rows >= self.options.flush_max_rows:
+            self.flush()
+
+    def _discard_open_transaction(self, reason: str) -> None:
+        if self._txn is not None:
+            self.log.info(f"transaction {self._txn.gtid or '?'}: discarded ({reason}); it will "
+                          "be read again from the binlog")
+            self._txn = None
+
+    # -- landing ---------------------------------------------------------------------------
+
+    def flush(self, force: bool = False) -> None:
+        """Land buffered transactions, then move the checkpoint past them."""
+        self._last_flush = time.monotonic()
+        position_text = str(self._processed)
+        if not self._chunks and position_text == self._checkpointed_position and not (
+            self._schemas_dirty or force
+        ):
+            return
+        written = []
+        for table_id, chunks in self._chunks.items():
+            for chunk in chunks:
+                table = self._arrow_table(chunk)
+                written.append(self.landing.write_segment(
+                    chunk.schema, table, chunk.positions[0], chunk.positions[-1]))
+                self.stats.records_by_table[table_id] = (
+                    self.stats.records_by_table.get(table_id, 0) + len(chunk.positions))
+        if written:
+            self.landing.sync_dirs(written)
+        if self._schemas_dirty:
+            self.landing.write_tables(self._schemas)
+            self._schemas_dirty = False
+        self.landing.write_checkpoint(Checkpoint(
+            server_name=self.options.server_name,
+            flavour=self.options.flavour,
+            gtid=position_text,
+            next_pos=self._next_pos,
+            written_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            lag_seconds=self.stats.lag_seconds,
+        ))
+        self._checkpointed_position = position_text
+        self._chunks = {}
+        self._buffered_rows = 0
+        self.stats.flushes += 1
+        self.stats.segments_written += len(written)
+        self.stats.position = position_text
+        self.stats.next_pos = self._next_pos
+
+    def _arrow_table(self, chunk: _Chunk) -> pa.Table:
+        schema = chunk.schema
+        arrow_schema = schema.arrow_schema()
+        columns = list(zip(*chunk.rows, strict=True)) if chunk.rows else []
+        arrays = [
+            pa.array(chunk.positions, pa.int64()),
+            pa.array(chunk.gtids, pa.string()),
+            pa.array(chunk.ops, pa.string()),
+            pa.array(chunk.timestamps, pa.int64()),
+        ]
+        for index, column in enumerate(schema.columns):
+            try:
+                arrays.append(pa.array(columns[index], column.arrow_type()))
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as error:
+                raise EngineError(
+                    f"table {schema.table_id}, column {column.name} ({column.kind}): a value "
+                    f"between positions {chunk.positions[0]} and {chunk.positions[-1]} does "
+                    f"not fit the landing type {column.arrow_type()}: {error}"
+                ) from error
+        return pa.Table.from_arrays(arrays, schema=arrow_schema)

@@ -1,0 +1,178 @@
+"""The landing zone as the engine writes it: segment files, checkpoint, table catalog.
+
+Layout and contracts: docs/landing-zone.md. Every file appears atomically (temporary name,
+fsync, rename), and the checkpoint is replaced only after every segment it covers is durable,
+so a reader that trusts the checkpoint never sees a half-written or uncommitted file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from cdc_platform.capture.schema import TableSchema
+
+SEGMENT_NAME = re.compile(r"^(\d{20})-(\d{20})\.parquet$")
+
+
+def local_path(url: str) -> Path:
+    """A local directory for a landing-zone URL (plain path or file:// URL).
+
+    Object-storage URLs need a different writer (put-if-absent instead of rename); the seam is
+    this module, which is the only place the engine touches files.
+    """
+    parsed = urlparse(url)
+    if parsed.scheme in ("", "file"):
+        return Path(parsed.path if parsed.scheme else url).expanduser().absolute()
+    raise ValueError(
+        f"landing zone URL {url!r}: only local paths and file:// URLs are supported by the "
+        "capture engine in this version"
+    )
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` so that ``path`` either does not exist or holds all of it, durably."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+@dataclass
+class Checkpoint:
+    """The engine's commit point: everything before ``next_pos`` is durable and covered."""
+
+    server_name: str
+    flavour: str
+    gtid: str = ""
+    next_pos: int = 1
+    written_at: str = ""
+    lag_seconds: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        data = {
+            "server_name": self.server_name, "flavour": self.flavour, "gtid": self.gtid,
+            "next_pos": self.next_pos, "written_at": self.written_at,
+            "lag_seconds": self.lag_seconds, **self.extra,
+        }
+        return json.dumps(data, indent=1).encode()
+
+    @staticmethod
+    def from_json(text: bytes | str) -> Checkpoint:
+        data = json.loads(text)
+        known = {"server_name", "flavour", "gtid", "next_pos", "written_at", "lag_seconds"}
+        return Checkpoint(
+            server_name=data["server_name"], flavour=data["flavour"], gtid=data.get("gtid", ""),
+            next_pos=int(data.get("next_pos", 1)), written_at=data.get("written_at", ""),
+            lag_seconds=data.get("lag_seconds"),
+            extra={k: v for k, v in data.items() if k not in known},
+        )
+
+
+class LandingZone:
+    """One source server's folder in the landing zone."""
+
+    def __init__(self, url: str, server_name: str) -> None:
+        self.root = local_path(url) / server_name
+        self.server_name = server_name
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.root / "checkpoint.json"
+
+    @property
+    def tables_path(self) -> Path:
+        return self.root / "tables.json"
+
+    def table_dir(self, database: str, table: str) -> Path:
+        return self.root / "changelog" / database / table
+
+    def read_checkpoint(self) -> Checkpoint | None:
+        try:
+            return Checkpoint.from_json(self.checkpoint_path.read_bytes())
+        except FileNotFoundError:
+            return None
+
+    def write_checkpoint(self, checkpoint: Checkpoint) -> None:
+        write_atomically(self.checkpoint_path, checkpoint.to_json())
+
+    def read_tables(self) -> dict[str, TableSchema]:
+        """The captured tables' newest schemas, as the engine last recorded them."""
+        try:
+            data = json.loads(self.tables_path.read_bytes())
+        except FileNotFoundError:
+            return {}
+        return {k: TableSchema.from_dict(v) for k, v in data.get("tables", {}).items()}
+
+    def write_tables(self, tables: dict[str, TableSchema]) -> None:
+        data = {"tables": {k: v.to_dict() for k, v in sorted(tables.items())}}
+        write_atomically(self.tables_path, json.dumps(data, indent=1).encode())
+
+    def segment_path(self, database: str, table: str, first_pos: int, last_pos: int) -> Path:
+        return self.table_dir(database, table) / f"{first_pos:020d}-{last_pos:020d}.parquet"
+
+    def write_segment(self, schema: TableSchema, table: pa.Table, first_pos: int,
+                      last_pos: int) -> Path:
+        """Write one segment durably; the caller checkpoints after all segments of a flush."""
+        path = self.segment_path(schema.database, schema.table, first_pos, last_pos)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        pq.write_table(table, tmp, compression="zstd")
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        return path
+
+    def sync_dirs(self, paths: list[Path]) -> None:
+        for directory in {p.parent for p in paths}:
+            _fsync_dir(directory)
+
+    def segments(self, database: str, table: str) -> list[tuple[int, int, Path]]:
+        directory = self.table_dir(database, table)
+        if not directory.is_dir():
+            return []
+        found = []
+        for entry in directory.iterdir():
+            match = SEGMENT_NAME.match(entry.name)
+            if match:
+                found.append((int(match.group(1)), int(match.group(2)), entry))
+        return sorted(found)
+
+    def remove_uncommitted(self, next_pos: int) -> list[Path]:
+        """Delete segments (and temp files) written after the last checkpoint.
+
+        They belong to transactions the engine will replay with the same positions; readers
+        never read past the checkpoint, so nobody has seen them.
+        """
+        removed: list[Path] = []
+        changelog = self.root / "changelog"
+        if not changelog.is_dir():
+            return removed
+        for path in changelog.glob("*/*/*"):
+            match = SEGMENT_NAME.match(path.name)
+            stale_tmp = path.name.startswith(".") and ".tmp-" in path.name
+            if stale_tmp or (match and int(match.group(1)) >= next_pos):
+                path.unlink(missing_ok=True)
+                removed.append(path)
+        return removed

@@ -1,0 +1,223 @@
+"""Table schemas as the capture engine sees them, and their landing-zone (Arrow) types.
+
+A schema can be built from two places that must agree: the binlog's table-map metadata
+(with ``binlog_row_metadata=FULL``) for streamed rows, and ``information_schema`` for rows read
+with SELECTs (reconciliation, snapshot chunks). Both are reduced to the same ``ColumnSpec.kind``
+vocabulary, so a value converted from either side lands with the same Arrow type and the same
+canonical value (see ``capture.values``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+# The kinds a source column is reduced to. One landing type per kind.
+KINDS = (
+    "int", "uint64", "decimal", "float", "double", "date", "datetime", "timestamp", "time",
+    "string", "binary", "enum", "set", "json", "bit",
+)
+
+# information_schema.DATA_TYPE -> kind (for columns whose kind needs no further detail).
+_INFORMATION_SCHEMA_KINDS = {
+    "tinyint": "int", "smallint": "int", "mediumint": "int", "int": "int", "integer": "int",
+    "year": "int", "float": "float", "double": "double", "real": "double",
+    "decimal": "decimal", "numeric": "decimal", "date": "date", "datetime": "datetime",
+    "timestamp": "timestamp", "time": "time", "char": "string", "varchar": "string",
+    "tinytext": "string", "text": "string", "mediumtext": "string", "longtext": "string",
+    "binary": "binary", "varbinary": "binary", "tinyblob": "binary", "blob": "binary",
+    "mediumblob": "binary", "longblob": "binary", "enum": "enum", "set": "set", "json": "json",
+    "bit": "bit", "geometry": "binary", "point": "binary", "linestring": "binary",
+    "polygon": "binary", "multipoint": "binary", "multilinestring": "binary",
+    "multipolygon": "binary", "geometrycollection": "binary", "inet4": "string",
+    "inet6": "string", "uuid": "string",
+}
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    """One source column, reduced to what decides its landing type and value form."""
+
+    name: str
+    kind: str
+    precision: int | None = None  # decimal precision, bit width
+    scale: int | None = None  # decimal scale, fractional-second digits of time kinds
+    values: tuple[str, ...] = ()  # ENUM/SET members in definition order
+
+    def arrow_type(self) -> pa.DataType:
+        """The Arrow type this column lands as (docs/landing-zone.md has the table)."""
+        kind = self.kind
+        if kind == "int":
+            return pa.int64()
+        if kind == "uint64":
+            return pa.decimal128(20, 0)
+        if kind == "bit":
+            return pa.decimal128(20, 0) if (self.precision or 1) >= 64 else pa.int64()
+        if kind == "decimal":
+            precision = self.precision or 10
+            if precision > 38:
+                return pa.string()
+            return pa.decimal128(precision, self.scale or 0)
+        if kind == "float":
+            return pa.float32()
+        if kind == "double":
+            return pa.float64()
+        if kind == "date":
+            return pa.date32()
+        if kind == "datetime":
+            return pa.timestamp("us")
+        if kind == "timestamp":
+            return pa.timestamp("us", tz="UTC")
+        if kind == "binary":
+            return pa.binary()
+        return pa.string()  # string, enum, set, json, time
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["values"] = list(self.values)
+        return data
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> ColumnSpec:
+        return ColumnSpec(
+            name=data["name"],
+            kind=data["kind"],
+            precision=data.get("precision"),
+            scale=data.get("scale"),
+            values=tuple(data.get("values") or ()),
+        )
+
+
+@dataclass(frozen=True)
+class TableSchema:
+    """Columns (in source order) and primary key of one captured table."""
+
+    database: str
+    table: str
+    columns: tuple[ColumnSpec, ...]
+    primary_key: tuple[str, ...] = field(default=())
+
+    @property
+    def table_id(self) -> str:
+        return f"{self.database}.{self.table}"
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    def column(self, name: str) -> ColumnSpec:
+        for column in self.columns:
+            if column.name == name:
+                return column
+        raise KeyError(f"{self.table_id} has no column {name!r}")
+
+    def without_columns(self, excluded: set[str]) -> TableSchema:
+        """The schema with excluded columns removed (they never reach the landing zone)."""
+        if not excluded:
+            return self
+        kept = tuple(c for c in self.columns if c.name not in excluded)
+        return TableSchema(self.database, self.table, kept, self.primary_key)
+
+    def arrow_schema(self, metadata_columns: bool = True) -> pa.Schema:
+        """The changelog schema: metadata columns first, then the user columns."""
+        fields: list[pa.Field] = []
+        if metadata_columns:
+            fields += [
+                pa.field("__cdc_pos", pa.int64(), nullable=False),
+                pa.field("__cdc_gtid", pa.string()),
+                pa.field("__cdc_op", pa.string()),
+                pa.field("__cdc_ts_ms", pa.int64()),
+            ]
+        fields += [pa.field(c.name, c.arrow_type()) for c in self.columns]
+        return pa.schema(fields, metadata=self.parquet_metadata())
+
+    def parquet_metadata(self) -> dict[bytes, bytes]:
+        return {
+            b"cdc.table": self.table_id.encode(),
+            b"cdc.primary_key": json.dumps(list(self.primary_key)).encode(),
+            b"cdc.columns": json.dumps([c.to_dict() for c in self.columns]).encode(),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "database": self.database,
+            "table": self.table,
+            "primary_key": list(self.primary_key),
+            "columns": [c.to_dict() for c in self.columns],
+        }
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> TableSchema:
+        return TableSchema(
+            database=data["database"],
+            table=data["table"],
+            columns=tuple(ColumnSpec.from_dict(c) for c in data["columns"]),
+            primary_key=tuple(data.get("primary_key") or ()),
+        )
+
+    @staticmethod
+    def from_parquet_metadata(metadata: dict[bytes, bytes]) -> TableSchema:
+        database, table = metadata[b"cdc.table"].decode().split(".", 1)
+        return TableSchema(
+            database=database,
+            table=table,
+            columns=tuple(
+                ColumnSpec.from_dict(c) for c in json.loads(metadata[b"cdc.columns"])
+            ),
+            primary_key=tuple(json.loads(metadata[b"cdc.primary_key"])),
+        )
+
+
+def column_from_information_schema(row: dict[str, Any]) -> ColumnSpec:
+    """Build a ColumnSpec from one ``information_schema.COLUMNS`` row (dict cursor)."""
+    data_type = str(row["DATA_TYPE"]).lower()
+    column_type = str(row["COLUMN_TYPE"]).lower()
+    kind = _INFORMATION_SCHEMA_KINDS.get(data_type, "string")
+    unsigned = "unsigned" in column_type
+    precision = scale = None
+    values: tuple[str, ...] = ()
+    if data_type == "bigint":
+        kind = "uint64" if unsigned else "int"
+    elif kind == "decimal":
+        precision, scale = int(row["NUMERIC_PRECISION"]), int(row["NUMERIC_SCALE"])
+    elif kind == "bit":
+        precision = int(row["NUMERIC_PRECISION"])
+    elif kind in ("datetime", "timestamp", "time"):
+        scale = int(row.get("DATETIME_PRECISION") or 0)
+    elif kind in ("enum", "set"):
+        values = _parse_enum_members(str(row["COLUMN_TYPE"]))
+    elif kind == "string" and row.get("CHARACTER_SET_NAME") in (None, "binary") and data_type in (
+        "char", "varchar"
+    ):
+        kind = "binary"
+    return ColumnSpec(str(row["COLUMN_NAME"]), kind, precision, scale, values)
+
+
+def _parse_enum_members(column_type: str) -> tuple[str, ...]:
+    """``enum('a','b''c')`` -> ('a', "b'c"). Members are SQL string literals."""
+    inner = column_type[column_type.index("(") + 1 : column_type.rindex(")")]
+    members: list[str] = []
+    current: list[str] = []
+    i, in_quote = 0, False
+    while i < len(inner):
+        ch = inner[i]
+        if in_quote:
+            if ch == "'" and i + 1 < len(inner) and inner[i + 1] == "'":
+                current.append("'")
+                i += 1
+            elif ch == "\\" and i + 1 < len(inner):
+                current.append(inner[i + 1])
+                i += 1
+            elif ch == "'":
+                in_quote = False
+                members.append("".join(current))
+                current = []
+            else:
+                current.append(ch)
+        elif ch == "'":
+            in_quote = True
+        i += 1
+    return tuple(members)

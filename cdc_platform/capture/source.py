@@ -1,0 +1,181 @@
+"""Read-only access to the source replica over SQL: discovery, schemas, positions, prerequisites.
+
+Every session opened here is read-only (``SET SESSION TRANSACTION READ ONLY``): the platform
+never writes to the source, and a bug here cannot make it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pymysql
+import pymysql.cursors
+
+from cdc_platform.capture.schema import TableSchema, column_from_information_schema
+
+
+class PrerequisiteError(RuntimeError):
+    """The source is not configured for GTID row-based capture; the message says what to set."""
+
+
+@dataclass(frozen=True)
+class TableSelector:
+    """Which tables and columns are captured (config: capture.tables / excluded_columns)."""
+
+    include: tuple[str, ...] = (".*",)
+    exclude: tuple[str, ...] = ()
+    excluded_columns: tuple[str, ...] = ()
+    system_databases: tuple[str, ...] = ("mysql", "information_schema", "performance_schema", "sys")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_include", [re.compile(p) for p in self.include])
+        object.__setattr__(self, "_exclude", [re.compile(p) for p in self.exclude])
+        object.__setattr__(self, "_columns", [re.compile(p) for p in self.excluded_columns])
+        object.__setattr__(self, "_cache", {})
+
+    def captures(self, database: str, table: str) -> bool:
+        """True when ``database.table`` passes the include/exclude patterns (memoised: hot path)."""
+        key = (database, table)
+        cache: dict[tuple[str, str], bool] = self._cache  # type: ignore[attr-defined]
+        if key not in cache:
+            table_id = f"{database}.{table}"
+            cache[key] = (
+                database not in self.system_databases
+                and any(p.fullmatch(table_id) for p in self._include)  # type: ignore[attr-defined]
+                and not any(p.fullmatch(table_id) for p in self._exclude)  # type: ignore[attr-defined]
+            )
+        return cache[key]
+
+    def excluded_columns_of(self, database: str, table: str, columns: Iterable[str]) -> set[str]:
+        prefix = f"{database}.{table}."
+        return {
+            c for c in columns
+            if any(p.fullmatch(prefix + c) for p in self._columns)  # type: ignore[attr-defined]
+        }
+
+
+def connect(settings: dict[str, Any], dict_cursor: bool = False) -> pymysql.Connection:
+    """A read-only, autocommit, UTC session on the source."""
+    conn = pymysql.connect(
+        **settings,
+        autocommit=True,
+        cursorclass=pymysql.cursors.DictCursor if dict_cursor else pymysql.cursors.Cursor,
+    )
+    with conn.cursor() as cur:
+        cur.execute("SET SESSION TRANSACTION READ ONLY")
+        cur.execute("SET time_zone = '+00:00'")
+    return conn
+
+
+@contextmanager
+def source_connection(settings: dict[str, Any], dict_cursor: bool = False) -> Iterator[Any]:
+    conn = connect(settings, dict_cursor=dict_cursor)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def quote_identifier(name: str) -> str:
+    """Backtick-quote an identifier; backticks inside are doubled (never trust names)."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def list_tables(conn: pymysql.Connection, selector: TableSelector) -> list[tuple[str, str]]:
+    """Base tables on the source that the selector captures, sorted."""
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES "
+            "WHERE TABLE_TYPE = 'BASE TABLE' ORDER BY TABLE_SCHEMA, TABLE_NAME"
+        )
+        rows = cur.fetchall()
+    return [(db, t) for db, t in (_pair(r) for r in rows) if selector.captures(db, t)]
+
+
+def _pair(row: Any) -> tuple[str, str]:
+    if isinstance(row, dict):
+        return row["TABLE_SCHEMA"], row["TABLE_NAME"]
+    return row[0], row[1]
+
+
+def read_table_schema(conn: pymysql.Connection, database: str, table: str) -> TableSchema:
+    """The table's columns and primary key from information_schema (key in index order)."""
+    cur = conn.cursor(pymysql.cursors.DictCursor)
+    try:
+        cur.execute(
+            "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, NUMERIC_PRECISION, NUMERIC_SCALE, "
+            "DATETIME_PRECISION, CHARACTER_SET_NAME FROM information_schema.COLUMNS "
+            "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
+            (database, table),
+        )
+        columns = tuple(column_from_information_schema(r) for r in cur.fetchall())
+        if not columns:
+            raise LookupError(f"table {database}.{table} does not exist on the source")
+        cur.execute(
+            "SELECT COLUMN_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = %s "
+            "AND TABLE_NAME = %s AND INDEX_NAME = 'PRIMARY' ORDER BY SEQ_IN_INDEX",
+            (database, table),
+        )
+        primary_key = tuple(r["COLUMN_NAME"] for r in cur.fetchall())
+    finally:
+        cur.close()
+    return TableSchema(database, table, columns, primary_key)
+
+
+def server_flavour(conn: pymysql.Connection) -> str:
+    return "mariadb" if "mariadb" in conn.get_server_info().lower() else "mysql"
+
+
+def executed_gtid_text(conn: pymysql.Connection, flavour: str) -> str:
+    """The source's executed GTIDs as text (not a watermark: see ARCHITECTURE section 4).
+
+    Used to decide when the engine has caught up, where reading a little early is harmless.
+    """
+    with conn.cursor() as cur:
+        if flavour == "mariadb":
+            cur.execute("SELECT @@GLOBAL.gtid_binlog_pos")
+        else:
+            cur.execute("SELECT @@GLOBAL.gtid_executed")
+        value = cur.fetchone()[0] or ""
+        conn.commit()
+    return str(value).replace("\n", "")
+
+
+def _variables(conn: pymysql.Connection, names: Iterable[str]) -> dict[str, str]:
+    wanted = {n.lower() for n in names}
+    with conn.cursor() as cur:
+        cur.execute("SHOW GLOBAL VARIABLES")
+        return {str(k).lower(): str(v) for k, v in cur.fetchall() if str(k).lower() in wanted}
+
+
+def check_prerequisites(conn: pymysql.Connection, flavour: str) -> list[str]:
+    """Problems that prevent exact capture, each with the setting to change. Empty = fine."""
+    actual = server_flavour(conn)
+    if actual != flavour:
+        return [f"source.flavour is {flavour!r} but the server is {actual}: fix source.flavour"]
+    required = {"log_bin": "ON", "binlog_format": "ROW", "binlog_row_image": "FULL",
+                "binlog_row_metadata": "FULL"}
+    if flavour == "mysql":
+        required |= {"gtid_mode": "ON", "enforce_gtid_consistency": "ON"}
+    else:
+        required |= {"gtid_strict_mode": "ON"}
+    found = _variables(conn, required)
+    problems = []
+    for name, value in required.items():
+        have = found.get(name)
+        if have is None or have.upper() != value:
+            problems.append(f"server variable {name} is {have!r}, needs {value!r}")
+    return problems
+
+
+def require_prerequisites(conn: pymysql.Connection, flavour: str, server_name: str) -> None:
+    problems = check_prerequisites(conn, flavour)
+    if problems:
+        raise PrerequisiteError(
+            f"source {server_name!r} cannot be captured exactly: " + "; ".join(problems)
+            + ". Set these on the replica (my.cnf) and restart it."
+        )

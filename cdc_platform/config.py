@@ -1,0 +1,241 @@
+"""Typed settings: one YAML file, loaded once, validated with errors that name the bad key.
+
+The file's path comes from ``CDC_PLATFORM_CONFIG``; without it the embedded demo config
+(``cdc_platform/demo/demo.yaml``) is used, so ``make demo`` and ``make ui`` need no setup.
+Values may reference environment variables as ``${NAME}`` or ``${NAME:-default}``; secrets are
+never written in the file: the source password is read from the variable ``password_env`` names.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+CONFIG_ENV = "CDC_PLATFORM_CONFIG"
+DEMO_CONFIG = Path(__file__).parent / "demo" / "demo.yaml"
+
+_ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class ConfigError(ValueError):
+    """The config file is missing, unreadable or invalid; the message names the key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SourceSettings(_Section):
+    """The MySQL 8 / MariaDB read replica to capture from."""
+
+    flavour: Literal["mariadb", "mysql"] = Field(
+        description="Server family: decides the GTID format and the watermark queries."
+    )
+    host: str = Field(description="Host name or address of the replica.")
+    port: int = Field(default=3306, ge=1, le=65535, description="TCP port of the replica.")
+    user: str = Field(
+        description="Account with SELECT, REPLICATION SLAVE, REPLICATION CLIENT only."
+    )
+    password_env: str = Field(
+        default="CDC_SOURCE_PASSWORD",
+        description="Name of the environment variable holding the account's password.",
+    )
+    server_id: int = Field(
+        ge=1, le=2**32 - 1,
+        description="Replica server id the engine registers with; unique among the source's replicas.",
+    )
+    server_name: str = Field(
+        pattern=r"^[a-z][a-z0-9_]{0,62}$",
+        description="Logical server name: names the landing-zone folder, the asset key prefix "
+        "and the key of signal messages. Lower-case letters, digits, underscores.",
+    )
+    connect_timeout_seconds: float = Field(default=10.0, gt=0, description="TCP connect timeout.")
+
+    def password(self) -> str:
+        """The password from the environment (empty when the variable is unset)."""
+        return os.environ.get(self.password_env, "")
+
+    def connection_settings(self) -> dict[str, Any]:
+        """Keyword arguments for ``pymysql.connect`` (and mysql-replication)."""
+        return {
+            "host": self.host,
+            "port": self.port,
+            "user": self.user,
+            "password": self.password(),
+            "connect_timeout": self.connect_timeout_seconds,
+            "charset": "utf8mb4",
+        }
+
+
+class TableFilter(_Section):
+    include: tuple[str, ...] = Field(
+        default=(".*",),
+        description="Regular expressions matched (fully) against `database.table`; a table is "
+        "captured when one matches and no `exclude` pattern does.",
+    )
+    exclude: tuple[str, ...] = Field(
+        default=(), description="Regular expressions of `database.table` never captured."
+    )
+
+    @field_validator("include", "exclude")
+    @classmethod
+    def _compile(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                raise ValueError(f"invalid regular expression {pattern!r}: {error}") from None
+        return patterns
+
+
+class ReconnectSettings(_Section):
+    initial_backoff_seconds: float = Field(
+        default=0.5, gt=0, description="First wait before reconnecting after a dropped connection."
+    )
+    max_backoff_seconds: float = Field(
+        default=30.0, gt=0, description="Ceiling of the exponential backoff between attempts."
+    )
+    max_attempts: int = Field(
+        default=0, ge=0,
+        description="Consecutive failed attempts before the engine fails the run; 0 = no limit.",
+    )
+
+
+class CaptureSettings(_Section):
+    """What the engine captures and how it batches."""
+
+    tables: TableFilter = Field(default_factory=TableFilter, description="Table filter.")
+    excluded_columns: tuple[str, ...] = Field(
+        default=(),
+        description="Regular expressions matched against `database.table.column`; matching "
+        "columns never leave the engine (e.g. personal data).",
+    )
+    heartbeat_interval_seconds: float = Field(
+        default=5.0, gt=0, le=3600,
+        description="Source heartbeat period: keeps an idle stream alive and lag measurable.",
+    )
+    flush_interval_seconds: float = Field(
+        default=1.0, gt=0,
+        description="Longest time a committed transaction waits in memory before it lands.",
+    )
+    flush_max_rows: int = Field(
+        default=50_000, ge=1, description="Buffered rows that force a flush before the interval."
+    )
+    reconnect: ReconnectSettings = Field(default_factory=ReconnectSettings)
+    system_databases: tuple[str, ...] = Field(
+        default=("mysql", "information_schema", "performance_schema", "sys"),
+        description="Databases never captured, whatever the filter says.",
+    )
+
+    @field_validator("excluded_columns")
+    @classmethod
+    def _compile_columns(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
+        return TableFilter._compile(patterns)
+
+
+class LandingZoneSettings(_Section):
+    url: str = Field(
+        description="Directory (local path or file:// URL; relative paths are resolved against "
+        "the working directory) holding changelog segments and the engine checkpoint."
+    )
+
+
+class SparkSettings(_Section):
+    master: str = Field(default="local[2]", description="Spark master URL.")
+    app_name: str = Field(default="cdc_platform", description="Spark application name.")
+    conf: dict[str, str] = Field(
+        default_factory=dict, description="Extra Spark configuration, e.g. executor memory."
+    )
+
+
+class WarehouseSettings(_Section):
+    url: str = Field(description="Directory where the target (lake) tables are written.")
+    compaction_ratio: float = Field(
+        default=0.25, gt=0,
+        description="Compact a table's deltas into a new base once they hold this fraction of "
+        "the base's rows.",
+    )
+    max_deltas: int = Field(default=8, ge=1, description="Compact after this many deltas.")
+
+
+class ReconcileSettings(_Section):
+    range_rows: int = Field(
+        default=10_000, ge=1,
+        description="Rows per key range whose checksums are compared; mismatching ranges are "
+        "drilled into row by row.",
+    )
+    sample_keys: int = Field(default=10, ge=0, description="Sample keys reported per category.")
+
+
+class Settings(_Section):
+    source: SourceSettings
+    capture: CaptureSettings = Field(default_factory=CaptureSettings)
+    landing_zone: LandingZoneSettings
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+    warehouse: WarehouseSettings
+    reconcile: ReconcileSettings = Field(default_factory=ReconcileSettings)
+
+
+def _expand_env(value: Any, path: str) -> Any:
+    if isinstance(value, dict):
+        return {k: _expand_env(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand_env(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def replace(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in os.environ:
+            return os.environ[name]
+        if default is not None:
+            return default
+        raise ConfigError(f"config key {path!r}: environment variable {name} is not set")
+
+    return _ENV_REFERENCE.sub(replace, value)
+
+
+def parse_settings(data: Any, origin: str = "<config>") -> Settings:
+    """Validate a parsed YAML document; errors list every bad key with its dotted path."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{origin}: expected a mapping at the top level")
+    data = _expand_env(data, "")
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as error:
+        problems = []
+        for item in error.errors():
+            key = ".".join(str(part) for part in item["loc"])
+            problems.append(f"  {key}: {item['msg']}")
+        raise ConfigError(f"{origin}: invalid configuration\n" + "\n".join(problems)) from None
+
+
+def config_path() -> Path:
+    return Path(os.environ.get(CONFIG_ENV) or DEMO_CONFIG)
+
+
+def load_settings(path: str | Path | None = None) -> Settings:
+    """Load and validate the config file (``CDC_PLATFORM_CONFIG`` or the demo default)."""
+    path = Path(path) if path else config_path()
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ConfigError(f"cannot read config file {path}: {error.strerror}; set {CONFIG_ENV} "
+                          "to a readable file") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    return parse_settings(data, str(path))
+
+
+@lru_cache(maxsize=1)
+def settings() -> Settings:
+    """The process-wide settings, loaded once."""
+    return load_settings()

@@ -1,0 +1,1 @@
+"""Dagster wiring only, one folder per domain."""
