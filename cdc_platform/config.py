@@ -127,6 +127,12 @@ class CaptureSettings(_Section):
     flush_max_rows: int = Field(
         default=50_000, ge=1, description="Buffered rows that force a flush before the interval."
     )
+    initial_position: str = Field(
+        default="earliest",
+        description="Where a first start (no checkpoint yet) reads from: `earliest` (the oldest "
+        "binlog still on the source), `current` (only changes from now on) or an explicit GTID "
+        "position/set in the source's format. Ignored once a checkpoint exists.",
+    )
     reconnect: ReconnectSettings = Field(default_factory=ReconnectSettings)
     system_databases: tuple[str, ...] = Field(
         default=("mysql", "information_schema", "performance_schema", "sys"),

@@ -94,6 +94,7 @@ class EngineOptions:
     initial_backoff_seconds: float = 0.5
     max_backoff_seconds: float = 30.0
     max_reconnect_attempts: int = 0
+    initial_position: str = "earliest"
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EngineOptions:
@@ -115,6 +116,7 @@ class EngineOptions:
             initial_backoff_seconds=capture.reconnect.initial_backoff_seconds,
             max_backoff_seconds=capture.reconnect.max_backoff_seconds,
             max_reconnect_attempts=capture.reconnect.max_attempts,
+            initial_position=capture.initial_position,
         )
 
 
@@ -196,6 +198,7 @@ class CaptureEngine:
         self._last_commit_ts: float | None = None
         self._last_activity = time.monotonic()
         self._control: Any = None
+        self._started = False
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -217,27 +220,32 @@ class CaptureEngine:
     ) -> EngineStats:
         """Stream until ``stop`` is set (or, optionally, until caught up with the source)."""
         stop = stop or threading.Event()
-        self._transition(EngineState.STARTING)
-        try:
-            self._start()
-            self._stream(stop, stop_when_caught_up, caught_up_idle_seconds, on_progress)
-            self._transition(EngineState.STOPPING, "stop requested" if stop.is_set()
-                             else "caught up with the source")
-            self._discard_open_transaction("engine stopping")
-            self.flush(force=True)
-            self._transition(EngineState.STOPPED)
-        except BaseException as error:
-            self._fail(error)
-            raise
-        finally:
-            self._close_control()
+        with self.landing.engine_lock():
+            self._transition(EngineState.STARTING)
+            try:
+                self._start()
+                self._stream(stop, stop_when_caught_up, caught_up_idle_seconds, on_progress)
+                self._transition(EngineState.STOPPING, "stop requested" if stop.is_set()
+                                 else "caught up with the source")
+                self._discard_open_transaction("engine stopping")
+                self.flush(force=True)
+                self._transition(EngineState.STOPPED)
+            except BaseException as error:
+                self._fail(error)
+                raise
+            finally:
+                self._close_control()
         return self.stats
 
     def _fail(self, error: BaseException) -> None:
-        """Keep what was committed: flushing whole transactions is always safe."""
+        """Keep what was committed: flushing whole transactions is always safe.
+
+        Not before the checkpoint was read, though: flushing then would overwrite it.
+        """
         self._discard_open_transaction("engine failing")
         try:
-            self.flush(force=True)
+            if self._started:
+                self.flush(force=True)
         except Exception:  # noqa: BLE001 - the original error matters more
             self.log.error("capture engine: final flush failed", exc_info=True)
         reason = f"{type(error).__name__}: {error}"
@@ -261,9 +269,12 @@ class CaptureEngine:
                 self.log.info(f"capture engine {opts.server_name}: removed {len(removed)} "
                               "segment(s) written after the last checkpoint; replaying them")
             self._checkpointed_position = checkpoint.gtid
+        self._started = True
         self._schemas = self.landing.read_tables()
         self._control = source_sql.connect(opts.connection_settings)
         source_sql.require_prerequisites(self._control, opts.flavour, opts.server_name)
+        if checkpoint is None:
+            self._processed = self._initial_position()
         self._record_discovered_tables()
         self.stats.position = str(self._processed)
         self.stats.next_pos = self._next_pos
@@ -272,6 +283,19 @@ class CaptureEngine:
             f"{str(self._processed) or '(start of the binlog)'} at changelog position "
             f"{self._next_pos}"
         )
+
+    def _initial_position(self) -> GtidSet:
+        """Where a first start reads from (config: capture.initial_position)."""
+        choice = self.options.initial_position.strip()
+        if choice == "earliest":
+            return parse_position(self.options.flavour, "")
+        if choice == "current":
+            choice = source_sql.executed_gtid_text(self._control, self.options.flavour)
+        try:
+            return parse_position(self.options.flavour, choice)
+        except ValueError as error:
+            raise EngineError(f"capture.initial_position {choice!r} is not a valid "
+                              f"{self.options.flavour} GTID position: {error}") from None
 
     def _record_discovered_tables(self) -> None:
         """Note every captured table's schema, so empty tables still get a target."""
@@ -458,11 +482,14 @@ class CaptureEngine:
             keys = state.key_indexes
             for row in event.rows:
                 after = self._row(state, row["after_values"])
+                op = "u"
                 if keys:
                     before = self._row(state, row["before_values"])
                     if any(before[i] != after[i] for i in keys):
+                        # A key change is a delete of the old key and an insert of the new one.
                         records.append((state, "d", self._tombstone(state, before)))
-                records.append((state, "u", after))
+                        op = "c"
+                records.append((state, op, after))
         else:
             for row in event.rows:
                 records.append((state, "d", self._tombstone(state, self._row(state, row["values"]))))

@@ -7,9 +7,12 @@ so a reader that trusts the checkpoint never sees a half-written or uncommitted 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,6 +110,32 @@ class LandingZone:
 
     def table_dir(self, database: str, table: str) -> Path:
         return self.root / "changelog" / database / table
+
+    @contextlib.contextmanager
+    def engine_lock(self) -> Iterator[None]:
+        """At most one engine per server name writes here (an exclusive lock on a local file).
+
+        On Kubernetes the streaming job's tag concurrency limit enforces the same across pods.
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        handle = open(self.root / "engine.lock", "a+")  # noqa: SIM115 - held for the run
+        try:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().strip() or "unknown"
+                raise RuntimeError(
+                    f"another capture engine is already streaming {self.server_name!r} into "
+                    f"{self.root} ({holder}); stop it first: one engine per source server"
+                ) from None
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"pid {os.getpid()}")
+            handle.flush()
+            yield
+        finally:
+            handle.close()
 
     def read_checkpoint(self) -> Checkpoint | None:
         try:

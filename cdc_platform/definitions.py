@@ -1,0 +1,69 @@
+"""The one Dagster entry point: merges the domains under ``defs/``.
+
+Which target assets exist depends on which tables are captured: they are discovered from the
+source (tables matching the config's filters) and from the landing zone's record of tables the
+engine has seen, so a table created later appears on the next code-location reload.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+
+import dagster as dg
+from dagster_pyspark import LazyPySparkResource
+
+from cdc_platform.capture import source as source_sql
+from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.schema import TableSchema
+from cdc_platform.config import Settings, settings
+from cdc_platform.defs.lake import definitions as lake_defs
+from cdc_platform.defs.streaming import definitions as streaming_defs
+from cdc_platform.lake.spark import DEFAULT_CONF
+
+log = logging.getLogger(__name__)
+
+
+def discover_tables(config: Settings) -> list[TableSchema]:
+    """Captured tables: what the engine recorded, plus what the source has now."""
+    server = config.source.server_name
+    tables = LandingZone(config.landing_zone.url, server).read_tables()
+    selector = lake_defs._selector(config)
+    try:
+        connection = dict(config.source.connection_settings(), connect_timeout=3)
+        with source_sql.source_connection(connection) as conn:
+            for database, table in source_sql.list_tables(conn, selector):
+                table_id = f"{database}.{table}"
+                if table_id not in tables:
+                    schema = source_sql.read_table_schema(conn, database, table)
+                    excluded = selector.excluded_columns_of(database, table, schema.column_names)
+                    tables[table_id] = schema.without_columns(excluded)
+    except Exception as error:  # noqa: BLE001 - an unreachable source must not break loading
+        log.warning(f"source {server!r} unreachable while loading definitions ({error}); "
+                    f"target assets come from the landing zone only ({len(tables)} tables)")
+    return [tables[k] for k in sorted(tables) if selector.captures(tables[k].database,
+                                                                   tables[k].table)]
+
+
+def spark_config(config: Settings) -> dict[str, str]:
+    return {
+        **DEFAULT_CONF,
+        "spark.master": config.spark.master,
+        "spark.app.name": config.spark.app_name,
+        "spark.sql.warehouse.dir": f"{tempfile.gettempdir()}/cdc-spark-warehouse",
+        **config.spark.conf,
+    }
+
+
+def build_definitions(config: Settings) -> dg.Definitions:
+    return dg.Definitions.merge(
+        streaming_defs.build(config),
+        lake_defs.build(config, discover_tables(config)),
+        dg.Definitions(
+            resources={"pyspark": LazyPySparkResource(spark_config=spark_config(config))},
+            executor=dg.in_process_executor,
+        ),
+    )
+
+
+defs = build_definitions(settings())

@@ -1,0 +1,70 @@
+"""The streaming domain: the long-running capture job and the batch catch-up asset."""
+
+from __future__ import annotations
+
+import dagster as dg
+from pydantic import Field
+
+from cdc_platform.config import Settings
+from cdc_platform.defs.streaming.runner import changelog_key, run_engine, stats_metadata
+
+STREAM_TAG = "cdc_platform/stream"
+
+
+class StreamConfig(dg.Config):
+    """Run config of ``stream_changes``."""
+
+    stop_when_caught_up: bool = Field(
+        default=False,
+        description="Stop once every transaction the source has executed is landed "
+        "(batch and CI use). By default the job streams until cancelled.",
+    )
+    caught_up_idle_seconds: float = Field(
+        default=0.0,
+        description="With stop_when_caught_up: also wait until no transaction arrived for this "
+        "long, so a running write workload is followed to its end.",
+    )
+    progress_seconds: float = Field(
+        default=30.0, description="Interval of progress lines and changelog materialisations."
+    )
+
+
+def build(settings: Settings) -> dg.Definitions:
+    server = settings.source.server_name
+
+    @dg.op(
+        name="capture_changes",
+        description="Stream the source's binlog into the landing zone until cancelled "
+        "(or until caught up, with stop_when_caught_up). Cancelling the run flushes and "
+        "checkpoints; a new run resumes from the checkpoint.",
+    )
+    def capture_changes(context: dg.OpExecutionContext, config: StreamConfig) -> None:
+        stats = run_engine(
+            context, settings, config.stop_when_caught_up, config.caught_up_idle_seconds,
+            config.progress_seconds, report_materializations=True,
+        )
+        context.log_event(dg.AssetMaterialization(
+            asset_key=changelog_key(settings), metadata=stats_metadata(stats)))
+
+    @dg.job(
+        name="stream_changes",
+        description=f"Long-running capture of source {server!r}: binlog -> landing zone.",
+        tags={STREAM_TAG: server},
+        executor_def=dg.in_process_executor,
+    )
+    def stream_changes() -> None:
+        capture_changes()
+
+    @dg.asset(
+        key=changelog_key(settings),
+        group_name=f"{server}_capture",
+        kinds={"mariadb" if settings.source.flavour == "mariadb" else "mysql", "parquet"},
+        description=f"Committed row changes of {server!r}, landed up to the source's current "
+        "position. Materialising it catches the changelog up once (batch mode); the "
+        "stream_changes job keeps it current continuously.",
+    )
+    def changelog(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        stats = run_engine(context, settings, stop_when_caught_up=True)
+        return dg.MaterializeResult(metadata=stats_metadata(stats))
+
+    return dg.Definitions(assets=[changelog], jobs=[stream_changes])

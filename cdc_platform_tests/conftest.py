@@ -1,0 +1,160 @@
+"""Session-wide real services: one private MariaDB, one local Spark session.
+
+Each test gets its own database on the shared server, its own logical server name, landing zone
+and warehouse, and an engine that starts at the binlog position current when the test began,
+so tests neither see nor depend on each other's history.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pymysql
+import pytest
+import yaml
+
+from cdc_platform.capture.engine import CaptureEngine, EngineOptions, EngineStats
+from cdc_platform.capture.landing import LandingZone
+from cdc_platform.config import Settings, parse_settings
+from cdc_platform.devservices.mariadb import MariaDBServer
+
+_counter = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDBServer]:
+    server = MariaDBServer(base_dir=tmp_path_factory.mktemp("mariadb"), server_id=1)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Any:
+    from cdc_platform.lake.spark import build_spark_session
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    return build_spark_session(master="local[2]", app_name="cdc_platform_tests")
+
+
+@dataclass
+class CdcEnv:
+    """One test's slice of the world: a database, a config, a landing zone, a warehouse."""
+
+    mariadb: MariaDBServer
+    db: str
+    server_name: str
+    root: Path
+    overrides: dict[str, Any]
+    start_position: str = ""
+
+    def settings_dict(self) -> dict[str, Any]:
+        conn = self.mariadb.connection_settings()
+        data: dict[str, Any] = {
+            "source": {
+                "flavour": "mariadb", "host": conn["host"], "port": conn["port"],
+                "user": conn["user"], "password_env": "CDC_TEST_SOURCE_PASSWORD",
+                "server_id": 9000 + next(_counter), "server_name": self.server_name,
+            },
+            "capture": {
+                "tables": {"include": [rf"{self.db}\..*"]},
+                "heartbeat_interval_seconds": 1,
+                "flush_interval_seconds": 0.2,
+                "initial_position": self.start_position,
+                "reconnect": {"initial_backoff_seconds": 0.2, "max_backoff_seconds": 2},
+            },
+            "landing_zone": {"url": str(self.root / "landing")},
+            "warehouse": {"url": str(self.root / "warehouse")},
+            "spark": {"master": "local[2]"},
+            "reconcile": {"range_rows": 500},
+        }
+        for section, values in self.overrides.items():
+            data.setdefault(section, {}).update(values)
+        return data
+
+    @property
+    def settings(self) -> Settings:
+        return parse_settings(self.settings_dict(), f"test config for {self.db}")
+
+    def write_config(self) -> Path:
+        path = self.root / "config.yaml"
+        path.write_text(yaml.safe_dump(self.settings_dict()))
+        return path
+
+    def connect(self) -> pymysql.Connection:
+        return self.mariadb.root_connect(database=self.db)
+
+    def execute(self, *statements: str, args: Any = None) -> None:
+        """Run statements in ONE transaction as root."""
+        with self.mariadb.root_connect(database=self.db, autocommit=False) as conn:
+            with conn.cursor() as cur:
+                for statement in statements:
+                    cur.execute(statement, args)
+            conn.commit()
+
+    def query(self, sql: str) -> list[tuple[Any, ...]]:
+        with self.connect() as conn, conn.cursor() as cur:
+            cur.execute(sql)
+            return list(cur.fetchall())
+
+    @property
+    def landing(self) -> LandingZone:
+        return LandingZone(str(self.root / "landing"), self.server_name)
+
+    def engine(self) -> CaptureEngine:
+        return CaptureEngine(EngineOptions.from_settings(self.settings), self.landing)
+
+    def catch_up(self) -> EngineStats:
+        """Run an engine until it has landed everything the source executed so far."""
+        return self.engine().run(stop_when_caught_up=True)
+
+    def materialise(self, spark: Any, table: str) -> Any:
+        from cdc_platform.lake.merge import materialise
+
+        s = self.settings
+        return materialise(spark, s.landing_zone.url, s.warehouse.url, self.server_name, None,
+                           self.db, table)
+
+    def target_rows(self, spark: Any, table: str, order_by: str = "id") -> list[dict[str, Any]]:
+        from cdc_platform.lake.table_format import TargetTable
+
+        df = TargetTable(self.settings.warehouse.url, self.server_name, self.db, table).read(spark)
+        return [r.asDict() for r in df.orderBy(order_by).collect()]
+
+    def reconcile(self, spark: Any, table: str) -> Any:
+        from cdc_platform.capture import source as source_sql
+        from cdc_platform.lake.reconcile import reconcile_table
+        from cdc_platform.lake.table_format import TargetTable
+
+        s = self.settings
+        connection = s.source.connection_settings()
+        with source_sql.source_connection(connection) as conn:
+            schema = source_sql.read_table_schema(conn, self.db, table)
+        selector = EngineOptions.from_settings(s).selector
+        schema = schema.without_columns(
+            selector.excluded_columns_of(self.db, table, schema.column_names))
+        target = TargetTable(s.warehouse.url, self.server_name, self.db, table)
+        return reconcile_table(spark, target.read(spark), connection, schema, range_rows=500)
+
+
+@pytest.fixture
+def cdc_env(mariadb: MariaDBServer, tmp_path: Path, request: pytest.FixtureRequest,
+            monkeypatch: pytest.MonkeyPatch) -> CdcEnv:
+    n = next(_counter)
+    db = f"t{n}_{request.node.name[:40]}".lower()
+    db = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in db)
+    monkeypatch.setenv("CDC_TEST_SOURCE_PASSWORD", mariadb.cdc_password)
+    position = mariadb.query("SELECT @@GLOBAL.gtid_binlog_pos")[0][0] or ""
+    mariadb.query(f"CREATE DATABASE `{db}`")
+    marker = getattr(request.node.get_closest_marker("cdc_config"), "kwargs", {})
+    env = CdcEnv(mariadb, db, f"s{n}", tmp_path, dict(marker))
+    env.start_position = position
+    return env
