@@ -12,7 +12,7 @@ import os
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -245,3 +245,41 @@ def load_settings(path: str | Path | None = None) -> Settings:
 def settings() -> Settings:
     """The process-wide settings, loaded once."""
     return load_settings()
+
+
+def _type_name(annotation: Any) -> str:
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Literal:
+        return " or ".join(f"`{a}`" for a in args)
+    if origin is tuple:
+        return f"list of {_type_name(args[0])}"
+    if origin is dict:
+        return f"map of {_type_name(args[0])} to {_type_name(args[1])}"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def config_reference() -> str:
+    """Every config key with its type, default and description, as a Markdown table.
+
+    The README's reference is generated from this, and a test keeps the two in step.
+    """
+    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, info in model.model_fields.items():
+            key = f"{prefix}{name}"
+            annotation = info.annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                walk(annotation, key + ".")
+                continue
+            if info.is_required():
+                default = "required"
+            else:
+                value = info.get_default(call_default_factory=True)
+                default = f"`{list(value) if isinstance(value, tuple) else value}`"
+            type_name = _type_name(annotation)
+            description = (info.description or "").replace("|", "\\|")
+            lines.append(f"| `{key}` | {type_name} | {default} | {description} |")
+
+    walk(Settings, "")
+    return "\n".join(lines)

@@ -1,0 +1,118 @@
+"""``python -m cdc_platform.devservices up|down|status``: a detached MariaDB + Tansu pair.
+
+``up`` starts (or reuses) both services in the background and prints shell ``export`` lines on
+stdout, so ``eval "$(python -m cdc_platform.devservices up)"`` configures the current shell.
+Progress and errors go to stderr. State lives in ``<base-dir>/mariadb`` and ``<base-dir>/kafka``;
+``down`` stops whatever is recorded there, from any shell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from cdc_platform.devservices._process import DevServiceError, ManagedService, terminate_pid
+from cdc_platform.devservices.kafka import TansuBroker
+from cdc_platform.devservices.mariadb import MariaDBServer
+
+
+def _services(args: argparse.Namespace) -> tuple[MariaDBServer, TansuBroker]:
+    base = Path(args.base_dir)
+    mariadb = MariaDBServer(
+        base / "mariadb",
+        port=getattr(args, "mariadb_port", None),
+        server_id=getattr(args, "server_id", 1),
+    )
+    kafka = TansuBroker(base / "kafka", port=getattr(args, "kafka_port", None))
+    return mariadb, kafka
+
+
+def _err(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _up(args: argparse.Namespace) -> int:
+    mariadb, kafka = _services(args)
+    started: list[ManagedService] = []
+    try:
+        for service in (mariadb, kafka):
+            service.start(reuse=True, detach=True)
+            if service.owned:
+                started.append(service)
+            verb = "started" if service.owned else "reusing"
+            _err(f"{verb} {service.display_name}: pid {service.pid}, port {service.port}")
+    except DevServiceError as exc:
+        for service in started:  # leave nothing half-up
+            service.stop()
+        _err(f"error: {exc}")
+        return 1
+    settings = mariadb.connection_settings()
+    print(f"export CDC_SOURCE_HOST={settings['host']}")
+    print(f"export CDC_SOURCE_PORT={settings['port']}")
+    print(f"export CDC_SOURCE_USER={settings['user']}")
+    print(f"export CDC_SOURCE_PASSWORD={settings['password']}")
+    print(f"export CDC_KAFKA_BOOTSTRAP={kafka.bootstrap_servers}")
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    code = 0
+    for service in _services(args):
+        try:
+            if service.attach():
+                pid = service.pid
+                service.stop()
+                _err(f"stopped {service.display_name} (pid {pid})")
+            else:
+                _err(f"{service.display_name}: not running")
+            for pid in service._stray_pids():
+                terminate_pid(pid, 30)
+                _err(f"stopped unrecorded {service.display_name} process {pid}")
+        except DevServiceError as exc:
+            _err(f"error stopping {service.display_name}: {exc}")
+            code = 1
+    return code
+
+
+def _status(args: argparse.Namespace) -> int:
+    code = 0
+    for service in _services(args):
+        state = service.status()
+        if state is None:
+            print(f"{service.executable_name}: stopped ({service.base_dir})")
+            code = 1
+        else:
+            print(
+                f"{service.executable_name}: running pid={state['pid']} "
+                f"{state['host']}:{state['port']} since {state.get('started_at', '?')}"
+            )
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the process exit code (status: 0 only if both are running)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m cdc_platform.devservices",
+        description="Private MariaDB (binlog/GTID source) and Tansu (Kafka) for development.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help_text in (
+        ("up", "start both in the background (reusing running ones); print export lines"),
+        ("down", "stop both"),
+        ("status", "show what is running; exit 1 unless both are"),
+    ):
+        cmd = sub.add_parser(name, help=help_text)
+        cmd.add_argument("--base-dir", default=".cdc/dev", help="state directory (.cdc/dev)")
+        if name == "up":
+            cmd.add_argument("--mariadb-port", type=int, default=None, help="default: free port")
+            cmd.add_argument("--kafka-port", type=int, default=None, help="default: free port")
+            cmd.add_argument("--server-id", type=int, default=1, help="MariaDB server_id (1)")
+    args = parser.parse_args(argv)
+    handler = {"up": _up, "down": _down, "status": _status}[args.command]
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
