@@ -1,6 +1,5 @@
 """The lake domain: one PySpark target asset per captured table, each with a reconcile check."""
 
-from __future__ import annotations
 
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource

@@ -1,6 +1,5 @@
 """The streaming domain: the long-running capture job and the batch catch-up asset."""
 
-from __future__ import annotations
 
 import dagster as dg
 from pydantic import Field

@@ -1,0 +1,30 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both bootstrap what they need.
+SHELL := /bin/bash
+PY := .venv/bin/python
+export PYSPARK_PYTHON := $(abspath .venv/bin/python)
+
+.PHONY: bootstrap demo ui test lint unit bench stream clean
+
+bootstrap:  ## Debian packages if missing, .venv with the package installed (idempotent)
+	@bash scripts/bootstrap.sh
+
+demo: bootstrap  ## the zero-configuration demo: stream, materialise, reconcile, summary
+	$(PY) -m cdc_platform demo
+
+ui: bootstrap  ## Dagster UI (dagster dev) on the demo config and its services
+	$(PY) -m cdc_platform ui
+
+test: bootstrap lint  ## everything CI runs: unit, integration and the `dagster job execute` run
+	$(PY) -m pytest -q -p no:cacheprovider cdc_platform_tests
+
+lint: bootstrap
+	.venv/bin/ruff check cdc_platform cdc_platform_tests bench
+
+bench: bootstrap  ## performance ratios against bare baselines (printed, not asserted)
+	$(PY) -m bench
+
+stream: bootstrap  ## run the capture engine in the foreground on $$CDC_PLATFORM_CONFIG
+	$(PY) -m cdc_platform stream
+
+clean:  ## remove demo state (.cdc/); keeps the virtualenv
+	rm -rf .cdc
