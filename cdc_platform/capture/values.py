@@ -119,8 +119,9 @@ def _to_decimal(value: Any) -> Decimal | None:
     return None if value is None else Decimal(value)
 
 
-def _to_text(value: Any) -> str | None:
-    return None if value is None else str(value)
+def _decimal_text(value: Any) -> str | None:
+    """Plain notation (``0.00000``, never ``0E-5``), as the server prints it."""
+    return None if value is None else format(Decimal(value), "f")
 
 
 def _date_or_null(value: Any) -> dt.date | None:
@@ -149,7 +150,7 @@ def converter_for(column: ColumnSpec, from_binlog: bool) -> Converter | None:
     if kind == "bit":
         return _bit_converter(column.precision or 1)
     if kind == "decimal":
-        return _to_text if (column.precision or 10) > 38 else None
+        return _decimal_text if (column.precision or 10) > 38 else None
     if kind == "float":
         return _float32
     if kind == "time":
@@ -166,10 +167,11 @@ def converter_for(column: ColumnSpec, from_binlog: bool) -> Converter | None:
 def select_expression(column: ColumnSpec, quoted_name: str) -> str:
     """The SELECT expression that reads ``column`` without losing bits over the text protocol.
 
-    FLOAT is printed with 6 significant digits by the server; widening to DOUBLE is exact.
+    FLOAT is printed with 6 significant digits by the server; widening to DOUBLE is exact
+    (a multiplication, not ``+ 0e0``, so that -0.0 keeps its sign).
     """
     if column.kind == "float":
-        return f"({quoted_name} + 0e0)"
+        return f"({quoted_name} * 1e0)"
     return quoted_name
 
 
@@ -197,9 +199,16 @@ def canonical_value(kind: str, value: Any) -> str:
 
 
 def row_hash(kinds: Sequence[str], values: Sequence[Any]) -> int:
-    """A 64-bit hash of a row's canonical values (order-independent sums use it)."""
+    """A 64-bit hash of a row's canonical values (order-independent sums use it).
+
+    Each value is framed (NULL flag, length) so that no two different rows share an encoding:
+    NULL vs the text ``\\N``, or a separator inside a value, cannot collide.
+    """
     digest = hashlib.blake2b(digest_size=8)
     for kind, value in zip(kinds, values, strict=True):
-        digest.update(canonical_value(kind, value).encode())
-        digest.update(b"\x1f")
+        if value is None:
+            digest.update(b"\x00")
+            continue
+        encoded = canonical_value(kind, value).encode()
+        digest.update(b"\x01" + len(encoded).to_bytes(4, "big") + encoded)
     return int.from_bytes(digest.digest(), "big", signed=True)
