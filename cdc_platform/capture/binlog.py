@@ -92,8 +92,11 @@ def column_from_binlog(column: Any) -> ColumnSpec:
         scale = getattr(column, "fsp", None) if kind in ("datetime", "timestamp", "time") else None
         return ColumnSpec(name, kind, scale=scale or 0 if scale is not None else None)
     if ftype in _STRING_TYPES:
-        binary = column.character_set_name in (None, "binary")
-        return ColumnSpec(name, "binary" if binary else "string")
+        if column.character_set_name not in (None, "binary"):
+            return ColumnSpec(name, "string")
+        # BINARY(n) arrives as STRING with its 0x00 padding stripped: remember n to restore it.
+        fixed = ftype == FIELD_TYPE.STRING
+        return ColumnSpec(name, "binary", column.max_length if fixed else None)
     raise NotImplementedError(f"column {name!r}: binlog column type {ftype} is not supported")
 
 

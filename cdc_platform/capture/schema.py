@@ -43,7 +43,7 @@ class ColumnSpec:
 
     name: str
     kind: str
-    precision: int | None = None  # decimal precision, bit width
+    precision: int | None = None  # decimal precision, bit width, BINARY(n) length
     scale: int | None = None  # decimal scale, fractional-second digits of time kinds
     values: tuple[str, ...] = ()  # ENUM/SET members in definition order
 
@@ -193,6 +193,9 @@ def column_from_information_schema(row: dict[str, Any]) -> ColumnSpec:
         "char", "varchar"
     ):
         kind = "binary"
+    if data_type == "binary" or (data_type == "char" and kind == "binary"):
+        # Fixed-length binary: the server pads with 0x00, the binlog strips the padding.
+        precision = int(row.get("CHARACTER_OCTET_LENGTH") or 0) or None
     return ColumnSpec(str(row["COLUMN_NAME"]), kind, precision, scale, values)
 
 

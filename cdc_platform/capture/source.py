@@ -108,7 +108,8 @@ def read_table_schema(conn: pymysql.Connection, database: str, table: str) -> Ta
     try:
         cur.execute(
             "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, NUMERIC_PRECISION, NUMERIC_SCALE, "
-            "DATETIME_PRECISION, CHARACTER_SET_NAME FROM information_schema.COLUMNS "
+            "DATETIME_PRECISION, CHARACTER_SET_NAME, CHARACTER_OCTET_LENGTH "
+            "FROM information_schema.COLUMNS "
             "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
             (database, table),
         )

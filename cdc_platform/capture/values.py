@@ -142,6 +142,16 @@ def _time_converter(fsp: int, from_binlog: bool) -> Converter:
     return convert
 
 
+def _binary_padder(length: int) -> Converter:
+    def convert(value: Any) -> bytes | None:
+        if value is None:
+            return None
+        value = bytes(value)
+        return value + b"\x00" * (length - len(value)) if len(value) < length else value
+
+    return convert
+
+
 def converter_for(column: ColumnSpec, from_binlog: bool) -> Converter | None:
     """The function turning a decoded value of ``column`` into its landing form, or None."""
     kind = column.kind
@@ -153,6 +163,8 @@ def converter_for(column: ColumnSpec, from_binlog: bool) -> Converter | None:
         return _decimal_text if (column.precision or 10) > 38 else None
     if kind == "float":
         return _float32
+    if kind == "binary" and column.precision and from_binlog:
+        return _binary_padder(column.precision)
     if kind == "time":
         return _time_converter(column.scale or 0, from_binlog)
     if kind == "set":

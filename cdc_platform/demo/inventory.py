@@ -132,13 +132,14 @@ class Workload:
 
     def __init__(self, connection_settings: dict[str, Any], db: str = "inventory",
                  rate: float = 200.0, seed: int = 11, customers: int = 2_000,
-                 products: int = 500) -> None:
+                 products: int = 500, orders: int = 100_000) -> None:
         self.settings = connection_settings
         self.db = f"`{db}`"
         self.rate = rate
         self.rng = random.Random(seed)
         self.customers = customers
         self.products = products
+        self.orders = orders
         self.stats = WorkloadStats()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -184,10 +185,10 @@ class Workload:
                 elif kind < 0.65:
                     cur.execute(f"UPDATE {db}.orders SET status = %s, quantity = quantity + 1 "
                                 "WHERE id = %s", (rng.choice(["paid", "shipped", "cancelled"]),
-                                                  rng.randint(1, 100_000)))
+                                                  rng.randint(1, self.orders)))
                     statements = 1
                 elif kind < 0.72:
-                    cur.execute(f"DELETE FROM {db}.orders WHERE id = %s", (rng.randint(1, 100_000),))
+                    cur.execute(f"DELETE FROM {db}.orders WHERE id = %s", (rng.randint(1, self.orders),))
                     statements = 1
                 elif kind < 0.92:
                     # A multi-statement order: new order, stock decrement, customer touch.
@@ -207,7 +208,7 @@ class Workload:
                     statements = 1
                 else:
                     cur.execute(ORDER_INSERT.format(db=db), _order(rng, self.customers, self.products))
-                    cur.execute(f"DELETE FROM {db}.orders WHERE id = %s", (rng.randint(1, 100_000),))
+                    cur.execute(f"DELETE FROM {db}.orders WHERE id = %s", (rng.randint(1, self.orders),))
                     conn.rollback()
                     self.stats.rolled_back += 1
                     return

@@ -137,7 +137,8 @@ def test_every_common_column_type_round_trips_to_the_target(cdc_env, spark):
         "'a,c', b'1010101010', b'1111111111111111111111111111111111111111111111111111111111111111', "
         "3.4028e38, -2.2250738585072014e-308, 'héllo 😀 𝄞', 0, 2155, -128, 4294967295, 'abc')")
     env.execute("INSERT INTO types (id) VALUES (1)")  # every other column NULL
-    env.execute("INSERT INTO types (id, tm, f, db, s) VALUES (2, '00:00:00.5', 0.1, 0.1, '')")
+    env.execute("INSERT INTO types (id, tm, f, db, s, bi) VALUES (2, '00:00:00.5', 0.1, 0.1, '', "
+                "x'0100')")
     env.execute("UPDATE types SET txt = '𝄞 updated', d = 0.000001 WHERE id = 2")
     env.catch_up()
     env.materialise(spark, "types")
@@ -159,6 +160,7 @@ def test_every_common_column_type_round_trips_to_the_target(cdc_env, spark):
     assert big["db"] == -2.2250738585072014e-308
     assert all(v is None for k, v in rows[Decimal(1)].items() if k != "id")
     assert rows[Decimal(2)]["tm"] == "00:00:00.50" and rows[Decimal(2)]["txt"] == "𝄞 updated"
+    assert rows[Decimal(2)]["bi"] == b"\x01\x00\x00\x00"  # BINARY(n) keeps its zero padding
 
 
 def test_dropped_source_connection_resumes_without_loss_or_replay(cdc_env, spark):
