@@ -191,3 +191,30 @@ def test_dropped_source_connection_resumes_without_loss_or_replay(cdc_env, spark
     assert len({(r["__cdc_gtid"], r["id"], r["__cdc_op"]) for r in records}) == len(records)
     env.materialise(spark, "events")
     assert env.reconcile(spark, "events").ok
+
+
+def test_idle_stream_stays_alive_on_heartbeats_and_reports_zero_lag(cdc_env):
+    env = cdc_env
+    env.execute("CREATE TABLE pings (id INT PRIMARY KEY)")
+    env.execute("INSERT INTO pings VALUES (1)")
+    engine = env.engine()
+    stop = threading.Event()
+    thread = threading.Thread(target=engine.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while engine.stats.records < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(3.5)  # idle: only heartbeats (every second) arrive
+        assert engine.stats.lag_seconds == 0.0
+        assert engine.stats.reconnects == 0
+        assert engine.landing.read_checkpoint().next_pos == 2
+        env.execute("INSERT INTO pings VALUES (2)")
+        deadline = time.monotonic() + 10
+        while engine.landing.read_checkpoint().next_pos < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine.landing.read_checkpoint().next_pos == 3
+    finally:
+        stop.set()
+        thread.join(30)
+    assert engine.state.value == "stopped"

@@ -1,0 +1,187 @@
+"""``make bench``: ratios against bare baselines, measured side by side in one run.
+
+* streaming: the capture engine's end-to-end rows/s (binlog -> Parquet segments + checkpoint)
+  divided by a bare mysql-replication loop's rows/s over the same binlog (goal >= 0.8);
+* lake: the time to merge a fixed 10k-change batch into target tables of two sizes (goal: grows
+  sub-linearly with the table).
+
+Numbers drift between machines; the ratios are what to compare. Nothing here is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+
+from cdc_platform.capture.engine import CaptureEngine, EngineOptions
+from cdc_platform.capture.landing import Checkpoint, LandingZone
+from cdc_platform.capture.schema import ColumnSpec, TableSchema
+from cdc_platform.capture.source import TableSelector
+from cdc_platform.devservices.mariadb import MariaDBServer
+
+
+def _write_binlog(server: MariaDBServer, rows: int) -> str:
+    """Inserts in 1000-row transactions, then updates of a third: a realistic row mix."""
+    with server.root_connect() as conn, conn.cursor() as cur:
+        cur.execute("CREATE DATABASE bench")
+        cur.execute("CREATE TABLE bench.orders (id BIGINT PRIMARY KEY, customer INT, "
+                    "amount DECIMAL(10,2), status VARCHAR(16), note VARCHAR(64), "
+                    "created DATETIME(6))")
+        rng = random.Random(1)
+        for start in range(0, rows, 1000):
+            values = [(i, rng.randint(1, 5000), rng.randint(100, 99999) / 100, "new",
+                       f"note {i}", "2025-01-01 10:00:00.123456")
+                      for i in range(start + 1, min(rows, start + 1000) + 1)]
+            cur.executemany("INSERT INTO bench.orders VALUES (%s,%s,%s,%s,%s,%s)", values)
+            conn.commit()
+        for start in range(0, rows, 3000):
+            cur.execute("UPDATE bench.orders SET status = 'paid' WHERE id BETWEEN %s AND %s",
+                        (start + 1, start + 1000))
+            conn.commit()
+        cur.execute("SELECT @@GLOBAL.gtid_binlog_pos")
+        return cur.fetchone()[0]
+
+
+def _bare_loop(server: MariaDBServer, final_gtid: str) -> tuple[int, float]:
+    """The baseline: mysql-replication alone, decoding every row, nothing else."""
+    from pymysqlreplication import BinLogStreamReader
+    from pymysqlreplication.event import MariadbGtidEvent, XidEvent
+    from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
+
+    settings = server.connection_settings()
+    settings["passwd"] = settings.pop("password")
+    stream = BinLogStreamReader(
+        connection_settings=settings, server_id=7001, blocking=True, is_mariadb=True,
+        auto_position="", slave_heartbeat=1, enable_logging=False,
+        only_events=[MariadbGtidEvent, XidEvent, WriteRowsEvent, UpdateRowsEvent,
+                     DeleteRowsEvent])
+    rows, current, started = 0, "", time.perf_counter()
+    try:
+        for event in stream:
+            if isinstance(event, MariadbGtidEvent):
+                current = event.gtid
+            elif isinstance(event, XidEvent):
+                if current == final_gtid:
+                    break
+            else:
+                rows += len(event.rows)
+    finally:
+        stream.close()
+    return rows, time.perf_counter() - started
+
+
+def _engine(server: MariaDBServer, landing: Path) -> tuple[int, float]:
+    options = EngineOptions(
+        server_name="bench", flavour="mariadb", server_id=7002,
+        connection_settings=server.connection_settings(),
+        selector=TableSelector(include=(r"bench\..*",)), heartbeat_seconds=1.0)
+    engine = CaptureEngine(options, LandingZone(str(landing), "bench"))
+    started = time.perf_counter()
+    stats = engine.run(stop_when_caught_up=True)
+    return stats.records, time.perf_counter() - started
+
+
+def bench_streaming(rows: int, work: Path) -> None:
+    print(f"\n## streaming: {rows:,} inserted rows + updates, one binlog, same machine")
+    server = MariaDBServer(base_dir=work / "mariadb", server_id=1)
+    server.start()
+    try:
+        final = _write_binlog(server, rows)
+        bare_rows, bare_s = _bare_loop(server, final)
+        engine_rows, engine_s = _engine(server, work / "landing")
+    finally:
+        server.stop()
+    bare_rate, engine_rate = bare_rows / bare_s, engine_rows / engine_s
+    print(f"bare mysql-replication loop: {bare_rows:>9,} rows in {bare_s:6.2f}s = "
+          f"{bare_rate:>9,.0f} rows/s")
+    print(f"capture engine (to Parquet): {engine_rows:>9,} rows in {engine_s:6.2f}s = "
+          f"{engine_rate:>9,.0f} rows/s")
+    print(f"ratio engine/bare: {engine_rate / bare_rate:.2f}  (goal >= 0.80)")
+
+
+def _segment(schema: TableSchema, ids: list[int], ops: list[str], first_pos: int) -> pa.Table:
+    n = len(ids)
+    rng = random.Random(first_pos)
+    columns = {
+        "__cdc_pos": list(range(first_pos, first_pos + n)),
+        "__cdc_gtid": [f"0-1-{first_pos + i}" for i in range(n)],
+        "__cdc_op": ops,
+        "__cdc_ts_ms": [0] * n,
+        "id": ids,
+        "customer": [rng.randint(1, 5000) for _ in range(n)],
+        "status": ["paid" if op == "u" else "new" for op in ops],
+    }
+    return pa.Table.from_pydict(columns, schema=schema.arrow_schema())
+
+
+def bench_lake_merge(sizes: list[int], batch: int, work: Path) -> None:
+    from cdc_platform.lake.merge import materialise
+    from cdc_platform.lake.spark import build_spark_session
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = build_spark_session(conf={"spark.driver.memory": "3g"})
+    schema = TableSchema("bench", "orders", (ColumnSpec("id", "int"),
+                                             ColumnSpec("customer", "int"),
+                                             ColumnSpec("status", "string")), ("id",))
+    print(f"\n## lake merge: a fixed {batch:,}-change batch (60% updates, 20% deletes, "
+          "20% inserts) into targets of two sizes")
+    timings = {}
+    for size in sizes:
+        root = work / f"lake-{size}"
+        landing = LandingZone(str(root / "landing"), "bench")
+        rng = random.Random(size)
+        step = 100_000
+        for start in range(0, size, step):
+            ids = list(range(start + 1, min(size, start + step) + 1))
+            landing.write_segment(schema, _segment(schema, ids, ["c"] * len(ids), start + 1),
+                                  start + 1, start + len(ids))
+        landing.write_checkpoint(Checkpoint("bench", "mariadb", "0-1-1", size + 1))
+        warehouse = str(root / "warehouse")
+        materialise(spark, str(root / "landing"), warehouse, "bench", schema, "bench", "orders")
+        # Warm-up merge so both sizes are measured with a warm JVM and a compacted base.
+        ids = [rng.randint(1, size) for _ in range(batch)]
+        ops = [("u" if r < 0.6 else "d" if r < 0.8 else "c") for r in
+               (rng.random() for _ in range(batch))]
+        ids = [i if op != "c" else size + k + 1 for k, (i, op) in enumerate(zip(ids, ops))]
+        landing.write_segment(schema, _segment(schema, ids, ops, size + 1), size + 1,
+                              size + batch)
+        landing.write_checkpoint(Checkpoint("bench", "mariadb", "0-1-2", size + batch + 1))
+        started = time.perf_counter()
+        result = materialise(spark, str(root / "landing"), warehouse, "bench", schema, "bench",
+                             "orders")
+        timings[size] = time.perf_counter() - started
+        print(f"target {size:>10,} rows: merge {timings[size]:6.2f}s "
+              f"(read {result.records_read:,} records, version {result.version}, "
+              f"compacted={result.compacted}, rows after {result.rows:,})")
+    small, large = sizes[0], sizes[-1]
+    print(f"time ratio {timings[large] / timings[small]:.2f} for a {large // small}x larger "
+          "table (sub-linear when well below the size ratio)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--stream-rows", type=int, default=200_000)
+    parser.add_argument("--lake-sizes", default="100000,1000000")
+    parser.add_argument("--batch", type=int, default=10_000)
+    parser.add_argument("--only", choices=["streaming", "lake"])
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="cdc-bench-") as tmp:
+        work = Path(tmp)
+        if args.only in (None, "streaming"):
+            bench_streaming(args.stream_rows, work)
+        if args.only in (None, "lake"):
+            bench_lake_merge([int(s) for s in args.lake_sizes.split(",")], args.batch, work)
+    return 0
+
+
+if __name__ == "__main__":
+    threading.current_thread().name = "bench"
+    sys.exit(main())
