@@ -31,6 +31,7 @@ def _seed(env: CdcEnv) -> None:
 
 
 def _env_for_cli(env: CdcEnv, dagster_home: Path) -> dict[str, str]:
+    dagster_home.mkdir(parents=True, exist_ok=True)
     return {**os.environ, "CDC_PLATFORM_CONFIG": str(env.write_config()),
             "DAGSTER_HOME": str(dagster_home), "PYSPARK_PYTHON": sys.executable}
 
@@ -53,7 +54,8 @@ def test_catch_up_and_reconcile_job_materialises_every_table(cdc_env, spark):
         assert len(checks) == 3 and all(c.passed for c in checks)
         changelog = instance.get_latest_materialization_event(
             dg.AssetKey([env.server_name, "changelog"])).asset_materialization
-        assert changelog.metadata["records_landed"].value == 3 + 199 + 20 + 1
+        # customers: 3 inserts + 1 delete; orders: 199 inserts + 19 updates (ids 10, 20 ... 190)
+        assert changelog.metadata["records_landed"].value == 3 + 1 + 199 + 19
 
 
 def test_reconcile_check_fails_the_job_when_target_and_source_differ(cdc_env, spark):

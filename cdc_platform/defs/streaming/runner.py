@@ -71,11 +71,15 @@ def run_engine(
     stop = threading.Event()
     failure: list[BaseException] = []
 
+    done = threading.Event()
+
     def target() -> None:
         try:
             engine.run(stop, stop_when_caught_up, caught_up_idle_seconds)
         except BaseException as error:  # noqa: BLE001 - handed to the step's thread
             failure.append(error)
+        finally:
+            done.set()
 
     def relay() -> None:
         while True:
@@ -86,12 +90,12 @@ def run_engine(
             getattr(context.log, level if level in ("info", "warning", "error") else "info")(
                 message)
 
-    thread = threading.Thread(target=target, name="capture-engine", daemon=True)
-    thread.start()
+    # Completion is signalled by an Event, not Thread.is_alive(): on CPython 3.11 a join()
+    # interrupted by a signal can leave is_alive() False while the thread still runs.
+    threading.Thread(target=target, name="capture-engine", daemon=True).start()
     next_progress = time.monotonic() + progress_seconds
     try:
-        while thread.is_alive():
-            thread.join(timeout=0.5)
+        while not done.wait(timeout=0.5):
             relay()
             if time.monotonic() >= next_progress:
                 next_progress = time.monotonic() + progress_seconds
@@ -107,7 +111,9 @@ def run_engine(
         context.log.info("capture engine: stop requested (run cancelled or interrupted); "
                          "flushing and checkpointing")
         stop.set()
-        thread.join(timeout=STOP_GRACE_SECONDS)
+        if not done.wait(timeout=STOP_GRACE_SECONDS):
+            context.log.error(f"capture engine did not stop within {STOP_GRACE_SECONDS}s; "
+                              "the next run resumes from the last checkpoint")
         relay()
         raise
     relay()

@@ -1,0 +1,1 @@
+"""The Spark side: changelog -> target tables, reconciliation."""

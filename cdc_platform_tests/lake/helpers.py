@@ -1,0 +1,105 @@
+"""Writing a landing zone in the contract format (docs/landing-zone.md) for lake tests.
+
+The tests do not depend on the capture engine: segments are built here from a TableSchema and
+plain Python rows with pyarrow, exactly as the contract describes them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from cdc_platform.capture.schema import ColumnSpec, TableSchema
+
+SERVER = "demo"
+
+
+def schema(table: str = "t", *columns: ColumnSpec, db: str = "shop",
+           key: tuple[str, ...] = ("id",)) -> TableSchema:
+    """A TableSchema; default columns: id int, name string, amount decimal(10,2)."""
+    if not columns:
+        columns = (
+            ColumnSpec("id", "int"),
+            ColumnSpec("name", "string"),
+            ColumnSpec("amount", "decimal", 10, 2),
+        )
+    return TableSchema(db, table, tuple(columns), key)
+
+
+class Landing:
+    """A landing zone for one server: segments with increasing positions, and the checkpoint."""
+
+    def __init__(self, root: Path, server: str = SERVER) -> None:
+        self.root = root
+        self.server = server
+        self.next_pos = 1
+        self.txn = 0
+
+    @property
+    def url(self) -> str:
+        return str(self.root)
+
+    def segment(self, table_schema: TableSchema, changes: list[tuple[Any, ...]],
+                checkpoint: bool = True) -> tuple[int, int]:
+        """Write one segment; ``changes`` are ``(op, row)`` or ``(op, row, pos)`` tuples.
+
+        Positions are allocated from a counter unless given (to simulate replays). Each change
+        is its own transaction. Returns (first_pos, last_pos); by default also checkpoints.
+        """
+        positions, ops, gtids, rows = [], [], [], []
+        for change in changes:
+            op, row = change[0], change[1]
+            pos = change[2] if len(change) > 2 else self.next_pos
+            self.next_pos = max(self.next_pos, pos + 1)
+            self.txn += 1
+            positions.append(pos)
+            ops.append(op)
+            gtids.append(f"0-1-{self.txn}")
+            rows.append(row)
+        arrow_schema = table_schema.arrow_schema()
+        data: dict[str, list[Any]] = {
+            "__cdc_pos": positions,
+            "__cdc_gtid": gtids,
+            "__cdc_op": ops,
+            "__cdc_ts_ms": [1_700_000_000_000 + p for p in positions],
+        }
+        for column in table_schema.columns:
+            data[column.name] = [row.get(column.name) for row in rows]
+        table = pa.Table.from_pydict(data, schema=arrow_schema)
+        first, last = min(positions), max(positions)
+        directory = (self.root / self.server / "changelog" / table_schema.database
+                     / table_schema.table)
+        directory.mkdir(parents=True, exist_ok=True)
+        final = directory / f"{first:020d}-{last:020d}.parquet"
+        tmp = directory / f".{final.name}.tmp-{os.getpid()}"
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, final)
+        if checkpoint:
+            self.checkpoint()
+        return first, last
+
+    def checkpoint(self, next_pos: int | None = None) -> None:
+        """Write checkpoint.json covering everything written so far (or up to ``next_pos``)."""
+        data = {
+            "server_name": self.server,
+            "flavour": "mariadb",
+            "gtid": f"0-1-{self.txn}",
+            "next_pos": self.next_pos if next_pos is None else next_pos,
+            "written_at": "2026-01-01T00:00:00Z",
+            "lag_seconds": 0.1,
+        }
+        path = self.root / self.server / "checkpoint.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(".checkpoint.json.tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+
+
+def rows_of(df: Any) -> dict[Any, dict[str, Any]]:
+    """Collect a target frame into {key: row dict} (key = value of ``id``)."""
+    return {row["id"]: row.asDict() for row in df.collect()}

@@ -1,0 +1,65 @@
+"""URL resolution and the exclusive create that commits rely on (no Spark needed)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import pytest
+
+from cdc_platform.lake.paths import create_exclusive, resolve
+
+
+def test_plain_relative_and_file_urls_resolve_to_the_same_local_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    expected = str(tmp_path / "lake")
+    for url in (expected, "lake", "./lake/", f"file://{expected}", f"file://localhost{expected}"):
+        location = resolve(url)
+        assert location.path == expected, url
+        assert location.spark_uri == f"file://{expected}"
+        assert location.is_local
+    child = resolve("lake").join("demo", "checkpoint.json")
+    assert child.path == f"{expected}/demo/checkpoint.json"
+    assert child.spark_uri == f"file://{expected}/demo/checkpoint.json"
+
+
+def test_home_is_expanded_and_hosts_are_refused():
+    assert resolve("~/x").path == os.path.expanduser("~/x")
+    with pytest.raises(ValueError, match="host"):
+        resolve("file://otherhost/x")
+
+
+def test_object_store_urls_keep_the_spark_scheme():
+    location = resolve("mock://bucket/prefix/")
+    assert isinstance(location.fs, pafs.FileSystem) and not location.is_local
+    assert location.spark_uri == "mock://bucket/prefix"
+    assert location.join("t").spark_uri == "mock://bucket/prefix/t"
+
+
+def test_metadata_io(tmp_path: Path):
+    root = resolve(str(tmp_path))
+    assert root.join("missing").read_bytes() is None
+    assert root.join("missing").list_names() == []
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "b").write_text("B")
+    (tmp_path / "d" / "a").write_text("A")
+    assert root.join("d").list_names() == ["a", "b"]
+    assert root.join("d", "a").read_bytes() == b"A"
+    root.join("d").delete_dir()
+    root.join("d").delete_dir()  # already gone: fine
+    assert not root.join("d").exists()
+
+
+def test_exclusive_create_has_one_winner_and_leaves_no_temporary_files(tmp_path: Path):
+    target = resolve(str(tmp_path / "commits" / "00000000000000000001.json"))
+    create_exclusive(target, b'{"winner": 1}')
+    with pytest.raises(FileExistsError):
+        create_exclusive(target, b'{"winner": 2}')
+    assert target.read_bytes() == b'{"winner": 1}'
+    assert os.listdir(tmp_path / "commits") == ["00000000000000000001.json"]
+
+
+def test_exclusive_create_on_object_storage_is_an_explicit_seam():
+    with pytest.raises(NotImplementedError, match="conditional-put"):
+        create_exclusive(resolve("mock://bucket/x.json"), b"{}")
