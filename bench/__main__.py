@@ -150,7 +150,7 @@ def bench_lake_merge(sizes: list[int], batch: int, work: Path) -> None:
         ids = [rng.randint(1, size) for _ in range(batch)]
         ops = [("u" if r < 0.6 else "d" if r < 0.8 else "c") for r in
                (rng.random() for _ in range(batch))]
-        ids = [i if op != "c" else size + k + 1 for k, (i, op) in enumerate(zip(ids, ops))]
+        ids = [i if op != "c" else size + k + 1 for k, (i, op) in enumerate(zip(ids, ops, strict=True))]
         landing.write_segment(schema, _segment(schema, ids, ops, size + 1), size + 1,
                               size + batch)
         landing.write_checkpoint(Checkpoint("bench", "mariadb", "0-1-2", size + batch + 1))

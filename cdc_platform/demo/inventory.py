@@ -7,6 +7,7 @@ touch many rows), deletes, and transactions that roll back.
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -79,7 +80,8 @@ def _customer(rng: random.Random, i: int) -> tuple[Any, ...]:
 
 
 def _product(rng: random.Random, i: int) -> tuple[Any, ...]:
-    attributes = '{"color": "%s", "size": %d}' % (rng.choice(["red", "blue", "green"]), rng.randint(1, 5))
+    attributes = json.dumps({"color": rng.choice(["red", "blue", "green"]),
+                             "size": rng.randint(1, 5)})
     return (f"SKU{i:06d}", f"Product {i} ✓", Decimal(rng.randint(100, 99999)) / 100,
             round(rng.uniform(0.1, 30), 3), rng.randint(0, 500), attributes, rng.random() < 0.05)
 
