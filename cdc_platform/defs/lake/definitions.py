@@ -92,10 +92,18 @@ def _reconcile_check(settings: Settings, schema: TableSchema) -> dg.AssetChecksD
             f"{schema.table_id}: source {result.source_rows} rows, target {result.target_rows}; "
             f"missing {result.missing}, extra {result.extra}, different {result.different}"
         )
+        commit = target.current()
+        metadata = result.to_metadata()
+        # Differences with a target behind the source may only be lag: show both positions.
+        metadata["target_gtid"] = commit.consumed_gtid if commit else None
         return dg.AssetCheckResult(
             passed=result.ok,
             severity=dg.AssetCheckSeverity.ERROR,
-            metadata=result.to_metadata(),
+            metadata=metadata,
+            description=None if result.ok else (
+                f"{result.missing} missing, {result.extra} extra, {result.different} different "
+                f"rows; if the target is behind the source (target_gtid vs source_gtid), "
+                "materialise it again first, otherwise re-snapshot the table"),
         )
 
     return reconcile
