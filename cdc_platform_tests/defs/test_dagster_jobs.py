@@ -41,7 +41,7 @@ def test_catch_up_and_reconcile_job_materialises_every_table(cdc_env, spark):
     _seed(env)
     defs = build_definitions(env.settings)
     with dg.instance_for_test() as instance:
-        result = defs.get_job_def("catch_up_and_reconcile").execute_in_process(instance=instance)
+        result = defs.resolve_job_def("catch_up_and_reconcile").execute_in_process(instance=instance)
         assert result.success
         orders = instance.get_latest_materialization_event(
             dg.AssetKey([env.server_name, env.db, "orders"])).asset_materialization
@@ -67,7 +67,7 @@ def test_reconcile_check_fails_the_job_when_target_and_source_differ(cdc_env, sp
                 "(500, 1, 1.00, '2025-01-01 00:00:00')")
     defs = build_definitions(env.settings)
     with dg.instance_for_test() as instance:
-        result = defs.get_job_def("catch_up_and_reconcile").execute_in_process(
+        result = defs.resolve_job_def("catch_up_and_reconcile").execute_in_process(
             instance=instance, raise_on_error=False)
         assert not result.success
         failed = [c for c in result.get_asset_check_evaluations() if not c.passed]
