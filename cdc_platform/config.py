@@ -118,7 +118,8 @@ class CaptureSettings(_Section):
     )
     heartbeat_interval_seconds: float = Field(
         default=5.0, gt=0, le=3600,
-        description="Source heartbeat period: keeps an idle stream alive and lag measurable.",
+        description="Source heartbeat period: keeps an idle stream alive and lag measurable "
+        "(the engine asks for heartbeats at least every flush interval).",
     )
     flush_interval_seconds: float = Field(
         default=1.0, gt=0,

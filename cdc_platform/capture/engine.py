@@ -326,8 +326,11 @@ class CaptureEngine:
         while not stop.is_set():
             stream: BinlogStream | None = None
             try:
+                # Heartbeats also bound how long a lone commit waits for its flush, so they
+                # come at least once per flush interval.
+                heartbeat = min(opts.heartbeat_seconds, opts.flush_interval_seconds)
                 stream = BinlogStream(opts.connection_settings, opts.server_id, opts.flavour,
-                                      str(self._processed), opts.heartbeat_seconds)
+                                      str(self._processed), heartbeat)
                 self._transition(EngineState.STREAMING,
                                  f"from {str(self._processed) or 'the start of the binlog'}")
                 for event in stream:
@@ -425,6 +428,10 @@ class CaptureEngine:
             return
         full = schema_from_table_map(event)
         excluded = self.options.selector.excluded_columns_of(database, table, full.column_names)
+        kept_keys = excluded & set(full.primary_key)
+        if kept_keys and event.table_id not in self._table_ids:
+            self.log.warning(f"table {full.table_id}: key column(s) {sorted(kept_keys)} match "
+                             "capture.excluded_columns but are captured: a target needs its key")
         schema = full.without_columns(excluded)
         if not schema.primary_key:
             self.log.warning(f"table {schema.table_id} has no primary key: its changes are "

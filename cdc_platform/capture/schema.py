@@ -115,7 +115,11 @@ class TableSchema:
         raise KeyError(f"{self.table_id} has no column {name!r}")
 
     def without_columns(self, excluded: set[str]) -> TableSchema:
-        """The schema with excluded columns removed (they never reach the landing zone)."""
+        """The schema with excluded columns removed (they never reach the landing zone).
+
+        Key columns are never removed: without them no change could be applied to a target.
+        """
+        excluded = set(excluded) - set(self.primary_key)
         if not excluded:
             return self
         kept = tuple(c for c in self.columns if c.name not in excluded)

@@ -57,3 +57,11 @@ def test_binlog_and_select_forms_convert_to_the_same_landing_value():
 def test_row_hash_separates_different_rows(a, b):
     if a != b:
         assert row_hash(["string", "string"], a) != row_hash(["string", "string"], b)
+
+
+def test_excluding_columns_never_removes_key_columns():
+    from cdc_platform.capture.schema import TableSchema
+
+    schema = TableSchema("db", "t", (ColumnSpec("id", "int"), ColumnSpec("ssn", "string"),
+                                     ColumnSpec("name", "string")), ("id",))
+    assert schema.without_columns({"id", "ssn"}).column_names == ("id", "name")
