@@ -198,7 +198,7 @@ _PRCTL = _load_prctl()  # resolved up front: the preexec hook must not load libr
 _PR_SET_PDEATHSIG = 1
 
 
-def _pdeathsig_preexec(sig: int) -> Callable[[], None] | None:
+def pdeathsig_preexec(sig: int) -> Callable[[], None] | None:
     """A ``preexec_fn`` asking the kernel to send ``sig`` to the child when its parent dies."""
     prctl = _PRCTL
     if prctl is None:
@@ -520,7 +520,7 @@ class ManagedService:
                         env=self._env(),
                         start_new_session=True,
                         close_fds=True,
-                        preexec_fn=_pdeathsig_preexec(self.stop_signal) if use_pdeathsig else None,
+                        preexec_fn=pdeathsig_preexec(self.stop_signal) if use_pdeathsig else None,
                     )
                 except OSError as exc:
                     raise DevServiceError(
