@@ -14,6 +14,7 @@ import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 
 from cdc_platform.capture import source as source_sql
+from cdc_platform.capture.engine import selector_from_settings
 from cdc_platform.capture.landing import LandingZone
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.config import Settings, settings
@@ -28,7 +29,7 @@ def discover_tables(config: Settings) -> list[TableSchema]:
     """Captured tables: what the engine recorded, plus what the source has now."""
     server = config.source.server_name
     tables = LandingZone(config.landing_zone.url, server).read_tables()
-    selector = lake_defs._selector(config)
+    selector = selector_from_settings(config)
     try:
         connection = dict(config.source.connection_settings(), connect_timeout=3)
         with source_sql.source_connection(connection) as conn:

@@ -19,7 +19,12 @@ import pymysql
 import pytest
 import yaml
 
-from cdc_platform.capture.engine import CaptureEngine, EngineOptions, EngineStats
+from cdc_platform.capture.engine import (
+    CaptureEngine,
+    EngineOptions,
+    EngineStats,
+    selector_from_settings,
+)
 from cdc_platform.capture.landing import LandingZone
 from cdc_platform.config import Settings, parse_settings
 from cdc_platform.devservices.mariadb import MariaDBServer
@@ -138,7 +143,7 @@ class CdcEnv:
         connection = s.source.connection_settings()
         with source_sql.source_connection(connection) as conn:
             schema = source_sql.read_table_schema(conn, self.db, table)
-        selector = EngineOptions.from_settings(s).selector
+        selector = selector_from_settings(s)
         schema = schema.without_columns(
             selector.excluded_columns_of(self.db, table, schema.column_names))
         target = TargetTable(s.warehouse.url, self.server_name, self.db, table)

@@ -120,7 +120,6 @@ class BinlogStream:
         flavour: str,
         position: str,
         heartbeat_seconds: float,
-        start_from_current: bool = False,
     ) -> None:
         settings = {k: v for k, v in connection_settings.items() if k != "connect_timeout"}
         settings["passwd"] = settings.pop("password", "")
@@ -131,10 +130,11 @@ class BinlogStream:
         self._connects = 0
         kwargs: dict[str, Any] = {}
         if flavour == "mariadb":
-            kwargs.update(is_mariadb=True, auto_position=None if start_from_current else position)
+            # An empty MariaDB connect state means "from the oldest binlog".
+            kwargs.update(is_mariadb=True, auto_position=position)
         elif position:
             kwargs["auto_position"] = position
-        elif not start_from_current:
+        else:
             kwargs.update(self._earliest_mysql_position(connection_settings))
         self._reader = BinLogStreamReader(
             connection_settings=settings,

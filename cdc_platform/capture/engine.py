@@ -81,6 +81,17 @@ class EngineError(RuntimeError):
     """A non-retriable capture failure; the message names the table/GTID and what to do."""
 
 
+def selector_from_settings(settings: Settings) -> TableSelector:
+    """The tables and columns the config captures (capture.tables, capture.excluded_columns)."""
+    capture = settings.capture
+    return TableSelector(
+        include=capture.tables.include,
+        exclude=capture.tables.exclude,
+        excluded_columns=capture.excluded_columns,
+        system_databases=capture.system_databases,
+    )
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     server_name: str
@@ -104,12 +115,7 @@ class EngineOptions:
             flavour=settings.source.flavour,
             server_id=settings.source.server_id,
             connection_settings=settings.source.connection_settings(),
-            selector=TableSelector(
-                include=capture.tables.include,
-                exclude=capture.tables.exclude,
-                excluded_columns=capture.excluded_columns,
-                system_databases=capture.system_databases,
-            ),
+            selector=selector_from_settings(settings),
             heartbeat_seconds=capture.heartbeat_interval_seconds,
             flush_interval_seconds=capture.flush_interval_seconds,
             flush_max_rows=capture.flush_max_rows,

@@ -5,6 +5,7 @@ import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 
 from cdc_platform.capture import source as source_sql
+from cdc_platform.capture.engine import selector_from_settings
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.config import Settings
 from cdc_platform.defs.streaming.runner import changelog_key
@@ -80,7 +81,7 @@ def _reconcile_check(settings: Settings, schema: TableSchema) -> dg.AssetChecksD
         connection = settings.source.connection_settings()
         with source_sql.source_connection(connection) as conn:
             current = source_sql.read_table_schema(conn, schema.database, schema.table)
-        excluded = _selector(settings).excluded_columns_of(
+        excluded = selector_from_settings(settings).excluded_columns_of(
             schema.database, schema.table, current.column_names)
         current = current.without_columns(excluded)
         target = TargetTable(settings.warehouse.url, server, schema.database, schema.table)
@@ -107,13 +108,6 @@ def _reconcile_check(settings: Settings, schema: TableSchema) -> dg.AssetChecksD
         )
 
     return reconcile
-
-
-def _selector(settings: Settings) -> source_sql.TableSelector:
-    capture = settings.capture
-    return source_sql.TableSelector(
-        include=capture.tables.include, exclude=capture.tables.exclude,
-        excluded_columns=capture.excluded_columns, system_databases=capture.system_databases)
 
 
 def build(settings: Settings, tables: list[TableSchema]) -> dg.Definitions:
