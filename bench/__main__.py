@@ -2,6 +2,7 @@
 
 * streaming: the capture engine's end-to-end rows/s (binlog -> Parquet segments + checkpoint)
   divided by a bare mysql-replication loop's rows/s over the same binlog (goal >= 0.8);
+* freshness: commit-to-landing lag percentiles under a steady write rate;
 * lake: the time to merge a fixed 10k-change batch into target tables of two sizes (goal: grows
   sub-linearly with the table).
 
@@ -187,17 +188,67 @@ def bench_lake_merge(sizes: list[int], batch: int, work: Path, repeats: int = 3)
           "larger table (sub-linear: well below the size ratio)")
 
 
+def bench_freshness(work: Path, rate: float = 200.0, seconds: float = 10.0) -> None:
+    """Commit-to-landing lag under a steady write rate: client commit time -> segment on disk."""
+    import pyarrow.parquet as pq
+
+    print(f"\n## freshness: {rate:.0f} single-row commits/s for {seconds:.0f}s, default "
+          "flush interval (1s)")
+    server = MariaDBServer(base_dir=work / "mariadb-fresh", server_id=1)
+    server.start()
+    try:
+        server.query("CREATE DATABASE fresh")
+        server.query("CREATE TABLE fresh.ticks (id INT PRIMARY KEY, v INT)")
+        options = EngineOptions(
+            server_name="fresh", flavour="mariadb", server_id=7003,
+            connection_settings=server.connection_settings(),
+            selector=TableSelector(include=(r"fresh\..*",)))
+        landing = LandingZone(str(work / "landing-fresh"), "fresh")
+        engine = CaptureEngine(options, landing)
+        stop = threading.Event()
+        runner = threading.Thread(target=engine.run, args=(stop,), daemon=True)
+        runner.start()
+        committed: dict[int, float] = {}
+        with server.root_connect() as conn, conn.cursor() as cur:
+            interval, next_at = 1.0 / rate, time.monotonic()
+            for i in range(int(rate * seconds)):
+                cur.execute("INSERT INTO fresh.ticks VALUES (%s, 0)", (i,))
+                committed[i] = time.time()
+                next_at += interval
+                time.sleep(max(0.0, next_at - time.monotonic()))
+        deadline = time.monotonic() + 30
+        while engine.stats.records < len(committed) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        stop.set()
+        runner.join(30)
+    finally:
+        server.stop()
+    lags = []
+    for _, _, path in landing.segments("fresh", "ticks"):
+        landed = path.stat().st_mtime
+        lags += [landed - committed[i] for i in pq.read_table(path, columns=["id"])[0].to_pylist()]
+    lags.sort()
+
+    def pct(p: float) -> float:
+        return lags[min(len(lags) - 1, int(p * len(lags)))]
+
+    print(f"{len(lags):,} rows landed; lag p50 {pct(0.5):.2f}s, p95 {pct(0.95):.2f}s, "
+          f"p99 {pct(0.99):.2f}s, max {lags[-1]:.2f}s")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--stream-rows", type=int, default=200_000)
     parser.add_argument("--lake-sizes", default="100000,1000000")
     parser.add_argument("--batch", type=int, default=10_000)
-    parser.add_argument("--only", choices=["streaming", "lake"])
+    parser.add_argument("--only", choices=["streaming", "lake", "freshness"])
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="cdc-bench-") as tmp:
         work = Path(tmp)
         if args.only in (None, "streaming"):
             bench_streaming(args.stream_rows, work)
+        if args.only in (None, "freshness"):
+            bench_freshness(work)
         if args.only in (None, "lake"):
             bench_lake_merge([int(s) for s in args.lake_sizes.split(",")], args.batch, work)
     return 0
