@@ -18,6 +18,7 @@ from cdc_platform.capture.engine import selector_from_settings
 from cdc_platform.capture.landing import LandingZone
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.config import Settings, settings
+from cdc_platform.defs.dbt import definitions as dbt_defs
 from cdc_platform.defs.lake import definitions as lake_defs
 from cdc_platform.defs.streaming import definitions as streaming_defs
 from cdc_platform.lake.spark import DEFAULT_CONF
@@ -57,9 +58,11 @@ def spark_config(config: Settings) -> dict[str, str]:
 
 
 def build_definitions(config: Settings) -> dg.Definitions:
+    tables = discover_tables(config)
     return dg.Definitions.merge(
         streaming_defs.build(config),
-        lake_defs.build(config, discover_tables(config)),
+        lake_defs.build(config, tables),
+        dbt_defs.build(config, tables),
         dg.Definitions(
             resources={"pyspark": LazyPySparkResource(spark_config=spark_config(config))},
             executor=dg.in_process_executor,

@@ -30,6 +30,9 @@ def _target_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinitio
         "by highest position per key (deletes applied), committed atomically with the "
         "changelog mark it consumed.",
         metadata={"primary_key": ", ".join(schema.primary_key) or "(none)"},
+        # Another run committed this table's next version first (ConcurrentCommitError):
+        # running again builds on that version.
+        retry_policy=dg.RetryPolicy(max_retries=2, delay=1.0),
     )
     def target(context: dg.AssetExecutionContext, pyspark: LazyPySparkResource
                ) -> dg.MaterializeResult:

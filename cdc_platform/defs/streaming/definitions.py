@@ -5,9 +5,26 @@ import dagster as dg
 from pydantic import Field
 
 from cdc_platform.config import Settings
-from cdc_platform.defs.streaming.runner import changelog_key, run_engine, stats_metadata
+from cdc_platform.defs.streaming.runner import (
+    STOP_GRACE_SECONDS,
+    changelog_key,
+    run_engine,
+    stats_metadata,
+)
 
 STREAM_TAG = "cdc_platform/stream"
+# How the long-running streaming run behaves on a Dagster deployment (helm/values.yaml): no
+# max-runtime limit; retried as a new run, which resumes from the checkpoint, when it fails (pod
+# lost, non-retriable error) up to RUN_RETRIES times in a row; and on Kubernetes, time to flush
+# and checkpoint after SIGTERM before the kubelet kills the pod.
+RUN_RETRIES = 10
+STREAM_RUN_TAGS = {
+    "dagster/max_runtime": "0",
+    "dagster/max_retries": str(RUN_RETRIES),
+    "dagster-k8s/config": {
+        "pod_spec_config": {"termination_grace_period_seconds": int(STOP_GRACE_SECONDS) + 60},
+    },
+}
 
 
 class StreamConfig(dg.Config):
@@ -48,7 +65,7 @@ def build(settings: Settings) -> dg.Definitions:
     @dg.job(
         name="stream_changes",
         description=f"Long-running capture of source {server!r}: binlog -> landing zone.",
-        tags={STREAM_TAG: server},
+        tags={STREAM_TAG: server, **STREAM_RUN_TAGS},
         executor_def=dg.in_process_executor,
     )
     def stream_changes() -> None:

@@ -1,0 +1,115 @@
+"""The dbt domain: the inventory models of ``dbt_project/`` as assets downstream of the lake.
+
+dbt runs in its own process with its own Spark session (dbt-spark ``session`` method). Before
+each invocation the asset computes, from the lake's current commits, the statements that register
+the target tables (and previously built model tables) in that session's in-memory catalog, and
+writes them to a file named by a run var (``project.run_vars``); the project's on-run-start hook
+runs them. The sources carry the target assets' keys, so the asset graph reads
+changelog -> target tables -> dbt models, and dbt tests become asset checks on the models.
+"""
+
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import dagster as dg
+from dagster_dbt import (
+    DagsterDbtTranslator,
+    DagsterDbtTranslatorSettings,
+    DbtCliResource,
+    dbt_assets,
+)
+
+from cdc_platform.capture.schema import TableSchema
+from cdc_platform.config import Settings
+from cdc_platform.defs.dbt import project as dbt_project
+
+JOB_NAME = "build_dbt_models"
+
+
+class LakeDbtTranslator(DagsterDbtTranslator):
+    """Model keys ``<server>/<schema>/<model>`` in group ``<server>_<schema>``.
+
+    Sources keep the keys in their ``meta.dagster.asset_key`` (the target assets' keys); models
+    get the server prefix so that several sources' code locations never collide.
+    """
+
+    def __init__(self, server_name: str) -> None:
+        super().__init__(settings=DagsterDbtTranslatorSettings(enable_asset_checks=True))
+        self.server_name = server_name
+
+    def get_asset_key(self, dbt_resource_props: Mapping[str, Any]) -> dg.AssetKey:
+        if dbt_resource_props["resource_type"] == "model":
+            return dg.AssetKey([self.server_name, dbt_resource_props["schema"],
+                                dbt_resource_props["name"]])
+        return super().get_asset_key(dbt_resource_props)
+
+    def get_group_name(self, dbt_resource_props: Mapping[str, Any]) -> str | None:
+        if dbt_resource_props["resource_type"] == "model":
+            return f"{self.server_name}_{dbt_resource_props['schema']}"
+        return super().get_group_name(dbt_resource_props)
+
+
+def _check_lineage(settings: Settings, database: str, manifest: Mapping[str, Any],
+                   keyed: list[TableSchema]) -> None:
+    """Every dbt source must be a target asset of this code location, or lineage breaks."""
+    targets = {(settings.source.server_name, t.database, t.table) for t in keyed}
+    for source in manifest["sources"].values():
+        key = tuple(source.get("meta", {}).get("dagster", {}).get("asset_key") or ())
+        if key not in targets:
+            raise ValueError(
+                f"dbt source {source['source_name']}.{source['name']} has asset key {list(key)}, "
+                f"which is not a target asset of server {settings.source.server_name!r} "
+                f"(database {database!r}); remove dbt_project/target and load again"
+            )
+
+
+def build(settings: Settings, tables: list[TableSchema]) -> dg.Definitions:
+    """dbt assets and the ``build_dbt_models`` job, when the inventory tables are captured.
+
+    Without them (another source, another schema) the location loads without dbt assets.
+    """
+    keyed = [t for t in tables if t.primary_key]
+    database = dbt_project.inventory_database(keyed)
+    if database is None:
+        return dg.Definitions()
+    server = settings.source.server_name
+    project = dbt_project.dbt_project(server, database)
+    manifest_path = dbt_project.prepare(project, server, database)
+    manifest = json.loads(manifest_path.read_text())
+    _check_lineage(settings, database, manifest, keyed)
+
+    @dbt_assets(
+        manifest=manifest_path,
+        project=project,
+        name=f"{server}_dbt_models",
+        dagster_dbt_translator=LakeDbtTranslator(server),
+    )
+    def dbt_models(context: dg.AssetExecutionContext, dbt: DbtCliResource) -> Iterator[Any]:
+        statements, missing = dbt_project.catalog_statements(settings, manifest)
+        if missing:
+            context.log.warning(
+                f"lake tables never materialised: {', '.join(missing)}; the models reading "
+                "them fail until their target assets are materialised")
+        catalog = dbt_project.write_catalog(settings, statements)
+        context.log.info(f"{len(statements)} catalog statements for dbt's Spark session in "
+                         f"{catalog.spark_uri}")
+        try:
+            variables = dbt_project.run_vars(settings, database, catalog)
+            yield from dbt.cli(["build", "--vars", json.dumps(variables)],
+                               context=context).stream()
+        finally:
+            catalog.fs.delete_file(catalog.path)
+
+    job = dg.define_asset_job(
+        JOB_NAME,
+        selection=dg.AssetSelection.assets(dbt_models),
+        description="Build the dbt models on the lake's inventory tables and run their dbt "
+        "tests (as asset checks). Run it after materialise_targets.",
+        executor_def=dg.in_process_executor,
+    )
+    return dg.Definitions(
+        assets=[dbt_models],
+        jobs=[job],
+        resources={"dbt": dbt_project.dbt_resource(project)},
+    )

@@ -1,0 +1,213 @@
+"""What can be checked of the Kubernetes deployment without a cluster, Helm or Docker.
+
+The values, the embedded platform config and the Dockerfile must agree with the code: every
+environment variable they set is read by something, every secret they name is created by the
+install steps, the config validates against the schema, the entry points exist, and the streaming
+job's run settings are the ones the chart's daemon acts on.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from dagster_k8s.job import (
+    DagsterK8sJobConfig,
+    construct_dagster_k8s_job,
+    get_user_defined_k8s_config,
+)
+
+from cdc_platform.config import CONFIG_ENV, ConfigError, parse_settings
+from cdc_platform.defs.dbt import project as dbt_project
+from cdc_platform.defs.streaming import definitions as streaming_defs
+from cdc_platform.defs.streaming.runner import STOP_GRACE_SECONDS
+
+ROOT = Path(__file__).resolve().parents[2]
+HELM = ROOT / "helm"
+ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:-[^}]*)?\}")
+
+
+@pytest.fixture(scope="module")
+def values() -> dict[str, Any]:
+    return yaml.safe_load((HELM / "values.yaml").read_text())
+
+
+@pytest.fixture(scope="module")
+def deployment(values: dict[str, Any]) -> dict[str, Any]:
+    deployments = values["dagster-user-deployments"]["deployments"]
+    assert len(deployments) == 1
+    return deployments[0]
+
+
+@pytest.fixture(scope="module")
+def env(deployment: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {item["name"]: item for item in deployment["env"]}
+
+
+def _config_text() -> str:
+    return (HELM / "cdc-platform-config.yaml").read_text()
+
+
+def _config_references() -> dict[str, bool]:
+    """Environment variables the config references -> whether the reference has a default."""
+    return {m.group(1): m.group(2) is not None for m in ENV_REFERENCE.finditer(_config_text())}
+
+
+def _dockerfile() -> str:
+    return (ROOT / "Dockerfile").read_text()
+
+
+def test_chart_runs_k8s_runs_on_postgres_with_the_daemon_monitoring_and_retrying(values):
+    assert values["runLauncher"]["type"] == "K8sRunLauncher"
+    assert values["runLauncher"]["config"]["k8sRunLauncher"]["loadInclusterConfig"] is True
+    assert values["postgresql"]["postgresqlHost"] and not values["postgresql"]["enabled"]
+    assert values["generatePostgresqlPasswordSecret"] is False
+    daemon = values["dagsterDaemon"]
+    assert daemon["enabled"] and daemon["runMonitoring"]["enabled"]
+    assert daemon["runRetries"]["enabled"]  # without it, stream_changes' max_retries is ignored
+    assert daemon["runCoordinator"]["type"] == "QueuedRunCoordinator"
+
+
+def test_one_streaming_run_per_source_is_the_limit_on_the_jobs_tag(values):
+    limits = values["dagsterDaemon"]["runCoordinator"]["config"]["queuedRunCoordinator"][
+        "tagConcurrencyLimits"]
+    stream = [limit for limit in limits if limit["key"] == streaming_defs.STREAM_TAG]
+    assert stream == [{"key": streaming_defs.STREAM_TAG,
+                       "value": {"applyLimitPerUniqueValue": True}, "limit": 1}]
+
+
+def test_stream_job_has_no_max_runtime_retries_and_a_grace_period_to_checkpoint():
+    settings = parse_settings(yaml.safe_load((ROOT / "cdc_platform/demo/demo.yaml")
+                                             .read_text()))
+    job = streaming_defs.build(settings).resolve_job_def("stream_changes")
+    tags = job.tags
+    assert tags[streaming_defs.STREAM_TAG] == settings.source.server_name
+    assert float(tags["dagster/max_runtime"]) == 0  # the daemon's "no limit"
+    assert int(tags["dagster/max_retries"]) >= 1
+    k8s_config = get_user_defined_k8s_config({"dagster-k8s/config": tags["dagster-k8s/config"]})
+    pod = construct_dagster_k8s_job(
+        DagsterK8sJobConfig(job_image="cdc-platform:test", dagster_home="/opt/dagster",
+                            instance_config_map="dagster-instance"),
+        ["dagster", "api", "execute_run"], "dagster-run-test", k8s_config,
+    ).spec.template.spec
+    assert pod.termination_grace_period_seconds > STOP_GRACE_SECONDS
+
+
+def test_code_server_serves_the_packages_code_location(deployment):
+    module = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["dagster"][
+        "module_name"]
+    assert deployment["codeServerArgs"] == ["-m", module]
+    assert importlib.util.find_spec(module) is not None
+    cmd = json.loads(re.search(r"^CMD (\[.*\])$", _dockerfile(), re.M).group(1))
+    assert cmd[:3] == ["dagster", "code-server", "start"] and cmd[-2:] == ["-m", module]
+    assert str(deployment["port"]) in cmd
+
+
+def test_every_env_var_the_values_set_is_read_by_the_code_or_the_config(env):
+    settings_readers = {CONFIG_ENV}
+    settings = _settings_with_values_env(env)
+    settings_readers.add(settings.source.password_env)
+    references = _config_references()
+    unread = set(env) - settings_readers - set(references)
+    assert not unread, f"helm/values.yaml sets {sorted(unread)} but nothing reads them"
+    unset = {name for name, has_default in references.items()
+             if not has_default and name not in env}
+    assert not unset, f"the config references {sorted(unset)} without a default or a value"
+
+
+def test_secrets_come_from_kubernetes_secrets_that_the_install_steps_create(values, deployment,
+                                                                            env):
+    settings = _settings_with_values_env(env)
+    password = env[settings.source.password_env]
+    assert "value" not in password, "the source password must come from a Secret"
+    secrets = {item["valueFrom"]["secretKeyRef"]["name"] for item in env.values()
+               if "valueFrom" in item}
+    secrets |= {item["name"] for item in deployment.get("envSecrets", [])}
+    secrets.add(values["global"]["postgresqlSecretName"])
+    readme = (HELM / "README.md").read_text()
+    for name in secrets:
+        assert f"create secret generic {name}" in readme, f"helm/README.md never creates {name}"
+    for name, item in env.items():
+        if re.search("PASSWORD|SECRET|TOKEN|KEY", name):
+            assert "valueFrom" in item, f"{name} is set inline in helm/values.yaml"
+
+
+def test_embedded_config_validates_and_points_into_mounted_volumes(deployment, env):
+    settings = _settings_with_values_env(env)
+    config_file = Path(env[CONFIG_ENV]["value"])
+    mounts = {m["name"]: m["mountPath"] for m in deployment["volumeMounts"]}
+    volumes = {v["name"]: v for v in deployment["volumes"]}
+    config_volume = next(name for name, path in mounts.items()
+                         if Path(path) == config_file.parent)
+    config_map = volumes[config_volume]["configMap"]["name"]
+    assert (f"create configmap {config_map} --from-file={config_file.name}="
+            "helm/cdc-platform-config.yaml") in (HELM / "README.md").read_text()
+    for url in (settings.landing_zone.url, settings.warehouse.url):
+        assert any(Path(url).is_relative_to(path) for name, path in mounts.items()
+                   if "persistentVolumeClaim" in volumes[name]), url
+    assert settings.spark.master == env["CDC_SPARK_MASTER"]["value"]
+
+
+def test_a_typo_in_the_embedded_config_would_be_caught(env, monkeypatch):
+    for name, item in env.items():
+        monkeypatch.setenv(name, item.get("value", "from-a-secret"))
+    broken = yaml.safe_load(_config_text())
+    broken["landing_zone"]["uri"] = broken["landing_zone"].pop("url")
+    with pytest.raises(ConfigError, match="landing_zone"):
+        parse_settings(broken, "helm/cdc-platform-config.yaml")
+
+
+def _settings_with_values_env(env: dict[str, dict[str, Any]]) -> Any:
+    with pytest.MonkeyPatch.context() as patch:
+        for name, item in env.items():
+            patch.setenv(name, item.get("value", "from-a-secret"))
+        return parse_settings(yaml.safe_load(_config_text()), "helm/cdc-platform-config.yaml")
+
+
+def test_dockerfile_builds_the_user_code_image_from_what_the_repo_has():
+    dockerfile = _dockerfile()
+    assert re.search(r"^FROM python:3\.11", dockerfile, re.M)
+    assert "openjdk-17-jre-headless" in dockerfile
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    installed = re.search(r'pip install "\.\[(\w+)\]"', dockerfile).group(1)
+    assert any(dep.startswith("dagster-postgres") for dep in extras[installed])
+    workdir = Path(re.search(r"^WORKDIR (\S+)", dockerfile, re.M).group(1))
+    copied = re.findall(r"^COPY (.+) \S+$", dockerfile, re.M)
+    sources = [s for line in copied for s in line.split()]
+    allowed = [line[1:].rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.startswith("!")]
+    for source in sources:
+        assert (ROOT / source).exists(), source
+        assert source.rstrip("/") in allowed, f".dockerignore leaves {source} out of the context"
+    project_dir = re.search(rf"{dbt_project.PROJECT_DIR_ENV}=(\S+)", dockerfile).group(1)
+    assert Path(project_dir) == workdir / "dbt_project"
+    prepare = re.search(r"python -m (\S+) prepare", dockerfile).group(1)
+    assert prepare == dbt_project.__name__
+
+
+def test_the_image_build_step_prepares_the_dbt_manifest(tmp_path):
+    """The Dockerfile's RUN step, on a copy of the project: a manifest for demo/inventory."""
+    copy = tmp_path / "dbt_project"
+    shutil.copytree(dbt_project.project_dir(), copy,
+                    ignore=shutil.ignore_patterns("target", "logs"))
+    pair = re.search(r'DBT_MANIFESTS="(\S+)"', _dockerfile()).group(1)
+    server, database = pair.split(":")
+    command = [sys.executable, "-m", dbt_project.__name__, "prepare", "--server", server,
+               "--database", database]
+    done = subprocess.run(command, env={**os.environ, dbt_project.PROJECT_DIR_ENV: str(copy)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    manifest = json.loads(Path(done.stdout.strip().splitlines()[-1]).read_text())
+    keys = sorted(tuple(s["meta"]["dagster"]["asset_key"]) for s in manifest["sources"].values())
+    assert keys == [(server, database, t) for t in ("customers", "orders", "products")]
