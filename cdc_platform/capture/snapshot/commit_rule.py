@@ -1,0 +1,195 @@
+"""The deferred chunk commit rule (ARCHITECTURE section 4), as pure functions over GTID sets.
+
+The seed algorithm (DBLog, read-only variant) reads a chunk between a low and a high watermark
+while the stream is paused, then removes from the chunk every key an event inside the window
+touched and emits the rest when the window closes. Here chunks are read elsewhere and arrive at
+any time, so the window is not a span of the stream but a condition checked at the engine's
+current point Q:
+
+* ``Wait`` until ``processed ⊇ after``: an event the chunk already reflects must not be
+  processed after the chunk, or its older image would overwrite the chunk's row.
+* ``Reject`` a chunk that cannot be made exact: its ``low_watermark`` misses transactions the
+  touched-key log does not cover (those before the session opened or pruned from the log),
+  DDL on the table outside the low watermark was processed (the chunk predates it: a TRUNCATE
+  has no row events, a column change alters every row), or its columns differ from the binlog
+  schema at Q. The reader re-selects it.
+* ``Commit``: every chunk row whose key no processed transaction outside ``low_watermark``
+  touched has, at Q, the value the chunk read; a touched key's newest state is already in the
+  stream. So emit the untouched rows, drop the touched ones, and assert that untouched keys of
+  the range missing from the chunk do not exist.
+
+Both flavours use only ``contains_gtid`` and ``issuperset``: MySQL sets are exact sets (any
+number of server UUIDs and tags, gaps allowed); MariaDB positions are per-domain high-water
+marks, exact under gtid_strict_mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from cdc_platform.capture.gtid import Gtid, GtidSet
+from cdc_platform.capture.snapshot.chunks import Chunk, Key
+
+
+@dataclass(frozen=True)
+class Touch:
+    """A processed transaction wrote key K of the table: its GTID and the changelog position
+    of the record it wrote for K."""
+
+    gtid: Gtid
+    position: int
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Not yet: ``processed`` lacks part of the chunk's ``after``. Try again after more events
+    (or a heartbeat proving the engine is caught up)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Reject:
+    """The chunk can never be committed exactly; discard it and re-select the same range."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class RangeAssertion:
+    """Keys of ``(range_low, range_high]`` that the chunk lacks and nothing touched since its
+    low watermark do not exist.
+
+    The lake applies it without GTIDs: delete every target key in the range whose latest record
+    position is below :meth:`threshold` (``keep_from_pos``, or the commit's first position when
+    nothing outside the low watermark touched the table). Why that is exact, for a target key K
+    in the range that is not a row of this commit:
+
+    * K is absent from the chunk, so it did not exist at the chunk's read view.
+    * If a processed transaction outside the low watermark touched K, it wrote a record for K at
+      or after ``keep_from_pos`` (the smallest such position of the table): K is kept, and its
+      latest record, a full after-image or a tombstone written since, is its state at Q.
+    * Otherwise K does not exist at Q either (every transaction of the low watermark is
+      processed, none outside it touched K). Its latest record is either below the threshold and
+      K is deleted, or at or after it and then written by a low-watermark transaction: the last
+      of those left K absent, so that record is already a tombstone.
+
+    Chunk rows of this commit sit at or after the commit position and are kept. Since only
+    "latest position below threshold" matters, the lake may fold records by position first and
+    apply assertions afterwards, in any order.
+
+    Keys compare lexicographically, NULL first, as in the source's ORDER BY; the chunk reader
+    only allows range assertions for key kinds whose landing form sorts that way.
+    """
+
+    table_id: str
+    range_low: Key | None  # exclusive; None: from the first key
+    range_high: Key | None  # inclusive; None: to the last key
+    keep_from_pos: int | None
+
+    def threshold(self, commit_position: int) -> int:
+        """Delete keys in the range whose latest record position is below this."""
+        return commit_position if self.keep_from_pos is None else self.keep_from_pos
+
+
+@dataclass(frozen=True)
+class Commit:
+    """Emit ``rows_to_emit`` (then ``assertion``, if any) at the engine's current point."""
+
+    rows_to_emit: tuple[tuple, ...]
+    dropped_keys: frozenset[Key]
+    assertion: RangeAssertion | None
+
+
+Decision = Wait | Reject | Commit
+
+
+@dataclass(frozen=True)
+class SnapshotSweep:
+    """At the end of an unfiltered snapshot: target keys whose latest record position is below
+    ``before_pos`` (the changelog position when the session opened) do not exist.
+
+    Why: the chunks tiled the key space up to the maximum key read after the session opened.
+    An existing key untouched since the opening was read by its chunk (whose low watermark
+    contains the opening) and emitted at a later position; a touched one has a stream record
+    since the opening; a key above the maximum was inserted after the opening. So every key
+    that exists has a record at or after ``before_pos``. Unlike range assertions this needs no
+    key comparison, so it also covers keys whose landing form sorts differently from the source.
+    """
+
+    table_id: str
+    before_pos: int
+
+
+def decide_chunk_commit(
+    chunk: Chunk,
+    processed: GtidSet,
+    session_opening: GtidSet,
+    log_horizon: GtidSet,
+    touched: Mapping[Key, Sequence[Touch]],
+    binlog_schema_fingerprint: str,
+    table_ddl: Iterable[Gtid] = (),
+) -> Decision:
+    """Decide what to do with a pending chunk at the engine's current point Q.
+
+    ``processed``: every transaction the engine has fully processed. ``session_opening``: the
+    processed set when the table's snapshot session opened (the touched-key log starts there).
+    ``log_horizon``: transactions whose log entries were pruned (empty if none were).
+    ``touched``: for each key of the chunk's table, the processed transactions since the
+    opening that wrote it. ``binlog_schema_fingerprint``: the table's binlog schema at Q
+    (``chunks.schema_fingerprint``). ``table_ddl``: GTIDs of DDL on the table processed since
+    the opening.
+    """
+    lw = chunk.low_watermark
+    where = f"chunk ({_show(chunk.range_low)}, {_show(chunk.range_high)}] of {chunk.table_id}"
+    if not lw.issuperset(session_opening):
+        return Reject(f"{where}: low watermark {lw} does not contain the session's opening "
+                      f"position {session_opening}; re-select it")
+    if not lw.issuperset(log_horizon):
+        return Reject(f"{where}: low watermark {lw} does not contain the touched-key log's "
+                      f"pruning horizon {log_horizon}; re-select it")
+    late_ddl = [g for g in table_ddl if not lw.contains_gtid(g)]
+    if late_ddl:
+        return Reject(f"{where}: DDL at GTID {late_ddl[0]} changed the table after the chunk's "
+                      "read view; re-select it")
+    if not processed.issuperset(chunk.after):
+        return Wait(f"{where}: processed {processed} does not yet contain {chunk.after}")
+    if chunk.schema_fingerprint != binlog_schema_fingerprint:
+        return Reject(f"{where}: read with columns {chunk.schema_fingerprint}, but the binlog "
+                      f"schema is {binlog_schema_fingerprint}; re-read the schema and re-select")
+    touched_outside = set()
+    keep_from_pos: int | None = None
+    for key, touches in touched.items():
+        for touch in touches:
+            if not lw.contains_gtid(touch.gtid):
+                touched_outside.add(key)
+                if keep_from_pos is None or touch.position < keep_from_pos:
+                    keep_from_pos = touch.position
+    rows: list[tuple] = []
+    dropped: set[Key] = set()
+    for row in chunk.rows:
+        key = chunk.key_of(row)
+        if key in touched_outside:
+            dropped.add(key)
+        else:
+            rows.append(tuple(row))
+    assertion = None
+    if chunk.table.range_assertions_allowed:
+        assertion = RangeAssertion(chunk.table_id, chunk.range_low, chunk.range_high,
+                                   keep_from_pos)
+    return Commit(tuple(rows), frozenset(dropped), assertion)
+
+
+def sweep_after_snapshot(chunk_table_id: str, opening_changelog_pos: int,
+                         filtered: bool) -> SnapshotSweep | None:
+    """The end-of-snapshot sweep of an unfiltered snapshot whose chunks all committed."""
+    if filtered:
+        return None  # a filtered snapshot says nothing about rows it did not select
+    return SnapshotSweep(chunk_table_id, opening_changelog_pos)
+
+
+def _show(key: Key | None) -> str:
+    if key is None:
+        return "…"
+    return ", ".join(repr(v) for v in key)

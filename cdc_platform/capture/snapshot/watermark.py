@@ -1,0 +1,295 @@
+"""Read-only GTID watermarks around a chunk SELECT, per flavour (ARCHITECTURE section 4).
+
+A chunk carries two watermarks: ``low_watermark`` (``lw``), transactions the chunk certainly
+reflects, and ``after``, a set holding every transaction it may reflect. The engine commits the
+chunk once ``processed ⊇ after`` and drops keys touched outside ``lw``. If ``lw`` held a
+transaction the SELECT could not see, the engine would emit the chunk's older row over that
+transaction's newer image: silent corruption. So, per flavour:
+
+* MariaDB: ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` opens the read view and, through the
+  binlog's commit-ordering hook, records the binlog offset consistent with it (session status
+  ``binlog_snapshot_file`` / ``binlog_snapshot_position``). ``BINLOG_GTID_POS`` turns that offset
+  into a GTID position holding exactly what the view sees: ``lw = after``. ``@@gtid_binlog_pos``
+  is *not* a watermark: it advances when a transaction is written to the binlog, before the
+  storage-engine commit makes it visible.
+* MySQL: ``Executed_Gtid_Set`` is updated after the storage-engine commit, so read before the
+  read view opens it is a safe ``lw``; read again after the SELECT it is a safe ``after``. Each
+  status read is followed by COMMIT so that no metadata lock outlives it.
+
+Every statement runs on a session opened with ``capture.source.connect`` (read-only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple, TypeVar
+
+import pymysql
+import pymysql.cursors
+
+from cdc_platform.capture.gtid import GtidSet, parse_position
+from cdc_platform.capture.source import PrerequisiteError, _variables, check_prerequisites
+
+T = TypeVar("T")
+
+ER_PARSE_ERROR = 1064
+ER_SPECIFIC_ACCESS_DENIED = 1227
+
+_BINARY_LOG_STATUS = "SHOW BINARY LOG STATUS"  # MySQL >= 8.2
+_MASTER_STATUS = "SHOW MASTER STATUS"  # MySQL < 8.2 (removed in 8.4)
+
+# Which status statement a MySQL connection understood, so the fallback costs one failed
+# round trip per connection, not one per watermark.
+_status_statement: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+class WatermarkError(RuntimeError):
+    """A watermark could not be read; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Watermarks:
+    """The GTID bounds of one read view: it reflects all of ``low_watermark``, nothing outside
+    ``after``. ``snapshot_binlog`` is the MariaDB read view's binlog offset (for diagnostics)."""
+
+    low_watermark: GtidSet
+    after: GtidSet
+    snapshot_binlog: tuple[str, int] | None = None
+
+
+class ChunkRead(NamedTuple):
+    """Rows of one chunk SELECT and its watermarks; unpacks as ``rows, lw, after``."""
+
+    rows: list[tuple[Any, ...]]
+    low_watermark: GtidSet
+    after: GtidSet
+
+
+def read_with_watermarks(
+    conn: pymysql.Connection, flavour: str, read: Callable[[Any], T]
+) -> tuple[T, Watermarks]:
+    """Run ``read(cursor)`` inside one consistent read view, between read-only watermarks.
+
+    ``read`` may run several statements (the chunk SELECT, then the table's column list while
+    the SELECT's metadata lock still blocks DDL); they all see the same read view.
+    """
+    if flavour == "mariadb":
+        return _read_mariadb(conn, read)
+    if flavour == "mysql":
+        return _read_mysql(conn, read)
+    raise ValueError(f"unknown flavour {flavour!r} (want 'mysql' or 'mariadb')")
+
+
+def read_chunk_with_watermarks(
+    conn: pymysql.Connection, flavour: str, select_sql: str, args: Sequence[Any] = ()
+) -> ChunkRead:
+    """Run one chunk SELECT between watermarks; rows as tuples in the SELECT's column order."""
+
+    def select(cur: Any) -> list[tuple[Any, ...]]:
+        cur.execute(select_sql, tuple(args))
+        return list(cur.fetchall())
+
+    rows, marks = read_with_watermarks(conn, flavour, select)
+    return ChunkRead(rows, marks.low_watermark, marks.after)
+
+
+def _read_mariadb(conn: pymysql.Connection, read: Callable[[Any], T]) -> tuple[T, Watermarks]:
+    with conn.cursor(pymysql.cursors.Cursor) as cur:
+        # Under READ COMMITTED each statement takes a newer read view than the snapshot whose
+        # binlog offset we record; the session stays READ ONLY (set by source.connect).
+        cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        try:
+            snapshot = _mariadb_snapshot_offset(cur)
+            cur.execute("SELECT BINLOG_GTID_POS(%s, %s)", snapshot)
+            row = cur.fetchone()
+            if row is None or row[0] is None:
+                raise WatermarkError(
+                    f"BINLOG_GTID_POS{snapshot} returned NULL: the binlog file of the read view "
+                    "is unreadable (purged or rotated away?); retry the chunk"
+                )
+            low_watermark = parse_position("mariadb", str(row[0]))
+            result = read(cur)
+            conn.commit()
+        except BaseException:
+            _rollback_quietly(conn)
+            raise
+    return result, Watermarks(low_watermark, low_watermark, snapshot)
+
+
+def _mariadb_snapshot_offset(cur: Any) -> tuple[str, int]:
+    """The binlog offset consistent with this transaction's read view."""
+    cur.execute("SHOW SESSION STATUS LIKE 'binlog_snapshot_%'")
+    status = {str(name).lower(): value for name, value in cur.fetchall()}
+    file, position = status.get("binlog_snapshot_file"), status.get("binlog_snapshot_position")
+    if not file or position is None:
+        raise WatermarkError(
+            "the source reports no binlog_snapshot_file/position: binary logging is off; "
+            "start the replica with log_bin (and log_slave_updates) to take snapshots"
+        )
+    return str(file), int(position)
+
+
+def _read_mysql(conn: pymysql.Connection, read: Callable[[Any], T]) -> tuple[T, Watermarks]:
+    with conn.cursor(pymysql.cursors.Cursor) as cur:
+        low_watermark = _mysql_executed_gtid_set(conn, cur)
+        cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        try:
+            result = read(cur)
+            conn.commit()
+        except BaseException:
+            _rollback_quietly(conn)
+            raise
+        after = _mysql_executed_gtid_set(conn, cur)
+    return result, Watermarks(low_watermark, after)
+
+
+def _mysql_executed_gtid_set(conn: pymysql.Connection, cur: Any) -> GtidSet:
+    """``Executed_Gtid_Set`` from the binary log status, then COMMIT (no lingering MDL)."""
+    statement = _status_statement.get(conn, _BINARY_LOG_STATUS)
+    try:
+        cur.execute(statement)
+    except pymysql.MySQLError as error:
+        if statement != _BINARY_LOG_STATUS or _error_code(error) != ER_PARSE_ERROR:
+            raise
+        statement = _MASTER_STATUS
+        cur.execute(statement)
+    _status_statement[conn] = statement
+    row = cur.fetchone()
+    names = [str(d[0]).lower() for d in cur.description or ()]
+    conn.commit()
+    if row is None or "executed_gtid_set" not in names:
+        raise WatermarkError(
+            f"{statement} returned no Executed_Gtid_Set: binary logging or GTIDs are off on the "
+            "source; set log_bin, gtid_mode=ON and enforce_gtid_consistency=ON"
+        )
+    text = str(row[names.index("executed_gtid_set")] or "")
+    try:
+        return parse_position("mysql", text)
+    except ValueError as error:
+        raise WatermarkError(f"{statement}: unreadable Executed_Gtid_Set: {error}") from None
+
+
+def _rollback_quietly(conn: pymysql.Connection) -> None:
+    # A failing rollback means a broken connection; the original error says why.
+    with contextlib.suppress(pymysql.MySQLError):
+        conn.rollback()
+
+
+def _error_code(error: BaseException) -> int | None:
+    code = error.args[0] if error.args else None
+    return code if isinstance(code, int) else None
+
+
+# ---- prerequisites ---------------------------------------------------------------------------
+
+
+def check_snapshot_prerequisites(conn: pymysql.Connection, flavour: str) -> list[str]:
+    """Problems that make read-only snapshots inexact, each naming the setting. Empty = fine.
+
+    On top of the streaming prerequisites (GTIDs, ROW binlog, FULL row image and metadata):
+    a replica must write what it applies to its own binlog (``log_slave_updates``), and on a
+    MySQL replica parallel workers must commit in source order, as the seed requires. MariaDB
+    needs no parallel-mode setting: its parallel replication commits in order within a
+    replication domain in every ``slave_parallel_mode`` (only different domains may commit
+    out of order), and a MariaDB GTID position tracks each domain on its own; the
+    ``gtid_strict_mode`` the streaming checks require keeps each domain's sequence increasing.
+    """
+    problems = check_prerequisites(conn, flavour)
+    if problems and problems[0].startswith("source.flavour"):
+        return problems
+    if flavour == "mysql":
+        return problems + _mysql_replica_problems(conn)
+    return problems + _mariadb_replica_problems(conn)
+
+
+def require_snapshot_prerequisites(
+    conn: pymysql.Connection, flavour: str, server_name: str
+) -> None:
+    """Raise PrerequisiteError listing every problem (see check_snapshot_prerequisites)."""
+    problems = check_snapshot_prerequisites(conn, flavour)
+    if problems:
+        raise PrerequisiteError(
+            f"source {server_name!r} cannot be snapshotted exactly: " + "; ".join(problems)
+            + ". Set these on the replica (my.cnf) and restart it."
+        )
+
+
+def _first(values: dict[str, str], names: Iterable[str]) -> tuple[str, str | None]:
+    """The first of several names (new, old) the server knows, with its value."""
+    names = list(names)
+    for name in names:
+        if name in values:
+            return name, values[name]
+    return names[0], None
+
+
+def _mysql_replica_problems(conn: pymysql.Connection) -> list[str]:
+    if not _mysql_is_replica(conn):
+        return []
+    values = _variables(conn, [
+        "replica_parallel_workers", "slave_parallel_workers", "replica_preserve_commit_order",
+        "slave_preserve_commit_order", "log_replica_updates", "log_slave_updates",
+    ])
+    problems = []
+    name, updates = _first(values, ["log_replica_updates", "log_slave_updates"])
+    if (updates or "").upper() != "ON":
+        problems.append(f"the server is a replica but {name} is {updates!r}, needs 'ON' (its "
+                        "binlog must contain the replicated transactions)")
+    workers_name, workers = _first(values, ["replica_parallel_workers", "slave_parallel_workers"])
+    order_name, order = _first(values, ["replica_preserve_commit_order",
+                                        "slave_preserve_commit_order"])
+    if int(workers or 0) > 0 and (order or "").upper() != "ON":
+        problems.append(f"{workers_name} is {workers} but {order_name} is {order!r}, needs 'ON' "
+                        "(parallel workers must commit in source order)")
+    return problems
+
+
+def _mysql_is_replica(conn: pymysql.Connection) -> bool:
+    with conn.cursor(pymysql.cursors.Cursor) as cur:
+        try:
+            cur.execute("SHOW REPLICA STATUS")  # MySQL >= 8.0.22
+        except pymysql.MySQLError as error:
+            if _error_code(error) != ER_PARSE_ERROR:
+                raise
+            cur.execute("SHOW SLAVE STATUS")
+        return bool(cur.fetchall())
+
+
+def _mariadb_replica_problems(conn: pymysql.Connection) -> list[str]:
+    replica, evidence = _mariadb_is_replica(conn)
+    if not replica:
+        return []
+    _, updates = _first(_variables(conn, ["log_slave_updates"]), ["log_slave_updates"])
+    if (updates or "").upper() != "ON":
+        return [f"the server is a replica ({evidence}) but log_slave_updates is {updates!r}, "
+                "needs 'ON' (its binlog must contain the replicated transactions)"]
+    return []
+
+
+def _mariadb_is_replica(conn: pymysql.Connection) -> tuple[bool, str]:
+    """Whether the server replicates from another, and the evidence.
+
+    ``SHOW ALL SLAVES STATUS`` needs SLAVE MONITOR (MariaDB >= 10.5), which the CDC account
+    (SELECT, REPLICATION SLAVE, REPLICATION CLIENT) lacks; then running replica threads or a
+    non-empty ``gtid_slave_pos`` (it has applied replicated transactions) are the evidence.
+    """
+    with conn.cursor(pymysql.cursors.Cursor) as cur:
+        try:
+            cur.execute("SHOW ALL SLAVES STATUS")
+            return (True, "SHOW ALL SLAVES STATUS") if cur.fetchall() else (False, "")
+        except pymysql.MySQLError as error:
+            if _error_code(error) != ER_SPECIFIC_ACCESS_DENIED:
+                raise
+        cur.execute("SHOW GLOBAL STATUS LIKE 'Slaves_running'")
+        row = cur.fetchone()
+        if row is not None and int(row[1] or 0) > 0:
+            return True, f"Slaves_running={row[1]}"
+        cur.execute("SELECT @@GLOBAL.gtid_slave_pos")
+        row = cur.fetchone()
+        position = str(row[0] or "") if row else ""
+        return (True, f"gtid_slave_pos={position!r}") if position else (False, "")

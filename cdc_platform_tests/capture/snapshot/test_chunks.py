@@ -1,0 +1,290 @@
+"""Keyset chunks: query shape (pure), chunk keys, and reading real tables chunk by chunk."""
+
+from __future__ import annotations
+
+import decimal
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pymysqlreplication.row_event import TableMapEvent
+
+from cdc_platform.capture.binlog import BinlogStream, schema_from_table_map
+from cdc_platform.capture.schema import ColumnSpec, TableSchema
+from cdc_platform.capture.snapshot.chunks import (
+    Chunk,
+    ChunkedTable,
+    ChunkKey,
+    ChunkKeyError,
+    SkippedTable,
+    chunk_key_for,
+    read_chunk,
+    read_max_key,
+    read_nullable_columns,
+    read_table_in_chunks,
+    schema_fingerprint,
+)
+from cdc_platform.capture.snapshot.conditions import UnsafeConditionError
+from cdc_platform.capture.source import connect, read_table_schema
+
+ABC = TableSchema("shop", "t", (ColumnSpec("a", "int"), ColumnSpec("b", "int"),
+                                ColumnSpec("c", "string"), ColumnSpec("v", "float")))
+
+
+def _table(nullable: tuple[bool, ...] = (False, True, True), condition: str | None = None
+           ) -> ChunkedTable:
+    return ChunkedTable(ABC, ChunkKey(("a", "b", "c"), nullable, "surrogate key"), condition)
+
+
+# ---- query shape -------------------------------------------------------------------------------
+
+
+def test_composite_key_expands_lexicographically_with_the_leading_column_bounded() -> None:
+    sql, params = _table((False, False, False)).chunk_query((1, 2, "x"), (9, 8, "z"), 5)
+    assert sql == (
+        "SELECT `a`, `b`, `c`, (`v` * 1e0) FROM `shop`.`t` WHERE "
+        "`a` >= %s AND ((`a` > %s) OR (`a` = %s AND `b` > %s) OR "
+        "(`a` = %s AND `b` = %s AND `c` > %s)) AND "
+        "`a` <= %s AND ((`a` < %s) OR (`a` = %s AND `b` < %s) OR "
+        "(`a` = %s AND `b` = %s AND `c` <= %s)) ORDER BY `a`, `b`, `c` LIMIT %s"
+    )
+    assert params == (1, 1, 1, 2, 1, 2, "x", 9, 9, 9, 8, 9, 8, "z", 5)
+
+
+def test_null_key_parts_sort_first_and_are_never_parameters() -> None:
+    sql, params = _table().chunk_query((1, None, None), (3, None, "q"), 2)
+    assert "`a` >= %s AND ((`a` > %s) OR (`a` = %s AND `b` IS NOT NULL) OR " \
+           "(`a` = %s AND `b` IS NULL AND `c` IS NOT NULL))" in sql
+    # Nothing sorts below NULL, so "b < NULL" drops out; nullable parts admit NULL below a value.
+    assert "`a` <= %s AND ((`a` < %s) OR (`a` = %s AND `b` IS NULL AND " \
+           "(`c` IS NULL OR `c` <= %s)))" in sql
+    assert None not in params and params == (1, 1, 1, 1, 3, 3, 3, "q", 2)
+
+
+def test_first_chunk_is_unbounded_below_and_filter_is_parenthesised() -> None:
+    sql, params = _table(condition=" v > 1 AND note LIKE 'a%' ").chunk_query(None, (5, 1, "a"), 3)
+    assert "WHERE `a` <= %s AND" in sql
+    # pymysql formats with ``sql % params``: a literal % must reach the server as one %.
+    assert sql.endswith("AND (v > 1 AND note LIKE 'a%%') ORDER BY `a`, `b`, `c` LIMIT %s")
+    assert (sql % tuple(repr(p) for p in params)).count("'a%'") == 1
+
+
+def test_identifiers_are_quoted_and_percent_signs_escaped() -> None:
+    schema = TableSchema("we`ird", "100%", (ColumnSpec("k`%s", "int"),), ("k`%s",))
+    table = ChunkedTable(schema, ChunkKey(("k`%s",), (False,), "primary key"))
+    sql, params = table.chunk_query((7,), None, 10)
+    assert sql == ("SELECT `k``%%s` FROM `we``ird`.`100%%` WHERE `k``%%s` > %s "
+                   "ORDER BY `k``%%s` LIMIT %s")
+    assert params == (7, 10)
+    assert table.max_key_query() == (
+        "SELECT `k``%%s` FROM `we``ird`.`100%%` ORDER BY `k``%%s` DESC LIMIT 1", ())
+
+
+def test_unsafe_filters_never_reach_sql() -> None:
+    with pytest.raises(UnsafeConditionError):
+        _table(condition="1=1) OR (1=1")
+
+
+def test_chunk_key_choice_and_skip_statuses() -> None:
+    with_pk = TableSchema("shop", "orders", (ColumnSpec("id", "int"), ColumnSpec("j", "json")),
+                          ("id",))
+    no_pk = TableSchema("shop", "log", with_pk.columns)
+    assert chunk_key_for(with_pk) == ChunkKey(("id",), (False,), "primary key")
+    assert chunk_key_for(with_pk, "id") == ChunkKey(("id",), (False,), "primary key")
+    assert chunk_key_for(no_pk, "id", {"id"}) == ChunkKey(("id",), (True,), "surrogate key")
+    skipped = chunk_key_for(no_pk)
+    assert isinstance(skipped, SkippedTable)
+    assert str(skipped) == "shop.log: skipped: no primary key; pass a surrogate-key"
+    for schema, key, reason in [
+        (with_pk, "j", "has a primary key (id)"),
+        (no_pk, "nope", "'nope' does not exist"),
+        (no_pk, "j", "json, which has no order"),
+        (no_pk, ("id", "id"), "names a column twice"),
+    ]:
+        result = chunk_key_for(schema, key)
+        assert isinstance(result, SkippedTable) and reason in result.reason
+
+
+def test_fingerprint_changes_with_columns_not_with_table_name() -> None:
+    assert schema_fingerprint(ABC) == schema_fingerprint(
+        TableSchema("other", "name", ABC.columns))
+    assert schema_fingerprint(ABC) != schema_fingerprint(
+        TableSchema("shop", "t", ABC.columns[:3] + (ColumnSpec("v", "double"),)))
+
+
+# ---- real tables -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chunk_db(mariadb: Any) -> Iterator[tuple[Any, str]]:
+    db = "snapshot_chunks"
+    mariadb.query(f"DROP DATABASE IF EXISTS `{db}`")
+    mariadb.query(f"CREATE DATABASE `{db}`")
+    # A surrogate key with nullable parts (unique, NULL counting as a value, is up to the
+    # generator: the server's UNIQUE would admit duplicate NULLs) and a primary-key table.
+    mariadb.query(f"CREATE TABLE `{db}`.sk (a INT NOT NULL, b INT NULL, c VARCHAR(3) NULL, "
+                  "v INT NOT NULL, KEY (a, b, c))")
+    mariadb.query(f"CREATE TABLE `{db}`.pk (a INT NOT NULL, c VARCHAR(3) NOT NULL, "
+                  "v INT NOT NULL, PRIMARY KEY (a, c))")
+    with connect(mariadb.connection_settings()) as conn:
+        yield conn, db
+    mariadb.query(f"DROP DATABASE IF EXISTS `{db}`")
+
+
+def _chunked(conn: Any, db: str, table: str, condition: str | None = None) -> ChunkedTable:
+    schema = read_table_schema(conn, db, table)
+    key = chunk_key_for(schema, ("a", "b", "c") if table == "sk" else None,
+                        read_nullable_columns(conn, db, table))
+    assert isinstance(key, ChunkKey)
+    return ChunkedTable(schema, key, condition)
+
+
+def _reload(mariadb: Any, db: str, table: str, rows: list[tuple]) -> None:
+    with mariadb.root_connect(database=db) as conn, conn.cursor() as cur:
+        cur.execute(f"TRUNCATE TABLE {table}")
+        if rows:
+            marks = ", ".join(["%s"] * len(rows[0]))
+            cur.executemany(f"INSERT INTO {table} VALUES ({marks})", rows)
+
+
+def _sort_key(key: tuple) -> tuple:
+    """The server's order: NULL first (c holds only a-c, where collation and bytes agree)."""
+    return tuple((value is not None, value) for value in key)
+
+
+def _check_tiling(chunks: list[Chunk]) -> None:
+    """Each chunk starts where the previous one ended; each row lies inside its range."""
+    for index, chunk in enumerate(chunks):
+        assert chunk.range_low == (chunks[index - 1].range_high if index else None)
+        for row in chunk.rows:
+            key = _sort_key(chunk.key_of(row))
+            assert chunk.range_low is None or key > _sort_key(chunk.range_low)
+            assert chunk.range_high is None or key <= _sort_key(chunk.range_high)
+        assert chunk.low_watermark == chunk.after
+    assert [c.complete for c in chunks] == [False] * (len(chunks) - 1) + [True]
+
+
+sk_rows = st.dictionaries(
+    st.tuples(st.integers(0, 3), st.none() | st.integers(-2, 2),
+              st.none() | st.sampled_from(["", "a", "b", "c", "ab"])),
+    st.integers(0, 99), max_size=25,
+).map(lambda d: [(*k, v) for k, v in d.items()])
+pk_rows = st.dictionaries(st.tuples(st.integers(-3, 3), st.sampled_from(["", "a", "b", "bc"])),
+                          st.integers(0, 99), max_size=20,
+                          ).map(lambda d: [(*k, v) for k, v in d.items()])
+DB_SETTINGS = settings(max_examples=100, deadline=None,
+                       suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@DB_SETTINGS
+@given(rows=sk_rows, chunk_size=st.integers(1, 7), filtered=st.booleans())
+def test_chunks_visit_every_row_once_in_key_order_with_null_key_parts(
+    mariadb: Any, chunk_db: tuple[Any, str], rows: list[tuple], chunk_size: int, filtered: bool
+) -> None:
+    conn, db = chunk_db
+    _reload(mariadb, db, "sk", rows)
+    table = _chunked(conn, db, "sk", "v % 3 <> 0 OR c LIKE 'a%'" if filtered else None)
+    chunks = read_table_in_chunks(conn, "mariadb", table, chunk_size)
+    read = [row for chunk in chunks for row in chunk.rows]
+    expected = [r for r in rows if not filtered or r[3] % 3 != 0 or (r[2] or "").startswith("a")]
+    expected.sort(key=lambda r: _sort_key(r[:3]))
+    assert read == expected
+    assert all(len(c.rows) <= chunk_size for c in chunks)
+    if chunks:
+        _check_tiling(chunks)
+    assert not table.range_assertions_allowed  # text key part (and possibly a filter)
+
+
+@DB_SETTINGS
+@given(rows=pk_rows, chunk_size=st.integers(1, 7))
+def test_chunks_of_a_composite_primary_key(mariadb: Any, chunk_db: tuple[Any, str],
+                                           rows: list[tuple], chunk_size: int) -> None:
+    conn, db = chunk_db
+    _reload(mariadb, db, "pk", rows)
+    table = _chunked(conn, db, "pk")
+    assert table.key == ChunkKey(("a", "c"), (False, False), "primary key")
+    chunks = read_table_in_chunks(conn, "mariadb", table, chunk_size)
+    assert [row for chunk in chunks for row in chunk.rows] == sorted(
+        rows, key=lambda r: _sort_key(r[:2]))
+    if chunks:
+        _check_tiling(chunks)
+
+
+def test_rows_inserted_after_the_start_stay_out_of_bounded_chunks(
+        mariadb: Any, chunk_db: tuple[Any, str]) -> None:
+    conn, db = chunk_db
+    _reload(mariadb, db, "pk", [(1, "a", 1), (2, "a", 2)])
+    table = _chunked(conn, db, "pk")
+    max_key = read_max_key(conn, table)
+    assert max_key == (2, "a")
+    mariadb.query(f"INSERT INTO `{db}`.pk VALUES (3, 'a', 3), (0, 'a', 0)")
+    chunk = read_chunk(conn, "mariadb", table, 10, None, max_key)
+    assert [r[0] for r in chunk.rows] == [0, 1, 2] and chunk.complete
+    assert chunk.range_high == (2, "a")
+
+
+def test_empty_table_has_no_chunks(mariadb: Any, chunk_db: tuple[Any, str]) -> None:
+    conn, db = chunk_db
+    _reload(mariadb, db, "pk", [])
+    assert read_table_in_chunks(conn, "mariadb", _chunked(conn, db, "pk"), 3) == []
+
+
+def test_duplicate_surrogate_key_is_reported(mariadb: Any, chunk_db: tuple[Any, str]) -> None:
+    conn, db = chunk_db
+    _reload(mariadb, db, "sk", [(1, None, "a", 1), (1, None, "a", 2)])
+    with pytest.raises(ChunkKeyError, match=r"snapshot_chunks\.sk: chunk key \(a, b, c\) = "
+                                            r"\(1, None, 'a'\) appears twice"):
+        read_table_in_chunks(conn, "mariadb", _chunked(conn, db, "sk"), 5)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 2])
+def test_enum_set_and_bit_keys_follow_the_servers_order(mariadb: Any, chunk_db: tuple[Any, str],
+                                                        chunk_size: int) -> None:
+    """ENUM and SET sort by number, not text; BIT arrives as bytes: compare like ORDER BY."""
+    conn, db = chunk_db
+    mariadb.query(f"CREATE TABLE IF NOT EXISTS `{db}`.odd (e ENUM('z','a','m') NOT NULL, "
+                  "s SET('x','b') NOT NULL, bits BIT(4) NOT NULL, f FLOAT, u BIGINT UNSIGNED, "
+                  "PRIMARY KEY (e, s, bits))")
+    rows = [(e, s, b, 0.1, 2**64 - 1) for e in ("z", "a", "m") for s in ("x", "b", "x,b")
+            for b in (1, 8)]
+    _reload(mariadb, db, "odd", rows)
+    table = _chunked(conn, db, "odd")
+    chunks = read_table_in_chunks(conn, "mariadb", table, chunk_size)
+    read = [row for chunk in chunks for row in chunk.rows]
+    assert [(r[0], r[1], r[2]) for r in read] == [(e, s, b) for e, s, b, _, _ in rows]
+    assert read[0][3:] == (pytest.approx(0.1, rel=1e-7), decimal.Decimal(2**64 - 1))
+    assert not table.range_assertions_allowed  # ENUM lands as text
+
+
+def test_range_assertions_only_for_unfiltered_orderable_keys(
+        mariadb: Any, chunk_db: tuple[Any, str]) -> None:
+    conn, db = chunk_db
+    mariadb.query(f"CREATE TABLE IF NOT EXISTS `{db}`.ints (id BIGINT UNSIGNED PRIMARY KEY, "
+                  "d DATETIME(6))")
+    assert _chunked(conn, db, "ints").range_assertions_allowed
+    assert not _chunked(conn, db, "ints", "d > '2024-01-01'").range_assertions_allowed
+
+
+def test_chunk_schema_fingerprint_matches_the_binlog_schema(mariadb: Any,
+                                                            chunk_db: tuple[Any, str]) -> None:
+    """The engine compares a chunk's fingerprint (information_schema) with the binlog's at
+    commit: for an unchanged table of every column kind they must agree."""
+    conn, db = chunk_db
+    start = mariadb.query("SELECT @@GLOBAL.gtid_binlog_pos")[0][0]
+    mariadb.query(f"""CREATE TABLE `{db}`.all_kinds (id BIGINT UNSIGNED PRIMARY KEY, i INT,
+        si SMALLINT UNSIGNED, bi BIGINT, d1 DECIMAL(10,2), d2 DECIMAL(50,5), f FLOAT, x DOUBLE,
+        d DATE, dt DATETIME(6), ts TIMESTAMP(3) NULL, tm TIME(2), y YEAR, c CHAR(5),
+        vc VARCHAR(20), tx TEXT, bn BINARY(4), vb VARBINARY(10), bl BLOB, e ENUM('a','b'),
+        st SET('x','y'), j JSON, b1 BIT(1), b64 BIT(64), g GEOMETRY)""")
+    mariadb.query(f"INSERT INTO `{db}`.all_kinds (id) VALUES (1)")
+    stream = BinlogStream(mariadb.connection_settings(), 8765, "mariadb", start, 1)
+    try:
+        binlog_schema = next(schema_from_table_map(event) for event in stream
+                             if isinstance(event, TableMapEvent) and event.table == "all_kinds")
+    finally:
+        stream.close()
+    selected = _chunked(conn, db, "all_kinds").schema
+    assert selected == binlog_schema
+    assert schema_fingerprint(selected) == schema_fingerprint(binlog_schema)
