@@ -43,6 +43,7 @@ from pymysqlreplication.row_event import (
 from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.binlog import (
     BinlogStream,
+    SourceDisconnected,
     is_retriable,
     schema_from_table_map,
 )
@@ -65,6 +66,13 @@ _SAVEPOINT = re.compile(
     r"^\s*(?:(ROLLBACK\s+(?:WORK\s+)?TO\s+(?:SAVEPOINT\s+)?)|SAVEPOINT\s+)(`[^`]+`|\w+)\s*$",
     re.IGNORECASE,
 )
+
+
+def _is_purged_position(error: BaseException) -> bool:
+    """Error 1236: the requested GTID state is older than the oldest binlog file."""
+    cause = error.__cause__ if isinstance(error, SourceDisconnected) else error
+    args = getattr(cause, "args", ())
+    return bool(args) and args[0] == 1236
 
 
 class EngineState(enum.Enum):
@@ -293,8 +301,20 @@ class CaptureEngine:
     def _initial_position(self) -> GtidSet:
         """Where a first start reads from (config: capture.initial_position)."""
         choice = self.options.initial_position.strip()
-        if choice == "earliest":
-            return parse_position(self.options.flavour, "")
+        if choice == "earliest" and self.options.flavour == "mysql":
+            # Auto-positioning from the purged set streams everything still in the binlogs,
+            # and counts what was purged as processed (it can never arrive).
+            with self._control.cursor() as cur:
+                cur.execute("SELECT @@GLOBAL.gtid_purged")
+                choice = str(cur.fetchone()[0] or "").replace("\n", "")
+        elif choice == "earliest":
+            # The state at the start of the oldest binlog still on the source: an empty connect
+            # state is refused once older files were purged.
+            with self._control.cursor() as cur:
+                cur.execute("SHOW BINARY LOGS")
+                oldest = cur.fetchone()
+                cur.execute("SELECT BINLOG_GTID_POS(%s, 4)", (oldest[0],))
+                choice = str(cur.fetchone()[0] or "")
         if choice == "current":
             choice = source_sql.executed_gtid_text(self._control, self.options.flavour)
         try:
@@ -358,6 +378,13 @@ class CaptureEngine:
                         ):
                             return
             except BaseException as error:
+                if _is_purged_position(error):
+                    raise EngineError(
+                        f"source {opts.server_name}: the binlog no longer holds GTID position "
+                        f"{str(self._processed) or '(start)'} (purged). The changelog cannot "
+                        "continue exactly: keep binlogs longer, and re-snapshot the tables (or "
+                        "move the checkpoint away and start with capture.initial_position)"
+                    ) from error
                 if not is_retriable(error):
                     raise
                 failures += 1
@@ -416,6 +443,7 @@ class CaptureEngine:
             return True
         elif isinstance(event, RotateEvent):
             self._table_ids.clear()
+
         return False
 
     def _begin(self, gtid: str) -> None:

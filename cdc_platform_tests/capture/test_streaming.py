@@ -218,3 +218,47 @@ def test_idle_stream_stays_alive_on_heartbeats_and_reports_zero_lag(cdc_env):
         stop.set()
         thread.join(30)
     assert engine.state.value == "stopped"
+
+
+def test_first_start_after_purged_binlogs_still_catches_up(tmp_path):
+    """'earliest' is the oldest binlog still on the source, even after older ones were purged.
+
+    Its GTID state covers the purged domain, so 'caught up' can hold.
+    """
+    from cdc_platform.capture.engine import CaptureEngine, EngineOptions
+    from cdc_platform.capture.landing import LandingZone
+    from cdc_platform.capture.source import TableSelector
+    from cdc_platform.devservices.mariadb import MariaDBServer
+
+    server = MariaDBServer(base_dir=tmp_path / "mariadb", server_id=3)
+    server.start()
+    try:
+        server.query("CREATE DATABASE shop")
+        server.query("CREATE TABLE shop.t (id INT PRIMARY KEY)")
+        with server.root_connect() as conn, conn.cursor() as cur:
+            cur.execute("SET SESSION gtid_domain_id = 1")
+            cur.execute("INSERT INTO shop.t VALUES (1)")
+            # MariaDB purges a file only once a binlog checkpoint has moved past it.
+            for _ in range(2):
+                cur.execute("FLUSH BINARY LOGS")
+                time.sleep(1)
+            cur.execute("SHOW BINARY LOGS")
+            newest = cur.fetchall()[-1][0]
+            cur.execute(f"PURGE BINARY LOGS TO '{newest}'")
+            cur.execute("SHOW BINARY LOGS")
+            assert [row[0] for row in cur.fetchall()] == [newest], "the purge did not happen"
+        server.query("INSERT INTO shop.t VALUES (2)")  # domain 0, in the remaining binlog
+        options = EngineOptions(server_name="p", flavour="mariadb", server_id=77,
+                                connection_settings=server.connection_settings(),
+                                selector=TableSelector(include=(r"shop\..*",)),
+                                heartbeat_seconds=1)
+        engine = CaptureEngine(options, LandingZone(str(tmp_path / "landing"), "p"))
+        done = threading.Event()
+        thread = threading.Thread(target=lambda: (engine.run(stop_when_caught_up=True),
+                                                  done.set()), daemon=True)
+        thread.start()
+        assert done.wait(30), f"never caught up; processed {engine.stats.position}"
+        assert engine.stats.records == 1  # only what the binlog still holds
+        assert engine.stats.position.startswith("0-3-") and "1-3-" in engine.stats.position
+    finally:
+        server.stop()
