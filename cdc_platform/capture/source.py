@@ -146,7 +146,7 @@ def executed_gtid_text(conn: pymysql.Connection, flavour: str) -> str:
     return str(value).replace("\n", "")
 
 
-def _variables(conn: pymysql.Connection, names: Iterable[str]) -> dict[str, str]:
+def server_variables(conn: pymysql.Connection, names: Iterable[str]) -> dict[str, str]:
     wanted = {n.lower() for n in names}
     with conn.cursor() as cur:
         cur.execute("SHOW GLOBAL VARIABLES")
@@ -164,7 +164,7 @@ def check_prerequisites(conn: pymysql.Connection, flavour: str) -> list[str]:
         required |= {"gtid_mode": "ON", "enforce_gtid_consistency": "ON"}
     else:
         required |= {"gtid_strict_mode": "ON"}
-    found = _variables(conn, required)
+    found = server_variables(conn, required)
     problems = []
     for name, value in required.items():
         have = found.get(name)

@@ -35,6 +35,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from cdc_platform.capture.schema import TableSchema
+from cdc_platform.capture.snapshot.watermark import WatermarkError, read_with_watermarks
 from cdc_platform.capture.source import connect, quote_identifier, server_flavour
 from cdc_platform.capture.values import canonical_value, converter_for, row_hash, select_expression
 
@@ -197,19 +198,13 @@ def _read_source(settings: dict[str, Any], schema: TableSchema, hasher: _Hasher)
     )
     converters = [converter_for(c, from_binlog=False) for c in schema.columns]
     pairs: list[tuple[Key, int]] = []
-    gtid: str | None = None
     try:
         conn = connect(settings)
     except pymysql.MySQLError as exc:
         raise ReconcileError(f"{schema.table_id}: cannot connect to the source: {exc}") from exc
-    try:
-        flavour = server_flavour(conn)
-        with conn.cursor() as cur:
-            cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-            if flavour == "mariadb":
-                gtid = _mariadb_snapshot_gtid(cur)
-        with conn.cursor(pymysql.cursors.SSCursor) as stream:
+    def stream_rows(cur: Any) -> None:
+        # Unbuffered, inside the watermarked read view: a big table never sits in memory twice.
+        with cur.connection.cursor(pymysql.cursors.SSCursor) as stream:
             stream.execute(sql)
             while rows := stream.fetchmany(_FETCH_ROWS):
                 for row in rows:
@@ -218,25 +213,16 @@ def _read_source(settings: dict[str, Any], schema: TableSchema, hasher: _Hasher)
                         for convert, v in zip(converters, row, strict=True)
                     ]
                     pairs.append(hasher.pair(values))
-        conn.commit()
-    except pymysql.MySQLError as exc:
+
+    try:
+        _, marks = read_with_watermarks(conn, server_flavour(conn), stream_rows)
+        gtid = str(marks.after) or None
+    except (pymysql.MySQLError, WatermarkError) as exc:
         raise ReconcileError(f"{schema.table_id}: reading the source failed: {exc}") from exc
     finally:
         conn.close()
     pairs.sort(key=lambda pair: _order(pair[0]))
     return _SourceSide(pairs, gtid)
-
-
-def _mariadb_snapshot_gtid(cur: Any) -> str | None:
-    """The GTID position of this transaction's snapshot (exact on MariaDB, see ARCHITECTURE 4)."""
-    cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
-    status = {str(name).lower(): value for name, value in cur.fetchall()}
-    file, position = status.get("binlog_snapshot_file"), status.get("binlog_snapshot_position")
-    if not file or position is None:
-        return None  # binlog disabled: no position to report
-    cur.execute("SELECT BINLOG_GTID_POS(%s, %s)", (file, int(position)))
-    row = cur.fetchone()
-    return None if row is None or row[0] is None else str(row[0])
 
 
 def _source_checksums(

@@ -31,7 +31,7 @@ import pymysql
 import pymysql.cursors
 
 from cdc_platform.capture.gtid import GtidSet, parse_position
-from cdc_platform.capture.source import PrerequisiteError, _variables, check_prerequisites
+from cdc_platform.capture.source import PrerequisiteError, check_prerequisites, server_variables
 
 T = TypeVar("T")
 
@@ -231,7 +231,7 @@ def _first(values: dict[str, str], names: Iterable[str]) -> tuple[str, str | Non
 def _mysql_replica_problems(conn: pymysql.Connection) -> list[str]:
     if not _mysql_is_replica(conn):
         return []
-    values = _variables(conn, [
+    values = server_variables(conn, [
         "replica_parallel_workers", "slave_parallel_workers", "replica_preserve_commit_order",
         "slave_preserve_commit_order", "log_replica_updates", "log_slave_updates",
     ])
@@ -264,7 +264,7 @@ def _mariadb_replica_problems(conn: pymysql.Connection) -> list[str]:
     replica, evidence = _mariadb_is_replica(conn)
     if not replica:
         return []
-    _, updates = _first(_variables(conn, ["log_slave_updates"]), ["log_slave_updates"])
+    _, updates = _first(server_variables(conn, ["log_slave_updates"]), ["log_slave_updates"])
     if (updates or "").upper() != "ON":
         return [f"the server is a replica ({evidence}) but log_slave_updates is {updates!r}, "
                 "needs 'ON' (its binlog must contain the replicated transactions)"]
