@@ -50,6 +50,7 @@ from cdc_platform.capture.binlog import (
 from cdc_platform.capture.gtid import GtidSet, parse_gtid, parse_position
 from cdc_platform.capture.landing import Checkpoint, LandingZone
 from cdc_platform.capture.schema import TableSchema
+from cdc_platform.capture.snapshot.sessions import SnapshotCoordinator
 from cdc_platform.capture.source import TableSelector
 from cdc_platform.capture.values import Converter, converter_for
 
@@ -180,6 +181,8 @@ class _Chunk:
     ops: list[str] = field(default_factory=list)
     timestamps: list[int] = field(default_factory=list)
     rows: list[tuple[Any, ...]] = field(default_factory=list)
+    # Snapshot assertion/sweep records carry extra typed columns (docs/landing-zone.md).
+    extra: dict[str, list[Any]] | None = None
 
 
 @dataclass
@@ -213,6 +216,8 @@ class CaptureEngine:
         self._last_activity = time.monotonic()
         self._control: Any = None
         self._started = False
+        self._snapshots = SnapshotCoordinator(landing, options.flavour, self.log)
+        self._snapshots_dirty = False
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -283,6 +288,7 @@ class CaptureEngine:
                 self.log.info(f"capture engine {opts.server_name}: removed {len(removed)} "
                               "segment(s) written after the last checkpoint; replaying them")
             self._checkpointed_position = checkpoint.gtid
+            self._snapshots.load(checkpoint.extra.get("snapshots", {}), self._processed)
         self._started = True
         self._schemas = self.landing.read_tables()
         self._control = source_sql.connect(opts.connection_settings)
@@ -579,6 +585,9 @@ class CaptureEngine:
             return
         self.stats.ddl_statements += 1
         gtid = self._txn.gtid if self._txn else "?"
+        if self._txn is not None and self._txn.gtid:
+            self._snapshots.record_ddl(f"{database}.{table}",
+                                       parse_gtid(self.options.flavour, self._txn.gtid))
         self.log.info(f"table {database}.{table}: {verb} at GTID {gtid} (tracked, not "
                       "replicated; the new columns arrive with the next rows)")
         if verb == "TRUNCATE":
@@ -597,10 +606,16 @@ class CaptureEngine:
         position = self._next_pos
         gtid = txn.gtid
         ts_ms = int(timestamp) * 1000
+        gtid_value = parse_gtid(self.options.flavour, gtid) if gtid else None
         for state, op, row in txn.records:
             table_id = state.schema.table_id
+            key_columns = self._snapshots.key_columns(table_id)
+            if key_columns is not None and gtid_value is not None:
+                names = state.schema.column_names
+                key = tuple(row[names.index(c)] for c in key_columns if c in names)
+                self._snapshots.record_touch(table_id, key, gtid_value, position)
             chunks = self._chunks.setdefault(table_id, [])
-            if not chunks or chunks[-1].schema is not state.schema:
+            if not chunks or chunks[-1].schema is not state.schema or chunks[-1].extra:
                 chunks.append(_Chunk(state.schema))
             chunk = chunks[-1]
             chunk.positions.append(position)
@@ -612,8 +627,8 @@ class CaptureEngine:
         count = position - self._next_pos
         self._next_pos = position
         self._buffered_rows += count
-        if gtid:
-            self._processed = self._processed.add(parse_gtid(self.options.flavour, gtid))
+        if gtid_value is not None:
+            self._processed = self._processed.add(gtid_value)
         self.stats.transactions += 1
         self.stats.records += count
         self._last_commit_ts = float(timestamp)
@@ -634,9 +649,12 @@ class CaptureEngine:
     def flush(self, force: bool = False) -> None:
         """Land buffered transactions, then move the checkpoint past them."""
         self._last_flush = time.monotonic()
+        if self._started and self._snapshots.tick(self._processed, self._next_pos,
+                                                  self._schemas, self._emit_snapshot):
+            self._snapshots_dirty = True
         position_text = str(self._processed)
         if not self._chunks and position_text == self._checkpointed_position and not (
-            self._schemas_dirty or force
+            self._schemas_dirty or self._snapshots_dirty or force
         ):
             return
         written = []
@@ -659,7 +677,9 @@ class CaptureEngine:
             next_pos=self._next_pos,
             written_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             lag_seconds=self.stats.lag_seconds,
+            extra={"snapshots": self._snapshots.state()} if self._snapshots.sessions else {},
         ))
+        self._snapshots_dirty = False
         self._checkpointed_position = position_text
         self._chunks = {}
         self._buffered_rows = 0
@@ -668,9 +688,32 @@ class CaptureEngine:
         self.stats.position = position_text
         self.stats.next_pos = self._next_pos
 
+    def _emit_snapshot(self, schema: TableSchema, op: str, rows: list[tuple[Any, ...]],
+                       extra: dict[str, list[Any]] | None) -> int:
+        """Land snapshot records (chunk rows ``r``, assertion ``a``, sweep ``s``) at the
+        engine's current point; returns the first position they take."""
+        first = self._next_pos
+        if not rows:
+            return first
+        chunk = _Chunk(schema, extra=extra)
+        now_ms = int(time.time() * 1000)
+        for row in rows:
+            chunk.positions.append(self._next_pos)
+            chunk.gtids.append("")
+            chunk.ops.append(op)
+            chunk.timestamps.append(now_ms)
+            chunk.rows.append(row)
+            self._next_pos += 1
+        self._chunks.setdefault(schema.table_id, []).append(chunk)
+        self._buffered_rows += len(rows)
+        self.stats.records += len(rows)
+        return first
+
     def _arrow_table(self, chunk: _Chunk) -> pa.Table:
         schema = chunk.schema
         arrow_schema = schema.arrow_schema()
+        if chunk.extra:
+            arrow_schema = _with_extra_fields(arrow_schema, schema, chunk.extra)
         columns = list(zip(*chunk.rows, strict=True)) if chunk.rows else []
         arrays = [
             pa.array(chunk.positions, pa.int64()),
@@ -687,4 +730,20 @@ class CaptureEngine:
                     f"between positions {chunk.positions[0]} and {chunk.positions[-1]} does "
                     f"not fit the landing type {column.arrow_type()}: {error}"
                 ) from error
+        for name, values in (chunk.extra or {}).items():
+            arrays.append(pa.array(values, arrow_schema.field(name).type))
         return pa.Table.from_arrays(arrays, schema=arrow_schema)
+
+
+def _with_extra_fields(arrow_schema: pa.Schema, schema: TableSchema,
+                       extra: dict[str, list[Any]]) -> pa.Schema:
+    """Typed columns of snapshot assertion/sweep records: high key as the key's own type."""
+    for name in extra:
+        if name.startswith("__cdc_hi__"):
+            field_type = schema.column(name[len("__cdc_hi__"):]).arrow_type()
+        elif name == "__cdc_threshold":
+            field_type = pa.int64()
+        else:
+            field_type = pa.bool_()
+        arrow_schema = arrow_schema.append(pa.field(name, field_type))
+    return arrow_schema

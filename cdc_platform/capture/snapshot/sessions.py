@@ -1,0 +1,266 @@
+"""The engine's side of incremental snapshots (docs/snapshots.md).
+
+The engine keeps, per table under snapshot, the session's opening position, the touched-key log
+(which processed transactions wrote which key since the opening) and the DDL seen since; at each
+flush it picks up readers' requests and pending chunk manifests from the landing zone and applies
+the deferred chunk commit rule (``commit_rule.decide_chunk_commit``). Session state travels in
+the checkpoint, so a chunk's rows and the record that it committed become durable together.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from cdc_platform.capture.gtid import Gtid, GtidSet, parse_position
+from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.schema import TableSchema
+from cdc_platform.capture.snapshot.chunks import (
+    Chunk,
+    ChunkedTable,
+    ChunkKey,
+    schema_fingerprint,
+)
+from cdc_platform.capture.snapshot.commit_rule import (
+    Commit,
+    RangeAssertion,
+    Reject,
+    Touch,
+    decide_chunk_commit,
+)
+
+Key = tuple[Any, ...]
+# Emits records into the changelog: (table schema, op, rows, extra columns) -> first position.
+Emit = Callable[[TableSchema, str, list[tuple[Any, ...]], dict[str, list[Any]] | None], int]
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+@dataclass
+class SnapshotSession:
+    """One table's session as the checkpoint records it."""
+
+    table_id: str
+    session_id: str
+    state: str  # open | paused | stopped | done
+    opening: str
+    opening_pos: int
+    horizon: str
+    chunk_key: list[str]
+    condition: str | None = None
+    committed: list[int] = field(default_factory=list)
+    rejected: dict[str, str] = field(default_factory=dict)
+    rows: int = 0
+    started_at: str = field(default_factory=_now)
+    ended_at: str | None = None
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> SnapshotSession:
+        return SnapshotSession(**data)
+
+
+class SnapshotCoordinator:
+    """Sessions, touched-key log and chunk commits for one engine."""
+
+    def __init__(self, landing: LandingZone, flavour: str, log: Any) -> None:
+        self.landing = landing
+        self.flavour = flavour
+        self.log = log
+        self.sessions: dict[str, SnapshotSession] = {}
+        self._touched: dict[str, dict[Key, list[Touch]]] = {}
+        self._ddl: dict[str, list[Gtid]] = {}
+        self._key_columns: dict[str, tuple[str, ...]] = {}
+
+    # -- state -----------------------------------------------------------------------------
+
+    def load(self, state: dict[str, Any], resumed_at: GtidSet) -> None:
+        """Sessions from the checkpoint. The touched-key log was in memory: it restarts empty at
+        the resumed position, which becomes the horizon chunks' low watermarks must contain."""
+        for table_id, data in state.items():
+            session = SnapshotSession.from_dict(data)
+            if session.state in ("open", "paused"):
+                session.horizon = str(resumed_at)
+                self._track(session)
+            self.sessions[table_id] = session
+
+    def state(self) -> dict[str, Any]:
+        return {table_id: asdict(s) for table_id, s in self.sessions.items()}
+
+    def _track(self, session: SnapshotSession) -> None:
+        self._touched[session.table_id] = {}
+        self._ddl[session.table_id] = []
+        self._key_columns[session.table_id] = tuple(session.chunk_key)
+
+    def _untrack(self, table_id: str) -> None:
+        self._touched.pop(table_id, None)
+        self._ddl.pop(table_id, None)
+        self._key_columns.pop(table_id, None)
+
+    # -- the engine's hot path -------------------------------------------------------------
+
+    def key_columns(self, table_id: str) -> tuple[str, ...] | None:
+        """The chunk key of a table under snapshot (touches are logged by it), else None."""
+        return self._key_columns.get(table_id)
+
+    def record_touch(self, table_id: str, key: Key, gtid: Gtid, position: int) -> None:
+        self._touched[table_id].setdefault(key, []).append(Touch(gtid, position))
+
+    def record_ddl(self, table_id: str, gtid: Gtid) -> None:
+        if table_id in self._ddl:
+            self._ddl[table_id].append(gtid)
+
+    # -- at each flush ---------------------------------------------------------------------
+
+    def tick(self, processed: GtidSet, next_pos: int, schemas: dict[str, TableSchema],
+             emit: Emit) -> bool:
+        """Pick up requests, decide pending chunks; True when session state changed."""
+        changed = self._poll_requests(processed, next_pos)
+        for session in list(self.sessions.values()):
+            if session.state == "open":
+                changed |= self._decide_pending(session, processed, schemas, emit)
+        return changed
+
+    def _snapshot_dir(self, table_id: str) -> Path:
+        database, table = table_id.split(".", 1)
+        return self.landing.root / "snapshots" / database / table
+
+    def _poll_requests(self, processed: GtidSet, next_pos: int) -> bool:
+        changed = False
+        base = self.landing.root / "snapshots"
+        if not base.is_dir():
+            return False
+        for path in base.glob("*/*/request.json"):
+            table_id = f"{path.parent.parent.name}.{path.parent.name}"
+            try:
+                request = json.loads(path.read_bytes())
+            except (OSError, ValueError) as error:
+                self.log.warning(f"snapshot request for {table_id} unreadable ({error}); "
+                                 "the reader must write it again")
+                continue
+            changed |= self._apply(table_id, request, processed, next_pos)
+        return changed
+
+    def _apply(self, table_id: str, request: dict[str, Any], processed: GtidSet,
+               next_pos: int) -> bool:
+        session = self.sessions.get(table_id)
+        action, session_id = request.get("action"), request.get("session_id")
+        if action == "open" and (session is None or session.session_id != session_id):
+            session = SnapshotSession(
+                table_id=table_id, session_id=session_id, state="open",
+                opening=str(processed), opening_pos=next_pos, horizon=str(processed),
+                chunk_key=list(request["chunk_key"]), condition=request.get("condition"))
+            self.sessions[table_id] = session
+            self._track(session)
+            self.log.info(f"snapshot of {table_id}: session {session_id} opened at GTID "
+                          f"{session.opening or '(start)'}, changelog position {next_pos}")
+            return True
+        if session is None or session.session_id != session_id:
+            return False
+        target = {"pause": "paused", "resume": "open", "stop": "stopped"}.get(action or "")
+        if target is None or session.state in ("done", "stopped") or session.state == target:
+            return False
+        session.state = target
+        self.log.info(f"snapshot of {table_id}: session {session_id} {target}")
+        if target == "stopped":
+            session.ended_at = _now()
+            self._untrack(table_id)
+        return True
+
+    def _pending(self, session: SnapshotSession) -> list[tuple[int, Path]]:
+        directory = self._snapshot_dir(session.table_id) / "chunks" / session.session_id
+        if not directory.is_dir():
+            return []
+        decided = set(session.committed) | {int(s) for s in session.rejected}
+        found = []
+        for path in directory.glob("*.json"):
+            if path.stem.isdigit() and int(path.stem) not in decided:
+                found.append((int(path.stem), path))
+        return sorted(found)
+
+    def _decide_pending(self, session: SnapshotSession, processed: GtidSet,
+                        schemas: dict[str, TableSchema], emit: Emit) -> bool:
+        from cdc_platform.capture.snapshot.reader import decode_key
+
+        changed = False
+        schema = schemas.get(session.table_id)
+        if schema is None:
+            return False
+        for seq, manifest_path in self._pending(session):
+            manifest = json.loads(manifest_path.read_bytes())
+            chunked = ChunkedTable(
+                schema, ChunkKey(tuple(session.chunk_key), (False,) * len(session.chunk_key),
+                                 "primary key" if schema.primary_key else "surrogate key"),
+                session.condition)
+            kinds = [schema.column(c).kind for c in session.chunk_key]
+            rows = [tuple(r.values()) for r in
+                    pq.read_table(manifest_path.with_suffix(".parquet")).to_pylist()]
+            chunk = Chunk(
+                table=chunked, rows=tuple(rows),
+                range_low=decode_key(manifest.get("range_low"), kinds),
+                range_high=decode_key(manifest.get("range_high"), kinds),
+                low_watermark=parse_position(self.flavour, manifest["low_watermark"]),
+                after=parse_position(self.flavour, manifest["after"]),
+                schema_fingerprint=manifest["fingerprint"], resume_key=None,
+                complete=bool(manifest.get("complete")))
+            decision = decide_chunk_commit(
+                chunk, processed, parse_position(self.flavour, session.opening),
+                parse_position(self.flavour, session.horizon),
+                self._touched.get(session.table_id, {}), schema_fingerprint(schema),
+                self._ddl.get(session.table_id, ()))
+            if isinstance(decision, Reject):
+                session.rejected[str(seq)] = decision.reason
+                self.log.info(f"snapshot of {session.table_id}: chunk {seq} rejected "
+                              f"({decision.reason})")
+                changed = True
+                continue
+            if not isinstance(decision, Commit):
+                break  # Wait: later chunks wait too, so commits stay in reading order
+            self._commit(session, schema, seq, chunk, decision, emit)
+            changed = True
+            if session.state == "done":
+                break
+        return changed
+
+    def _commit(self, session: SnapshotSession, schema: TableSchema, seq: int, chunk: Chunk,
+                decision: Commit, emit: Emit) -> None:
+        first_pos = emit(schema, "r", list(decision.rows_to_emit), None)
+        if decision.assertion is not None:
+            self._emit_assertion(schema, decision.assertion, first_pos, emit)
+        session.committed.append(seq)
+        session.rows += len(decision.rows_to_emit)
+        if chunk.complete:
+            session.state = "done"
+            session.ended_at = _now()
+            if session.condition is None:
+                emit(schema, "s", [(None,) * len(schema.columns)],
+                     {"__cdc_threshold": [session.opening_pos]})
+            self._untrack(session.table_id)
+            self.log.info(f"snapshot of {session.table_id}: session {session.session_id} done, "
+                          f"{session.rows} rows in {len(session.committed)} chunks")
+
+    def _emit_assertion(self, schema: TableSchema, assertion: RangeAssertion, first_pos: int,
+                        emit: Emit) -> None:
+        """One ``a`` record: key columns hold the (exclusive) low key, ``__cdc_hi__<k>`` the
+        (inclusive) high key; see docs/landing-zone.md."""
+        key = list(self._key_columns[assertion.table_id])
+        row: list[Any] = [None] * len(schema.columns)
+        if assertion.range_low is not None:
+            for name, value in zip(key, assertion.range_low, strict=True):
+                row[schema.column_names.index(name)] = value
+        high = assertion.range_high
+        extra: dict[str, list[Any]] = {
+            "__cdc_lo_open": [assertion.range_low is None],
+            "__cdc_hi_open": [high is None],
+            "__cdc_threshold": [assertion.threshold(first_pos)],
+        }
+        for index, name in enumerate(key):
+            extra[f"__cdc_hi__{name}"] = [None if high is None else high[index]]
+        emit(schema, "a", [tuple(row)], extra)
