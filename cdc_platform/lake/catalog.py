@@ -131,7 +131,7 @@ def fold_sql(commit: Commit, sources: dict[str, str]) -> str:
         return latest + live
     hint = ("/*+ BROADCAST(`__latest`) */ "
             if sum(f.rows for f in deltas) <= BROADCAST_MAX_DELTA_ROWS else "")
-    on = " AND ".join(f"`__base`.{k} = `__latest`.{k}" for k in keys)
+    on = " AND ".join(f"`__base`.{k} <=> `__latest`.{k}" for k in keys)  # NULL key parts
     kept = (f"SELECT {hint}{', '.join(f'`__base`.{quote(c)}' for c in commit.schema.column_names)}"
             f" FROM ({union(bases)}) AS `__base` LEFT ANTI JOIN `__latest` ON {on}")
     return f"{latest}{kept} UNION ALL {live}"

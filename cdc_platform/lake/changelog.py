@@ -24,8 +24,10 @@ from cdc_platform.capture.schema import TableSchema
 from cdc_platform.lake.columns import (
     CHANGELOG_META,
     POS,
+    THRESHOLD,
     col,
     conform,
+    snapshot_struct,
     struct_from_arrow,
     user_struct,
 )
@@ -131,12 +133,16 @@ def changelog_batch(
     table: str,
     after_pos: int | None,
     before_pos: int,
+    snapshot_columns: bool = False,
 ) -> tuple[DataFrame | None, TableSchema | None]:
     """Records with ``after_pos < __cdc_pos < before_pos`` and the newest segment's schema.
 
     The frame has the changelog metadata columns followed by the newest schema's user columns;
-    rows from older segments lacking a column carry NULL there. Returns (None, None) when no
-    segment overlaps the range. Reading the footers is pyarrow work; the frame itself is lazy.
+    rows from older segments lacking a column carry NULL there. With ``snapshot_columns``, if
+    any segment of the batch carries the snapshot-record columns (only those may hold range
+    assertions and sweeps), they follow (``columns.snapshot_struct``, typed after the newest
+    key; NULL in segments without them). Returns (None, None) when no segment overlaps the
+    range. Reading the footers is pyarrow work; the frame itself is lazy.
     """
     segments = list_segments(landing_url, server_name, database, table, after_pos, before_pos)
     if not segments:
@@ -160,6 +166,8 @@ def changelog_batch(
             f"not {database}.{table}; the landing zone's changelog directory is inconsistent"
         )
     target = StructType(CHANGELOG_META.fields + user_struct(newest.columns).fields)
+    if snapshot_columns and any(THRESHOLD in schema.names for schema, _ in groups):
+        target = StructType(target.fields + snapshot_struct(newest).fields)
     frames = [
         conform(spark.read.schema(struct_from_arrow(schema)).parquet(*uris), target)
         for schema, uris in groups

@@ -45,6 +45,15 @@ CHANGELOG_META = StructType(
 )
 TABLE_META = StructType([StructField(POS, LongType()), StructField(OP, StringType())])
 
+# Snapshot records (docs/landing-zone.md, "Snapshot records"). ``r`` is a chunk row (a full row
+# image, folded like an upsert); ``a`` (range assertion) and ``s`` (sweep) are instructions to
+# the lake that never become rows. Their extra columns, NULL on every other record:
+SNAPSHOT_ROW, RANGE_ASSERTION, SWEEP = "r", "a", "s"
+THRESHOLD = "__cdc_threshold"  # int64: keys whose latest record position is below it go
+LO_OPEN = "__cdc_lo_open"  # bool: the range has no low bound (else: the key columns, exclusive)
+HI_OPEN = "__cdc_hi_open"  # bool: the range has no high bound (else: __cdc_hi__<key>, inclusive)
+HI_PREFIX = "__cdc_hi__"
+
 
 def spark_type(arrow_type: pa.DataType) -> DataType:
     """The Spark type a landing-zone Arrow type reads as (docs/landing-zone.md, type mapping)."""
@@ -92,6 +101,20 @@ def col(name: str) -> Column:
     return F.col("`" + name.replace("`", "``") + "`")
 
 
+def key_join(left: DataFrame, right_keys: DataFrame, keys: list[str], how: str) -> DataFrame:
+    """``left`` semi/anti-joined with a frame of key columns, NULL key parts matching NULL.
+
+    Surrogate keys (capture.surrogate_keys) may have NULL parts, and a plain equi-join never
+    matches NULL, which would keep superseded rows. ``<=>`` still plans as a hash join.
+    """
+    renamed = right_keys.select(*[col(k).alias(f"__cdc_key{i}") for i, k in enumerate(keys)])
+    condition = None
+    for i, k in enumerate(keys):
+        term = col(k).eqNullSafe(col(f"__cdc_key{i}"))
+        condition = term if condition is None else condition & term
+    return left.join(renamed, condition, how)
+
+
 def conform(df: DataFrame, target: StructType) -> DataFrame:
     """Select ``target``'s columns by name, casting where types differ, NULL where missing."""
     have = {f.name: f.dataType for f in df.schema.fields}
@@ -105,3 +128,25 @@ def conform(df: DataFrame, target: StructType) -> DataFrame:
             column = F.lit(None).cast(field.dataType)
         selected.append(column.alias(field.name))
     return df.select(*selected)
+
+
+def hi_column(key_column: str) -> str:
+    """The column holding a range assertion's high bound for one key column."""
+    return HI_PREFIX + key_column
+
+
+def snapshot_arrow_fields(schema: TableSchema) -> list[pa.Field]:
+    """The Arrow fields a segment holding ``a``/``s`` records adds after the user columns."""
+    fields = [pa.field(THRESHOLD, pa.int64()), pa.field(LO_OPEN, pa.bool_()),
+              pa.field(HI_OPEN, pa.bool_())]
+    names = set(schema.column_names)
+    fields += [pa.field(hi_column(k), schema.column(k).arrow_type())
+               for k in schema.primary_key if k in names]
+    return fields
+
+
+def snapshot_struct(schema: TableSchema) -> StructType:
+    """Spark schema of the snapshot-record columns (see ``snapshot_arrow_fields``)."""
+    fields = snapshot_arrow_fields(schema)
+    return StructType([StructField(f.name, spark_type(f.type)) for f in fields])
+

@@ -416,7 +416,7 @@ def reconcile_table(
     if not schema.primary_key:
         raise ReconcileError(
             f"{schema.table_id} has no primary key: it cannot be reconciled by key "
-            f"(surrogate keys are not supported yet)"
+            "(set capture.surrogate_keys for it)"
         )
     if range_rows < 1:
         raise ValueError(f"{schema.table_id}: range_rows must be >= 1, got {range_rows}")

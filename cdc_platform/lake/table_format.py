@@ -36,7 +36,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
-from cdc_platform.lake.columns import OP, POS, col, conform, table_struct
+from cdc_platform.lake.columns import OP, POS, col, conform, key_join, table_struct
 from cdc_platform.lake.paths import Location, create_exclusive, resolve
 from cdc_platform.lake.spark import ensure_lake_conf
 
@@ -237,7 +237,7 @@ class TargetTable:
         delta_keys = folded.select(*[col(k) for k in keys])
         if sum(f.rows for f in deltas) <= BROADCAST_MAX_DELTA_ROWS:
             delta_keys = F.broadcast(delta_keys)
-        kept = self.read_files(spark, commit, base).join(delta_keys, on=keys, how="left_anti")
+        kept = key_join(self.read_files(spark, commit, base), delta_keys, keys, "left_anti")
         return kept.unionByName(live)
 
     def read(self, spark: SparkSession, version: int | None = None) -> DataFrame:

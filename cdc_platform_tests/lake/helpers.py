@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
+from cdc_platform.lake.columns import snapshot_arrow_fields
 
 SERVER = "demo"
 
@@ -45,11 +46,13 @@ class Landing:
         return str(self.root)
 
     def segment(self, table_schema: TableSchema, changes: list[tuple[Any, ...]],
-                checkpoint: bool = True) -> tuple[int, int]:
+                checkpoint: bool = True, snapshot: bool = False) -> tuple[int, int]:
         """Write one segment; ``changes`` are ``(op, row)`` or ``(op, row, pos)`` tuples.
 
         Positions are allocated from a counter unless given (to simulate replays). Each change
         is its own transaction. Returns (first_pos, last_pos); by default also checkpoints.
+        ``snapshot`` adds the snapshot-record columns (``__cdc_threshold``...), taken from the
+        rows by name like the user columns.
         """
         positions, ops, gtids, rows = [], [], [], []
         for change in changes:
@@ -62,14 +65,17 @@ class Landing:
             gtids.append(f"0-1-{self.txn}")
             rows.append(row)
         arrow_schema = table_schema.arrow_schema()
+        if snapshot:
+            for field in snapshot_arrow_fields(table_schema):
+                arrow_schema = arrow_schema.append(field)
         data: dict[str, list[Any]] = {
             "__cdc_pos": positions,
             "__cdc_gtid": gtids,
             "__cdc_op": ops,
             "__cdc_ts_ms": [1_700_000_000_000 + p for p in positions],
         }
-        for column in table_schema.columns:
-            data[column.name] = [row.get(column.name) for row in rows]
+        for name in arrow_schema.names[len(data):]:
+            data[name] = [row.get(name) for row in rows]
         table = pa.Table.from_pydict(data, schema=arrow_schema)
         first, last = min(positions), max(positions)
         directory = (self.root / self.server / "changelog" / table_schema.database
@@ -103,3 +109,18 @@ class Landing:
 def rows_of(df: Any) -> dict[Any, dict[str, Any]]:
     """Collect a target frame into {key: row dict} (key = value of ``id``)."""
     return {row["id"]: row.asDict() for row in df.collect()}
+
+
+def materialise_table(spark: Any, landing: Landing, warehouse: str, table_schema: TableSchema,
+                      **kwargs: Any) -> Any:
+    """``lake.merge.materialise`` of one table of the test landing zone."""
+    from cdc_platform.lake.merge import materialise
+
+    return materialise(spark, landing.url, warehouse, SERVER, table_schema,
+                       table_schema.database, table_schema.table, **kwargs)
+
+
+def target_table(warehouse: str, table_schema: TableSchema) -> Any:
+    from cdc_platform.lake.table_format import TargetTable
+
+    return TargetTable(warehouse, SERVER, table_schema.database, table_schema.table)

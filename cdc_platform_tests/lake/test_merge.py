@@ -9,6 +9,7 @@ import re
 import time
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
@@ -17,29 +18,25 @@ from pyspark.sql.types import DecimalType, LongType, StringType
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.lake.merge import MergeResult, materialise
 from cdc_platform.lake.table_format import ConcurrentCommitError, TargetTable
-from cdc_platform_tests.lake.helpers import SERVER, Landing, rows_of, schema
+from cdc_platform_tests.lake.helpers import (
+    SERVER,
+    Landing,
+    materialise_table,
+    rows_of,
+    schema,
+    target_table,
+)
 
 S = schema("orders")
 
 
-@pytest.fixture
-def landing(tmp_path: Path) -> Landing:
-    return Landing(tmp_path / "landing")
-
-
-@pytest.fixture
-def warehouse(tmp_path: Path) -> str:
-    return str(tmp_path / "warehouse")
-
-
 def run(spark: SparkSession, landing: Landing, warehouse: str, table_schema: TableSchema = S,
-        **kwargs) -> MergeResult:
-    return materialise(spark, landing.url, warehouse, SERVER, table_schema,
-                       table_schema.database, table_schema.table, **kwargs)
+        **kwargs: Any) -> MergeResult:
+    return materialise_table(spark, landing, warehouse, table_schema, **kwargs)
 
 
 def target(warehouse: str, table_schema: TableSchema = S) -> TargetTable:
-    return TargetTable(warehouse, SERVER, table_schema.database, table_schema.table)
+    return target_table(warehouse, table_schema)
 
 
 def state(spark: SparkSession, warehouse: str, table_schema: TableSchema = S) -> dict:
