@@ -4,7 +4,11 @@
   divided by a bare mysql-replication loop's rows/s over the same binlog (goal >= 0.8);
 * freshness: commit-to-landing lag percentiles under a steady write rate;
 * lake: the time to merge a fixed 10k-change batch into target tables of two sizes (goal: grows
-  sub-linearly with the table).
+  sub-linearly with the table);
+* snapshot: an incremental snapshot's rows/s (reader + capture engine, default chunk size)
+  divided by a bare keyset SELECT loop's rows/s over the same table (goal >= 0.7), and again
+  under a concurrent write load of ~500 changes/s (goal >= 0.5).
+  ``--snapshot-rows`` (or BENCH_SNAPSHOT_ROWS) sets the table size, default 1,000,000.
 
 Numbers drift between machines; the ratios are what to compare. Nothing here is asserted.
 """
@@ -19,6 +23,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -236,12 +241,216 @@ def bench_freshness(work: Path, rate: float = 200.0, seconds: float = 10.0) -> N
           f"p99 {pct(0.99):.2f}s, max {lags[-1]:.2f}s")
 
 
+# ---- snapshot ----------------------------------------------------------------------------------
+
+SNAPSHOT_DB, SNAPSHOT_TABLE = "snap", "items"
+SNAPSHOT_COLUMNS = "id, name, price, status, created"
+SNAPSHOT_FILL_BATCH = 100_000
+
+
+def _fill_snapshot_table(server: MariaDBServer, rows: int) -> None:
+    """The table exists (DDL binlogged), its rows do not reach the binlog: as on a source whose
+    history is gone, only a snapshot can bring them, and the engine has no backlog to stream."""
+    with server.root_connect() as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {SNAPSHOT_DB}")
+        cur.execute(f"CREATE TABLE {SNAPSHOT_DB}.{SNAPSHOT_TABLE} (id BIGINT PRIMARY KEY, "
+                    "name VARCHAR(40), price DECIMAL(10,2), status VARCHAR(8), "
+                    "created DATETIME(6))")
+        cur.execute("SET SESSION sql_log_bin = 0")
+        for start in range(1, rows + 1, SNAPSHOT_FILL_BATCH):
+            end = min(rows, start + SNAPSHOT_FILL_BATCH - 1)
+            cur.execute(
+                f"INSERT INTO {SNAPSHOT_DB}.{SNAPSHOT_TABLE} SELECT seq, CONCAT('item ', seq), "
+                "(seq * 7919 % 1000000) / 100, ELT(1 + seq % 3, 'new', 'paid', 'shipped'), "
+                "TIMESTAMP('2025-01-01') + INTERVAL seq SECOND + INTERVAL seq % 1000000 "
+                f"MICROSECOND FROM {SNAPSHOT_DB}.seq_{start}_to_{end}")
+        cur.execute(f"ANALYZE TABLE {SNAPSHOT_DB}.{SNAPSHOT_TABLE}")
+        cur.fetchall()
+
+
+def _bare_keyset_loop(server: MariaDBServer, chunk_size: int) -> tuple[int, float]:
+    """The baseline: a plain pymysql keyset loop over the whole table, every row fetched."""
+    import pymysql
+
+    sql = (f"SELECT {SNAPSHOT_COLUMNS} FROM {SNAPSHOT_DB}.{SNAPSHOT_TABLE} WHERE id > %s "
+           f"ORDER BY id LIMIT {chunk_size}")
+    rows, last, started = 0, 0, time.perf_counter()
+    with pymysql.connect(**server.connection_settings(), autocommit=True) as conn, \
+            conn.cursor() as cur:
+        while True:
+            cur.execute(sql, (last,))
+            batch = cur.fetchall()
+            if not batch:
+                break
+            rows += len(batch)
+            last = batch[-1][0]
+    return rows, time.perf_counter() - started
+
+
+class _EngineThread:
+    """The capture engine in a thread, as the stream_changes job runs it; stopped on exit."""
+
+    def __init__(self, server: MariaDBServer, landing: LandingZone, server_id: int) -> None:
+        options = EngineOptions(
+            server_name=landing.server_name, flavour="mariadb", server_id=server_id,
+            connection_settings=server.connection_settings(),
+            selector=TableSelector(include=(rf"{SNAPSHOT_DB}\..*",)))
+        self.engine = CaptureEngine(options, landing)
+        self.stop = threading.Event()
+        self.errors: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, name="bench-engine", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.engine.run(self.stop)
+        except BaseException as error:  # noqa: BLE001 - re-raised by __exit__
+            self.errors.append(error)
+
+    def __enter__(self) -> CaptureEngine:
+        self.thread.start()
+        return self.engine
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(60)
+        if self.errors and exc[0] is None:
+            raise self.errors[0]
+
+
+class _WriteLoad:
+    """Paced single-row autocommit changes on the snapshotted table, on its own connection:
+    60% updates and 20% deletes of random keys, 20% inserts (deleted keys back, else new ones)."""
+
+    def __init__(self, server: MariaDBServer, rows: int, rate: float) -> None:
+        self.server, self.rows, self.rate = server, rows, rate
+        self.stop = threading.Event()
+        self.changes = 0
+        self.seconds = 0.0
+        self.errors: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, name="bench-writes", daemon=True)
+
+    def _run(self) -> None:
+        table = f"{SNAPSHOT_DB}.{SNAPSHOT_TABLE}"
+        rng = random.Random(5)
+        deleted: list[int] = []
+        next_id = self.rows + 1
+        try:
+            with self.server.root_connect() as conn, conn.cursor() as cur:
+                interval = 1.0 / self.rate
+                started = next_at = time.monotonic()
+                while not self.stop.is_set():
+                    r = rng.random()
+                    if r < 0.6:
+                        cur.execute(f"UPDATE {table} SET status = %s, price = price + 1 "
+                                    "WHERE id = %s", (rng.choice(("paid", "shipped", "late")),
+                                                      rng.randint(1, self.rows)))
+                    elif r < 0.8:
+                        key = rng.randint(1, self.rows)
+                        if cur.execute(f"DELETE FROM {table} WHERE id = %s", (key,)):
+                            deleted.append(key)
+                    else:
+                        if deleted:
+                            key = deleted.pop(rng.randrange(len(deleted)))
+                        else:
+                            key, next_id = next_id, next_id + 1
+                        cur.execute(f"INSERT INTO {table} VALUES (%s, %s, 1.00, 'new', "
+                                    "NOW(6))", (key, f"added {key}"))
+                    self.changes += 1
+                    next_at += interval
+                    self.stop.wait(max(0.0, next_at - time.monotonic()))
+                self.seconds = time.monotonic() - started
+        except BaseException as error:  # noqa: BLE001 - reported by the bench
+            self.errors.append(error)
+
+    def __enter__(self) -> _WriteLoad:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+    @property
+    def achieved_rate(self) -> float:
+        return self.changes / self.seconds if self.seconds > 0 else 0.0
+
+
+def _snapshot_once(server: MariaDBServer, landing_dir: Path, server_id: int,
+                   load_rate: float | None) -> tuple[Any, _WriteLoad | None]:
+    """One snapshot of the table by the real reader and engine, with the default chunk size;
+    under a concurrent write load when ``load_rate`` is given."""
+    from cdc_platform.capture import source as source_sql
+    from cdc_platform.capture.snapshot.reader import SnapshotReader
+
+    landing = LandingZone(str(landing_dir), "snap")
+    selector = TableSelector(include=(rf"{SNAPSHOT_DB}\..*",))
+    settings = server.connection_settings()
+    with source_sql.source_connection(settings) as conn:
+        schema = selector.shape(source_sql.read_table_schema(conn, SNAPSHOT_DB, SNAPSHOT_TABLE))
+    reader = SnapshotReader(landing, settings, "mariadb", schema, selector=selector)
+    load = _WriteLoad(server, _max_id(server), load_rate) if load_rate else None
+    with _EngineThread(server, landing, server_id):
+        if load is None:
+            return reader.run(), None
+        with load:
+            result = reader.run()
+        if load.errors:
+            raise load.errors[0]
+        return result, load
+
+
+def _max_id(server: MariaDBServer) -> int:
+    return int(server.query(f"SELECT MAX(id) FROM {SNAPSHOT_DB}.{SNAPSHOT_TABLE}")[0][0])
+
+
+def bench_snapshot(rows: int, write_rate: float, work: Path) -> None:
+    from cdc_platform.capture.snapshot.reader import DEFAULT_CHUNK_SIZE
+
+    print(f"\n## snapshot: {rows:,}-row table, chunk size {DEFAULT_CHUNK_SIZE}, reader + capture "
+          "engine (chunks -> Parquet changelog + checkpoint), same machine")
+    server = MariaDBServer(base_dir=work / "mariadb-snap", server_id=1,
+                           innodb_buffer_pool_size="1G")
+    server.start()
+    try:
+        started = time.perf_counter()
+        _fill_snapshot_table(server, rows)
+        print(f"table filled in {time.perf_counter() - started:.1f}s")
+        bare_rows, bare_s = _bare_keyset_loop(server, DEFAULT_CHUNK_SIZE)
+        idle, _ = _snapshot_once(server, work / "landing-snap-idle", 7004, None)
+        loaded, load = _snapshot_once(server, work / "landing-snap-load", 7005, write_rate)
+        again_rows, again_s = _bare_keyset_loop(server, DEFAULT_CHUNK_SIZE)
+    finally:
+        server.stop()
+    assert load is not None
+    bare_rate = (bare_rows / bare_s + again_rows / again_s) / 2
+    print(f"bare keyset SELECT loop:    {bare_rows:>9,} rows in {bare_s:6.2f}s = "
+          f"{bare_rows / bare_s:>9,.0f} rows/s (again after the snapshots: "
+          f"{again_rows / again_s:,.0f} rows/s; ratios use the mean, {bare_rate:,.0f})")
+    for label, result in (("snapshot, no writes:", idle),
+                          (f"snapshot, {write_rate:.0f} writes/s:", loaded)):
+        rate = result.rows / result.duration_seconds
+        print(f"{label:<27} {result.rows:>9,} rows in {result.duration_seconds:6.2f}s = "
+              f"{rate:>9,.0f} rows/s; {result.chunks} chunks, {result.rejected} rejected, "
+              f"{result.rows_emitted:,} rows landed ({result.status})")
+    print(f"write load: {load.changes:,} changes in {load.seconds:.1f}s = "
+          f"{load.achieved_rate:,.0f} changes/s achieved (target {write_rate:.0f})")
+    print(f"ratio snapshot/bare: {idle.rows_per_second / bare_rate:.2f}  (goal >= 0.70)")
+    print(f"ratio snapshot under writes/bare: {loaded.rows_per_second / bare_rate:.2f}  "
+          "(goal >= 0.50)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--stream-rows", type=int, default=200_000)
     parser.add_argument("--lake-sizes", default="100000,1000000")
     parser.add_argument("--batch", type=int, default=10_000)
-    parser.add_argument("--only", choices=["streaming", "lake", "freshness"])
+    parser.add_argument("--snapshot-rows", type=int,
+                        default=int(os.environ.get("BENCH_SNAPSHOT_ROWS", "1000000")),
+                        help="rows of the snapshotted table (env BENCH_SNAPSHOT_ROWS; "
+                        "default 1,000,000)")
+    parser.add_argument("--snapshot-write-rate", type=float, default=500.0,
+                        help="changes/s of the concurrent write load (default 500)")
+    parser.add_argument("--only", choices=["streaming", "lake", "freshness", "snapshot"])
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="cdc-bench-") as tmp:
         work = Path(tmp)
@@ -251,6 +460,8 @@ def main() -> int:
             bench_freshness(work)
         if args.only in (None, "lake"):
             bench_lake_merge([int(s) for s in args.lake_sizes.split(",")], args.batch, work)
+        if args.only in (None, "snapshot"):
+            bench_snapshot(args.snapshot_rows, args.snapshot_write_rate, work)
     return 0
 
 

@@ -2,6 +2,9 @@
 
   stream            run the capture engine in the foreground (SIGTERM/Ctrl-C: flush, checkpoint,
                     exit 0); ``--until-caught-up`` for batch use
+  snapshot          snapshot one table in the foreground, or pause/resume/stop its session
+  signal            send a signal (execute-snapshot, stop/pause/resume-snapshot, log) to the
+                    signal topic, as an operator would with a Kafka console producer
   demo              the zero-configuration demo (what ``make demo`` runs)
   ui                start the demo's services and ``dagster dev`` on the demo config
   config-reference  print every config key with its type, default and meaning (Markdown)
@@ -11,11 +14,25 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
 from types import FrameType
 from typing import Any
+
+
+def _stop_on_signals(what: str) -> threading.Event:
+    """An event SIGTERM and Ctrl-C set (logging ``what`` happens next), for a clean stop."""
+    stop = threading.Event()
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        logging.info(f"signal {signal.Signals(signum).name}: {what}")
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    return stop
 
 
 def _stream(args: argparse.Namespace) -> int:
@@ -25,14 +42,7 @@ def _stream(args: argparse.Namespace) -> int:
 
     settings = load_settings(args.config)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    stop = threading.Event()
-
-    def request_stop(signum: int, frame: FrameType | None) -> None:
-        logging.info(f"signal {signal.Signals(signum).name}: stopping after the current event")
-        stop.set()
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    stop = _stop_on_signals("stopping after the current event")
     engine = CaptureEngine(
         EngineOptions.from_settings(settings),
         LandingZone(settings.landing_zone.url, settings.source.server_name),
@@ -41,6 +51,87 @@ def _stream(args: argparse.Namespace) -> int:
                        caught_up_idle_seconds=args.idle_seconds)
     logging.info(f"stopped: {stats.records} records in {stats.transactions} transactions, "
                  f"GTID {stats.position or '-'}")
+    return 0
+
+
+def _snapshot(args: argparse.Namespace) -> int:
+    """Snapshot one table in the foreground (the snapshot asset does the same in Dagster), or
+    pause/resume/stop its session. The capture engine (``stream``) must be running."""
+    from cdc_platform.capture.landing import LandingZone
+    from cdc_platform.capture.snapshot import reader as snapshot_reader
+    from cdc_platform.config import load_settings
+
+    settings = load_settings(args.config)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    if args.action != "run":
+        database, _, table = args.table.partition(".")
+        landing = LandingZone(settings.landing_zone.url, settings.source.server_name)
+        request = snapshot_reader.request_action(landing, database, table, args.action)
+        logging.info(f"snapshot of {args.table}: {args.action} requested for session "
+                     f"{request.session_id}")
+        return 0
+    stop = _stop_on_signals("stopping the snapshot session")
+    try:
+        reader = snapshot_reader.reader_from_settings(
+            settings, args.table, chunk_size=args.chunk_size, condition=args.condition,
+            surrogate_key=args.surrogate_key.split(",") if args.surrogate_key else None)
+        result = reader.run(stop)
+    except snapshot_reader.SnapshotError as error:
+        logging.error(str(error))
+        return 1
+    logging.info(f"snapshot of {args.table}: {result.status}, {result.rows} rows in "
+                 f"{result.chunks} chunks ({result.rejected} rejected and read again), "
+                 f"{result.rows_per_second:,.0f} rows/s")
+    return 0 if result.status in ("done", "stopped") else 2
+
+
+def _signal(args: argparse.Namespace) -> int:
+    """Produce one signal message (key: the source's server name) to the signal topic."""
+    from cdc_platform.capture.signals.kafka import KafkaChannelError, KafkaTopics
+    from cdc_platform.capture.signals.messages import EXECUTE_SNAPSHOT, LOG, signal_value
+    from cdc_platform.config import CONFIG_ENV, load_settings
+
+    if not args.config and not os.environ.get(CONFIG_ENV):
+        from cdc_platform.demo.run import use_demo_broker
+
+        use_demo_broker()  # the embedded demo config: the demo's broker, if one is running
+    settings = load_settings(args.config)
+    signals = settings.signals
+    bootstrap = args.bootstrap_servers or signals.kafka.bootstrap_servers
+    if not bootstrap:
+        print("no Kafka to send to: set signals.kafka.bootstrap_servers in the config (or "
+              "CDC_KAFKA_BOOTSTRAP for the demo config), or pass --bootstrap-servers",
+              file=sys.stderr)
+        return 2
+    data: dict[str, Any] = {}
+    if args.type == LOG:
+        data["message"] = " ".join(args.tables)
+    elif args.tables:
+        data["data-collections"] = list(args.tables)
+    if args.type == EXECUTE_SNAPSHOT:
+        if not args.tables:
+            print("execute-snapshot needs at least one table (database.table or a regular "
+                  "expression)", file=sys.stderr)
+            return 2
+        data["type"] = "INCREMENTAL"
+        if args.filter:
+            data["additional-conditions"] = [{"data-collection": t, "filter": args.filter}
+                                             for t in args.tables]
+        if args.surrogate_key:
+            data["surrogate-key"] = args.surrogate_key
+    elif args.filter or args.surrogate_key:
+        print(f"--filter and --surrogate-key are for execute-snapshot, not {args.type}",
+              file=sys.stderr)
+        return 2
+    value = signal_value(args.type, data, args.id)
+    try:
+        offset = KafkaTopics(bootstrap, signals.kafka.config).produce(
+            signals.topic, settings.source.server_name, value)
+    except KafkaChannelError as error:
+        print(str(error), file=sys.stderr)
+        return 1
+    print(f"sent to {signals.topic} (offset {offset}, key {settings.source.server_name}): "
+          f"{value.decode()}")
     return 0
 
 
@@ -75,6 +166,43 @@ def main(argv: list[str] | None = None) -> int:
     stream.add_argument("--idle-seconds", type=float, default=0.0,
                         help="with --until-caught-up: also wait this long without new commits")
     stream.set_defaults(run=_stream)
+
+    snapshot = commands.add_parser(
+        "snapshot", help="incremental snapshot of one table (the engine must be streaming)")
+    snapshot.add_argument("table", help="database.table")
+    snapshot.add_argument("action", nargs="?", default="run",
+                          choices=("run", "pause", "resume", "stop"),
+                          help="run (default; resumes a session whose reader died), or act on "
+                          "the table's running session")
+    snapshot.add_argument("--config", help="config file (default: $CDC_PLATFORM_CONFIG or the "
+                          "demo)")
+    snapshot.add_argument("--chunk-size", type=int, default=4096, help="rows per chunk")
+    snapshot.add_argument("--condition", help="additional condition: only matching rows")
+    snapshot.add_argument("--surrogate-key", help="comma-separated key columns of a table "
+                          "without a primary key (as in capture.surrogate_keys)")
+    snapshot.set_defaults(run=_snapshot)
+
+    from cdc_platform.capture.signals.messages import SIGNAL_TYPES
+
+    send = commands.add_parser(
+        "signal", help="send a signal to the signal topic",
+        description="Send a signal to the signal topic (signals.topic), keyed by the source's "
+        "server name. Examples: `signal execute-snapshot inventory.orders --filter "
+        "\"status = 'paid'\"`, `signal execute-snapshot 'inventory\\..*'`, `signal "
+        "pause-snapshot`, `signal stop-snapshot inventory.orders`, `signal log hello`.")
+    send.add_argument("type", choices=SIGNAL_TYPES)
+    send.add_argument("tables", nargs="*", help="tables (database.table or regular expressions; "
+                      "stop/pause/resume: none means all running snapshots); for log: the "
+                      "message")
+    send.add_argument("--filter", help="execute-snapshot: an additional condition for every "
+                      "listed table (a SQL boolean over its columns)")
+    send.add_argument("--surrogate-key", help="execute-snapshot: key column(s) of a table "
+                      "without a primary key, comma-separated")
+    send.add_argument("--id", help="the signal's id (default: topic@offset); notifications "
+                      "carry it")
+    send.add_argument("--config", help="config file (default: $CDC_PLATFORM_CONFIG or the demo)")
+    send.add_argument("--bootstrap-servers", help="override signals.kafka.bootstrap_servers")
+    send.set_defaults(run=_signal)
 
     demo = commands.add_parser("demo", help="the zero-configuration demo")
     demo.add_argument("--orders", type=int, default=100_000, help="initial orders (default 100k)")

@@ -116,6 +116,13 @@ class CaptureSettings(_Section):
         description="Regular expressions matched against `database.table.column`; matching "
         "columns never leave the engine (e.g. personal data).",
     )
+    surrogate_keys: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="Key columns of tables without a primary key, as `database.table: [col, "
+        "...]`. They must identify rows (unique, NULL counting as a value). Target tables merge "
+        "by them and snapshots chunk by them; a table without a primary key or surrogate key is "
+        "landed but gets no target and its snapshots are skipped.",
+    )
     heartbeat_interval_seconds: float = Field(
         default=5.0, gt=0, le=3600,
         description="Source heartbeat period: keeps an idle stream alive and lag measurable "
@@ -180,6 +187,50 @@ class ReconcileSettings(_Section):
     sample_keys: int = Field(default=10, ge=0, description="Sample keys reported per category.")
 
 
+_TOPIC = r"^[A-Za-z0-9._-]{1,249}$"
+
+
+class KafkaSettings(_Section):
+    bootstrap_servers: str = Field(
+        default="",
+        description="Kafka bootstrap servers (`host:port,...`) of the signal and notification "
+        "topics. Empty: no signals (the signal sensor skips each tick saying so).",
+    )
+    config: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra librdkafka client settings, e.g. `security.protocol`, "
+        "`sasl.mechanism`, `sasl.username`, `sasl.password: ${KAFKA_PASSWORD}`.",
+    )
+
+
+class SignalSettings(_Section):
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    topic: str = Field(
+        default="cdc-signals", pattern=_TOPIC,
+        description="Signal topic (one partition; created if missing). Messages are keyed by "
+        "`source.server_name`, so several sources may share it.",
+    )
+    notification_topic: str = Field(
+        default="cdc-notifications", pattern=r"^$|" + _TOPIC,
+        description="Topic for snapshot progress notifications (Debezium's format; created if "
+        "missing). Empty: notifications only in the snapshot runs' logs.",
+    )
+    sensor_interval_seconds: int = Field(
+        default=5, ge=1, le=3600, description="Seconds between the signal sensor's ticks."
+    )
+    read_budget_seconds: float = Field(
+        default=10.0, gt=0, le=40,
+        description="Longest a sensor tick reads the topic (Dagster gives a tick 60 s).",
+    )
+    max_messages_per_tick: int = Field(
+        default=500, ge=1, le=10_000, description="Signal messages read per sensor tick at most."
+    )
+    max_message_bytes: int = Field(
+        default=256 * 1024, ge=1024, le=16 * 1024 * 1024,
+        description="Larger signal messages are skipped unread (with a reason in the log).",
+    )
+
+
 class Settings(_Section):
     source: SourceSettings
     capture: CaptureSettings = Field(default_factory=CaptureSettings)
@@ -187,6 +238,7 @@ class Settings(_Section):
     spark: SparkSettings = Field(default_factory=SparkSettings)
     warehouse: WarehouseSettings
     reconcile: ReconcileSettings = Field(default_factory=ReconcileSettings)
+    signals: SignalSettings = Field(default_factory=SignalSettings)
 
 
 def _expand_env(value: Any, path: str) -> Any:

@@ -20,6 +20,8 @@ from cdc_platform.capture.schema import TableSchema
 from cdc_platform.config import Settings, settings
 from cdc_platform.defs.dbt import definitions as dbt_defs
 from cdc_platform.defs.lake import definitions as lake_defs
+from cdc_platform.defs.signals import definitions as signals_defs
+from cdc_platform.defs.snapshots import definitions as snapshots_defs
 from cdc_platform.defs.streaming import definitions as streaming_defs
 from cdc_platform.lake.spark import DEFAULT_CONF
 
@@ -38,8 +40,7 @@ def discover_tables(config: Settings) -> list[TableSchema]:
                 table_id = f"{database}.{table}"
                 if table_id not in tables:
                     schema = source_sql.read_table_schema(conn, database, table)
-                    excluded = selector.excluded_columns_of(database, table, schema.column_names)
-                    tables[table_id] = schema.without_columns(excluded)
+                    tables[table_id] = selector.shape(schema)
     except Exception as error:  # noqa: BLE001 - an unreachable source must not break loading
         log.warning(f"source {server!r} unreachable while loading definitions ({error}); "
                     f"target assets come from the landing zone only ({len(tables)} tables)")
@@ -59,9 +60,12 @@ def spark_config(config: Settings) -> dict[str, str]:
 
 def build_definitions(config: Settings) -> dg.Definitions:
     tables = discover_tables(config)
+    snapshot_assets = snapshots_defs.snapshot_assets(config, tables)
     return dg.Definitions.merge(
         streaming_defs.build(config),
         lake_defs.build(config, tables),
+        snapshots_defs.build(config, snapshot_assets),
+        signals_defs.build(config, snapshot_assets),
         dbt_defs.build(config, tables),
         dg.Definitions(
             resources={"pyspark": LazyPySparkResource(spark_config=spark_config(config))},

@@ -27,6 +27,7 @@ from cdc_platform.capture.engine import (
 )
 from cdc_platform.capture.landing import LandingZone
 from cdc_platform.config import Settings, parse_settings
+from cdc_platform.devservices.kafka import TansuBroker
 from cdc_platform.devservices.mariadb import MariaDBServer
 
 _counter = itertools.count(1)
@@ -40,6 +41,17 @@ def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDBServer]
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka() -> Iterator[TansuBroker]:
+    """One private Tansu broker (in-memory storage); tests use topics of their own."""
+    broker = TansuBroker()
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
 
 
 @pytest.fixture(scope="session")
@@ -60,6 +72,7 @@ class CdcEnv:
     root: Path
     overrides: dict[str, Any]
     start_position: str = ""
+    kafka_bootstrap: str = ""
 
     def settings_dict(self) -> dict[str, Any]:
         conn = self.mariadb.connection_settings()
@@ -81,8 +94,18 @@ class CdcEnv:
             "spark": {"master": "local[2]"},
             "reconcile": {"range_rows": 500},
         }
+        if self.kafka_bootstrap:  # a topic pair of this test's own on the shared broker
+            data["signals"] = {
+                "kafka": {"bootstrap_servers": self.kafka_bootstrap},
+                "topic": f"signals-{self.db}", "notification_topic": f"notes-{self.db}",
+                "sensor_interval_seconds": 1, "read_budget_seconds": 5,
+            }
         for section, values in self.overrides.items():
             data.setdefault(section, {}).update(values)
+        capture = data["capture"]
+        if "surrogate_keys" in capture:  # keyed by "{db}.table" in markers
+            capture["surrogate_keys"] = {k.replace("{db}", self.db): v
+                                         for k, v in capture["surrogate_keys"].items()}
         return data
 
     @property
@@ -144,8 +167,7 @@ class CdcEnv:
         with source_sql.source_connection(connection) as conn:
             schema = source_sql.read_table_schema(conn, self.db, table)
         selector = selector_from_settings(s)
-        schema = schema.without_columns(
-            selector.excluded_columns_of(self.db, table, schema.column_names))
+        schema = selector.shape(schema)
         target = TargetTable(s.warehouse.url, self.server_name, self.db, table)
         return reconcile_table(spark, target.read(spark), connection, schema, range_rows=500)
 
@@ -163,3 +185,11 @@ def cdc_env(mariadb: MariaDBServer, tmp_path: Path, request: pytest.FixtureReque
     env = CdcEnv(mariadb, db, f"s{n}", tmp_path, dict(marker))
     env.start_position = position
     return env
+
+
+@pytest.fixture
+def signal_env(cdc_env: CdcEnv, kafka: TansuBroker) -> CdcEnv:
+    """``cdc_env`` with signals on: the shared broker, topics named after the test's database.
+    """
+    cdc_env.kafka_bootstrap = kafka.bootstrap_servers
+    return cdc_env

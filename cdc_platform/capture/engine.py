@@ -49,7 +49,7 @@ from cdc_platform.capture.binlog import (
 )
 from cdc_platform.capture.gtid import GtidSet, parse_gtid, parse_position
 from cdc_platform.capture.landing import Checkpoint, LandingZone
-from cdc_platform.capture.schema import TableSchema
+from cdc_platform.capture.schema import ColumnValueError, TableSchema, landing_arrays
 from cdc_platform.capture.snapshot.sessions import SnapshotCoordinator
 from cdc_platform.capture.source import TableSelector
 from cdc_platform.capture.values import Converter, converter_for
@@ -57,6 +57,9 @@ from cdc_platform.capture.values import Converter, converter_for
 if TYPE_CHECKING:
     from cdc_platform.config import Settings
 
+# While snapshot sessions are open, pending chunks are decided at least this often (and the
+# source's heartbeat period is at most this, so an idle source does not slow them down).
+SNAPSHOT_POLL_SECONDS = 0.2
 _TABLE_NAME = r"((?:`[^`]+`|\w+)(?:\.(?:`[^`]+`|\w+))?)"
 _DDL = re.compile(
     r"^\s*(?:/\*.*?\*/\s*)*(?:(ALTER|CREATE|DROP|RENAME)\s+(?:(?:ONLINE|IGNORE|TEMPORARY|OR\s+REPLACE)\s+)*"
@@ -91,13 +94,15 @@ class EngineError(RuntimeError):
 
 
 def selector_from_settings(settings: Settings) -> TableSelector:
-    """The tables and columns the config captures (capture.tables, capture.excluded_columns)."""
+    """The tables, columns and keys the config captures (capture.tables, excluded_columns,
+    surrogate_keys)."""
     capture = settings.capture
     return TableSelector(
         include=capture.tables.include,
         exclude=capture.tables.exclude,
         excluded_columns=capture.excluded_columns,
         system_databases=capture.system_databases,
+        surrogate_keys=tuple((t, tuple(k)) for t, k in sorted(capture.surrogate_keys.items())),
     )
 
 
@@ -211,6 +216,7 @@ class CaptureEngine:
         self._buffered_rows = 0
         self._txn: _OpenTransaction | None = None
         self._last_flush = time.monotonic()
+        self._last_snapshot_poll = self._last_flush
         self._checkpointed_position = ""
         self._last_commit_ts: float | None = None
         self._last_activity = time.monotonic()
@@ -336,9 +342,7 @@ class CaptureEngine:
             if table_id in self._schemas:
                 continue
             schema = source_sql.read_table_schema(self._control, database, table)
-            excluded = self.options.selector.excluded_columns_of(
-                database, table, schema.column_names)
-            self._schemas[table_id] = schema.without_columns(excluded)
+            self._schemas[table_id] = self.options.selector.shape(schema)
             self._schemas_dirty = True
 
     def _close_control(self) -> None:
@@ -358,9 +362,11 @@ class CaptureEngine:
         while not stop.is_set():
             stream: BinlogStream | None = None
             try:
-                # Heartbeats also bound how long a lone commit waits for its flush, so they
-                # come at least once per flush interval.
-                heartbeat = min(opts.heartbeat_seconds, opts.flush_interval_seconds)
+                # Heartbeats also bound how long a lone commit waits for its flush, and on an
+                # idle source how long a snapshot chunk waits for its commit, so they come at
+                # least once per flush interval and snapshot poll.
+                heartbeat = min(opts.heartbeat_seconds, opts.flush_interval_seconds,
+                                SNAPSHOT_POLL_SECONDS)
                 stream = BinlogStream(opts.connection_settings, opts.server_id, opts.flavour,
                                       str(self._processed), heartbeat)
                 self._transition(EngineState.STREAMING,
@@ -373,6 +379,9 @@ class CaptureEngine:
                         self.flush()
                         if on_progress:
                             on_progress(self.stats)
+                    elif self._snapshots.active and (
+                            now - self._last_snapshot_poll >= SNAPSHOT_POLL_SECONDS):
+                        self._poll_snapshots()
                     if stop.is_set():
                         return
                     if stop_when_caught_up and self._txn is None and (
@@ -381,7 +390,8 @@ class CaptureEngine:
                         next_caught_up_check = now + 0.5
                         if self._caught_up() and (
                             now - self._last_activity >= caught_up_idle_seconds
-                        ):
+                        ) and not self._snapshots.readers_alive():
+                            # (a running snapshot reader still needs this engine's commits)
                             return
             except BaseException as error:
                 if _is_purged_position(error):
@@ -472,10 +482,11 @@ class CaptureEngine:
         if kept_keys and event.table_id not in self._table_ids:
             self.log.warning(f"table {full.table_id}: key column(s) {sorted(kept_keys)} match "
                              "capture.excluded_columns but are captured: a target needs its key")
-        schema = full.without_columns(excluded)
+        schema = self.options.selector.shape(full)
         if not schema.primary_key:
             self.log.warning(f"table {schema.table_id} has no primary key: its changes are "
-                             "landed but target tables need a key; add one or a surrogate key")
+                             "landed but target tables need a key; add one, or set "
+                             "capture.surrogate_keys for it")
         previous = self._schemas.get(schema.table_id)
         if previous is None or previous.columns != schema.columns or (
             previous.primary_key != schema.primary_key
@@ -585,9 +596,9 @@ class CaptureEngine:
             return
         self.stats.ddl_statements += 1
         gtid = self._txn.gtid if self._txn else "?"
-        if self._txn is not None and self._txn.gtid:
-            self._snapshots.record_ddl(f"{database}.{table}",
-                                       parse_gtid(self.options.flavour, self._txn.gtid))
+        if self._txn is not None and self._txn.gtid and self._snapshots.record_ddl(
+                f"{database}.{table}", parse_gtid(self.options.flavour, self._txn.gtid)):
+            self._snapshots_dirty = True  # the session ends for a restart
         self.log.info(f"table {database}.{table}: {verb} at GTID {gtid} (tracked, not "
                       "replicated; the new columns arrive with the next rows)")
         if verb == "TRUNCATE":
@@ -646,11 +657,21 @@ class CaptureEngine:
 
     # -- landing ---------------------------------------------------------------------------
 
-    def flush(self, force: bool = False) -> None:
-        """Land buffered transactions, then move the checkpoint past them."""
-        self._last_flush = time.monotonic()
+    def _poll_snapshots(self) -> None:
+        """Between flushes, while snapshot sessions are open: decide pending chunks now, and
+        flush only if that changed something. Chunk throughput is then bound by the reader,
+        not by the flush interval (each commit still lands atomically with its checkpoint)."""
+        self._last_snapshot_poll = time.monotonic()
         if self._started and self._snapshots.tick(self._processed, self._next_pos,
                                                   self._schemas, self._emit_snapshot):
+            self._snapshots_dirty = True
+            self.flush(ticked=True)
+
+    def flush(self, force: bool = False, ticked: bool = False) -> None:
+        """Land buffered transactions, then move the checkpoint past them."""
+        self._last_flush = self._last_snapshot_poll = time.monotonic()
+        if not ticked and self._started and self._snapshots.tick(
+                self._processed, self._next_pos, self._schemas, self._emit_snapshot):
             self._snapshots_dirty = True
         position_text = str(self._processed)
         if not self._chunks and position_text == self._checkpointed_position and not (
@@ -714,22 +735,18 @@ class CaptureEngine:
         arrow_schema = schema.arrow_schema()
         if chunk.extra:
             arrow_schema = _with_extra_fields(arrow_schema, schema, chunk.extra)
-        columns = list(zip(*chunk.rows, strict=True)) if chunk.rows else []
         arrays = [
             pa.array(chunk.positions, pa.int64()),
             pa.array(chunk.gtids, pa.string()),
             pa.array(chunk.ops, pa.string()),
             pa.array(chunk.timestamps, pa.int64()),
         ]
-        for index, column in enumerate(schema.columns):
-            try:
-                arrays.append(pa.array(columns[index], column.arrow_type()))
-            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as error:
-                raise EngineError(
-                    f"table {schema.table_id}, column {column.name} ({column.kind}): a value "
-                    f"between positions {chunk.positions[0]} and {chunk.positions[-1]} does "
-                    f"not fit the landing type {column.arrow_type()}: {error}"
-                ) from error
+        try:
+            arrays += landing_arrays(schema, chunk.rows)
+        except ColumnValueError as error:
+            raise EngineError(
+                f"table {schema.table_id}, between positions {chunk.positions[0]} and "
+                f"{chunk.positions[-1]}: {error}") from error
         for name, values in (chunk.extra or {}).items():
             arrays.append(pa.array(values, arrow_schema.field(name).type))
         return pa.Table.from_arrays(arrays, schema=arrow_schema)

@@ -175,6 +175,28 @@ class TableSchema:
         )
 
 
+class ColumnValueError(ValueError):
+    """A value does not fit its column's landing type (``column``: the column concerned)."""
+
+    def __init__(self, column: ColumnSpec, error: Exception) -> None:
+        super().__init__(f"column {column.name} ({column.kind}): a value does not fit the "
+                         f"landing type {column.arrow_type()}: {error}")
+        self.column = column
+
+
+def landing_arrays(schema: TableSchema, rows: list[Any] | tuple[Any, ...]) -> list[pa.Array]:
+    """The user columns of ``rows`` (tuples in schema column order) as Arrow arrays of their
+    landing types; ColumnValueError names the column a value does not fit."""
+    columns = list(zip(*rows, strict=True)) if rows else [() for _ in schema.columns]
+    arrays = []
+    for index, column in enumerate(schema.columns):
+        try:
+            arrays.append(pa.array(columns[index], column.arrow_type()))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as error:
+            raise ColumnValueError(column, error) from error
+    return arrays
+
+
 def column_from_information_schema(row: dict[str, Any]) -> ColumnSpec:
     """Build a ColumnSpec from one ``information_schema.COLUMNS`` row (dict cursor)."""
     data_type = str(row["DATA_TYPE"]).lower()

@@ -30,6 +30,9 @@ class TableSelector:
     exclude: tuple[str, ...] = ()
     excluded_columns: tuple[str, ...] = ()
     system_databases: tuple[str, ...] = ("mysql", "information_schema", "performance_schema", "sys")
+    # ``(("db.table", ("col", ...)), ...)``: the key of tables without a primary key
+    # (config: capture.surrogate_keys).
+    surrogate_keys: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_include", [re.compile(p) for p in self.include])
@@ -49,6 +52,26 @@ class TableSelector:
                 and not any(p.fullmatch(table_id) for p in self._exclude)  # type: ignore[attr-defined]
             )
         return cache[key]
+
+    def surrogate_key_of(self, table_id: str) -> tuple[str, ...]:
+        """The configured surrogate key of ``db.table`` (empty: none)."""
+        return dict(self.surrogate_keys).get(table_id, ())
+
+    def shape(self, schema: TableSchema) -> TableSchema:
+        """The schema as it lands: excluded columns removed; a table without a primary key
+        keyed by its configured surrogate key.
+
+        Every place that derives a landed schema from the source (the engine from table maps
+        and information_schema, the snapshot reader, the Dagster definitions, reconciliation)
+        goes through here, so they agree on columns and key.
+        """
+        surrogate = self.surrogate_key_of(schema.table_id)
+        if surrogate and not schema.primary_key:
+            missing = [c for c in surrogate if c not in schema.column_names]
+            if not missing:
+                schema = TableSchema(schema.database, schema.table, schema.columns, surrogate)
+        return schema.without_columns(
+            self.excluded_columns_of(schema.database, schema.table, schema.column_names))
 
     def excluded_columns_of(self, database: str, table: str, columns: Iterable[str]) -> set[str]:
         prefix = f"{database}.{table}."

@@ -121,8 +121,15 @@ def test_every_env_var_the_values_set_is_read_by_the_code_or_the_config(env):
     unread = set(env) - settings_readers - set(references)
     assert not unread, f"helm/values.yaml sets {sorted(unread)} but nothing reads them"
     unset = {name for name, has_default in references.items()
-             if not has_default and name not in env}
+             if not has_default and name not in env and name not in _secret_keys()}
     assert not unset, f"the config references {sorted(unset)} without a default or a value"
+
+
+def test_signals_read_the_kafka_credentials_from_the_secret(env):
+    signals = _settings_with_values_env(env).signals
+    assert signals.kafka.bootstrap_servers == env["CDC_KAFKA_BOOTSTRAP"]["value"]
+    assert signals.kafka.config["sasl.password"] == "from-a-secret"  # (the secret's value)
+    assert "CDC_KAFKA_SASL_PASSWORD" in _secret_keys()
 
 
 def test_secrets_come_from_kubernetes_secrets_that_the_install_steps_create(values, deployment,
@@ -159,6 +166,8 @@ def test_embedded_config_validates_and_points_into_mounted_volumes(deployment, e
 
 
 def test_a_typo_in_the_embedded_config_would_be_caught(env, monkeypatch):
+    for name in _secret_keys():
+        monkeypatch.setenv(name, "from-a-secret")
     for name, item in env.items():
         monkeypatch.setenv(name, item.get("value", "from-a-secret"))
     broken = yaml.safe_load(_config_text())
@@ -167,8 +176,15 @@ def test_a_typo_in_the_embedded_config_would_be_caught(env, monkeypatch):
         parse_settings(broken, "helm/cdc-platform-config.yaml")
 
 
+def _secret_keys() -> set[str]:
+    """Keys of the secrets the install steps create: envSecrets make them variables too."""
+    return set(re.findall(r"--from-literal=(\w+)=", (HELM / "README.md").read_text()))
+
+
 def _settings_with_values_env(env: dict[str, dict[str, Any]]) -> Any:
     with pytest.MonkeyPatch.context() as patch:
+        for name in _secret_keys():
+            patch.setenv(name, "from-a-secret")
         for name, item in env.items():
             patch.setenv(name, item.get("value", "from-a-secret"))
         return parse_settings(yaml.safe_load(_config_text()), "helm/cdc-platform-config.yaml")

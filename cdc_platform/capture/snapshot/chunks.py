@@ -94,9 +94,12 @@ def chunk_key_for(
                 f"it has a primary key ({', '.join(schema.primary_key)}); surrogate-key "
                 f"({', '.join(wanted)}) is only for tables without one: drop it from the signal"
             ))
-        return ChunkKey(schema.primary_key, (False,) * len(schema.primary_key), "primary key")
+        # A configured surrogate key (capture.surrogate_keys) lands as the primary key; its
+        # columns may admit NULL.
+        return ChunkKey(schema.primary_key,
+                        tuple(n in nullable_columns for n in schema.primary_key), "primary key")
     if not wanted:
-        return SkippedTable(schema.table_id, "no primary key; pass a surrogate-key")
+        return SkippedTable(schema.table_id, "no primary key and no surrogate key (set capture.surrogate_keys)")
     for name in wanted:
         if name not in schema.column_names:
             return SkippedTable(schema.table_id,

@@ -44,13 +44,22 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
+def _landing_value(value: Any) -> Any:
+    """A value read back from a chunk's Parquet in the landing form the binlog gives: TIMESTAMP
+    columns come back as aware UTC datetimes, the binlog (and a SELECT) gives naive UTC ones,
+    and touched keys must compare equal to chunk keys."""
+    if isinstance(value, dt.datetime) and value.tzinfo is not None:
+        return value.astimezone(dt.UTC).replace(tzinfo=None)
+    return value
+
+
 @dataclass
 class SnapshotSession:
     """One table's session as the checkpoint records it."""
 
     table_id: str
     session_id: str
-    state: str  # open | paused | stopped | done
+    state: str  # open | paused | stopped | done | restart
     opening: str
     opening_pos: int
     horizon: str
@@ -61,6 +70,7 @@ class SnapshotSession:
     rows: int = 0
     started_at: str = field(default_factory=_now)
     ended_at: str | None = None
+    reason: str | None = None  # why the engine ended it (a restart)
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> SnapshotSession:
@@ -104,6 +114,19 @@ class SnapshotCoordinator:
         self._ddl.pop(table_id, None)
         self._key_columns.pop(table_id, None)
 
+    @property
+    def active(self) -> bool:
+        """Whether any session is open (chunks may be pending)."""
+        return any(s.state == "open" for s in self.sessions.values())
+
+    def readers_alive(self) -> bool:
+        """Whether a snapshot reader of an open or paused session is running (it holds its
+        table's ``reader.lock``; a dead reader's lock is released with its process)."""
+        from cdc_platform.capture.snapshot.reader import reader_alive
+
+        return any(reader_alive(self.landing, *s.table_id.split(".", 1))
+                   for s in self.sessions.values() if s.state in ("open", "paused"))
+
     # -- the engine's hot path -------------------------------------------------------------
 
     def key_columns(self, table_id: str) -> tuple[str, ...] | None:
@@ -113,9 +136,27 @@ class SnapshotCoordinator:
     def record_touch(self, table_id: str, key: Key, gtid: Gtid, position: int) -> None:
         self._touched[table_id].setdefault(key, []).append(Touch(gtid, position))
 
-    def record_ddl(self, table_id: str, gtid: Gtid) -> None:
-        if table_id in self._ddl:
-            self._ddl[table_id].append(gtid)
+    def record_ddl(self, table_id: str, gtid: Gtid) -> bool:
+        """A DDL on a table under snapshot ends its session as ``restart``; True if it did.
+
+        A DDL can change the values of rows without row events (an added column's default, a
+        type change, a TRUNCATE), including rows of chunks already committed. So the reader
+        starts a new session and reads the whole table again; chunks of the old session are
+        no longer decided. Primary-key changes are reported by the reader, not supported.
+        """
+        if table_id not in self._ddl:
+            return False
+        self._ddl[table_id].append(gtid)
+        session = self.sessions.get(table_id)
+        if session is None or session.state not in ("open", "paused"):
+            return False
+        session.state = "restart"
+        session.ended_at = _now()
+        session.reason = f"DDL at GTID {gtid} changed the table"
+        self._untrack(table_id)
+        self.log.info(f"snapshot of {table_id}: session {session.session_id} ends for a "
+                      f"restart ({session.reason}); the reader reads the table again")
+        return True
 
     # -- at each flush ---------------------------------------------------------------------
 
@@ -152,15 +193,21 @@ class SnapshotCoordinator:
                next_pos: int) -> bool:
         session = self.sessions.get(table_id)
         action, session_id = request.get("action"), request.get("session_id")
-        if action == "open" and (session is None or session.session_id != session_id):
+        # A new session is opened by its "open", or by a "pause"/"resume" that reached the
+        # request before this engine saw the "open" (the engine was down): the request is
+        # the desired state.
+        if action in ("open", "pause", "resume") and request.get("chunk_key") and (
+                session is None or session.session_id != session_id):
             session = SnapshotSession(
-                table_id=table_id, session_id=session_id, state="open",
+                table_id=table_id, session_id=session_id,
+                state="paused" if action == "pause" else "open",
                 opening=str(processed), opening_pos=next_pos, horizon=str(processed),
                 chunk_key=list(request["chunk_key"]), condition=request.get("condition"))
             self.sessions[table_id] = session
             self._track(session)
             self.log.info(f"snapshot of {table_id}: session {session_id} opened at GTID "
-                          f"{session.opening or '(start)'}, changelog position {next_pos}")
+                          f"{session.opening or '(start)'}, changelog position {next_pos}"
+                          + (" (paused)" if session.state == "paused" else ""))
             return True
         if session is None or session.session_id != session_id:
             return False
@@ -200,7 +247,7 @@ class SnapshotCoordinator:
                                  "primary key" if schema.primary_key else "surrogate key"),
                 session.condition)
             kinds = [schema.column(c).kind for c in session.chunk_key]
-            rows = [tuple(r.values()) for r in
+            rows = [tuple(_landing_value(v) for v in r.values()) for r in
                     pq.read_table(manifest_path.with_suffix(".parquet")).to_pylist()]
             chunk = Chunk(
                 table=chunked, rows=tuple(rows),

@@ -8,6 +8,7 @@ from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.engine import selector_from_settings
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.config import Settings
+from cdc_platform.defs.snapshots.definitions import snapshot_key
 from cdc_platform.defs.streaming.runner import changelog_key
 from cdc_platform.lake.merge import materialise
 from cdc_platform.lake.reconcile import reconcile_table
@@ -23,12 +24,13 @@ def _target_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinitio
 
     @dg.asset(
         key=target_key(settings, schema),
-        deps=[changelog_key(settings)],
+        # Stream records and committed snapshot chunks both arrive through the changelog.
+        deps=[changelog_key(settings), snapshot_key(settings, schema)],
         group_name=f"{server}_{schema.database}",
         kinds={"spark", "parquet"},
-        description=f"Lake table for {schema.table_id} on {server!r}: the landed changes folded "
-        "by highest position per key (deletes applied), committed atomically with the "
-        "changelog mark it consumed.",
+        description=f"Lake table for {schema.table_id} on {server!r}: the landed changes and "
+        "committed snapshot chunks folded by highest position per key (deletes and snapshot "
+        "range assertions applied), committed atomically with the changelog mark it consumed.",
         metadata={"primary_key": ", ".join(schema.primary_key) or "(none)"},
         # Another run committed this table's next version first (ConcurrentCommitError):
         # running again builds on that version.
@@ -56,6 +58,8 @@ def _target_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinitio
             "inserts": result.inserts,
             "updates": result.updates,
             "deletes": result.deletes,
+            "snapshot_rows": result.snapshot_rows,
+            "asserted_deletes": result.asserted_deletes,
             "records_read": result.records_read,
             "consumed_position": result.consumed_pos if result.consumed_pos is not None else -1,
             "consumed_gtid": result.consumed_gtid or "",
@@ -84,9 +88,7 @@ def _reconcile_check(settings: Settings, schema: TableSchema) -> dg.AssetChecksD
         connection = settings.source.connection_settings()
         with source_sql.source_connection(connection) as conn:
             current = source_sql.read_table_schema(conn, schema.database, schema.table)
-        excluded = selector_from_settings(settings).excluded_columns_of(
-            schema.database, schema.table, current.column_names)
-        current = current.without_columns(excluded)
+        current = selector_from_settings(settings).shape(current)
         target = TargetTable(settings.warehouse.url, server, schema.database, schema.table)
         result = reconcile_table(
             spark, target.read(spark), connection, current,

@@ -96,7 +96,7 @@ def test_chunk_key_choice_and_skip_statuses() -> None:
     assert chunk_key_for(no_pk, "id", {"id"}) == ChunkKey(("id",), (True,), "surrogate key")
     skipped = chunk_key_for(no_pk)
     assert isinstance(skipped, SkippedTable)
-    assert str(skipped) == "shop.log: skipped: no primary key; pass a surrogate-key"
+    assert str(skipped) == "shop.log: skipped: no primary key and no surrogate key (set capture.surrogate_keys)"
     for schema, key, reason in [
         (with_pk, "j", "has a primary key (id)"),
         (no_pk, "nope", "'nope' does not exist"),

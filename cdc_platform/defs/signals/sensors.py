@@ -1,0 +1,205 @@
+"""The signal sensor: Kafka signal topic -> per-table snapshot runs (ARCHITECTURE section 2).
+
+Each tick reads the signal topic from the offset in the sensor's cursor (``assign()``, no
+consumer group), asks ``capture.signals.plan`` what the messages do, and returns one run request
+per table to snapshot with the cursor just after the messages read. Dagster stores the run
+requests and the new cursor together: a tick that dies before that is run again from the old
+cursor, and the run keys (signal topic id + offset + table) stop a replayed signal from
+launching a second run. Stop, pause and resume act on the tables' snapshot sessions through
+request.json, recording the signal so a replay does nothing (``reader.signal_action``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dagster as dg
+
+from cdc_platform.capture.engine import selector_from_settings
+from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.signals.kafka import KafkaChannelError, KafkaTopics, SignalCursor
+from cdc_platform.capture.signals.messages import Skipped
+from cdc_platform.capture.signals.plan import (
+    ControlSnapshots,
+    LogMessage,
+    StartSnapshot,
+    plan_signals,
+)
+from cdc_platform.capture.snapshot.reader import (
+    NO_SESSION,
+    SignalRef,
+    read_request,
+    read_session_state,
+    reader_alive,
+    signal_action,
+)
+from cdc_platform.config import Settings
+
+SNAPSHOT_TABLE_TAG = "cdc_platform/snapshot_table"
+SIGNAL_ID_TAG = "cdc_platform/signal_id"
+SIGNAL_OFFSET_TAG = "cdc_platform/signal_offset"
+# Runs that may still snapshot a table (queued ones included: they will).
+ACTIVE_STATUSES = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
+                   dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
+                   dg.DagsterRunStatus.CANCELING]
+
+
+def sensor_name(settings: Settings) -> str:
+    return f"{settings.source.server_name}_snapshot_signals"
+
+
+def run_key(topic_id: str, offset: int, table_id: str) -> str:
+    """One run per (signal, table), whatever the tick that reads the signal."""
+    return f"signal:{topic_id}:{offset}:{table_id}"
+
+
+def busy_tables(instance: dg.DagsterInstance, landing: LandingZone,
+                snapshot_keys: dict[dg.AssetKey, str]) -> dict[str, str]:
+    """Tables being snapshotted now: by a run in progress (launched by a signal or by hand),
+    or by a live reader outside Dagster (the CLI) -> a description for the log."""
+    busy: dict[str, str] = {}
+    for run in instance.get_runs(filters=dg.RunsFilter(statuses=ACTIVE_STATUSES)):
+        for key in run.asset_selection or ():
+            if key in snapshot_keys:
+                busy[snapshot_keys[key]] = f"run {run.run_id[:8]}, {run.status.value.lower()}"
+    checkpoint = landing.read_checkpoint()
+    for table_id in snapshot_keys.values():
+        state = read_session_state(checkpoint, table_id)
+        if table_id in busy or state is None or state.get("state") not in ("open", "paused"):
+            continue
+        if reader_alive(landing, *table_id.split(".", 1)):
+            busy[table_id] = f"session {state.get('session_id')}, {state.get('state')}"
+    return busy
+
+
+def _run_request(settings: Settings, action: StartSnapshot, topic_id: str,
+                 op_names: dict[str, str], keys: dict[str, dg.AssetKey]) -> dg.RunRequest:
+    signal = action.signal
+    config: dict[str, Any] = {
+        "signal_id": signal.id, "signal_topic_id": topic_id, "signal_offset": signal.offset,
+        "condition": action.condition, "surrogate_key": list(action.surrogate_key),
+    }
+    return dg.RunRequest(
+        run_key=run_key(topic_id, signal.offset, action.table_id),
+        asset_selection=[keys[action.table_id]],
+        run_config={"ops": {op_names[action.table_id]: {"config": config}}},
+        tags={SNAPSHOT_TABLE_TAG: action.table_id, SIGNAL_ID_TAG: signal.id[:200],
+              SIGNAL_OFFSET_TAG: str(signal.offset)},
+    )
+
+
+def _control(context: dg.SensorEvaluationContext, landing: LandingZone,
+             action: ControlSnapshots, topic_id: str, busy: dict[str, str]) -> None:
+    signal = action.signal
+    ref = SignalRef(signal.id, topic_id, signal.offset)
+    tables = action.tables
+    if action.every:  # all snapshots: runs in progress, sessions the engine or readers hold
+        checkpoint = landing.read_checkpoint()
+        tables = tuple(t for t in tables if t in busy or _live_session(landing, checkpoint, t))
+    if not tables:
+        context.log.info(f"{signal.describe()}: no snapshot to {action.action}")
+    for table_id in tables:
+        database, table = table_id.split(".", 1)
+        outcome = signal_action(landing, database, table, action.action, ref)
+        context.log.info(f"{signal.describe()}: {outcome}")
+    if action.action == "stop":
+        _cancel_queued(context, tables, ref)
+
+
+def _live_session(landing: LandingZone, checkpoint: Any, table_id: str) -> bool:
+    state = read_session_state(checkpoint, table_id)
+    if state is not None and state.get("state") in ("open", "paused"):
+        return True
+    request = read_request(landing, *table_id.split(".", 1))
+    return request is not None and request.session_id != NO_SESSION and \
+        request.action != "stop"
+
+
+def _cancel_queued(context: dg.SensorEvaluationContext, tables: tuple[str, ...],
+                   ref: SignalRef) -> None:
+    """Queued snapshot runs of earlier signals for ``tables`` never start (they would see the
+    stop in request.json and end at once; cancelling shows it in the UI right away)."""
+    instance = context.instance
+    for run in instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED])):
+        table = run.tags.get(SNAPSHOT_TABLE_TAG)
+        offset = run.tags.get(SIGNAL_OFFSET_TAG)
+        if table not in tables or offset is None or int(offset) >= ref.offset:
+            continue
+        instance.report_run_canceled(run, message=f"stop-snapshot signal {ref.id} (offset "
+                                                  f"{ref.offset})")
+        context.log.info(f"signal {ref.id}: cancelled queued snapshot run {run.run_id[:8]} "
+                         f"of {table}")
+
+
+def build_sensor(settings: Settings, assets: dict[str, dg.AssetsDefinition]
+                 ) -> dg.SensorDefinition:
+    signals = settings.signals
+    server = settings.source.server_name
+    keys = {table_id: asset.key for table_id, asset in assets.items()}
+    op_names = {table_id: asset.op.name for table_id, asset in assets.items()}
+    captured = sorted(keys)
+    landing = LandingZone(settings.landing_zone.url, server)
+
+    @dg.sensor(
+        name=sensor_name(settings),
+        minimum_interval_seconds=signals.sensor_interval_seconds,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        asset_selection=dg.AssetSelection.assets(*keys.values()),
+        description=f"Reads the signal topic {signals.topic!r} (messages keyed {server!r}) and "
+        "launches one snapshot run per table of each execute-snapshot signal; stop-, pause- and "
+        "resume-snapshot act on running snapshots. Skipped signals are logged with the reason.",
+    )
+    def snapshot_signals(context: dg.SensorEvaluationContext
+                         ) -> dg.SensorResult | dg.SkipReason:
+        if not signals.kafka.bootstrap_servers:
+            return dg.SkipReason("signals.kafka.bootstrap_servers is not set: there is no "
+                                 "signal topic to read")
+        try:
+            cursor = SignalCursor.from_json(context.cursor)
+        except (ValueError, TypeError) as error:
+            context.log.error(f"sensor cursor {context.cursor!r} is unreadable ({error}); "
+                              f"reading signal topic {signals.topic!r} from its start (run "
+                              "keys still stop signals already acted on from running again)")
+            cursor = SignalCursor()
+        try:
+            topics = KafkaTopics(signals.kafka.bootstrap_servers, signals.kafka.config)
+            batch = topics.read(signals.topic, cursor,
+                                max_messages=signals.max_messages_per_tick,
+                                budget_seconds=signals.read_budget_seconds,
+                                max_message_bytes=signals.max_message_bytes)
+        except KafkaChannelError as error:
+            context.log.warning(str(error))
+            return dg.SkipReason(f"signal topic not read: {error}")
+        for note in batch.notes:
+            context.log.warning(note)
+        topic_id = batch.cursor.topic_id or ""
+        if not batch.messages:
+            return dg.SensorResult(skip_reason=f"no new signal on {signals.topic!r} (next "
+                                   f"offset {batch.cursor.offset})",
+                                   cursor=batch.cursor.to_json())
+        busy = busy_tables(context.instance, landing, {v: k for k, v in keys.items()})
+        actions = plan_signals(batch.messages, server_name=server, topic=signals.topic,
+                               captured=captured, selector=selector_from_settings(settings),
+                               busy=busy, max_message_bytes=signals.max_message_bytes)
+        requests: list[dg.RunRequest] = []
+        for action in actions:
+            if isinstance(action, Skipped):
+                log = context.log.info if action.foreign else context.log.warning
+                log(action.describe())
+            elif isinstance(action, LogMessage):
+                context.log.info(f"{action.signal.describe()}: {action.signal.message}")
+            elif isinstance(action, StartSnapshot):
+                requests.append(_run_request(settings, action, topic_id, op_names, keys))
+                condition = f" where {action.condition}" if action.condition else ""
+                context.log.info(f"{action.signal.describe()}: snapshot of "
+                                 f"{action.table_id}{condition}")
+            else:
+                _control(context, landing, action, topic_id, busy)
+        first, last = batch.messages[0].offset, batch.messages[-1].offset
+        summary = (f"{len(batch.messages)} signal messages (offsets {first}..{last}): "
+                   f"{len(requests)} snapshot runs requested")
+        context.log.info(summary)
+        return dg.SensorResult(run_requests=requests, cursor=batch.cursor.to_json(),
+                               skip_reason=None if requests else summary)
+
+    return snapshot_signals

@@ -1,0 +1,158 @@
+"""The snapshots domain: one incremental-snapshot asset per captured table.
+
+Materialising ``[server, "snapshot", db, table]`` opens a snapshot session for the table, reads
+it in chunks while the ``stream_changes`` job keeps running, and finishes when the engine has
+committed the last chunk (docs/snapshots.md). The chunk rows reach the lake table through the
+changelog, so the target asset ``[server, db, table]`` is downstream of it. Snapshot assets are
+in no job: each materialisation is its own run, and runs of different tables go in parallel.
+"""
+
+
+import dagster as dg
+from pydantic import Field
+
+from cdc_platform.capture import source as source_sql
+from cdc_platform.capture.engine import selector_from_settings
+from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.schema import TableSchema
+from cdc_platform.capture.snapshot.conditions import UnsafeConditionError, validate_condition
+from cdc_platform.capture.snapshot.reader import (
+    DEFAULT_CHUNK_SIZE,
+    SignalRef,
+    SnapshotError,
+    SnapshotReader,
+    new_session_id,
+)
+from cdc_platform.config import Settings
+from cdc_platform.defs.snapshots.runner import notify_skipped, result_metadata, run_reader
+
+
+class SnapshotConfig(dg.Config):
+    """Run config of a snapshot asset."""
+
+    chunk_size: int = Field(
+        default=DEFAULT_CHUNK_SIZE, ge=1,
+        description="Rows per chunk (the default is where throughput levels off; see "
+        "capture/snapshot/reader.py).",
+    )
+    condition: str | None = Field(
+        default=None,
+        description="Additional condition: a SQL boolean over the table's own columns; only "
+        "matching rows are snapshotted, and target rows outside it are left alone.",
+    )
+    surrogate_key: list[str] = Field(
+        default_factory=list,
+        description="Columns that identify rows of a table without a primary key (in key "
+        "order); must match capture.surrogate_keys, where the key is configured for the stream "
+        "and the target too. Without a primary key or a configured surrogate key, the table is "
+        "skipped.",
+    )
+    progress_seconds: float = Field(default=5.0, gt=0, description="Interval of progress lines.")
+    ack_timeout_seconds: float = Field(
+        default=60.0, gt=0,
+        description="How long to wait for the capture engine (stream_changes) to acknowledge "
+        "the session before failing.",
+    )
+    signal_id: str | None = Field(
+        default=None,
+        description="Set by the signal sensor: the execute-snapshot signal behind this run (the "
+        "id of its notifications).",
+    )
+    signal_topic_id: str | None = Field(
+        default=None, description="Set by the signal sensor: the signal topic's Kafka id."
+    )
+    signal_offset: int | None = Field(
+        default=None, description="Set by the signal sensor: the signal's offset in its topic."
+    )
+
+    def signal_ref(self) -> SignalRef | None:
+        if self.signal_id is None or self.signal_topic_id is None or self.signal_offset is None:
+            return None
+        return SignalRef(self.signal_id, self.signal_topic_id, self.signal_offset)
+
+
+def snapshot_key(settings: Settings, schema: TableSchema) -> dg.AssetKey:
+    return dg.AssetKey([settings.source.server_name, "snapshot", schema.database, schema.table])
+
+
+def _current_schema(settings: Settings, schema: TableSchema) -> TableSchema:
+    """The table's schema now, after column exclusion: chunks must match the binlog schema."""
+    with source_sql.source_connection(settings.source.connection_settings()) as conn:
+        try:
+            current = source_sql.read_table_schema(conn, schema.database, schema.table)
+        except LookupError as error:
+            raise dg.Failure(description=f"snapshot of {schema.table_id} on "
+                             f"{settings.source.server_name!r}: {error}") from None
+    return selector_from_settings(settings).shape(current)
+
+
+def _snapshot_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinition:
+    server = settings.source.server_name
+    key_text = ", ".join(schema.primary_key) or "(none: set capture.surrogate_keys)"
+
+    @dg.asset(
+        key=snapshot_key(settings, schema),
+        group_name=f"{server}_snapshots",
+        kinds={"mariadb" if settings.source.flavour == "mariadb" else "mysql", "parquet"},
+        description=f"Incremental snapshot of {schema.table_id} on {server!r}: reads the table "
+        "in keyset chunks between GTID watermarks, without locks or writes on the source, while "
+        "the stream_changes job runs; that job commits each chunk into the changelog. "
+        "Finishes when the whole table is committed.",
+        metadata={"chunk_key": key_text},
+    )
+    def snapshot(context: dg.AssetExecutionContext, config: SnapshotConfig
+                 ) -> dg.MaterializeResult:
+        condition = config.condition
+        if condition is not None:
+            try:
+                condition = validate_condition(condition)
+            except UnsafeConditionError as error:
+                raise dg.Failure(description=f"snapshot of {schema.table_id} on {server!r}: "
+                                 f"{error}") from None
+        current = _current_schema(settings, schema)
+        if not current.primary_key and config.surrogate_key:
+            status = (f"skipped: no primary key; the surrogate key {config.surrogate_key} must "
+                      f"be configured as capture.surrogate_keys['{schema.table_id}'], so that "
+                      "the stream and the target use it too")
+            context.log.warning(f"snapshot of {schema.table_id}: {status}")
+            notify_skipped(context, settings, schema.table_id,
+                           config.signal_id or context.run_id, status)
+            return dg.MaterializeResult(metadata={"status": status, "rows": 0, "chunks": 0})
+        reader = SnapshotReader(
+            LandingZone(settings.landing_zone.url, server),
+            settings.source.connection_settings(),
+            settings.source.flavour,
+            current,
+            surrogate_key=config.surrogate_key or None,
+            condition=condition,
+            chunk_size=config.chunk_size,
+            session_id=new_session_id(f"run-{context.run_id[:8]}"),
+            selector=selector_from_settings(settings),
+            ack_timeout_seconds=config.ack_timeout_seconds,
+            signal=config.signal_ref(),
+        )
+        try:
+            result = run_reader(context, settings, reader, config.signal_id or context.run_id,
+                                config.progress_seconds)
+        except SnapshotError as error:  # the message says what to do: show it as the failure
+            raise dg.Failure(description=str(error)) from error
+        if result.skipped:
+            context.log.warning(f"snapshot of {schema.table_id}: {result.status}")
+        return dg.MaterializeResult(metadata={
+            **result_metadata(result),
+            "chunk_size": config.chunk_size,
+            "condition": condition or "",
+        })
+
+    return snapshot
+
+
+def snapshot_assets(settings: Settings, tables: list[TableSchema]
+                    ) -> dict[str, dg.AssetsDefinition]:
+    """One per captured table (``db.table`` -> asset); a table without a primary key needs a
+    configured surrogate key, or its runs end as skipped."""
+    return {t.table_id: _snapshot_asset(settings, t) for t in tables}
+
+
+def build(settings: Settings, assets: dict[str, dg.AssetsDefinition]) -> dg.Definitions:
+    return dg.Definitions(assets=list(assets.values()))

@@ -1,0 +1,205 @@
+"""Signal parsing and planning: pure logic, no broker (the sensor tests use a real one)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cdc_platform.capture.signals.messages import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    Signal,
+    SignalMessage,
+    Skipped,
+    parse_signal,
+    signal_value,
+)
+from cdc_platform.capture.signals.plan import (
+    ControlSnapshots,
+    LogMessage,
+    StartSnapshot,
+    match_collections,
+    plan_signals,
+)
+from cdc_platform.capture.source import TableSelector
+
+SERVER, TOPIC = "shop", "cdc-signals"
+CAPTURED = ["inv.customers", "inv.orders", "inv.products", "sales.orders"]
+SELECTOR = TableSelector(include=(r"(inv|sales)\..*",), exclude=(r"inv\.audit_log",))
+
+
+def message(value: Any, offset: int = 0, key: bytes | None = SERVER.encode()) -> SignalMessage:
+    raw = value if isinstance(value, bytes) else json.dumps(value).encode()
+    return SignalMessage(offset, key, raw)
+
+
+def execute(*tables: str, **data: Any) -> dict[str, Any]:
+    return {"type": "execute-snapshot",
+            "data": {"data-collections": list(tables), "type": "INCREMENTAL", **data}}
+
+
+def plan(*messages: SignalMessage, busy: dict[str, str] | None = None) -> list[Any]:
+    return plan_signals(list(messages), server_name=SERVER, topic=TOPIC, captured=CAPTURED,
+                        selector=SELECTOR, busy=busy)
+
+
+def reasons(actions: list[Any]) -> list[str]:
+    return [a.reason for a in actions if isinstance(a, Skipped)]
+
+
+def test_the_seed_example_signal_starts_one_snapshot() -> None:
+    seed = b'{"type":"execute-snapshot","data": {"data-collections": ["inv.orders"], ' \
+           b'"type": "INCREMENTAL"}}'
+    [action] = plan(message(seed, offset=7))
+    assert isinstance(action, StartSnapshot)
+    assert (action.table_id, action.condition, action.signal.id) == (
+        "inv.orders", None, f"{TOPIC}@7")
+
+
+def test_regular_expressions_expand_to_the_captured_tables_they_match() -> None:
+    actions = plan(message(execute(r"inv\..*", "sales.orders")))
+    assert [a.table_id for a in actions] == ["inv.customers", "inv.orders", "inv.products",
+                                             "sales.orders"]
+    assert match_collections([r".*\.orders"], CAPTURED) == (["inv.orders", "sales.orders"], [])
+
+
+def test_additional_conditions_and_the_surrogate_key_reach_the_run() -> None:
+    actions = plan(message(execute(
+        "inv.orders", "inv.customers", **{
+            "additional-conditions": [{"data-collection": "inv.orders",
+                                       "filter": "status = 'paid' AND total > 10"}],
+            "surrogate-key": "a, b"})))
+    by_table = {a.table_id: a for a in actions}
+    assert by_table["inv.orders"].condition == "status = 'paid' AND total > 10"
+    assert by_table["inv.customers"].condition is None
+    assert by_table["inv.orders"].surrogate_key == ("a", "b")
+
+
+def test_the_legacy_single_condition_applies_to_every_table() -> None:
+    actions = plan(message(execute("inv.orders", "sales.orders",
+                                   **{"additional-condition": "id > 5"})))
+    assert [(a.table_id, a.condition) for a in actions] == [
+        ("inv.orders", "id > 5"), ("sales.orders", "id > 5")]
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (b"{not json", "not valid JSON"),
+    (b"[1, 2]", "must be a JSON object, not list"),
+    (b"", "empty message value"),
+    ({"data": {}}, "missing 'type'"),
+    ({"type": "execute-snaphsot", "data": {}}, "unknown type 'execute-snaphsot'"),
+    ({"type": "execute-snapshot", "data": {}}, "missing 'data-collections'"),
+    ({"type": "execute-snapshot", "data": {"data-collections": [1]}},
+     "must be a list of non-empty strings"),
+    ({"type": "execute-snapshot", "data": "inv.orders"}, "'data' must be a JSON object"),
+    (execute("inv.orders", type="BLOCKING"), "only INCREMENTAL"),
+    (execute("inv.orders", **{"additional-conditions": [{"filter": "x = 1"}]}),
+     "lacks its 'data-collection'"),
+    (execute("inv.orders", **{"additional-conditions": "x = 1"}),
+     "'additional-conditions' must be a list"),
+    (execute("inv.orders", **{"surrogate-key": 5}), "'surrogate-key' must be"),
+    ({"type": "log", "data": {}}, "a log signal needs"),
+    ({"id": "", "type": "log", "data": {"message": "x"}}, "'id' must be a non-empty string"),
+])
+def test_bad_messages_are_skipped_with_the_reason(value: Any, expected: str) -> None:
+    [action] = plan(message(value, offset=3))
+    assert isinstance(action, Skipped) and action.offset == 3
+    assert expected in action.reason, action.reason
+
+
+def test_a_huge_message_is_skipped_unread() -> None:
+    huge = json.dumps(execute("inv.orders", padding="x" * DEFAULT_MAX_MESSAGE_BYTES)).encode()
+    [action] = plan(message(huge))
+    assert isinstance(action, Skipped) and "exceeds the limit" in action.reason
+
+
+def test_messages_for_another_source_are_skipped_as_foreign() -> None:
+    [foreign] = plan(message(execute("inv.orders"), key=b"other"))
+    [keyless] = plan(message(execute("inv.orders"), key=None))
+    assert isinstance(foreign, Skipped) and foreign.foreign and "'other'" in foreign.reason
+    assert isinstance(keyless, Skipped) and not keyless.foreign
+
+
+def test_unknown_excluded_and_non_matching_tables_are_reported_and_the_rest_start() -> None:
+    actions = plan(message(execute("inv.orders", "inv.audit_log", "inv.nope", "nomatch.*",
+                                   "bad[regex")))
+    assert [a.table_id for a in actions if isinstance(a, StartSnapshot)] == ["inv.orders"]
+    problems = reasons(actions)
+    assert any("inv.audit_log is not captured" in p for p in problems)
+    assert any("'inv.nope' matches no captured table" in p for p in problems)
+    assert any("'nomatch.*' matches no captured table" in p for p in problems)
+    assert any("nor a valid regular expression" in p for p in problems)
+
+
+def test_unsafe_conditions_skip_their_table_only() -> None:
+    actions = plan(message(execute(
+        "inv.orders", "inv.products", **{"additional-conditions": [
+            {"data-collection": "inv.orders", "filter": "1=1) OR (SELECT SLEEP(5)"}]})))
+    assert [a.table_id for a in actions if isinstance(a, StartSnapshot)] == ["inv.products"]
+    [reason] = reasons(actions)
+    assert "additional condition for inv.orders refused" in reason
+
+
+def test_a_condition_for_a_table_outside_the_signal_skips_the_whole_signal() -> None:
+    actions = plan(message(execute("inv.orders", **{"additional-conditions": [
+        {"data-collection": "inv.ordrs", "filter": "id > 1"}]})))
+    assert not [a for a in actions if isinstance(a, StartSnapshot)]
+    assert "names no table of this signal" in reasons(actions)[0]
+
+
+def test_a_duplicate_signal_does_not_start_a_parallel_snapshot() -> None:
+    busy = {"inv.orders": "run 1234abcd, started"}
+    actions = plan(message(execute("inv.orders", "inv.products"), 1),
+                   message(execute("inv.products"), 2), busy=busy)
+    assert [a.table_id for a in actions if isinstance(a, StartSnapshot)] == ["inv.products"]
+    assert "already being snapshotted (run 1234abcd, started)" in reasons(actions)[0]
+    assert "in this batch (a duplicate signal)" in reasons(actions)[1]
+
+
+def test_a_stop_cancels_a_snapshot_of_the_same_batch_and_frees_the_table() -> None:
+    stop = {"type": "stop-snapshot", "data": {"data-collections": ["inv.orders"]}}
+    actions = plan(message(execute("inv.orders"), 1), message(stop, 2),
+                   message(execute("inv.orders"), 3))
+    assert isinstance(actions[0], Skipped) and "cancelled by signal" in actions[0].reason
+    assert isinstance(actions[1], ControlSnapshots) and actions[1].tables == ("inv.orders",)
+    assert isinstance(actions[2], StartSnapshot) and actions[2].signal.offset == 3
+    # A running snapshot: stopped, then started over by the next signal.
+    stopped, started = plan(message(stop, 4), message(execute("inv.orders"), 5),
+                            busy={"inv.orders": "run x"})
+    assert isinstance(stopped, ControlSnapshots) and isinstance(started, StartSnapshot)
+
+
+def test_control_signals_without_tables_mean_all_and_log_signals_are_logged() -> None:
+    pause, log = plan(message({"type": "pause-snapshot"}, 1),
+                      message({"type": "log", "data": {"message": "hello"}}, 2))
+    assert isinstance(pause, ControlSnapshots) and pause.every and pause.action == "pause"
+    assert isinstance(log, LogMessage) and log.signal.message == "hello"
+
+
+def test_the_cli_format_round_trips_through_the_parser() -> None:
+    value = signal_value("execute-snapshot", {"data-collections": ["inv.orders"]}, "my-id")
+    parsed = parse_signal(SignalMessage(4, SERVER.encode(), value), SERVER, TOPIC)
+    assert isinstance(parsed, Signal)
+    assert (parsed.id, parsed.type, parsed.data_collections) == (
+        "my-id", "execute-snapshot", ("inv.orders",))
+
+
+@settings(max_examples=300, deadline=None)
+@given(key=st.one_of(st.none(), st.binary(max_size=20), st.just(SERVER.encode())),
+       value=st.one_of(st.binary(max_size=300),
+                       st.recursive(st.one_of(st.none(), st.booleans(), st.integers(),
+                                              st.text(max_size=20)),
+                                    lambda inner: st.one_of(
+                                        st.lists(inner, max_size=4),
+                                        st.dictionaries(st.sampled_from(
+                                            ["type", "data", "id", "data-collections",
+                                             "additional-conditions", "filter",
+                                             "data-collection", "surrogate-key", "message"]),
+                                            inner, max_size=5)),
+                                    max_leaves=12).map(lambda v: json.dumps(v).encode())))
+def test_no_message_content_crashes_the_planner(key: bytes | None, value: bytes) -> None:
+    for action in plan(SignalMessage(9, key, value)):
+        assert isinstance(action, StartSnapshot | ControlSnapshots | LogMessage | Skipped)

@@ -1,0 +1,193 @@
+"""Snapshot assets on a real Dagster instance, real MariaDB, the real capture engine and Spark."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from cdc_platform.definitions import build_definitions
+from cdc_platform_tests.conftest import CdcEnv
+
+
+@contextmanager
+def streaming(env: CdcEnv) -> Iterator[None]:
+    """The capture engine running in a thread, as the stream_changes job runs it."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            env.engine().run(stop)
+        except BaseException as error:  # noqa: BLE001 - re-raised below
+            errors.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(60)
+    if errors:
+        raise errors[0]
+
+
+def _seed(env: CdcEnv) -> None:
+    env.execute("CREATE TABLE orders (id BIGINT UNSIGNED PRIMARY KEY, total DECIMAL(10,2))")
+    env.execute("CREATE TABLE notes (line VARCHAR(20))")
+    env.execute("SET SESSION sql_log_bin = 0",
+                "INSERT INTO orders SELECT seq, seq / 4 FROM seq_1_to_300")
+
+
+def _key(env: CdcEnv, table: str) -> dg.AssetKey:
+    return dg.AssetKey([env.server_name, "snapshot", env.db, table])
+
+
+def _materialise(env: CdcEnv, table: str, instance: dg.DagsterInstance,
+                 config: dict[str, Any]) -> dg.ExecuteInProcessResult:
+    defs = build_definitions(env.settings)
+    asset = defs.resolve_assets_def(_key(env, table))
+    return dg.materialize([asset], instance=instance, raise_on_error=False,
+                          run_config={"ops": {asset.op.name: {"config": config}}})
+
+
+def _failure(result: dg.ExecuteInProcessResult) -> str:
+    """The step's failure as the run shows it (a dg.Failure's description)."""
+    [failure] = result.get_step_failure_events()
+    data = failure.step_failure_data.user_failure_data
+    assert data is not None, failure.step_failure_data.error
+    return str(data.description)
+
+
+def test_snapshot_assets_exist_per_table_outside_the_batch_jobs(cdc_env: CdcEnv) -> None:
+    env = cdc_env
+    _seed(env)
+    defs = build_definitions(env.settings)
+    graph = defs.resolve_asset_graph()
+    keys = {k for k in graph.get_all_asset_keys() if k.path[1:2] == ["snapshot"]}
+    assert keys == {_key(env, "orders"), _key(env, "notes")}
+    for key in keys:
+        assert graph.get(key).group_name == f"{env.server_name}_snapshots"
+    for name in ("materialise_targets", "catch_up_and_reconcile"):
+        selected = defs.resolve_job_def(name).asset_layer.selected_asset_keys
+        assert not selected & keys, name
+
+
+def test_materialising_the_snapshot_asset_lands_the_table_with_metadata(cdc_env: CdcEnv,
+                                                                       spark: Any) -> None:
+    env = cdc_env
+    _seed(env)
+    with dg.instance_for_test() as instance, streaming(env):
+        result = _materialise(env, "orders", instance, {"chunk_size": 64,
+                                                        "progress_seconds": 0.2})
+        assert result.success
+        event = instance.get_latest_materialization_event(_key(env, "orders"))
+        metadata = {k: v.value for k, v in event.asset_materialization.metadata.items()}
+        logs = [e.message for e in instance.all_logs(result.run_id)]
+    assert {"rows", "chunks", "rejected_chunks", "reselected_chunks", "duration_seconds",
+            "rows_per_second", "start_gtid", "end_gtid", "status"} <= set(metadata)
+    assert (metadata["status"], metadata["rows"], metadata["chunks"]) == ("done", 300, 5)
+    assert metadata["rejected_chunks"] == 0 and metadata["rows_per_second"] > 0
+    assert metadata["start_gtid"] and metadata["end_gtid"]
+    assert any("acknowledged by the capture engine" in m for m in logs)
+    env.catch_up()
+    env.materialise(spark, "orders")
+    assert env.reconcile(spark, "orders").ok
+
+
+def test_table_without_a_key_is_skipped_with_its_status(cdc_env: CdcEnv) -> None:
+    env = cdc_env
+    _seed(env)
+    with dg.instance_for_test() as instance:
+        result = _materialise(env, "notes", instance, {})
+        assert result.success
+        event = instance.get_latest_materialization_event(_key(env, "notes"))
+        status = event.asset_materialization.metadata["status"].value
+    assert status == "skipped: no primary key and no surrogate key (set capture.surrogate_keys)"
+
+
+def test_unsafe_condition_fails_naming_the_table(cdc_env: CdcEnv) -> None:
+    env = cdc_env
+    _seed(env)
+    with dg.instance_for_test() as instance:
+        result = _materialise(env, "orders", instance,
+                              {"condition": "total > 0) OR (1=1; DELETE FROM orders"})
+        assert not result.success
+        message = _failure(result)
+    assert f"snapshot of {env.db}.orders on '{env.server_name}'" in message
+    assert "additional condition refused" in message
+    assert not (env.landing.root / "snapshots").exists()  # nothing was requested
+
+
+def test_without_the_engine_the_run_fails_saying_to_start_the_stream(cdc_env: CdcEnv) -> None:
+    env = cdc_env
+    _seed(env)
+    with dg.instance_for_test() as instance:
+        result = _materialise(env, "orders", instance, {"ack_timeout_seconds": 1})
+        assert not result.success
+        message = _failure(result)
+    assert f"no capture engine is streaming {env.server_name}: start the stream_changes job" \
+        in message
+
+
+def test_target_assets_are_downstream_of_their_snapshot(cdc_env: CdcEnv) -> None:
+    env = cdc_env
+    _seed(env)
+    graph = build_definitions(env.settings).resolve_asset_graph()
+    target = dg.AssetKey([env.server_name, env.db, "orders"])
+    assert _key(env, "orders") in graph.get(target).parent_keys
+
+
+def test_terminating_the_run_stops_the_session(cdc_env: CdcEnv, tmp_path: Path) -> None:
+    """SIGTERM is what run termination sends; the step turns it into a stop request."""
+    env = cdc_env
+    _seed(env)
+    env.execute("SET SESSION sql_log_bin = 0",
+                "INSERT INTO orders SELECT seq, 1 FROM seq_301_to_5000")
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    config = tmp_path / "run_config.yaml"
+    config.write_text(f"ops:\n  {'__'.join(_key(env, 'orders').path)}:\n    config:\n"
+                      "      chunk_size: 5\n")
+    process_env = dict(os.environ, CDC_PLATFORM_CONFIG=str(env.write_config()),
+                       DAGSTER_HOME=str(home))
+    with streaming(env):
+        run = subprocess.Popen(
+            [str(Path(sys.executable).with_name("dagster")), "asset", "materialize", "-m",
+             "cdc_platform.definitions", "--select", "/".join(_key(env, "orders").path),
+             "-c", str(config)],
+            env=process_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 120
+            while len(_session(env).get("committed", ())) < 3:
+                assert run.poll() is None, run.stderr.read().decode()[-3000:]
+                assert time.monotonic() < deadline, "the snapshot run made no progress"
+                time.sleep(0.1)
+            run.send_signal(signal.SIGTERM)
+            run.wait(90)
+        finally:
+            if run.poll() is None:
+                run.kill()
+        deadline = time.monotonic() + 30
+        while _session(env).get("state") != "stopped":
+            assert time.monotonic() < deadline, _session(env)
+            time.sleep(0.1)
+    assert run.returncode != 0  # the run ends as failed/canceled, not as a materialisation
+
+
+def _session(env: CdcEnv) -> dict[str, Any]:
+    checkpoint = env.landing.read_checkpoint()
+    if checkpoint is None:
+        return {}
+    return (checkpoint.extra.get("snapshots") or {}).get(f"{env.db}.orders") or {}
