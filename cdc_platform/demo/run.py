@@ -1,15 +1,19 @@
 """``make demo`` and ``make ui``: zero configuration, everything under ``.cdc/``.
 
-The demo starts a private MariaDB, creates and loads the ``inventory`` database, and then works
-exactly as a user would, through Dagster: the ``stream_changes`` job runs (``dagster job
-execute``) while a write workload runs, then ``materialise_targets`` folds the changes into the
-lake tables and reconciles each against the source, and ``build_dbt_models`` builds the dbt
-models on them. Runs land in ``.cdc/dagster_home``, so
-``make ui`` shows them afterwards.
+The demo starts a private MariaDB and a private Kafka-compatible broker (Tansu), creates and
+loads the ``inventory`` database, and then works exactly as a user would, through Dagster: the
+Dagster daemon runs the signal sensor; the ``stream_changes`` job runs (``dagster job execute``)
+while a write workload runs; an ``execute-snapshot`` signal for ``inventory.orders`` goes to the
+signal topic (``python -m cdc_platform signal``), and the sensor launches the table's snapshot
+run, which finishes while the workload still writes; then ``materialise_targets`` folds the
+changes into the lake tables and reconciles each against the source, and ``build_dbt_models``
+builds the dbt models on them. Runs land in ``.cdc/dagster_home``, so ``make ui`` shows them
+afterwards.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import shutil
 import signal
@@ -22,12 +26,14 @@ from typing import Any
 import yaml
 
 from cdc_platform.devservices._process import pdeathsig_preexec
+from cdc_platform.devservices.kafka import TansuBroker
 from cdc_platform.devservices.mariadb import MariaDBServer
 
 CDC_HOME = Path(os.environ.get("CDC_HOME", ".cdc")).absolute()
 DEMO_DIR = CDC_HOME / "demo"
 DAGSTER_HOME = CDC_HOME / "dagster_home"
 DEMO_PASSWORD = "cdc"
+DEMO_CONFIG_PATH = Path(__file__).parent / "demo.yaml"
 
 _DAGSTER_YAML = """\
 # Written by `make demo` / `make ui`. At most one streaming run per source server.
@@ -49,13 +55,18 @@ def _say(message: str) -> None:
     print(f"==> {message}", flush=True)
 
 
-def _environment(server: MariaDBServer) -> dict[str, str]:
+SNAPSHOT_TABLE = "inventory.orders"
+SNAPSHOT_RUN_TIMEOUT_SECONDS = 600.0
+
+
+def _environment(server: MariaDBServer, broker: TansuBroker) -> dict[str, str]:
     env = dict(os.environ)
     env.update({
         "CDC_HOME": str(CDC_HOME),
         "CDC_SOURCE_HOST": server.host,
         "CDC_SOURCE_PORT": str(server.port),
         "CDC_SOURCE_PASSWORD": DEMO_PASSWORD,
+        "CDC_KAFKA_BOOTSTRAP": broker.bootstrap_servers,
         "DAGSTER_HOME": str(DAGSTER_HOME),
         "PYSPARK_PYTHON": sys.executable,
     })
@@ -63,9 +74,40 @@ def _environment(server: MariaDBServer) -> dict[str, str]:
     return env
 
 
+def _broker() -> TansuBroker:
+    return TansuBroker(base_dir=DEMO_DIR / "kafka")
+
+
+def use_demo_broker() -> None:
+    """For commands on the embedded demo config (``python -m cdc_platform signal``): when
+    ``CDC_KAFKA_BOOTSTRAP`` is not set, use the broker ``make demo`` / ``make ui`` is running."""
+    if os.environ.get("CDC_KAFKA_BOOTSTRAP"):
+        return
+    broker = _broker()
+    if broker.attach():
+        os.environ["CDC_KAFKA_BOOTSTRAP"] = broker.bootstrap_servers
+
+
+def _background(env: dict[str, str], command: list[str], log_name: str
+                ) -> subprocess.Popen[bytes]:
+    """A child process logging to ``DEMO_DIR/log_name``; if the demo dies it gets SIGTERM
+    (a run checkpoints and exits instead of lingering)."""
+    log = open(DEMO_DIR / log_name, "ab")  # noqa: SIM115 - handed to the child
+    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            preexec_fn=pdeathsig_preexec(signal.SIGTERM))
+
+
 def _prepare_dagster_home() -> None:
+    """The demo's Dagster home, its storage created now: runs launched at the same moment
+    would otherwise race to create the same SQLite tables."""
+    import dagster as dg
+
     DAGSTER_HOME.mkdir(parents=True, exist_ok=True)
     (DAGSTER_HOME / "dagster.yaml").write_text(_DAGSTER_YAML)
+    with dg.DagsterInstance.from_config(str(DAGSTER_HOME)) as instance:
+        instance.get_runs(limit=1)
+        instance.get_latest_materialization_event(dg.AssetKey(["demo"]))
+        instance.all_instigator_state()
 
 
 def _dagster_job(env: dict[str, str], job: str, run_config: dict[str, Any] | None = None,
@@ -76,13 +118,86 @@ def _dagster_job(env: dict[str, str], job: str, run_config: dict[str, Any] | Non
         path = DEMO_DIR / f"{job}.run_config.yaml"
         path.write_text(yaml.safe_dump(run_config))
         command += ["-c", str(path)]
-    log = open(DEMO_DIR / f"{job}.log", "ab")  # noqa: SIM115 - handed to the child
-    # If the demo dies, the run gets SIGTERM: it checkpoints and exits instead of lingering.
-    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                               preexec_fn=pdeathsig_preexec(signal.SIGTERM))
+    process = _background(env, command, f"{job}.log")
     if background:
         return process
     return process.wait()
+
+
+def _dagster_daemon(env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """The Dagster daemon (sensors, run queue) on the repository's workspace.yaml, as in
+    production; it runs the signal sensor and launches the runs the sensor requests."""
+    workspace = Path(__file__).resolve().parents[2] / "workspace.yaml"
+    command = [str(Path(sys.executable).with_name("dagster-daemon")), "run", "-w",
+               str(workspace)]
+    return _background(env, command, "dagster-daemon.log")
+
+
+def _send_signal(env: dict[str, str], *args: str) -> bool:
+    """What an operator types: ``python -m cdc_platform signal ...``."""
+    command = [sys.executable, "-m", "cdc_platform", "signal", *args]
+    _say(f"$ python -m cdc_platform signal {' '.join(args)}")
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    for line in (done.stdout + done.stderr).strip().splitlines():
+        print(f"    {line}", flush=True)
+    return done.returncode == 0
+
+
+def _snapshot_run(instance: Any, sensor: str, table_id: str, since: dt.datetime) -> Any:
+    """The newest run the signal sensor launched for the table since ``since``, or None."""
+    import dagster as dg
+
+    from cdc_platform.defs.signals.sensors import SNAPSHOT_TABLE_TAG
+
+    runs = instance.get_runs(filters=dg.RunsFilter(
+        tags={"dagster/sensor_name": sensor, SNAPSHOT_TABLE_TAG: table_id},
+        created_after=since), limit=1)
+    return runs[0] if runs else None
+
+
+def _wait_for_snapshot_run(sensor: str, started: float, min_seconds: float,
+                           processes: dict[str, subprocess.Popen[bytes]]) -> Any:
+    """Wait until the sensor's snapshot run of the table has ended and ``min_seconds`` have
+    passed since ``started``; the finished run (None on timeout or if a process died)."""
+    import dagster as dg
+
+    instance = dg.DagsterInstance.from_config(str(DAGSTER_HOME))
+    since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=time.monotonic() - started)
+    run, announced = None, False
+    deadline = time.monotonic() + SNAPSHOT_RUN_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        for name, process in processes.items():
+            if process.poll() is not None:
+                _say(f"{name} exited early (code {process.returncode}): see "
+                     f"{DEMO_DIR / (name + '.log')}")
+                return None
+        run = _snapshot_run(instance, sensor, SNAPSHOT_TABLE, since)
+        if run is not None and not announced:
+            announced = True
+            _say(f"sensor {sensor} launched run {run.run_id} (snapshot of {SNAPSHOT_TABLE}, "
+                 f"signal {run.tags.get('cdc_platform/signal_id')})")
+        if run is not None and run.is_finished and time.monotonic() - started >= min_seconds:
+            return run
+        time.sleep(1.0)
+    _say(f"no finished snapshot run of {SNAPSHOT_TABLE} within "
+         f"{SNAPSHOT_RUN_TIMEOUT_SECONDS:.0f}s: see {DEMO_DIR / 'dagster-daemon.log'}")
+    return None if run is None or not run.is_finished else run
+
+
+def _snapshot_summary(run: Any) -> str:
+    """The snapshot run's materialisation metadata, in one line."""
+    import dagster as dg
+
+    instance = dg.DagsterInstance.from_config(str(DAGSTER_HOME))
+    key = dg.AssetKey(["demo", "snapshot", *SNAPSHOT_TABLE.split(".")])
+    event = instance.get_latest_materialization_event(key)
+    if event is None or event.asset_materialization is None or event.run_id != run.run_id:
+        return f"snapshot of {SNAPSHOT_TABLE}: run {run.run_id} recorded no materialisation"
+    meta = {k: getattr(v, "value", v) for k, v in event.asset_materialization.metadata.items()}
+    return (f"snapshot of {SNAPSHOT_TABLE} {meta.get('status')}: {meta.get('rows'):,} rows in "
+            f"{meta.get('chunks')} chunks ({meta.get('rejected_chunks')} rejected and read "
+            f"again) in {meta.get('duration_seconds')}s, {meta.get('rows_per_second'):,} rows/s, "
+            f"GTID {meta.get('start_gtid')} .. {meta.get('end_gtid')}")
 
 
 def run_demo(orders: int = 100_000, workload_seconds: float = 20.0) -> int:
@@ -94,11 +209,22 @@ def run_demo(orders: int = 100_000, workload_seconds: float = 20.0) -> int:
     _prepare_dagster_home()
     server = MariaDBServer(base_dir=DEMO_DIR / "mariadb", server_id=1,
                            cdc_password=DEMO_PASSWORD)
-    _say(f"starting a private MariaDB in {DEMO_DIR / 'mariadb'}")
+    broker = _broker()
+    _say(f"starting a private MariaDB in {DEMO_DIR / 'mariadb'} and a Kafka-compatible broker "
+         "(Tansu) for the signal topic")
     server.start()
-    stream: subprocess.Popen[bytes] | None = None
+    children: list[subprocess.Popen[bytes]] = []
+    workload: Workload | None = None
     try:
-        env = _environment(server)
+        broker.start()
+        env = _environment(server, broker)
+        from cdc_platform.config import parse_settings
+        from cdc_platform.defs.signals.sensors import sensor_name
+
+        settings = parse_settings(yaml.safe_load(DEMO_CONFIG_PATH.read_text()), "demo config")
+        sensor = sensor_name(settings)
+        _say("starting the Dagster daemon (runs the signal sensor and launches its runs)")
+        children.append(_dagster_daemon(env))
         started = time.monotonic()
         _say(f"creating the inventory database with {orders:,} orders")
         with server.root_connect() as conn:
@@ -107,16 +233,34 @@ def run_demo(orders: int = 100_000, workload_seconds: float = 20.0) -> int:
         _say(f"loaded in {time.monotonic() - started:.1f}s")
 
         workload = Workload(server.connection_settings(user="root"), rate=150.0)
-        _say(f"streaming (job stream_changes) while a write workload runs for "
-             f"{workload_seconds:.0f}s")
+        _say("streaming (job stream_changes) while a write workload runs")
         launched = _dagster_job(env, "stream_changes", {"ops": {"capture_changes": {"config": {
             "stop_when_caught_up": True, "caught_up_idle_seconds": 4.0,
             "progress_seconds": 5.0}}}}, background=True)
         assert isinstance(launched, subprocess.Popen)
         stream = launched
-        workload.run_for(workload_seconds)
-        _say(f"workload done: {workload.stats.transactions} transactions committed, "
-             f"{workload.stats.rolled_back} rolled back; waiting for the stream to catch up")
+        children.append(stream)
+        workload.start(seconds=24 * 3600)  # until the snapshot has finished, stopped below
+        workload_started = time.monotonic()
+        _say(f"asking for a snapshot of {SNAPSHOT_TABLE} through the signal topic "
+             f"{settings.signals.topic!r}; the sensor {sensor} launches its run")
+        if not _send_signal(env, "execute-snapshot", SNAPSHOT_TABLE):
+            _say("the signal could not be sent")
+            return 1
+        run = _wait_for_snapshot_run(sensor, workload_started, workload_seconds,
+                                     {"dagster-daemon": children[0], "stream_changes": stream})
+        stats = workload.stop()
+        workload = None
+        _say(f"workload done: {stats.transactions} transactions committed, "
+             f"{stats.rolled_back} rolled back (it wrote all through the snapshot); waiting for "
+             "the stream to catch up")
+        if run is None:
+            return 1
+        if run.status.value != "SUCCESS":
+            _say(f"the snapshot run {run.run_id} ended {run.status.value}: see it in the UI "
+                 f"(make ui) or {DEMO_DIR / 'dagster-daemon.log'}")
+            return 1
+        _say(_snapshot_summary(run))
         if stream.wait() != 0:
             _say(f"stream_changes failed: see {DEMO_DIR / 'stream_changes.log'}")
             return 1
@@ -130,13 +274,21 @@ def run_demo(orders: int = 100_000, workload_seconds: float = 20.0) -> int:
         _say("all tables reconcile: zero differences" if ok else
              f"differences found or a run failed: see {DEMO_DIR}/*.log")
         print()
-        print("See the runs, materialisations and reconcile checks in the Dagster UI:")
+        print("See the runs (the snapshot run launched by the signal sensor among them), "
+              "materialisations and reconcile checks in the Dagster UI:")
         print("    make ui        # then open http://127.0.0.1:3000")
         return 0 if ok else 1
     finally:
-        if stream is not None and stream.poll() is None:
-            stream.terminate()  # Ctrl-C: the streaming run checkpoints and stops
-            stream.wait(timeout=90)
+        if workload is not None:
+            workload.stop()
+        for child in reversed(children):  # the stream first: it checkpoints and stops
+            if child.poll() is None:
+                child.terminate()
+                try:
+                    child.wait(timeout=90)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+        broker.stop()
         server.stop()
 
 
@@ -173,7 +325,8 @@ def _print_summary(server: MariaDBServer, env: dict[str, str]) -> bool:
             lag_text = f"{lag:.1f}s" if lag is not None else "-"
             print(f"{'inventory.' + table:<24}{source_rows:>12,}{target_rows:>12,}"
                   f"{differences!s:>12}{count:>10,}{lag_text:>8}")
-    print(f"\nevents: change records landed; lag: from the newest change's commit on the source "
+    print(f"\nevents: records landed (row changes, and the snapshot's chunk rows and range "
+          "assertions); lag: from the newest change's commit on the source "
           f"to its landing (1 s clock resolution)\nstreamed up to GTID "
           f"{checkpoint.gtid if checkpoint else '-'}; inventory.audit_log is excluded by the demo "
           "config, and inventory.customers.password_hash never leaves the engine")
@@ -215,14 +368,20 @@ def run_ui(port: int = 3000) -> int:
     server = MariaDBServer(base_dir=DEMO_DIR / "mariadb", server_id=1,
                            cdc_password=DEMO_PASSWORD)
     server.start()
+    broker = _broker()
     try:
-        env = _environment(server)
-        _say(f"MariaDB on {server.host}:{server.port}; Dagster UI on http://127.0.0.1:{port} "
-             "(Ctrl-C stops both)")
+        broker.start()
+        env = _environment(server, broker)
+        _say(f"MariaDB on {server.host}:{server.port}, Kafka (Tansu) on "
+             f"{broker.bootstrap_servers}; Dagster UI on http://127.0.0.1:{port} (Ctrl-C stops "
+             "all three)")
+        _say("with the stream_changes job running, snapshot a table from another shell: "
+             ".venv/bin/python -m cdc_platform signal execute-snapshot inventory.customers")
         command = [str(Path(sys.executable).with_name("dagster")), "dev", "-w",
                    "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)]
         return subprocess.call(command, env=env)
     except KeyboardInterrupt:
         return 0
     finally:
+        broker.stop()
         server.stop()
