@@ -6,6 +6,7 @@ the previous tick returned); test_signal_runs.py runs the real daemon end to end
 
 from __future__ import annotations
 
+import fcntl
 import json
 from pathlib import Path
 from typing import Any
@@ -171,12 +172,13 @@ def test_stop_pause_and_resume_act_once_on_the_tables_session(
     sensor.tick()
     topic_id = SignalCursor.from_json(sensor.cursor).topic_id
     assert topic_id is not None
-    # A session opened by the signal at offset 0, as its reader writes it.
+    # A session opened by the signal at offset 0, as its live reader writes it.
     opened = send(env, execute(env, "orders"))
     sensor.tick()
     write_request(env.landing, env.db, "orders", SnapshotRequest(
         "run-1", "open", ("id",), None, 4096,
         signal=SignalRef(f"x@{opened}", topic_id, opened)))
+    reader = live_reader(env, "orders")
     pause_offset = send(env, {"type": "pause-snapshot"})
     sensor.tick()
     request = read_request(env.landing, env.db, "orders")
@@ -198,6 +200,20 @@ def test_stop_pause_and_resume_act_once_on_the_tables_session(
     sensor.tick(cursor=SignalCursor(topic_id, pause_offset).to_json())
     request = read_request(env.landing, env.db, "orders")
     assert (request.session_id, request.action) == ("run-2", "open"), (resume, request)
+    # Its reader ends; the request stays behind. A pause now has nothing to pause.
+    reader.close()
+    send(env, {"type": "pause-snapshot", "data": {"data-collections": [f"{env.db}.orders"]}})
+    sensor.tick()
+    assert read_request(env.landing, env.db, "orders").action == "open"
+
+
+def live_reader(env: CdcEnv, table: str) -> Any:
+    """Hold the table's reader.lock as a running reader does (release: close())."""
+    path = env.landing.root / "snapshots" / env.db / table / "reader.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(path, "a+")  # noqa: SIM115 - closed by the test
+    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return handle
 
 
 def test_a_stop_with_no_session_keeps_runs_of_earlier_signals_from_starting(

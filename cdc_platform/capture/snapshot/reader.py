@@ -284,6 +284,19 @@ def request_action(landing: LandingZone, database: str, table: str, action: str,
     return request
 
 
+def session_live(landing: LandingZone, database: str, table: str,
+                 request: SnapshotRequest | None) -> bool:
+    """Whether ``request`` (the table's request.json) is a session still running: the engine
+    reports it open or paused, or has not seen it yet while its reader is alive. A finished
+    session's request stays behind with its last action."""
+    if request is None or request.session_id == NO_SESSION or request.action == "stop":
+        return False
+    state = read_session_state(landing.read_checkpoint(), f"{database}.{table}")
+    if state is not None and state.get("session_id") == request.session_id:
+        return state.get("state") in ("open", "paused")
+    return reader_alive(landing, database, table)
+
+
 def signal_action(landing: LandingZone, database: str, table: str, action: str,
                   signal: SignalRef) -> str:
     """Apply a stop/pause/resume signal to the table's session, once; what happened, for the
@@ -306,8 +319,7 @@ def signal_action(landing: LandingZone, database: str, table: str, action: str,
         if current.signal.topic_id == signal.topic_id:
             return (f"{table_id}: session {current.session_id} follows a newer signal "
                     f"({current.signal.id}); left alone")
-    live = current is not None and current.session_id != NO_SESSION and \
-        current.action != "stop"
+    live = session_live(landing, database, table, current)
     if action != "stop" and not live:
         return f"{table_id}: no running snapshot session to {action}"
     if current is None or not live:
@@ -891,8 +903,10 @@ class _Run:
         if signal is None:
             return None
         current = read_request(self.r.landing, self.r.schema.database, self.r.schema.table)
+        # A newer stop, or a newer snapshot of the table; a pause or resume a newer signal
+        # applied to an earlier session says nothing about this run.
         if current is not None and current.signal is not None and \
-                current.signal.newer_than(signal):
+                current.signal.newer_than(signal) and current.action in ("stop", "open"):
             return current
         return None
 
@@ -925,6 +939,10 @@ class _Run:
         r = self.r
         paused = self.state == "paused"
         if restart:
+            current = read_request(r.landing, r.schema.database, r.schema.table)
+            if current is not None and (current.session_id == NO_SESSION or (
+                    current.session_id == r.session_id and current.action == "stop")):
+                return self.stopped("a stop request while the session restarted")
             self.restarts += 1
             r.session_id = f"{self.base_session_id}-r{self.restarts}"
             self.todo.clear()

@@ -26,11 +26,11 @@ from cdc_platform.capture.signals.plan import (
     plan_signals,
 )
 from cdc_platform.capture.snapshot.reader import (
-    NO_SESSION,
     SignalRef,
     read_request,
     read_session_state,
     reader_alive,
+    session_live,
     signal_action,
 )
 from cdc_platform.config import Settings
@@ -94,8 +94,8 @@ def _control(context: dg.SensorEvaluationContext, landing: LandingZone,
     ref = SignalRef(signal.id, topic_id, signal.offset)
     tables = action.tables
     if action.every:  # all snapshots: runs in progress, sessions the engine or readers hold
-        checkpoint = landing.read_checkpoint()
-        tables = tuple(t for t in tables if t in busy or _live_session(landing, checkpoint, t))
+        tables = tuple(t for t in tables if t in busy or session_live(
+            landing, *t.split(".", 1), read_request(landing, *t.split(".", 1))))
     if not tables:
         context.log.info(f"{signal.describe()}: no snapshot to {action.action}")
     for table_id in tables:
@@ -104,15 +104,6 @@ def _control(context: dg.SensorEvaluationContext, landing: LandingZone,
         context.log.info(f"{signal.describe()}: {outcome}")
     if action.action == "stop":
         _cancel_queued(context, tables, ref)
-
-
-def _live_session(landing: LandingZone, checkpoint: Any, table_id: str) -> bool:
-    state = read_session_state(checkpoint, table_id)
-    if state is not None and state.get("state") in ("open", "paused"):
-        return True
-    request = read_request(landing, *table_id.split(".", 1))
-    return request is not None and request.session_id != NO_SESSION and \
-        request.action != "stop"
 
 
 def _cancel_queued(context: dg.SensorEvaluationContext, tables: tuple[str, ...],
