@@ -266,23 +266,35 @@ def _cursor_at_least(instance: dg.DagsterInstance, running: Daemon, offset: int
     return cursor
 
 
-def test_stop_signal_ends_a_waiting_snapshot_run(signal_env: CdcEnv, tmp_path: Path) -> None:
+def test_stop_signal_stops_an_open_snapshot_session_and_its_run(
+        signal_env: CdcEnv, tmp_path: Path) -> None:
     env = signal_env
-    _orders(env, 10)
+    _orders(env, 500)
     table_id = f"{env.db}.orders"
-    with daemon(env, tmp_path) as running, running.instance() as instance:
-        cli_signal(env, "execute-snapshot", table_id)
-        [run] = wait_for("the snapshot run", lambda: snapshot_runs(instance, table_id),
-                         daemon_=running)
-        wait_for("the run to request its session", lambda: (
-            env.landing.root / "snapshots" / env.db / "orders" / "request.json").exists(),
-            daemon_=running)
-        cli_signal(env, "stop-snapshot", table_id)
-        wait_for("the run to end", lambda: instance.get_run_by_id(run.run_id).is_finished,
-                 daemon_=running)
-        assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.SUCCESS
-        event = instance.get_latest_materialization_event(
-            dg.AssetKey([env.server_name, "snapshot", env.db, "orders"]))
-        assert event.asset_materialization.metadata["status"].value == "stopped"
-    kinds = [n["type"] for n in notifications(env)]
-    assert kinds[-1] == "ABORTED"
+    engine = EngineThread(env)
+    request_json = env.landing.root / "snapshots" / env.db / "orders" / "request.json"
+    try:
+        with daemon(env, tmp_path) as running, running.instance() as instance:
+            cli_signal(env, "execute-snapshot", table_id, "--id", "to-stop")
+            [run] = wait_for("the snapshot run", lambda: snapshot_runs(instance, table_id),
+                             daemon_=running)
+            wait_for("the run to request its session", request_json.exists, daemon_=running)
+            cli_signal(env, "pause-snapshot", table_id)  # holds it open mid-snapshot
+            wait_for("the pause", lambda: json.loads(request_json.read_text())["action"]
+                     == "pause", daemon_=running)
+            engine.start()
+            wait_for("the engine's paused session",
+                     lambda: engine_session(env, "orders").get("state") == "paused")
+            cli_signal(env, "stop-snapshot", table_id)
+            wait_for("the run to end", lambda: instance.get_run_by_id(run.run_id).is_finished,
+                     daemon_=running)
+            assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.SUCCESS
+            event = instance.get_latest_materialization_event(
+                dg.AssetKey([env.server_name, "snapshot", env.db, "orders"]))
+            assert event.asset_materialization.metadata["status"].value == "stopped"
+            wait_for("the engine to stop the session",
+                     lambda: engine_session(env, "orders").get("state") == "stopped")
+    finally:
+        engine.stop()
+    kinds = [n["type"] for n in notifications(env) if n["id"] == "to-stop"]
+    assert kinds == ["STARTED", "PAUSED", "ABORTED"], kinds
