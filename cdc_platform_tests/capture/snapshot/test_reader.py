@@ -143,7 +143,8 @@ def test_request_json_has_the_contract_fields_and_actions_rewrite_it(tmp_path: P
     assert path == landing.root / "snapshots" / "shop" / "orders" / "request.json"
     data = json.loads(path.read_bytes())
     assert set(data) == {"session_id", "action", "chunk_key", "condition", "chunk_size",
-                         "requested_at"}
+                         "requested_at", "signal"}
+    assert data["signal"] is None  # (set when a signal asked: docs/signals.md)
     assert (data["action"], data["chunk_key"], data["chunk_size"]) == ("open", ["id"], 4096)
     assert data["requested_at"].endswith("Z")
     for action, helper in (("pause", pause), ("resume", resume), ("stop", stop)):
