@@ -27,6 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from bench._engine import run_engine
 from cdc_platform.capture.engine import CaptureEngine, EngineOptions
 from cdc_platform.capture.landing import Checkpoint, LandingZone
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
@@ -287,34 +288,40 @@ def _bare_keyset_loop(server: MariaDBServer, chunk_size: int) -> tuple[int, floa
     return rows, time.perf_counter() - started
 
 
-class _EngineThread:
-    """The capture engine in a thread, as the stream_changes job runs it; stopped on exit."""
+class _EngineProcess:
+    """The capture engine in a process of its own, as the stream_changes run is in production
+    (the snapshot run is another process); stopped on exit."""
 
     def __init__(self, server: MariaDBServer, landing: LandingZone, server_id: int) -> None:
+        import multiprocessing
+
         options = EngineOptions(
             server_name=landing.server_name, flavour="mariadb", server_id=server_id,
             connection_settings=server.connection_settings(),
             selector=TableSelector(include=(rf"{SNAPSHOT_DB}\..*",)))
-        self.engine = CaptureEngine(options, landing)
-        self.stop = threading.Event()
-        self.errors: list[BaseException] = []
-        self.thread = threading.Thread(target=self._run, name="bench-engine", daemon=True)
+        context = multiprocessing.get_context("spawn")
+        self.landing = landing
+        self.stop = context.Event()
+        self.process = context.Process(
+            target=run_engine, args=(options, str(landing.root.parent), landing.server_name,
+                                      self.stop), name="bench-engine", daemon=True)
 
-    def _run(self) -> None:
-        try:
-            self.engine.run(self.stop)
-        except BaseException as error:  # noqa: BLE001 - re-raised by __exit__
-            self.errors.append(error)
-
-    def __enter__(self) -> CaptureEngine:
-        self.thread.start()
-        return self.engine
+    def __enter__(self) -> None:
+        self.process.start()
+        # Streaming before the snapshot starts, as a long-running engine is: its first
+        # checkpoint says so.
+        deadline = time.monotonic() + 120
+        while self.landing.read_checkpoint() is None:
+            if not self.process.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the capture engine process did not start streaming")
+            time.sleep(0.1)
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
-        self.thread.join(60)
-        if self.errors and exc[0] is None:
-            raise self.errors[0]
+        self.process.join(60)
+        if self.process.exitcode not in (0, None) and exc[0] is None:
+            raise RuntimeError(f"the capture engine process failed (exit code "
+                               f"{self.process.exitcode})")
 
 
 class _WriteLoad:
@@ -389,7 +396,7 @@ def _snapshot_once(server: MariaDBServer, landing_dir: Path, server_id: int,
         schema = selector.shape(source_sql.read_table_schema(conn, SNAPSHOT_DB, SNAPSHOT_TABLE))
     reader = SnapshotReader(landing, settings, "mariadb", schema, selector=selector)
     load = _WriteLoad(server, _max_id(server), load_rate) if load_rate else None
-    with _EngineThread(server, landing, server_id):
+    with _EngineProcess(server, landing, server_id):
         if load is None:
             return reader.run(), None
         with load:

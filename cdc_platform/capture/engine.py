@@ -57,9 +57,15 @@ from cdc_platform.capture.values import Converter, converter_for
 if TYPE_CHECKING:
     from cdc_platform.config import Settings
 
-# While snapshot sessions are open, pending chunks are decided at least this often (and the
-# source's heartbeat period is at most this, so an idle source does not slow them down).
-SNAPSHOT_POLL_SECONDS = 0.2
+# While snapshot sessions are open, pending chunks are decided this often. Decisions are taken
+# between binlog events, so the source's heartbeat period is at most HEARTBEAT_MAX_SECONDS: on
+# an idle source a chunk waits at most about that long (measured: with a 0.2 s heartbeat and
+# poll, polls fell 0.4 s apart and the reader waited for the engine half of the time).
+SNAPSHOT_POLL_SECONDS = 0.05
+HEARTBEAT_MAX_SECONDS = 0.1
+# Without open sessions, new snapshot requests are looked for this often (a reader waits for
+# the engine's acknowledgement before it reads anything).
+SNAPSHOT_REQUEST_POLL_SECONDS = 0.25
 _TABLE_NAME = r"((?:`[^`]+`|\w+)(?:\.(?:`[^`]+`|\w+))?)"
 _DDL = re.compile(
     r"^\s*(?:/\*.*?\*/\s*)*(?:(ALTER|CREATE|DROP|RENAME)\s+(?:(?:ONLINE|IGNORE|TEMPORARY|OR\s+REPLACE)\s+)*"
@@ -188,6 +194,8 @@ class _Chunk:
     rows: list[tuple[Any, ...]] = field(default_factory=list)
     # Snapshot assertion/sweep records carry extra typed columns (docs/landing-zone.md).
     extra: dict[str, list[Any]] | None = None
+    # Snapshot chunk rows arrive as Arrow data (the chunk's Parquet) and stay Arrow data.
+    user_table: pa.Table | None = None
 
 
 @dataclass
@@ -366,7 +374,7 @@ class CaptureEngine:
                 # idle source how long a snapshot chunk waits for its commit, so they come at
                 # least once per flush interval and snapshot poll.
                 heartbeat = min(opts.heartbeat_seconds, opts.flush_interval_seconds,
-                                SNAPSHOT_POLL_SECONDS)
+                                HEARTBEAT_MAX_SECONDS)
                 stream = BinlogStream(opts.connection_settings, opts.server_id, opts.flavour,
                                       str(self._processed), heartbeat)
                 self._transition(EngineState.STREAMING,
@@ -379,9 +387,10 @@ class CaptureEngine:
                         self.flush()
                         if on_progress:
                             on_progress(self.stats)
-                    elif self._snapshots.active and (
-                            now - self._last_snapshot_poll >= SNAPSHOT_POLL_SECONDS):
-                        self._poll_snapshots()
+                    elif now - self._last_snapshot_poll >= (
+                            SNAPSHOT_POLL_SECONDS if self._snapshots.active
+                            else SNAPSHOT_REQUEST_POLL_SECONDS):
+                        self._poll_snapshots()  # (without sessions: new requests only)
                     if stop.is_set():
                         return
                     if stop_when_caught_up and self._txn is None and (
@@ -680,12 +689,16 @@ class CaptureEngine:
             return
         written = []
         for table_id, chunks in self._chunks.items():
-            for chunk in chunks:
-                table = self._arrow_table(chunk)
+            for run in _same_schema_runs(chunks):
+                # One segment per run: snapshot commits add a chunk's rows and its assertion
+                # as separate pieces, and a flush may commit several chunks.
+                tables = [self._arrow_table(chunk) for chunk in run]
+                table = tables[0] if len(tables) == 1 else pa.concat_tables(
+                    tables, promote_options="default")
                 written.append(self.landing.write_segment(
-                    chunk.schema, table, chunk.positions[0], chunk.positions[-1]))
+                    run[0].schema, table, run[0].positions[0], run[-1].positions[-1]))
                 self.stats.records_by_table[table_id] = (
-                    self.stats.records_by_table.get(table_id, 0) + len(chunk.positions))
+                    self.stats.records_by_table.get(table_id, 0) + table.num_rows)
         if written:
             self.landing.sync_dirs(written)
         if self._schemas_dirty:
@@ -709,25 +722,27 @@ class CaptureEngine:
         self.stats.position = position_text
         self.stats.next_pos = self._next_pos
 
-    def _emit_snapshot(self, schema: TableSchema, op: str, rows: list[tuple[Any, ...]],
+    def _emit_snapshot(self, schema: TableSchema, op: str,
+                       rows: list[tuple[Any, ...]] | pa.Table,
                        extra: dict[str, list[Any]] | None) -> int:
         """Land snapshot records (chunk rows ``r``, assertion ``a``, sweep ``s``) at the
-        engine's current point; returns the first position they take."""
+        engine's current point; returns the first position they take. Chunk rows come as an
+        Arrow table of the user columns and are landed as such (no per-row Python)."""
         first = self._next_pos
-        if not rows:
+        count = rows.num_rows if isinstance(rows, pa.Table) else len(rows)
+        if not count:
             return first
-        chunk = _Chunk(schema, extra=extra)
         now_ms = int(time.time() * 1000)
-        for row in rows:
-            chunk.positions.append(self._next_pos)
-            chunk.gtids.append("")
-            chunk.ops.append(op)
-            chunk.timestamps.append(now_ms)
-            chunk.rows.append(row)
-            self._next_pos += 1
+        chunk = _Chunk(schema, positions=list(range(first, first + count)), gtids=[""] * count,
+                       ops=[op] * count, timestamps=[now_ms] * count, extra=extra)
+        if isinstance(rows, pa.Table):
+            chunk.user_table = rows
+        else:
+            chunk.rows = list(rows)
+        self._next_pos += count
         self._chunks.setdefault(schema.table_id, []).append(chunk)
-        self._buffered_rows += len(rows)
-        self.stats.records += len(rows)
+        self._buffered_rows += count
+        self.stats.records += count
         return first
 
     def _arrow_table(self, chunk: _Chunk) -> pa.Table:
@@ -742,14 +757,30 @@ class CaptureEngine:
             pa.array(chunk.timestamps, pa.int64()),
         ]
         try:
-            arrays += landing_arrays(schema, chunk.rows)
-        except ColumnValueError as error:
+            if chunk.user_table is not None:
+                arrays += [chunk.user_table.column(column.name).cast(column.arrow_type())
+                           for column in schema.columns]
+            else:
+                arrays += landing_arrays(schema, chunk.rows)
+        except (ColumnValueError, pa.ArrowInvalid, KeyError) as error:
             raise EngineError(
                 f"table {schema.table_id}, between positions {chunk.positions[0]} and "
                 f"{chunk.positions[-1]}: {error}") from error
         for name, values in (chunk.extra or {}).items():
             arrays.append(pa.array(values, arrow_schema.field(name).type))
         return pa.Table.from_arrays(arrays, schema=arrow_schema)
+
+
+def _same_schema_runs(chunks: list[_Chunk]) -> list[list[_Chunk]]:
+    """Consecutive chunks of one table grouped while the schema stays the same (a segment
+    has one column list; records keep their order)."""
+    runs: list[list[_Chunk]] = []
+    for chunk in chunks:
+        if runs and runs[-1][-1].schema == chunk.schema:
+            runs[-1].append(chunk)
+        else:
+            runs.append([chunk])
+    return runs
 
 
 def _with_extra_fields(arrow_schema: pa.Schema, schema: TableSchema,

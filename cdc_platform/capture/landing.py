@@ -12,6 +12,7 @@ import fcntl
 import json
 import os
 import re
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,16 +50,24 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write ``data`` so that ``path`` either does not exist or holds all of it, durably."""
+def write_atomically(path: Path, data: bytes, *, durable: bool = True,
+                     sync_dir: bool = True) -> None:
+    """Write ``data`` so that ``path`` either does not exist or holds all of it, durably.
+
+    ``durable=False`` skips the fsyncs (atomic for readers, but a machine crash may lose it:
+    for files that can be rebuilt). ``sync_dir=False`` leaves the directory's fsync to a later
+    write into the same directory (its rename makes this one durable too).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     with open(tmp, "wb") as handle:
         handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
+        if durable:
+            handle.flush()
+            os.fsync(handle.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    if durable and sync_dir:
+        _fsync_dir(path.parent)
 
 
 @dataclass

@@ -10,6 +10,7 @@ canonical value (see ``capture.values``).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -184,10 +185,13 @@ class ColumnValueError(ValueError):
         self.column = column
 
 
-def landing_arrays(schema: TableSchema, rows: list[Any] | tuple[Any, ...]) -> list[pa.Array]:
-    """The user columns of ``rows`` (tuples in schema column order) as Arrow arrays of their
-    landing types; ColumnValueError names the column a value does not fit."""
-    columns = list(zip(*rows, strict=True)) if rows else [() for _ in schema.columns]
+def landing_arrays(schema: TableSchema, rows: list[Any] | tuple[Any, ...],
+                   columns: Sequence[Sequence[Any]] | None = None) -> list[pa.Array]:
+    """The user columns of ``rows`` (tuples in schema column order; or ``columns``, the same
+    values column-wise) as Arrow arrays of their landing types; ColumnValueError names the
+    column a value does not fit."""
+    if columns is None:
+        columns = list(zip(*rows, strict=True)) if rows else [() for _ in schema.columns]
     arrays = []
     for index, column in enumerate(schema.columns):
         try:

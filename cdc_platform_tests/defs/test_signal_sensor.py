@@ -59,7 +59,7 @@ class Sensor:
     def __init__(self, env: CdcEnv, instance: dg.DagsterInstance) -> None:
         self.env, self.instance = env, instance
         self.defs = build_definitions(env.settings)
-        self.sensor = self.defs.get_sensor_def(sensor_name(env.settings))
+        self.sensor = self.defs.resolve_sensor_def(sensor_name(env.settings))
         self.cursor: str | None = None
 
     def tick(self, cursor: str | None = "keep") -> Any:

@@ -15,6 +15,7 @@ always parameters; identifiers are always quoted.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Collection, Sequence
@@ -263,7 +264,7 @@ class ChunkedTable:
     def table_id(self) -> str:
         return self.schema.table_id
 
-    @property
+    @functools.cached_property
     def key_indexes(self) -> tuple[int, ...]:
         names = self.schema.column_names
         return tuple(names.index(name) for name in self.key.columns)
@@ -349,6 +350,8 @@ class Chunk:
     schema_fingerprint: str
     resume_key: Key | None
     complete: bool  # no chunk follows: the range reached the snapshot's maximum key
+    # The same rows column-wise, when the reader has them so (it builds Arrow data from them).
+    columns: tuple[Sequence[Any], ...] | None = field(default=None, compare=False, repr=False)
 
     @property
     def table_id(self) -> str:
@@ -398,8 +401,12 @@ def read_chunk(
         return list(cur.fetchall())
 
     raw_rows, marks = read_with_watermarks(conn, flavour, select)
-    key_indexes = table.key_indexes
-    raw_keys = [tuple(row[i] for i in key_indexes) for row in raw_rows]
+    # Column-wise from here: one C-level transpose, one converter pass per column, Arrow
+    # arrays built from columns (per-row Python is what a chunk's cost is made of).
+    raw_columns = list(zip(*raw_rows, strict=True)) if raw_rows else \
+        [() for _ in table.schema.columns]
+    key_columns = [raw_columns[i] for i in table.key_indexes]
+    raw_keys = list(zip(*key_columns, strict=True))
     for previous, current in zip(raw_keys, raw_keys[1:], strict=False):
         if previous == current:
             raise ChunkKeyError(
@@ -407,8 +414,10 @@ def read_chunk(
                 f"appears twice: the {table.key.origin} does not identify rows; pick a unique "
                 "surrogate-key"
             )
-    converters = _landing_converters(table.schema)
-    rows = tuple(_to_landing(row, converters) for row in raw_rows)
+    columns = [values if convert is None else [convert(v) for v in values]
+               for convert, values in zip(_landing_converters(table.schema), raw_columns,
+                                          strict=True)]
+    rows = tuple(zip(*columns, strict=True))
     full = len(raw_rows) == chunk_size
     resume_key = raw_keys[-1] if raw_keys else None
     range_high = landing_key(table, resume_key) if full else landing_key(table, max_key)
@@ -423,6 +432,7 @@ def read_chunk(
         schema_fingerprint=schema_fingerprint(table.schema),
         resume_key=resume_key,
         complete=complete,
+        columns=tuple(columns),
     )
 
 

@@ -168,12 +168,16 @@ def decide_chunk_commit(
                     keep_from_pos = touch.position
     rows: list[tuple] = []
     dropped: set[Key] = set()
-    for row in chunk.rows:
-        key = chunk.key_of(row)
-        if key in touched_outside:
-            dropped.add(key)
-        else:
-            rows.append(tuple(row))
+    if touched_outside:
+        indexes = chunk.table.key_indexes
+        for row in chunk.rows:
+            key = tuple(row[i] for i in indexes)
+            if key in touched_outside:
+                dropped.add(key)
+            else:
+                rows.append(tuple(row))
+    else:
+        rows = [tuple(row) for row in chunk.rows]
     assertion = None
     if chunk.table.range_assertions_allowed:
         assertion = RangeAssertion(chunk.table_id, chunk.range_low, chunk.range_high,

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cdc_platform.capture.gtid import Gtid, GtidSet, parse_position
@@ -37,7 +38,9 @@ from cdc_platform.capture.snapshot.commit_rule import (
 
 Key = tuple[Any, ...]
 # Emits records into the changelog: (table schema, op, rows, extra columns) -> first position.
-Emit = Callable[[TableSchema, str, list[tuple[Any, ...]], dict[str, list[Any]] | None], int]
+# Rows are tuples in schema column order, or (chunk rows) an Arrow table of the user columns.
+Emit = Callable[[TableSchema, str, "list[tuple[Any, ...]] | pa.Table",
+                 dict[str, list[Any]] | None], int]
 
 
 def _now() -> str:
@@ -240,17 +243,24 @@ class SnapshotCoordinator:
         schema = schemas.get(session.table_id)
         if schema is None:
             return False
+        key_names = list(session.chunk_key)
+        # The commit rule needs only the chunk's keys: it is decided on a key-only view of the
+        # chunk, and the rows go from the chunk's Parquet to the changelog as Arrow data.
+        keys_only = ChunkedTable(
+            TableSchema(schema.database, schema.table,
+                        tuple(schema.column(c) for c in key_names), tuple(key_names)),
+            ChunkKey(tuple(key_names), (False,) * len(key_names),
+                     "primary key" if schema.primary_key else "surrogate key"),
+            session.condition)
+        kinds = [schema.column(c).kind for c in key_names]
         for seq, manifest_path in self._pending(session):
             manifest = json.loads(manifest_path.read_bytes())
-            chunked = ChunkedTable(
-                schema, ChunkKey(tuple(session.chunk_key), (False,) * len(session.chunk_key),
-                                 "primary key" if schema.primary_key else "surrogate key"),
-                session.condition)
-            kinds = [schema.column(c).kind for c in session.chunk_key]
-            rows = [tuple(_landing_value(v) for v in r.values()) for r in
-                    pq.read_table(manifest_path.with_suffix(".parquet")).to_pylist()]
+            rows = pq.ParquetFile(manifest_path.with_suffix(".parquet")).read()
+            keys = list(zip(*(
+                [_landing_value(v) for v in rows.column(name).to_pylist()]
+                for name in key_names), strict=True)) if rows.num_rows else []
             chunk = Chunk(
-                table=chunked, rows=tuple(rows),
+                table=keys_only, rows=tuple(keys),
                 range_low=decode_key(manifest.get("range_low"), kinds),
                 range_high=decode_key(manifest.get("range_high"), kinds),
                 low_watermark=parse_position(self.flavour, manifest["low_watermark"]),
@@ -270,19 +280,21 @@ class SnapshotCoordinator:
                 continue
             if not isinstance(decision, Commit):
                 break  # Wait: later chunks wait too, so commits stay in reading order
-            self._commit(session, schema, seq, chunk, decision, emit)
+            if decision.dropped_keys:
+                rows = rows.filter(pa.array([k not in decision.dropped_keys for k in keys]))
+            self._commit(session, schema, seq, chunk, rows, decision, emit)
             changed = True
             if session.state == "done":
                 break
         return changed
 
     def _commit(self, session: SnapshotSession, schema: TableSchema, seq: int, chunk: Chunk,
-                decision: Commit, emit: Emit) -> None:
-        first_pos = emit(schema, "r", list(decision.rows_to_emit), None)
+                rows: pa.Table, decision: Commit, emit: Emit) -> None:
+        first_pos = emit(schema, "r", rows, None)
         if decision.assertion is not None:
             self._emit_assertion(schema, decision.assertion, first_pos, emit)
         session.committed.append(seq)
-        session.rows += len(decision.rows_to_emit)
+        session.rows += rows.num_rows
         if chunk.complete:
             session.state = "done"
             session.ended_at = _now()

@@ -116,7 +116,7 @@ def _snapshot_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinit
                       "the stream and the target use it too")
             context.log.warning(f"snapshot of {schema.table_id}: {status}")
             notify_skipped(context, settings, schema.table_id,
-                           config.signal_id or context.run_id, status)
+                           config.signal_id or context.run.run_id, status)
             return dg.MaterializeResult(metadata={"status": status, "rows": 0, "chunks": 0})
         reader = SnapshotReader(
             LandingZone(settings.landing_zone.url, server),
@@ -126,13 +126,13 @@ def _snapshot_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinit
             surrogate_key=config.surrogate_key or None,
             condition=condition,
             chunk_size=config.chunk_size,
-            session_id=new_session_id(f"run-{context.run_id[:8]}"),
+            session_id=new_session_id(f"run-{context.run.run_id[:8]}"),
             selector=selector_from_settings(settings),
             ack_timeout_seconds=config.ack_timeout_seconds,
             signal=config.signal_ref(),
         )
         try:
-            result = run_reader(context, settings, reader, config.signal_id or context.run_id,
+            result = run_reader(context, settings, reader, config.signal_id or context.run.run_id,
                                 config.progress_seconds)
         except SnapshotError as error:  # the message says what to do: show it as the failure
             raise dg.Failure(description=str(error)) from error

@@ -20,6 +20,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -180,9 +181,9 @@ def test_chunk_files_parquet_first_then_manifest(tmp_path: Path,
     written: list[str] = []
     original = reader_module.write_atomically
 
-    def recording(path: Path, data: bytes) -> None:
+    def recording(path: Path, data: bytes, **options: Any) -> None:
         written.append(path.name)
-        original(path, data)
+        original(path, data, **options)
 
     monkeypatch.setattr(reader_module, "write_atomically", recording)
     at = dt.datetime(2025, 1, 1, 10, 0, 0, 5)
@@ -287,7 +288,9 @@ def test_engine_drops_chunk_rows_whose_key_was_touched_outside_the_low_watermark
     coordinator = SnapshotCoordinator(landing, "mariadb", logging.getLogger(__name__))
     emitted: list[tuple[str, list[tuple[Any, ...]]]] = []
 
-    def emit(schema: TableSchema, op: str, rows: list[tuple[Any, ...]], extra: Any) -> int:
+    def emit(schema: TableSchema, op: str, rows: Any, extra: Any) -> int:
+        if isinstance(rows, pa.Table):  # chunk rows come as Arrow data
+            rows = [tuple(row.values()) for row in rows.to_pylist()]
         emitted.append((op, rows))
         return 100
 
