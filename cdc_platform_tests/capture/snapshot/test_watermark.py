@@ -4,6 +4,8 @@ and the exact MariaDB watermark against a real server under concurrent commits."
 from __future__ import annotations
 
 import bisect
+import dataclasses
+import random
 import threading
 import time
 from collections.abc import Iterator
@@ -14,6 +16,7 @@ import pymysql
 import pytest
 
 from cdc_platform.capture.gtid import MariadbGtid, MariadbPosition, MysqlGtidSet
+from cdc_platform.capture.snapshot import watermark
 from cdc_platform.capture.snapshot.watermark import (
     ChunkRead,
     WatermarkError,
@@ -313,9 +316,19 @@ def _violations(commits: Commits, index: dict, visible: frozenset[int],
     return missing, (visible - allowed) | unknown
 
 
+@pytest.mark.parametrize("resolve", ["server", "events"])
 def test_exact_watermark_under_concurrent_commits(mariadb: Any, stress_db: str,
-                                                  durable_commits: None) -> None:
-    """Every row whose GTID is in lw is in the chunk; no row whose GTID is outside after is."""
+                                                  durable_commits: None, resolve: str,
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """Every row whose GTID is in lw is in the chunk; no row whose GTID is outside after is.
+    With the offset's GTID position from BINLOG_GTID_POS, and from the events since the
+    previous read (checked against the server every 8th read)."""
+    if resolve == "events":
+        monkeypatch.setattr(watermark, "INCREMENTAL_MAX_GAP_FRACTION", 1.0)
+        monkeypatch.setattr(watermark, "VERIFY_EVERY", 8)
+    else:
+        monkeypatch.setattr(watermark, "INCREMENTAL_MAX_GAP_FRACTION", 0.0)
 
     def read(conn: Any) -> ChunkRead:
         return read_chunk_with_watermarks(conn, "mariadb", f"SELECT id FROM `{stress_db}`.stress",
@@ -330,7 +343,8 @@ def test_exact_watermark_under_concurrent_commits(mariadb: Any, stress_db: str,
         assert not missing, f"read {number}: lw {lw} holds rows the SELECT missed: {missing}"
         assert not extra, f"read {number}: the SELECT saw rows outside after {after}: {extra}"
         advanced += number > 0 and lw != reads[number - 1].low_watermark
-    print(f"\nexact watermark: {len(reads)} reads, {advanced} with a new watermark, "
+    assert "BINLOG_GTID_POS is used from now on" not in caplog.text
+    print(f"\nexact watermark ({resolve}): {len(reads)} reads, {advanced} with a new watermark, "
           f"{len(commits.gtid_of)} concurrent commits, 0 violations")
 
 
@@ -371,3 +385,91 @@ def test_gtid_binlog_pos_before_the_snapshot_is_unsafe(mariadb: Any, stress_db: 
     print(f"\n@@gtid_binlog_pos as low watermark: wrong in {wrong} of {len(reads)} reads "
           f"({rate:.1%}), naming {invisible} transactions the snapshot could not see; "
           f"{len(commits.gtid_of)} concurrent commits")
+
+
+# ---- the GTID position of an offset, from the events since the previous one ---------------------
+
+
+def _server_position(conn: Any, file: str, offset: int) -> MariadbPosition:
+    with conn.cursor() as cur:
+        cur.execute("SELECT BINLOG_GTID_POS(%s, %s)", (file, offset))
+        return MariadbPosition.parse(cur.fetchone()[0])
+
+
+def _binlog_offset(conn: Any) -> tuple[str, int]:
+    with conn.cursor() as cur:
+        cur.execute("SHOW MASTER STATUS")
+        file, offset = cur.fetchone()[:2]
+    return str(file), int(offset)
+
+
+def test_positions_from_events_match_binlog_gtid_pos(mariadb: Any, stress_db: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random histories of commits in several domains, DDL, rollbacks, multi-statement
+    transactions, idle steps and binlog rotations: the position computed from the events since
+    the connection's previous offset is BINLOG_GTID_POS's, at every step."""
+    monkeypatch.setattr(watermark, "INCREMENTAL_MAX_GAP_FRACTION", 1.0)  # always from events
+    monkeypatch.setattr(watermark, "VERIFY_EVERY", 10**9)
+    mariadb.query(f"CREATE TABLE `{stress_db}`.history (id INT PRIMARY KEY, v INT)")
+    rng = random.Random(20261123)
+    from_events = 0
+    with mariadb.root_connect(database=stress_db) as writer, writer.cursor() as w, \
+            connect(mariadb.connection_settings()) as reader, reader.cursor() as cur:
+        for step in range(150):
+            action = rng.choice(["insert", "insert", "update", "txn", "rollback", "ddl", "idle",
+                                 "rotate"])
+            w.execute("SET SESSION gtid_domain_id = %s", (rng.choice([0, 0, 1, 7]),))
+            if action == "insert":
+                w.execute("INSERT INTO history VALUES (%s, 0)", (step,))
+            elif action == "update":
+                w.execute("UPDATE history SET v = v + 1 WHERE id %% 3 = %s", (step % 3,))
+            elif action in ("txn", "rollback"):
+                w.execute("BEGIN")
+                w.execute("INSERT INTO history VALUES (%s, 1)", (1000 + step,))
+                w.execute("UPDATE history SET v = v + 1 WHERE id = %s", (1000 + step,))
+                w.execute("ROLLBACK" if action == "rollback" else "COMMIT")
+            elif action == "ddl":
+                w.execute(f"CREATE TABLE IF NOT EXISTS t_{step} (id INT PRIMARY KEY)")
+            elif action == "rotate":
+                w.execute("FLUSH BINARY LOGS")
+            file, offset = _binlog_offset(reader)
+            before = watermark._resolved.get(reader)
+            position = watermark._mariadb_gtid_position(reader, cur, file, offset)
+            assert position == _server_position(reader, file, offset), (
+                f"step {step} ({action}) at {file}:{offset}")
+            from_events += before is not None and before.file == file
+        assert from_events > 100, "the events path was hardly taken"
+
+
+def test_a_wrong_position_from_events_is_caught_by_the_server_check(
+        mariadb: Any, stress_db: str, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(watermark, "INCREMENTAL_MAX_GAP_FRACTION", 1.0)
+    monkeypatch.setattr(watermark, "VERIFY_EVERY", 3)
+    mariadb.query(f"CREATE TABLE `{stress_db}`.checked (id INT PRIMARY KEY)")
+    with mariadb.root_connect(database=stress_db) as writer, writer.cursor() as w, \
+            connect(mariadb.connection_settings()) as reader, reader.cursor() as cur:
+        def step(n: int) -> tuple[MariadbPosition, MariadbPosition]:
+            w.execute("INSERT INTO checked VALUES (%s)", (n,))
+            file, offset = _binlog_offset(reader)
+            return (watermark._mariadb_gtid_position(reader, cur, file, offset),
+                    _server_position(reader, file, offset))
+
+        got, want = step(1)
+        assert got == want
+        # Corrupt what the connection remembers: the next two steps (from events) carry it
+        # on, the third (the server's check) finds the difference and stops using events.
+        last = watermark._resolved[reader]
+        wrong = MariadbPosition([MariadbGtid(0, 1, 1)])
+        watermark._resolved[reader] = dataclasses.replace(last, position=wrong)
+        for n in (2, 3):
+            got, want = step(n)
+            assert got != want
+        assert "please report" not in caplog.text
+        got, want = step(4)
+        assert got == want
+        assert "BINLOG_GTID_POS is used from now on" in caplog.text
+        assert watermark._resolved[reader].events_disabled
+        for n in range(5, 9):
+            got, want = step(n)
+            assert got == want
