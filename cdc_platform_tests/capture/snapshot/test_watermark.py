@@ -25,6 +25,7 @@ from cdc_platform.capture.snapshot.watermark import (
     require_snapshot_prerequisites,
 )
 from cdc_platform.capture.source import PrerequisiteError, connect
+from cdc_platform.devservices.mariadb import MariaDBServer
 
 U1 = "3e11fa47-71ca-11e1-9e33-c80aa9429562"
 U2 = "4b11fa47-71ca-11e1-9e33-c80aa9429563"
@@ -403,13 +404,27 @@ def _binlog_offset(conn: Any) -> tuple[str, int]:
     return str(file), int(offset)
 
 
-def test_positions_from_events_match_binlog_gtid_pos(mariadb: Any, stress_db: str,
+@pytest.fixture(scope="module")
+def domains_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDBServer]:
+    """A server of its own: writes in other GTID domains and binlog rotations would change
+    what other tests see of the shared server's GTID position."""
+    server = MariaDBServer(base_dir=tmp_path_factory.mktemp("mariadb-domains"), server_id=1)
+    server.start()
+    try:
+        server.query("CREATE DATABASE domains")
+        yield server
+    finally:
+        server.stop()
+
+
+def test_positions_from_events_match_binlog_gtid_pos(domains_server: MariaDBServer,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Random histories of commits in several domains, DDL, rollbacks, multi-statement
     transactions, idle steps and binlog rotations: the position computed from the events since
     the connection's previous offset is BINLOG_GTID_POS's, at every step."""
     monkeypatch.setattr(watermark, "INCREMENTAL_MAX_GAP_FRACTION", 1.0)  # always from events
     monkeypatch.setattr(watermark, "VERIFY_EVERY", 10**9)
+    mariadb, stress_db = domains_server, "domains"
     mariadb.query(f"CREATE TABLE `{stress_db}`.history (id INT PRIMARY KEY, v INT)")
     rng = random.Random(20261123)
     from_events = 0
@@ -460,7 +475,7 @@ def test_a_wrong_position_from_events_is_caught_by_the_server_check(
         # Corrupt what the connection remembers: the next two steps (from events) carry it
         # on, the third (the server's check) finds the difference and stops using events.
         last = watermark._resolved[reader]
-        wrong = MariadbPosition([MariadbGtid(0, 1, 1)])
+        wrong = MariadbPosition([*last.position, MariadbGtid(99, 1, 1)])  # (no such domain)
         watermark._resolved[reader] = dataclasses.replace(last, position=wrong)
         for n in (2, 3):
             got, want = step(n)
