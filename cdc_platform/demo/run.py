@@ -97,17 +97,23 @@ def _background(env: dict[str, str], command: list[str], log_name: str
                             preexec_fn=pdeathsig_preexec(signal.SIGTERM))
 
 
-def _prepare_dagster_home() -> None:
-    """The demo's Dagster home, its storage created now: runs launched at the same moment
-    would otherwise race to create the same SQLite tables."""
+def create_dagster_storage(home: Path) -> None:
+    """Create the SQLite storage of the Dagster home ``home`` now: processes started at the
+    same moment (the daemon, its code server, runs) would otherwise race to create the same
+    tables ("alembic_version has more than one head")."""
     import dagster as dg
 
-    DAGSTER_HOME.mkdir(parents=True, exist_ok=True)
-    (DAGSTER_HOME / "dagster.yaml").write_text(_DAGSTER_YAML)
-    with dg.DagsterInstance.from_config(str(DAGSTER_HOME)) as instance:
+    with dg.DagsterInstance.from_config(str(home)) as instance:
         instance.get_runs(limit=1)
         instance.get_latest_materialization_event(dg.AssetKey(["demo"]))
         instance.all_instigator_state()
+
+
+def _prepare_dagster_home() -> None:
+    """The demo's Dagster home, with its storage."""
+    DAGSTER_HOME.mkdir(parents=True, exist_ok=True)
+    (DAGSTER_HOME / "dagster.yaml").write_text(_DAGSTER_YAML)
+    create_dagster_storage(DAGSTER_HOME)
 
 
 def _dagster_job(env: dict[str, str], job: str, run_config: dict[str, Any] | None = None,

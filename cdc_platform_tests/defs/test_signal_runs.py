@@ -26,6 +26,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from cdc_platform.capture.signals.kafka import SignalCursor
 from cdc_platform.defs.signals.sensors import SNAPSHOT_TABLE_TAG, sensor_name
+from cdc_platform.demo.run import create_dagster_storage
 from cdc_platform_tests.capture.snapshot.test_reader import EngineThread, finish_and_reconcile
 from cdc_platform_tests.conftest import CdcEnv
 
@@ -42,6 +43,7 @@ class Daemon:
             "telemetry:\n  enabled: false\n"
             "run_coordinator:\n  module: dagster.core.run_coordinator\n"
             "  class: QueuedRunCoordinator\n  config:\n    dequeue_interval_seconds: 1\n")
+        create_dagster_storage(self.home)
         self.workspace = root / "workspace.yaml"
         self.workspace.write_text(
             "load_from:\n  - python_module:\n      module_name: cdc_platform.definitions\n"

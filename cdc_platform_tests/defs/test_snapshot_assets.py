@@ -94,12 +94,18 @@ def test_materialising_the_snapshot_asset_lands_the_table_with_metadata(cdc_env:
         event = instance.get_latest_materialization_event(_key(env, "orders"))
         metadata = {k: v.value for k, v in event.asset_materialization.metadata.items()}
         logs = [e.message for e in instance.all_logs(result.run_id)]
+        observed = instance.fetch_observations(_key(env, "orders"), limit=50).records
     assert {"rows", "chunks", "rejected_chunks", "reselected_chunks", "duration_seconds",
             "rows_per_second", "start_gtid", "end_gtid", "status"} <= set(metadata)
     assert (metadata["status"], metadata["rows"], metadata["chunks"]) == ("done", 300, 5)
     assert metadata["rejected_chunks"] == 0 and metadata["rows_per_second"] > 0
     assert metadata["start_gtid"] and metadata["end_gtid"]
     assert any("acknowledged by the capture engine" in m for m in logs)
+    assert any("notification IN_PROGRESS" in m and "last_processed_key=[" in m
+               and "rows_scanned=" in m for m in logs)
+    assert "notification TABLE_SCAN_COMPLETED" in "\n".join(logs)
+    assert {r.asset_observation.metadata["notification"].value for r in observed} >= {
+        "STARTED", "IN_PROGRESS", "TABLE_SCAN_COMPLETED", "COMPLETED"}
     env.catch_up()
     env.materialise(spark, "orders")
     assert env.reconcile(spark, "orders").ok
@@ -129,15 +135,47 @@ def test_unsafe_condition_fails_naming_the_table(cdc_env: CdcEnv) -> None:
     assert not (env.landing.root / "snapshots").exists()  # nothing was requested
 
 
-def test_without_the_engine_the_run_fails_saying_to_start_the_stream(cdc_env: CdcEnv) -> None:
+def test_without_the_engine_the_run_retries_then_fails_saying_to_start_the_stream(
+        cdc_env: CdcEnv) -> None:
     env = cdc_env
     _seed(env)
     with dg.instance_for_test() as instance:
-        result = _materialise(env, "orders", instance, {"ack_timeout_seconds": 1})
+        result = _materialise(env, "orders", instance, {
+            "ack_timeout_seconds": 1, "engine_retries": 1, "engine_retry_seconds": 0})
         assert not result.success
         message = _failure(result)
+        logs = [e.message for e in instance.all_logs(result.run_id)]
     assert f"no capture engine is streaming {env.server_name}: start the stream_changes job" \
         in message
+    assert sum("retrying in 0s (retry 1 of 1)" in m for m in logs) == 1
+    assert sum("requested (chunk key id" in m for m in logs) == 2  # two attempts
+
+
+def test_a_run_started_before_the_engine_waits_for_it(cdc_env: CdcEnv, spark: Any) -> None:
+    """The stream_changes run may be restarting when a snapshot starts: the snapshot waits."""
+    env = cdc_env
+    _seed(env)
+    with dg.instance_for_test() as instance:
+        results: list[dg.ExecuteInProcessResult] = []
+        run = threading.Thread(target=lambda: results.append(_materialise(
+            env, "orders", instance, {"chunk_size": 100, "progress_seconds": 0.2})),
+            daemon=True)
+        run.start()
+        deadline = time.monotonic() + 60
+        while not (env.landing.root / "snapshots" / env.db / "orders" / "request.json").exists():
+            assert time.monotonic() < deadline, "the run requested no session"
+            time.sleep(0.1)
+        time.sleep(2)  # the engine is still down
+        with streaming(env):
+            run.join(120)
+        assert results and results[0].success
+        logs = [e.message for e in instance.all_logs(results[0].run_id)]
+    # progress is in the run's log while it runs (here: while it waits for the engine)
+    assert any(m.startswith(f"snapshot of {env.db}.orders: waiting for the capture engine")
+               for m in logs)
+    env.catch_up()
+    env.materialise(spark, "orders")
+    assert env.reconcile(spark, "orders").ok
 
 
 def test_target_assets_are_downstream_of_their_snapshot(cdc_env: CdcEnv) -> None:

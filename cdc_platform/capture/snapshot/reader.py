@@ -52,8 +52,11 @@ from cdc_platform.capture.snapshot.chunks import (
     schema_fingerprint,
 )
 from cdc_platform.capture.snapshot.conditions import UnsafeConditionError, validate_condition
-from cdc_platform.capture.snapshot.watermark import read_with_watermarks
-from cdc_platform.capture.source import TableSelector
+from cdc_platform.capture.snapshot.watermark import (
+    read_with_watermarks,
+    require_snapshot_prerequisites,
+)
+from cdc_platform.capture.source import PrerequisiteError, TableSelector
 
 # Rows per chunk, chosen by measurement (MariaDB 10.11 dev server, 300k-row 6-column table;
 # read_chunk with watermarks + landing conversion + Parquet encoding, rows/s):
@@ -71,7 +74,11 @@ DEFAULT_CHUNK_SIZE = 4096
 # the engine a third of the time), bounded so a stalled engine does not make the reader copy
 # the whole table into the landing zone (32 x 4096 rows).
 DEFAULT_MAX_PENDING = 32
-DEFAULT_ACK_TIMEOUT_SECONDS = 60.0
+# How long a reader waits for the capture engine to acknowledge its session: long enough for
+# the stream_changes run to be restarted (a pod rescheduled, a deploy) before the snapshot
+# fails; the wait is logged every ACK_WAIT_LOG_SECONDS.
+DEFAULT_ACK_TIMEOUT_SECONDS = 600.0
+ACK_WAIT_LOG_SECONDS = 30.0
 DEFAULT_STALL_TIMEOUT_SECONDS = 300.0
 DEFAULT_POLL_SECONDS = 0.1
 _READ_ATTEMPTS = 5
@@ -263,9 +270,18 @@ def write_request(landing: LandingZone, database: str, table: str,
 
 
 def read_request(landing: LandingZone, database: str, table: str) -> SnapshotRequest | None:
+    """The table's ``request.json``; None when there is none, or when it cannot be read (it is
+    written atomically, so only a hand edit breaks it: logged, and the next write replaces it).
+    """
+    path = request_path(landing, database, table)
     try:
-        return SnapshotRequest.from_json(request_path(landing, database, table).read_bytes())
+        return SnapshotRequest.from_json(path.read_bytes())
     except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        logging.getLogger(__name__).warning(
+            f"snapshot request {path} is unreadable ({error!r}); treated as absent: the next "
+            f"snapshot run or signal for {database}.{table} writes it again")
         return None
 
 
@@ -301,15 +317,42 @@ def session_live(landing: LandingZone, database: str, table: str,
     return reader_alive(landing, database, table)
 
 
+def control_path(landing: LandingZone, database: str, table: str) -> Path:
+    """The pause or resume a signal asked for while no session of the table was open."""
+    return snapshot_dir(landing, database, table) / "control.json"
+
+
+def read_control(landing: LandingZone, database: str, table: str
+                 ) -> tuple[str, SignalRef] | None:
+    """``control.json``: (``pause`` or ``resume``, the signal), or None."""
+    try:
+        data = json.loads(control_path(landing, database, table).read_bytes())
+        signal = SignalRef.from_dict(data["signal"])
+        action = str(data["action"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # (only a hand edit breaks it; the next pause or resume rewrites it)
+    if signal is None or action not in ("pause", "resume"):
+        return None
+    return action, signal
+
+
 def signal_action(landing: LandingZone, database: str, table: str, action: str,
-                  signal: SignalRef) -> str:
+                  signal: SignalRef, run_pending: bool = False) -> str:
     """Apply a stop/pause/resume signal to the table's session, once; what happened, for the
     log.
 
     A signal acts only on a session that no newer signal opened or steered, so a signal read
-    twice (a sensor tick retried after a crash) does nothing the second time. A stop with no
-    session to act on is still recorded: a run that an earlier signal launched and that has not
-    opened its session yet then never opens it.
+    twice (a sensor tick retried after a crash) does nothing the second time. When no session
+    is running, the signal is still recorded if a run may yet open one:
+
+    * a stop, in ``request.json`` (session ``NO_SESSION``): runs that earlier signals launched
+      and that have not opened their session yet never open it;
+    * a pause or resume, when ``run_pending`` (a snapshot run of the table is queued or
+      starting), in ``control.json``: a run of an earlier signal opens its session paused or
+      running. The run looks at it just after requesting its session and this looks at
+      ``request.json`` again just after writing it, so one of the two always sees the other.
     """
     if action not in ("pause", "resume", "stop"):
         raise ValueError(f"signal action {action!r}: want pause, resume or stop")
@@ -324,14 +367,25 @@ def signal_action(landing: LandingZone, database: str, table: str, action: str,
             return (f"{table_id}: session {current.session_id} follows a newer signal "
                     f"({current.signal.id}); left alone")
     live = session_live(landing, database, table, current)
-    if action != "stop" and not live:
-        return f"{table_id}: no running snapshot session to {action}"
-    if current is None or not live:
+    if action == "stop" and (current is None or not live):
         barrier = SnapshotRequest(NO_SESSION, "stop", (), None, DEFAULT_CHUNK_SIZE,
                                   signal=signal)
         write_request(landing, database, table, barrier)
         return f"{table_id}: no running snapshot session; runs of earlier signals will not start"
-    assert current is not None
+    if current is None or not live:
+        if not run_pending:
+            return f"{table_id}: no running snapshot session to {action}"
+        control = read_control(landing, database, table)
+        if control is not None and not signal.newer_than(control[1]):
+            return f"{table_id}: {action} already recorded by this or a newer signal"
+        write_atomically(control_path(landing, database, table), json.dumps(
+            {"action": action, "signal": signal.to_dict(), "requested_at": _now()}).encode())
+        current = read_request(landing, database, table)
+        if current is None or not session_live(landing, database, table, current) or (
+                current.signal is not None and not signal.newer_than(current.signal)):
+            return (f"{table_id}: no session open yet; the snapshot run of an earlier signal "
+                    f"opens it {'paused' if action == 'pause' else 'running'}")
+        # (the run requested its session meanwhile: steer it as below)
     if current.action == action or (action == "resume" and current.action == "open"):
         updated = replace(current, signal=signal, requested_at=_now())
         write_request(landing, database, table, updated)
@@ -691,6 +745,9 @@ class SnapshotReader:
         self.keep_chunks = keep_chunks
         self.adopt_open_session = adopt_open_session
         self.signal = signal
+        # The newest signal that steered this run's session (its own, or a later pause,
+        # resume or stop): request.json keeps it, so a replayed signal stays a no-op.
+        self._steering = signal
         self._conn: pymysql.Connection | None = None
         self._table: ChunkedTable | None = None
         self._checkpoint_stamp: tuple[int, int] | None = None
@@ -732,6 +789,7 @@ class SnapshotReader:
         stop_event = stop_event or threading.Event()
         started = time.monotonic()
         try:
+            self._check_source()
             key = self._chunk_key(self.schema)
             if isinstance(key, SkippedTable):
                 self.log.warning(f"snapshot of {self.table_id}: {key.status}")
@@ -757,6 +815,20 @@ class SnapshotReader:
             self._conn = source_sql.connect(self.connection_settings)
         return self._conn
 
+    def _check_source(self) -> None:
+        """The source's settings make watermarks exact (GTIDs, ROW/FULL binlog, and on a
+        replica log_slave_updates and commit order): checked once per run, before anything is
+        requested, so a misconfigured replica fails the snapshot naming the setting."""
+        def check(conn: pymysql.Connection) -> None:
+            try:
+                require_snapshot_prerequisites(conn, self.flavour, self.landing.server_name)
+            finally:
+                conn.commit()
+        try:
+            self._with_connection("checking the source's settings", check)
+        except PrerequisiteError as error:
+            raise SnapshotError(f"snapshot of {self.table_id}: {error}") from None
+
     def _chunk_key(self, schema: TableSchema) -> ChunkKey | SkippedTable:
         # A real primary key never admits NULL; a surrogate key (configured, so landed as the
         # primary key, or passed for this snapshot) may.
@@ -771,7 +843,7 @@ class SnapshotReader:
         assert self._table is not None
         write_request(self.landing, self.schema.database, self.schema.table, SnapshotRequest(
             self.session_id, action, self._table.key.columns, self.condition, self.chunk_size,
-            signal=self.signal))
+            signal=self._steering))
 
     def _poll_checkpoint(self) -> Checkpoint | None:
         """The engine's checkpoint, re-parsed only when the file changed."""
@@ -950,6 +1022,23 @@ class _Run:
             if stopped is not None:
                 return stopped
 
+    def follow_control(self) -> None:
+        """Just after requesting a session: a pause (or resume) signal that found no session
+        of the table open while this run was queued left ``control.json``
+        (``signal_action``); a run of an earlier signal follows it. Runs of later signals, and
+        runs started by hand, do not."""
+        r = self.r
+        control = read_control(r.landing, r.schema.database, r.schema.table)
+        if control is None or r.signal is None:
+            return
+        action, signal = control
+        if not signal.newer_than(r._steering or r.signal):
+            return
+        r._steering = signal
+        r._request(action)  # (a "resume" opens a session the engine has not seen yet)
+        r.log.info(f"{r._where()}: {action} requested by signal {signal.id}, sent before "
+                   "this run opened its session")
+
     def open_session(self, restart: bool = False) -> SnapshotResult | None:
         """Request a session (a new one after a restart, paused if the run was paused), wait
         for the engine's acknowledgement, read the maximum key; a result if it was stopped."""
@@ -969,14 +1058,20 @@ class _Run:
             self.next_seq = self.rows = self.chunks = 0
             r._with_connection("re-reading the table's schema", lambda _c: r.reload_schema())
         r._request("pause" if paused else "open")
+        self.follow_control()
         if not r._lock.held:
             self.wait_for_the_replaced_reader()
+        if self.state == "waiting":
+            self.progress()
         r.log.info(f"{r._where()}: requested (chunk key {', '.join(self.table.key.columns)}, "
                    f"chunk size {r.chunk_size}"
                    + (f", condition {r.condition!r}" if r.condition else "")
                    + (f"; restart {self.restarts}" if restart else "") + ")")
         if not self.wait_for_acknowledgement():
             return self.stopped("stop requested before the engine acknowledged the session")
+        current = read_request(r.landing, r.schema.database, r.schema.table)
+        if current is not None and current.session_id == r.session_id:
+            paused = current.action == "pause"
         self.remove_other_sessions()
         max_key = r._with_connection("reading the maximum key",
                                      lambda conn: read_max_key(conn, self.table))
@@ -1075,8 +1170,16 @@ class _Run:
 
     def wait_for_acknowledgement(self) -> bool:
         r = self.r
-        deadline = time.monotonic() + r.ack_timeout_seconds
+        waiting_since = time.monotonic()
+        deadline = waiting_since + r.ack_timeout_seconds
+        next_note = waiting_since + ACK_WAIT_LOG_SECONDS
         while True:
+            if time.monotonic() >= next_note:
+                next_note += ACK_WAIT_LOG_SECONDS
+                r.log.info(f"{r._where()}: waiting for the capture engine (the stream_changes "
+                           f"job of {r.landing.server_name}) to acknowledge the session: "
+                           f"{time.monotonic() - waiting_since:.0f}s of "
+                           f"{r.ack_timeout_seconds:.0f}s")
             if self.stop_event.is_set():
                 r._request("stop")
                 return False
@@ -1132,6 +1235,9 @@ class _Run:
             if request is not None and request.session_id == NO_SESSION:
                 self.stop_for(request)
                 return self.stopped("a stop-snapshot signal")
+            if request is not None and request.session_id == r.session_id and \
+                    request.signal is not None:
+                r._steering = request.signal
             if request is not None and request.session_id != r.session_id:
                 raise SnapshotError(f"{r._where()}: replaced by session {request.session_id} "
                                     "(another snapshot of the table started); this one ends")

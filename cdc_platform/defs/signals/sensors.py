@@ -27,6 +27,7 @@ from cdc_platform.capture.signals.plan import (
 )
 from cdc_platform.capture.snapshot.reader import (
     SignalRef,
+    SnapshotRequest,
     read_request,
     read_session_state,
     reader_alive,
@@ -38,6 +39,7 @@ from cdc_platform.config import Settings
 SNAPSHOT_TABLE_TAG = "cdc_platform/snapshot_table"
 SIGNAL_ID_TAG = "cdc_platform/signal_id"
 SIGNAL_OFFSET_TAG = "cdc_platform/signal_offset"
+SIGNAL_TOPIC_TAG = "cdc_platform/signal_topic_id"
 # Runs that may still snapshot a table (queued ones included: they will).
 ACTIVE_STATUSES = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
                    dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
@@ -53,15 +55,52 @@ def run_key(topic_id: str, offset: int, table_id: str) -> str:
     return f"signal:{topic_id}:{offset}:{table_id}"
 
 
+def _run_signal(run: dg.DagsterRun) -> SignalRef | None:
+    """The signal that launched a snapshot run, from its tags (None: started by hand)."""
+    offset = run.tags.get(SIGNAL_OFFSET_TAG)
+    if offset is None or not offset.isdigit():
+        return None
+    return SignalRef(run.tags.get(SIGNAL_ID_TAG, ""), run.tags.get(SIGNAL_TOPIC_TAG, ""),
+                     int(offset))
+
+
+def launched_before(run: dg.DagsterRun, signal: SignalRef) -> bool:
+    """Whether a signal older than ``signal`` launched the run (same topic)."""
+    launched_by = _run_signal(run)
+    if launched_by is None:
+        return False
+    if not launched_by.topic_id:  # (runs tagged before the topic id was): offsets alone
+        return signal.offset > launched_by.offset
+    return signal.newer_than(launched_by)
+
+
+def told_to_stop(run: dg.DagsterRun, request: SnapshotRequest | None) -> bool:
+    """Whether the table's request.json stops this run: a stop of its own session, or a stop
+    signal that came after the run's signal. Such a run is ending, however long its status
+    takes to say so (a pod shutting down), and no longer counts as snapshotting the table."""
+    if request is None or request.action != "stop":
+        return False
+    if request.session_id.startswith(f"run-{run.run_id[:8]}-"):
+        return True
+    return request.signal is not None and launched_before(run, request.signal)
+
+
 def busy_tables(instance: dg.DagsterInstance, landing: LandingZone,
                 snapshot_keys: dict[dg.AssetKey, str]) -> dict[str, str]:
-    """Tables being snapshotted now: by a run in progress (launched by a signal or by hand),
-    or by a live reader outside Dagster (the CLI) -> a description for the log."""
+    """Tables being snapshotted now: by a run in progress (launched by a signal or by hand)
+    that was not told to stop, or by a live reader outside Dagster (the CLI) -> a
+    description for the log."""
     busy: dict[str, str] = {}
+    requests: dict[str, SnapshotRequest | None] = {}
     for run in instance.get_runs(filters=dg.RunsFilter(statuses=ACTIVE_STATUSES)):
         for key in run.asset_selection or ():
-            if key in snapshot_keys:
-                busy[snapshot_keys[key]] = f"run {run.run_id[:8]}, {run.status.value.lower()}"
+            if key not in snapshot_keys:
+                continue
+            table_id = snapshot_keys[key]
+            if table_id not in requests:
+                requests[table_id] = read_request(landing, *table_id.split(".", 1))
+            if not told_to_stop(run, requests[table_id]):
+                busy[table_id] = f"run {run.run_id[:8]}, {run.status.value.lower()}"
     checkpoint = landing.read_checkpoint()
     for table_id in snapshot_keys.values():
         state = read_session_state(checkpoint, table_id)
@@ -84,7 +123,7 @@ def _run_request(settings: Settings, action: StartSnapshot, topic_id: str,
         asset_selection=[keys[action.table_id]],
         run_config={"ops": {op_names[action.table_id]: {"config": config}}},
         tags={SNAPSHOT_TABLE_TAG: action.table_id, SIGNAL_ID_TAG: signal.id[:200],
-              SIGNAL_OFFSET_TAG: str(signal.offset)},
+              SIGNAL_OFFSET_TAG: str(signal.offset), SIGNAL_TOPIC_TAG: topic_id},
     )
 
 
@@ -100,7 +139,8 @@ def _control(context: dg.SensorEvaluationContext, landing: LandingZone,
         context.log.info(f"{signal.describe()}: no snapshot to {action.action}")
     for table_id in tables:
         database, table = table_id.split(".", 1)
-        outcome = signal_action(landing, database, table, action.action, ref)
+        outcome = signal_action(landing, database, table, action.action, ref,
+                                run_pending=table_id in busy)
         context.log.info(f"{signal.describe()}: {outcome}")
     if action.action == "stop":
         _cancel_queued(context, tables, ref)
@@ -113,8 +153,7 @@ def _cancel_queued(context: dg.SensorEvaluationContext, tables: tuple[str, ...],
     instance = context.instance
     for run in instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED])):
         table = run.tags.get(SNAPSHOT_TABLE_TAG)
-        offset = run.tags.get(SIGNAL_OFFSET_TAG)
-        if table not in tables or offset is None or int(offset) >= ref.offset:
+        if table not in tables or not launched_before(run, ref):
             continue
         instance.report_run_canceled(run, message=f"stop-snapshot signal {ref.id} (offset "
                                                   f"{ref.offset})")

@@ -17,7 +17,9 @@ from cdc_platform.capture.landing import LandingZone
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.conditions import UnsafeConditionError, validate_condition
 from cdc_platform.capture.snapshot.reader import (
+    DEFAULT_ACK_TIMEOUT_SECONDS,
     DEFAULT_CHUNK_SIZE,
+    NoEngineError,
     SignalRef,
     SnapshotError,
     SnapshotReader,
@@ -49,10 +51,18 @@ class SnapshotConfig(dg.Config):
     )
     progress_seconds: float = Field(default=5.0, gt=0, description="Interval of progress lines.")
     ack_timeout_seconds: float = Field(
-        default=60.0, gt=0,
+        default=DEFAULT_ACK_TIMEOUT_SECONDS, gt=0,
         description="How long to wait for the capture engine (stream_changes) to acknowledge "
-        "the session before failing.",
+        "the session before failing (the wait is logged).",
     )
+    engine_retries: int = Field(
+        default=2, ge=0,
+        description="Retries of the step, each after engine_retry_seconds, when no capture "
+        "engine acknowledges or decides the session (stream_changes is down or restarting); a "
+        "retry resumes the session where it stopped.",
+    )
+    engine_retry_seconds: float = Field(default=60.0, ge=0,
+                                        description="Wait before such a retry.")
     signal_id: str | None = Field(
         default=None,
         description="Set by the signal sensor: the execute-snapshot signal behind this run (the "
@@ -134,8 +144,16 @@ def _snapshot_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinit
         try:
             result = run_reader(context, settings, reader, config.signal_id or context.run.run_id,
                                 config.progress_seconds)
+        except NoEngineError as error:
+            if context.retry_number < config.engine_retries:
+                context.log.warning(f"{error}; retrying in {config.engine_retry_seconds:.0f}s "
+                                    f"(retry {context.retry_number + 1} of "
+                                    f"{config.engine_retries})")
+                raise dg.RetryRequested(max_retries=config.engine_retries,
+                                        seconds_to_wait=config.engine_retry_seconds) from error
+            raise dg.Failure(description=str(error), allow_retries=False) from error
         except SnapshotError as error:  # the message says what to do: show it as the failure
-            raise dg.Failure(description=str(error)) from error
+            raise dg.Failure(description=str(error), allow_retries=False) from error
         if result.skipped:
             context.log.warning(f"snapshot of {schema.table_id}: {result.status}")
         return dg.MaterializeResult(metadata={

@@ -21,6 +21,10 @@ STOP_GRACE_SECONDS = 30.0
 
 
 def describe_progress(progress: SnapshotProgress) -> str:
+    if progress.state == "waiting":
+        return (f"snapshot of {progress.table_id}: waiting for the capture engine (the "
+                f"stream_changes job) to acknowledge session {progress.session_id}; "
+                f"{progress.elapsed_seconds:.0f}s")
     last = ", ".join(str(v) for v in progress.last_key) if progress.last_key else "-"
     return (f"snapshot of {progress.table_id}: {progress.state}, {progress.rows} rows in "
             f"{progress.chunks} committed chunks, {progress.pending} pending, "

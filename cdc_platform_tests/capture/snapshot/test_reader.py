@@ -35,6 +35,7 @@ from cdc_platform.capture.snapshot.reader import (
     DEFAULT_CHUNK_SIZE,
     ChunkManifest,
     NoEngineError,
+    SignalRef,
     SnapshotError,
     SnapshotProgress,
     SnapshotReader,
@@ -46,6 +47,7 @@ from cdc_platform.capture.snapshot.reader import (
     pause,
     read_request,
     resume,
+    signal_action,
     stop,
     write_chunk,
     write_request,
@@ -218,32 +220,10 @@ def test_open_ranges_are_null_with_open_flags(tmp_path: Path) -> None:
             data["complete"], data["rows"]) == (None, None, True, True, True, 0)
 
 
-def test_table_without_key_is_skipped_without_touching_the_landing_zone(tmp_path: Path) -> None:
-    landing = _landing(tmp_path)
-    schema = TableSchema("shop", "log", (ColumnSpec("line", "string"),))
-    reader = SnapshotReader(landing, {}, "mariadb", schema)
-    result = reader.run()
-    assert result.status == "skipped: no primary key and no surrogate key (set capture.surrogate_keys)"
-    assert result.skipped and result.rows == 0
-    assert not (landing.root / "snapshots").exists()
-
-
 def test_unsafe_condition_is_refused_naming_the_table(tmp_path: Path) -> None:
     with pytest.raises(UnsafeConditionError, match=r"snapshot of shop\.orders: additional "
                                                    "condition refused"):
         SnapshotReader(_landing(tmp_path), {}, "mariadb", SCHEMA, condition="1=1; DROP TABLE x")
-
-
-def test_without_an_engine_the_session_times_out_naming_the_server(tmp_path: Path) -> None:
-    landing = _landing(tmp_path)
-    reader = SnapshotReader(landing, {}, "mariadb", SCHEMA, ack_timeout_seconds=0.3,
-                            session_id="run-x")
-    with pytest.raises(NoEngineError, match="^no capture engine is streaming demo: start the "
-                                            r"stream_changes job \(snapshot session run-x of "
-                                            r"shop\.orders was not acknowledged"):
-        reader.run()
-    request = read_request(landing, "shop", "orders")
-    assert request is not None and (request.session_id, request.action) == ("run-x", "stop")
 
 
 def test_default_chunk_size() -> None:
@@ -352,10 +332,11 @@ class ScriptedEngine:
         if request is None:
             return
         session = self.session
-        if request.action == "open" and (session is None
-                                         or session["session_id"] != request.session_id):
+        if request.action in ("open", "pause", "resume") and request.chunk_key and (
+                session is None or session["session_id"] != request.session_id):
             session = self.session = {
-                "session_id": request.session_id, "state": "open", "opening": "0-1-1",
+                "session_id": request.session_id,
+                "state": "paused" if request.action == "pause" else "open", "opening": "0-1-1",
                 "opening_pos": 1, "horizon": "0-1-1", "committed": [], "rejected": {},
                 "rows": 0, "started_at": "now", "ended_at": None}
         elif session is not None and session["session_id"] == request.session_id and \
@@ -419,6 +400,43 @@ def _reader(mariadb: Any, db: str, landing: LandingZone, table: str = "items",
     options.setdefault("keep_chunks", True)
     return SnapshotReader(landing, mariadb.connection_settings(), "mariadb",
                           _schema(mariadb, db, table), **options)
+
+
+def test_table_without_key_is_skipped_without_touching_the_landing_zone(
+        shop: tuple[Any, str, LandingZone]) -> None:
+    mariadb, db, landing = shop
+    mariadb.query(f"CREATE TABLE `{db}`.log (line VARCHAR(20))")
+    result = _reader(mariadb, db, landing, "log").run()
+    assert result.status == "skipped: no primary key and no surrogate key (set capture.surrogate_keys)"
+    assert result.skipped and result.rows == 0
+    assert not (landing.root / "snapshots").exists()
+
+
+def test_without_an_engine_the_session_times_out_naming_the_server(
+        shop: tuple[Any, str, LandingZone]) -> None:
+    mariadb, db, landing = shop
+    reader = _reader(mariadb, db, landing, ack_timeout_seconds=0.3, session_id="run-x")
+    with pytest.raises(NoEngineError, match="^no capture engine is streaming shop: start the "
+                                            r"stream_changes job \(snapshot session run-x of "
+                                            rf"{db}\.items was not acknowledged"):
+        reader.run()
+    request = read_request(landing, db, "items")
+    assert request is not None and (request.session_id, request.action) == ("run-x", "stop")
+
+
+def test_a_source_that_cannot_be_snapshotted_exactly_fails_naming_the_setting(
+        shop: tuple[Any, str, LandingZone]) -> None:
+    """The replica's settings are checked before anything is requested."""
+    mariadb, db, landing = shop
+    mariadb.query("SET GLOBAL binlog_row_image = 'MINIMAL'")
+    try:
+        with pytest.raises(SnapshotError, match=rf"^snapshot of {db}\.items: source 'shop' "
+                           r"cannot be snapshotted exactly: server variable binlog_row_image "
+                           r"is 'MINIMAL', needs 'FULL'"):
+            _reader(mariadb, db, landing).run()
+    finally:
+        mariadb.query("SET GLOBAL binlog_row_image = 'FULL'")
+    assert not (landing.root / "snapshots").exists()
 
 
 def _committed_chunks(engine: ScriptedEngine) -> list[dict[str, Any]]:
@@ -593,6 +611,46 @@ def test_pause_holds_reading_resume_continues_and_stop_ends_the_run(
         thread.join(30)
         _wait_until(lambda: engine.session["state"] == "stopped")
     assert (outcome[0].status, outcome[0].chunks) == ("stopped", 8)
+
+
+def test_a_pause_signal_before_the_run_opened_its_session_opens_it_paused(
+        shop: tuple[Any, str, LandingZone]) -> None:
+    """execute-snapshot, then pause-snapshot while the run is still queued: the run opens its
+    session paused; a replayed pause does nothing; resume-snapshot lets it finish."""
+    mariadb, db, landing = shop
+    launched_by = SignalRef("snap", "topic-1", 3)
+    hold, go = SignalRef("hold", "topic-1", 4), SignalRef("go", "topic-1", 5)
+    assert signal_action(landing, db, "items", "pause", hold) == \
+        f"{db}.items: no running snapshot session to pause"
+    assert signal_action(landing, db, "items", "pause", hold, run_pending=True) == \
+        f"{db}.items: no session open yet; the snapshot run of an earlier signal opens it paused"
+    assert "already recorded" in signal_action(landing, db, "items", "pause", hold,
+                                               run_pending=True)
+    with ScriptedEngine(landing, f"{db}.items") as engine:
+        reader = _reader(mariadb, db, landing, chunk_size=10, signal=launched_by)
+        outcome: list[SnapshotResult] = []
+        thread = threading.Thread(target=lambda: outcome.append(reader.run()), daemon=True)
+        thread.start()
+        _wait_until(lambda: engine.session is not None and engine.session["state"] == "paused")
+        time.sleep(0.3)
+        assert not list(chunk_dir(landing, db, "items", reader.session_id).glob("*.json"))
+        assert signal_action(landing, db, "items", "pause", hold, run_pending=True) == \
+            f"{db}.items: pause already applied by this signal"
+        assert signal_action(landing, db, "items", "resume", go, run_pending=True) == \
+            f"{db}.items: session {reader.session_id}: resume requested"
+        thread.join(30)
+    assert (outcome[0].status, outcome[0].rows, outcome[0].chunks) == ("done", 100, 10)
+
+
+def test_a_run_of_a_later_signal_ignores_an_earlier_pause(
+        shop: tuple[Any, str, LandingZone]) -> None:
+    mariadb, db, landing = shop
+    signal_action(landing, db, "items", "pause", SignalRef("hold", "topic-1", 4),
+                  run_pending=True)
+    with ScriptedEngine(landing, f"{db}.items"):
+        result = _reader(mariadb, db, landing, chunk_size=50,
+                         signal=SignalRef("snap", "topic-1", 6)).run()
+    assert (result.status, result.rows) == ("done", 100)
 
 
 def test_stop_event_writes_stop_and_returns(shop: tuple[Any, str, LandingZone]) -> None:
@@ -899,6 +957,13 @@ def test_additional_condition_only_touches_matching_rows(cdc_env: CdcEnv, spark:
     assert set(target) == set(range(1, 21)) | set(range(21, 40, 2))
     assert target[3] == "changed" and target[4] == "seen"
     assert all(target[i] == "hidden" for i in range(21, 40, 2))
+    # ...and the source's rows that match it are in the target as they are, every column.
+    matching = [dict(zip(("id", "name", "price", "status"), row, strict=True)) for row in
+                env.query("SELECT id, name, price, status FROM items WHERE status = 'open' "
+                          "ORDER BY id")]
+    keys = {row["id"] for row in matching}
+    assert len(matching) == 19
+    assert [r for r in env.target_rows(spark, "items") if r["id"] in keys] == matching
 
 
 def test_pause_resume_and_stop_with_the_engine(cdc_env: CdcEnv, spark: Any) -> None:
@@ -1009,6 +1074,46 @@ class EngineThread:
         if self._thread is not None:
             self._thread.join(60)
         assert not self.errors, self.errors
+
+
+def test_changes_to_keys_of_chunks_waiting_for_the_engine_are_dropped_from_them(
+        cdc_env: CdcEnv, spark: Any) -> None:
+    """Updates, deletes and re-inserts of keys inside chunks already read but not committed:
+    the engine drops those keys from the chunks (the stream carries their newer state), and
+    the target still equals the source."""
+    env = cdc_env
+    _items(env)
+    invisible(env, "INSERT INTO items SELECT seq, 'x', seq, 'a' FROM seq_1_to_200")
+    engine = EngineThread(env)
+    engine.start()
+    reader = snapshot_reader(env, "items", chunk_size=50, max_pending=8)
+    stopped: list[bool] = []
+
+    def on_progress(progress: SnapshotProgress) -> None:
+        if progress.state == "open" and not stopped:
+            stopped.append(True)
+            engine.stop()  # acknowledged: the chunks are read while no engine decides them
+
+    outcome: list[SnapshotResult] = []
+    thread = threading.Thread(target=lambda: outcome.append(reader.run(on_progress=on_progress)),
+                              daemon=True)
+    thread.start()
+    # Chunks 0-2 are published; the complete chunk 3 waits in the reader for them.
+    _wait_until(lambda: len(list(chunk_dir(env.landing, env.db, "items", reader.session_id)
+                                 .glob("*.json"))) == 3)
+    env.execute("UPDATE items SET name = 'updated' WHERE id IN (10, 60, 110)",
+                "DELETE FROM items WHERE id IN (20, 70)",
+                "DELETE FROM items WHERE id = 30",
+                "INSERT INTO items VALUES (30, 'inserted again', 1, 'b')")
+    engine.start()
+    thread.join(60)
+    engine.stop()
+    [result] = outcome
+    assert (result.status, result.rows, result.chunks) == ("done", 200, 4)
+    assert result.rows_emitted == 200 - 6  # keys 10, 20, 30, 60, 70, 110 came from the stream
+    finish_and_reconcile(env, spark, "items")
+    assert {r["id"]: r["name"] for r in env.target_rows(spark, "items")
+            if r["id"] in (10, 20, 30)} == {10: "updated", 30: "inserted again"}
 
 
 def test_engine_restarts_mid_snapshot_reject_stale_chunks_which_are_read_again(
