@@ -29,6 +29,7 @@ from cdc_platform.defs.signals.sensors import SNAPSHOT_TABLE_TAG, sensor_name
 from cdc_platform.demo.run import create_dagster_storage
 from cdc_platform_tests.capture.snapshot.test_reader import EngineThread, finish_and_reconcile
 from cdc_platform_tests.conftest import CdcEnv
+from cdc_platform_tests.defs.test_snapshot_assets import snapshot_status
 
 BIN = Path(sys.executable).parent
 
@@ -291,9 +292,9 @@ def test_stop_signal_stops_an_open_snapshot_session_and_its_run(
             wait_for("the run to end", lambda: instance.get_run_by_id(run.run_id).is_finished,
                      daemon_=running)
             assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.SUCCESS
-            event = instance.get_latest_materialization_event(
-                dg.AssetKey([env.server_name, "snapshot", env.db, "orders"]))
-            assert event.asset_materialization.metadata["status"].value == "stopped"
+            key = dg.AssetKey([env.server_name, "snapshot", env.db, "orders"])
+            assert instance.get_latest_materialization_event(key) is None
+            assert snapshot_status(instance, key) == "stopped"
             wait_for("the engine to stop the session",
                      lambda: engine_session(env, "orders").get("state") == "stopped")
     finally:

@@ -8,6 +8,8 @@ in no job: each materialisation is its own run, and runs of different tables go 
 """
 
 
+from collections.abc import Iterator
+
 import dagster as dg
 from pydantic import Field
 
@@ -107,11 +109,13 @@ def _snapshot_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinit
         description=f"Incremental snapshot of {schema.table_id} on {server!r}: reads the table "
         "in keyset chunks between GTID watermarks, without locks or writes on the source, while "
         "the stream_changes job runs; that job commits each chunk into the changelog. "
-        "Finishes when the whole table is committed.",
+        "Finishes when the whole table is committed. A snapshot that is stopped or skipped "
+        "records an observation with its status, not a materialisation.",
         metadata={"chunk_key": key_text},
+        output_required=False,
     )
     def snapshot(context: dg.AssetExecutionContext, config: SnapshotConfig
-                 ) -> dg.MaterializeResult:
+                 ) -> Iterator[dg.MaterializeResult | dg.AssetObservation]:
         condition = config.condition
         if condition is not None:
             try:
@@ -127,7 +131,9 @@ def _snapshot_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinit
             context.log.warning(f"snapshot of {schema.table_id}: {status}")
             notify_skipped(context, settings, schema.table_id,
                            config.signal_id or context.run.run_id, status)
-            return dg.MaterializeResult(metadata={"status": status, "rows": 0, "chunks": 0})
+            yield dg.AssetObservation(asset_key=context.asset_key,
+                                      metadata={"status": status, "rows": 0, "chunks": 0})
+            return
         reader = SnapshotReader(
             LandingZone(settings.landing_zone.url, server),
             settings.source.connection_settings(),
@@ -154,13 +160,16 @@ def _snapshot_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinit
             raise dg.Failure(description=str(error), allow_retries=False) from error
         except SnapshotError as error:  # the message says what to do: show it as the failure
             raise dg.Failure(description=str(error), allow_retries=False) from error
-        if result.skipped:
-            context.log.warning(f"snapshot of {schema.table_id}: {result.status}")
-        return dg.MaterializeResult(metadata={
-            **result_metadata(result),
-            "chunk_size": config.chunk_size,
-            "condition": condition or "",
-        })
+        metadata = {**result_metadata(result), "chunk_size": config.chunk_size,
+                    "condition": condition or ""}
+        if result.status != "done":
+            # Stopped or skipped: the table was not (wholly) snapshotted, so the asset is not
+            # shown as freshly materialised; the chunks committed before a stop stay applied.
+            if result.skipped:
+                context.log.warning(f"snapshot of {schema.table_id}: {result.status}")
+            yield dg.AssetObservation(asset_key=context.asset_key, metadata=metadata)
+            return
+        yield dg.MaterializeResult(metadata=metadata)
 
     return snapshot
 
