@@ -87,7 +87,13 @@ def _snapshot(args: argparse.Namespace) -> int:
 
 def _signal(args: argparse.Namespace) -> int:
     """Produce one signal message (key: the source's server name) to the signal topic."""
-    from cdc_platform.capture.signals.kafka import KafkaChannelError, KafkaTopics
+    from confluent_kafka import KafkaException
+
+    from cdc_platform.capture.signals.kafka import (
+        KafkaChannelError,
+        KafkaTopics,
+        kafka_error_text,
+    )
     from cdc_platform.capture.signals.messages import EXECUTE_SNAPSHOT, LOG, signal_value
     from cdc_platform.config import CONFIG_ENV, load_settings
 
@@ -127,8 +133,9 @@ def _signal(args: argparse.Namespace) -> int:
     try:
         offset = KafkaTopics(bootstrap, signals.kafka.config).produce(
             signals.topic, settings.source.server_name, value)
-    except KafkaChannelError as error:
-        print(str(error), file=sys.stderr)
+    except (KafkaChannelError, KafkaException) as error:  # one line, not a traceback
+        print(f"signal not sent: {' '.join(kafka_error_text(error).split())}",
+              file=sys.stderr)
         return 1
     print(f"sent to {signals.topic} (offset {offset}, key {settings.source.server_name}): "
           f"{value.decode()}")

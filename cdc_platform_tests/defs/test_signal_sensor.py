@@ -15,6 +15,7 @@ import dagster as dg
 import pytest
 from confluent_kafka import Producer
 
+from cdc_platform.__main__ import main
 from cdc_platform.capture.signals.kafka import KafkaTopics, SignalCursor
 from cdc_platform.capture.snapshot.reader import (
     NO_SESSION,
@@ -128,6 +129,13 @@ def test_bad_input_is_skipped_with_reasons_and_never_stalls_the_cursor(
         (json.dumps(execute(env, "orders", padding="x" * 300_000)).encode(),
          "exceeds the limit"),
         (b"", "empty message value"),
+        (b"[" * 50_000 + b"]" * 50_000, "not valid JSON: nested too deeply"),
+        (json.dumps(execute(env, "a{99999999999}")).encode(),
+         "OverflowError: the repetition number is too large"),
+        (json.dumps(execute(env, "(" * 5000 + ")" * 5000)).encode(), "at most 1,000"),
+        (json.dumps(execute(env, "(?:(a)|b){1000000}")).encode(), "too large once its"),
+        (json.dumps(execute(env, r"(.|\w|[a-z]|[^0-9])*\d")).encode(),
+         "took longer than 0.5 s to match"),
     ]
     for value, _ in bad:
         send(env, value, raw=True)
@@ -265,6 +273,59 @@ def test_an_unreachable_broker_skips_the_tick_and_keeps_the_cursor(
     data = sensor.tick()
     assert data.run_requests == [] and "signal topic not read" in (data.skip_message or "")
     assert SignalCursor.from_json(sensor.cursor).offset == 5
+
+
+def test_a_cursor_past_the_end_of_the_topic_replays_it_with_a_warning(
+        signal_env: CdcEnv, instance: dg.DagsterInstance,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """An operator's typo in `dagster sensor cursor --set` (or a truncated log): the signals
+    below the cursor are read again, not lost; run keys stop those already acted on."""
+    env = signal_env
+    _tables(env, "orders")
+    sensor = Sensor(env, instance)
+    offset = send(env, execute(env, "orders"))
+    [first] = sensor.tick().run_requests
+    topic_id = SignalCursor.from_json(sensor.cursor).topic_id
+    capfd.readouterr()
+    [again] = sensor.tick(cursor=SignalCursor(topic_id, 500).to_json()).run_requests
+    assert again.run_key == first.run_key  # the daemon launches it once
+    assert SignalCursor.from_json(sensor.cursor) == SignalCursor(topic_id, offset + 1)
+    log = capfd.readouterr().err
+    assert f"ends at offset {offset + 1}, before the cursor's offset 500" in log
+    assert "reading it again from its earliest offset 0" in log
+
+
+def test_a_bad_client_setting_skips_the_tick_naming_the_setting(
+        signal_env: CdcEnv, instance: dg.DagsterInstance) -> None:
+    env = signal_env
+    _tables(env, "orders")
+    env.overrides["signals"] = {"kafka": {"bootstrap_servers": env.kafka_bootstrap,
+                                          "config": {"sasl.mechanisms": "PLAIN",
+                                                     "no.such.setting": "1"}}}
+    sensor = Sensor(env, instance)
+    sensor.cursor = SignalCursor("some-topic-id", 5).to_json()
+    data = sensor.tick()
+    assert data.run_requests == []
+    reason = data.skip_message or ""
+    assert reason.startswith("signal topic not read: Kafka client for ")
+    assert 'No such configuration property: "no.such.setting"' in reason
+    assert "check the librdkafka settings in signals.kafka.config" in reason
+    assert SignalCursor.from_json(sensor.cursor) == SignalCursor("some-topic-id", 5)
+
+
+def test_the_signal_cli_reports_a_bad_client_setting_in_one_line(
+        signal_env: CdcEnv, capsys: pytest.CaptureFixture[str]) -> None:
+    env = signal_env
+    env.overrides["signals"] = {"kafka": {"bootstrap_servers": env.kafka_bootstrap,
+                                          "config": {"security.protocol": "bogus"}}}
+    capsys.readouterr()
+    code = main(["signal", "log", "hello", "--config", str(env.write_config())])
+    out, err = capsys.readouterr()
+    assert code == 1 and out == ""
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("signal not sent: Kafka client for ")
+    assert 'Invalid value "bogus" for configuration property "security.protocol"' in err
+    assert "signals.kafka.config" in err
 
 
 def test_without_kafka_the_sensor_says_so(cdc_env: CdcEnv,

@@ -2,11 +2,16 @@
 
 The sensor reads the one-partition signal topic with ``assign()`` from the offset in its
 cursor (no consumer group: nothing is committed to Kafka, and Tansu's group joins take ~20 s),
-and stops when the partition goes quiet, the message limit is reached or the time budget is
-spent, whichever comes first. The cursor carries the topic's id too: a topic deleted and
-created again (or a broker with in-memory storage restarted) starts its offsets at 0 again, so
-an offset alone would skip the new topic's first signals; a new id means "read it from the
-start".
+and stops at the end of the partition (librdkafka's partition-EOF event), at the message limit
+or when the time budget is spent, whichever comes first. A broker that never reports the end
+is covered by a fallback: the partition quiet for ``idle_seconds`` after its first message.
+
+The cursor carries the topic's id too: a topic deleted and created again (or a broker with
+in-memory storage restarted) starts its offsets at 0 again, so an offset alone would skip the
+new topic's first signals; a new id means "read it from the start". A cursor offset past the
+end of the same topic (the log truncated, a cursor set by hand) is read from the earliest
+offset again, with a note: run keys keep signals already acted on from starting twice, so
+replaying is the safe direction.
 """
 
 from __future__ import annotations
@@ -90,8 +95,20 @@ class KafkaTopics:
         return client_config(self.bootstrap_servers, self.extra_config,
                              **{"socket.connection.setup.timeout.ms": 5000, **overrides})
 
+    def _client(self, kind: type[Any], config: dict[str, Any]) -> Any:
+        """A ``Consumer``, ``Producer`` or ``AdminClient``; librdkafka checks the settings in
+        the constructor, and a bad one (mostly from signals.kafka.config) must reach the
+        operator as a KafkaChannelError, not a traceback."""
+        try:
+            return kind(config, logger=log)
+        except (KafkaException, ValueError, TypeError) as error:
+            raise KafkaChannelError(
+                f"Kafka client for {self.bootstrap_servers} not created: "
+                f"{kafka_error_text(error)}; check the librdkafka settings in "
+                "signals.kafka.config") from error
+
     def _fail(self, what: str, error: BaseException) -> KafkaChannelError:
-        detail = str(error) or f"no answer within {_TIMEOUT_SECONDS:.0f}s"
+        detail = kafka_error_text(error) or f"no answer within {_TIMEOUT_SECONDS:.0f}s"
         return KafkaChannelError(f"{what} on Kafka {self.bootstrap_servers} failed: {detail}; "
                                  "check that the broker is up and signals.kafka is right")
 
@@ -101,13 +118,13 @@ class KafkaTopics:
         Raises KafkaChannelError if the broker is unreachable or the topic has more than one
         partition (signals must keep their order).
         """
-        admin = AdminClient(self._config(), logger=log)
+        admin = self._client(AdminClient, self._config())
         description = self._describe(admin, topic)
         if description is None:
-            futures = admin.create_topics([NewTopic(topic, num_partitions=1,
-                                                    replication_factor=-1)],
-                                          operation_timeout=_TIMEOUT_SECONDS)
             try:
+                futures = admin.create_topics([NewTopic(topic, num_partitions=1,
+                                                        replication_factor=-1)],
+                                              operation_timeout=_TIMEOUT_SECONDS)
                 futures[topic].result(timeout=_TIMEOUT_SECONDS)
                 log.info(f"created topic {topic!r} (one partition) on {self.bootstrap_servers}")
             except TimeoutError as error:
@@ -132,9 +149,9 @@ class KafkaTopics:
     def _describe(self, admin: AdminClient, topic: str) -> Any | None:
         from confluent_kafka import TopicCollection
 
-        futures = admin.describe_topics(TopicCollection([topic]),
-                                        request_timeout=_TIMEOUT_SECONDS)
         try:
+            futures = admin.describe_topics(TopicCollection([topic]),
+                                            request_timeout=_TIMEOUT_SECONDS)
             return futures[topic].result(timeout=_TIMEOUT_SECONDS)
         except TimeoutError as error:
             raise self._fail(f"describing topic {topic!r}", error) from error
@@ -150,13 +167,15 @@ class KafkaTopics:
              budget_seconds: float = DEFAULT_BUDGET_SECONDS,
              idle_seconds: float = DEFAULT_IDLE_SECONDS,
              max_message_bytes: int | None = None) -> SignalBatch:
-        """Messages from ``cursor`` on: until ``idle_seconds`` pass without one, or
-        ``max_messages``, or ``budget_seconds`` in all. Creates the topic if it is missing.
+        """Messages from ``cursor`` on, up to the end of the partition, ``max_messages`` or
+        ``budget_seconds`` in all (``idle_seconds`` without a message after the first one ends
+        the read too, for a broker that does not report the end). Creates the topic if it is
+        missing.
 
         The returned cursor is just after the last message returned (or unchanged), so a
         message is in exactly one batch of a sensor whose cursor advances with its actions.
         """
-        started = time.monotonic()
+        deadline = time.monotonic() + budget_seconds
         topic_id = self.ensure_topic(topic)
         notes: list[str] = []
         start = cursor.offset
@@ -170,58 +189,136 @@ class KafkaTopics:
             "group.id": f"cdc-platform-signals-{topic}",  # never joined: assign() only
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest",
+            # An offset out of range is an error event, never a silent jump (see _start).
+            "auto.offset.reset": "error",
+            "enable.partition.eof": True,
             "fetch.wait.max.ms": 100,
         })
         if max_message_bytes is not None:
             # Room to receive an oversized signal and skip it, instead of stalling on it.
             config["fetch.message.max.bytes"] = max(1_048_576, 2 * max_message_bytes)
-        consumer = Consumer(config, logger=log)
-        messages: list[SignalMessage] = []
-        next_offset = start
+        consumer = self._client(Consumer, config)
         try:
-            consumer.assign([TopicPartition(topic, 0, start)])
-            deadline = started + budget_seconds
-            quiet_since = time.monotonic()
-            while len(messages) < max_messages:
-                now = time.monotonic()
-                if now >= deadline or now - quiet_since >= idle_seconds:
-                    break
-                message = consumer.poll(min(0.2, deadline - now))
-                if message is None:
-                    continue
-                error = message.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        continue
-                    if error.retriable() or not error.fatal():
-                        log.warning(f"signal topic {topic!r}: {error}; retrying")
-                        continue
-                    raise self._fail(f"reading topic {topic!r}", KafkaException(error))
-                offset = message.offset()
-                if offset < next_offset:
-                    continue  # a batch that starts before the assigned offset
-                if offset > next_offset and not messages:
-                    notes.append(f"signal topic {topic!r}: offsets {next_offset}..{offset - 1} "
-                                 "are gone (retention or compaction) before they were read")
-                _, timestamp = message.timestamp()
-                messages.append(SignalMessage(offset, message.key(), message.value(),
-                                              timestamp if timestamp > 0 else None))
-                next_offset = offset + 1
-                quiet_since = time.monotonic()
+            start = self._start(consumer, topic, topic_id, start, deadline, notes)
+            messages, next_offset = self._fetch(consumer, topic, start, deadline,
+                                                idle_seconds, max_messages, notes)
         except KafkaException as error:
             raise self._fail(f"reading topic {topic!r}", error) from error
         finally:
             consumer.close()
         return SignalBatch(messages, SignalCursor(topic_id, next_offset), notes)
 
+    def _start(self, consumer: Consumer, topic: str, topic_id: str, offset: int,
+               deadline: float, notes: list[str]) -> int:
+        """Where to read from for a cursor at ``offset``: ``offset`` itself, the earliest
+        offset when those before it are gone, or the earliest offset again when ``offset`` is
+        past the end of the log (truncated, or a cursor set by hand), with a note.
+
+        Past the end, Kafka answers a fetch with OFFSET_OUT_OF_RANGE and Tansu with nothing at
+        all, so the end is checked first. Tansu's listed high watermark is the base offset of
+        the last record batch + 1, below the real end when that batch holds several records:
+        an offset above it is checked against the end-of-partition event of a read from it.
+        """
+        watermarks = consumer.get_watermark_offsets(TopicPartition(topic, 0),
+                                                    timeout=_TIMEOUT_SECONDS)
+        if watermarks is None:
+            raise self._fail(f"listing the offsets of topic {topic!r}", TimeoutError())
+        low, high = watermarks
+        if offset < low:
+            notes.append(f"signal topic {topic!r}: offsets {offset}..{low - 1} are gone "
+                         "(retention or compaction) before they were read")
+            return int(low)
+        if offset <= high:
+            return offset
+        end = high if high <= low else self._end_offset(consumer, topic, high - 1, deadline)
+        if offset <= end:
+            return offset
+        notes.append(f"signal topic {topic!r} (id {topic_id}) ends at offset {end}, before the "
+                     f"cursor's offset {offset} (the log was truncated, or the cursor was set "
+                     f"past the end by hand): reading it again from its earliest offset {low}; "
+                     "run keys keep signals already acted on from starting twice")
+        return int(low)
+
+    def _end_offset(self, consumer: Consumer, topic: str, offset: int,
+                    deadline: float) -> int:
+        """The offset after the last record, from the end-of-partition event of a read from
+        ``offset`` (an offset that exists)."""
+        consumer.assign([TopicPartition(topic, 0, offset)])
+        while (left := deadline - time.monotonic()) > 0:
+            message = consumer.poll(min(0.2, left))
+            if message is None:
+                continue
+            error = message.error()
+            if error is not None and error.code() == KafkaError._PARTITION_EOF:
+                return int(message.offset())
+            if error is not None:
+                self._check(topic, offset, error)
+        raise KafkaChannelError(
+            f"the end of signal topic {topic!r} on {self.bootstrap_servers} was not found "
+            f"within the read budget (no end-of-partition event from offset {offset}); the "
+            "next tick tries again: if this repeats, compare the sensor's cursor with the "
+            "topic's offsets and set it with `dagster sensor cursor`")
+
+    def _fetch(self, consumer: Consumer, topic: str, start: int, deadline: float,
+               idle_seconds: float, max_messages: int, notes: list[str]
+               ) -> tuple[list[SignalMessage], int]:
+        consumer.assign([TopicPartition(topic, 0, start)])
+        messages: list[SignalMessage] = []
+        next_offset = start
+        # The quiet fallback starts at the first message: a slow first fetch (a remote TLS
+        # cluster) is not "no new signal".
+        last_message_at: float | None = None
+        while len(messages) < max_messages:
+            now = time.monotonic()
+            if now >= deadline or (last_message_at is not None and
+                                   now - last_message_at >= idle_seconds):
+                break
+            message = consumer.poll(min(0.2, deadline - now))
+            if message is None:
+                continue
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    if message.offset() >= next_offset:
+                        break  # everything produced before this fetch is read
+                    continue  # left over from an earlier assignment
+                self._check(topic, next_offset, error)
+                continue
+            offset = message.offset()
+            if offset < next_offset:
+                continue  # a batch that starts before the assigned offset
+            if offset > next_offset and not messages:
+                notes.append(f"signal topic {topic!r}: offsets {next_offset}..{offset - 1} "
+                             "are gone (retention or compaction) before they were read")
+            _, timestamp = message.timestamp()
+            messages.append(SignalMessage(offset, message.key(), message.value(),
+                                          timestamp if timestamp > 0 else None))
+            next_offset = offset + 1
+            last_message_at = time.monotonic()
+        return messages, next_offset
+
+    def _check(self, topic: str, offset: int, error: KafkaError) -> None:
+        """Log a passing error; raise on one that ends the read (the cursor stays)."""
+        if error.code() == KafkaError._AUTO_OFFSET_RESET:
+            raise KafkaChannelError(
+                f"signal topic {topic!r} on {self.bootstrap_servers}: offset {offset} went out "
+                f"of range while it was read ({error.str()}); the next tick checks the topic's "
+                "offsets again")
+        if error.retriable() or not error.fatal():
+            log.warning(f"signal topic {topic!r}: {error.str()}; retrying")
+            return
+        raise self._fail(f"reading topic {topic!r}", KafkaException(error))
+
     def produce(self, topic: str, key: str, value: bytes) -> int:
         """Send one message and wait for it; its offset. Creates the topic if missing."""
         self.ensure_topic(topic)
-        producer = Producer(self._config(**{"enable.idempotence": False}), logger=log)
+        producer = self._client(Producer, self._config(**{"enable.idempotence": False}))
         delivered: list[Any] = []
-        producer.produce(topic, key=key.encode(), value=value,
-                         on_delivery=lambda error, message: delivered.append((error, message)))
+        try:
+            producer.produce(topic, key=key.encode(), value=value, on_delivery=lambda error,
+                             message: delivered.append((error, message)))
+        except (BufferError, KafkaException) as error:
+            raise self._fail(f"producing to topic {topic!r}", error) from error
         remaining = producer.flush(_TIMEOUT_SECONDS)
         if remaining or not delivered:
             raise KafkaChannelError(f"message to topic {topic!r} on {self.bootstrap_servers} "
@@ -242,8 +339,8 @@ class NotificationPublisher:
         self.topic, self.key = topic, key.encode()
         self.failures: list[str] = []
         topics.ensure_topic(topic)
-        self._producer = Producer(topics._config(**{"enable.idempotence": False,
-                                                    "message.timeout.ms": 30_000}), logger=log)
+        self._producer = topics._client(Producer, topics._config(**{
+            "enable.idempotence": False, "message.timeout.ms": 30_000}))
 
     def publish(self, value: bytes) -> None:
         def delivered(error: KafkaError | None, _: Any) -> None:
@@ -261,3 +358,9 @@ class NotificationPublisher:
         """Wait up to ``timeout`` for outstanding deliveries; how many were not delivered."""
         remaining = self._producer.flush(timeout)
         return remaining + len(self.failures)
+
+
+def kafka_error_text(error: BaseException) -> str:
+    """The librdkafka reason alone (``KafkaException`` prints as ``KafkaError{code=...}``)."""
+    reason = error.args[0] if isinstance(error, KafkaException) and error.args else None
+    return reason.str() if isinstance(reason, KafkaError) else str(error)

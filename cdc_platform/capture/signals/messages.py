@@ -112,8 +112,11 @@ def parse_signal(message: SignalMessage, server_name: str, topic: str,
                     f"{max_bytes:,} (signals.max_message_bytes)")
     try:
         value = json.loads(message.value)
-    except (UnicodeDecodeError, ValueError) as error:
-        return skip(f"not valid JSON ({error})")
+    except RecursionError:
+        return skip("not valid JSON: nested too deeply to parse (a signal is an object of "
+                    "strings and lists of strings)")
+    except Exception as error:  # any failure to decode or parse: skipped, never raised
+        return skip(f"not valid JSON ({type(error).__name__}: {str(error)[:200]})")
     if not isinstance(value, dict):
         return skip(f"the value must be a JSON object, not {type(value).__name__}")
     signal_id = value.get("id")
@@ -174,7 +177,10 @@ def _execute_snapshot(base: Signal, data: dict[str, Any]) -> Signal:
     collections = _collections(data, required=True)
     snapshot_type = data.get("type", "INCREMENTAL")
     if not isinstance(snapshot_type, str) or snapshot_type.upper() != "INCREMENTAL":
-        raise _Invalid(f"snapshot type {snapshot_type!r} is not supported: only INCREMENTAL "
+        # Not repr() of any JSON value: a deeply nested one would overflow the stack.
+        shown = repr(snapshot_type[:100]) if isinstance(snapshot_type, str) else \
+            f"(a {type(snapshot_type).__name__})"
+        raise _Invalid(f"snapshot type {shown} is not supported: only INCREMENTAL "
                        "(read-only, while streaming continues)")
     conditions: list[tuple[str, str]] = []
     raw_conditions = data.get("additional-conditions")
@@ -190,7 +196,7 @@ def _execute_snapshot(base: Signal, data: dict[str, Any]) -> Signal:
             if not isinstance(collection, str) or not collection.strip():
                 raise _Invalid("an additional condition lacks its 'data-collection'")
             if not isinstance(text, str) or not text.strip():
-                raise _Invalid(f"the additional condition for {collection!r} lacks its "
+                raise _Invalid(f"the additional condition for {collection[:100]!r} lacks its "
                                "'filter'")
             conditions.append((collection.strip(), text))
     legacy = data.get("additional-condition")  # Debezium 1.x/2.0: one filter for every table

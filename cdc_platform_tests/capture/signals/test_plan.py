@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cdc_platform.capture.signals import plan as plan_module
 from cdc_platform.capture.signals.messages import (
     DEFAULT_MAX_MESSAGE_BYTES,
     Signal,
@@ -20,6 +22,7 @@ from cdc_platform.capture.signals.messages import (
 from cdc_platform.capture.signals.plan import (
     ControlSnapshots,
     LogMessage,
+    RegexBudget,
     StartSnapshot,
     match_collections,
     plan_signals,
@@ -41,9 +44,10 @@ def execute(*tables: str, **data: Any) -> dict[str, Any]:
             "data": {"data-collections": list(tables), "type": "INCREMENTAL", **data}}
 
 
-def plan(*messages: SignalMessage, busy: dict[str, str] | None = None) -> list[Any]:
+def plan(*messages: SignalMessage, busy: dict[str, str] | None = None,
+         budget: RegexBudget | None = None) -> list[Any]:
     return plan_signals(list(messages), server_name=SERVER, topic=TOPIC, captured=CAPTURED,
-                        selector=SELECTOR, busy=busy)
+                        selector=SELECTOR, busy=busy, regex_budget=budget)
 
 
 def reasons(actions: list[Any]) -> list[str]:
@@ -187,19 +191,126 @@ def test_the_cli_format_round_trips_through_the_parser() -> None:
         "my-id", "execute-snapshot", ("inv.orders",))
 
 
+def test_deeply_nested_json_is_skipped_and_the_batch_goes_on() -> None:
+    deep = b"[" * 50_000 + b"]" * 50_000  # ~100 KB: json.loads raises RecursionError
+    deep_in_data = b'{"type": "execute-snapshot", "data": {"data-collections": ' + \
+        b"[" * 50_000 + b"]" * 50_000 + b"}}"
+    skipped, skipped_too, started = plan(message(deep, 1), message(deep_in_data, 2),
+                                         message(execute("inv.orders"), 3))
+    for action, offset in ((skipped, 1), (skipped_too, 2)):
+        assert isinstance(action, Skipped) and action.offset == offset
+        assert "nested too deeply" in action.reason, action.reason
+    assert isinstance(started, StartSnapshot) and started.table_id == "inv.orders"
+
+
+def test_a_nested_value_where_a_string_belongs_is_named_by_its_type() -> None:
+    nested = b'{"type": "execute-snapshot", "data": {"data-collections": ["inv.orders"], ' \
+             b'"type": ' + b"[" * 300 + b"]" * 300 + b"}}"
+    [action] = plan(message(nested))
+    assert isinstance(action, Skipped)
+    assert action.reason.startswith("snapshot type (a list) is not supported"), action.reason
+
+
+@pytest.mark.parametrize(("entry", "expected"), [
+    ("a{99999999999}", "OverflowError: the repetition number is too large"),
+    ("(" * 5000 + ")" * 5000, "is 10,000 characters long: a table name or regular "
+                              "expression may have at most 1,000"),
+    ("(" * 400 + ")" * 400, "nor a valid regular expression (nested too deeply)"),
+    # regex unrolls counted repeats: these would exhaust memory or crash the process
+    ("(?:a{65535}){65535}", "too large once its counted repeats are unrolled"),
+    ("(?:(a)|b){1000000}", "too large once its counted repeats are unrolled"),
+    ("[" + "a-z" * 300 + "]{1000}", "too large once its counted repeats are unrolled"),
+    # catastrophic backtracking: minutes in Python's re; regex sees there is no "!" at once
+    ("(.*.*.*.*)*!", "'(.*.*.*.*)*!' matches no captured table"),
+    # ... and here regex backtracks exponentially too, until its timeout
+    (r"(.|\w|[a-z]|[^0-9])*\d", "took longer than 0.5 s to match the captured tables; "
+                                "simplify it"),
+    (r"\p{L}+", "bad escape \\p"),  # regex syntax that re does not know: re's syntax rules
+])
+def test_bad_regular_expressions_are_skipped_and_the_batch_goes_on(entry: str,
+                                                                   expected: str) -> None:
+    started_at = time.monotonic()
+    actions = plan(message(execute(entry), 1), message(execute("inv.orders"), 2),
+                   message(execute(r"sales\..*"), 3))
+    assert time.monotonic() - started_at < 5
+    skipped, *rest = actions
+    assert isinstance(skipped, Skipped) and skipped.offset == 1
+    assert expected in skipped.reason, skipped.reason
+    assert [(a.table_id, a.signal.offset) for a in rest] == [("inv.orders", 2),
+                                                               ("sales.orders", 3)]
+
+
+def test_a_batch_of_slow_regular_expressions_is_held_to_its_time_budget() -> None:
+    slow = r"(.|\w|[a-z]|[^0-9])*"
+    budget = RegexBudget(per_expression=0.2, in_all=0.3)
+    started_at = time.monotonic()
+    tables, problems = match_collections([slow + r"\d", slow + "[0-9]", "inv.orders",
+                                          slow + r"\d\d"], CAPTURED, budget=budget)
+    assert time.monotonic() - started_at < 1.5
+    assert tables == ["inv.orders"]  # a table named exactly needs no regular expression
+    assert "took longer than 0.2 s" in problems[0]
+    # The second gets what is left of the 0.3 s (if anything: a timeout fires a little late).
+    assert "not finished: the signals of this tick took 0.3 s" in problems[1] or \
+        "not tried: the signals of this tick already took 0.3 s" in problems[1]
+    assert "not tried: the signals of this tick already took 0.3 s" in problems[2]
+
+
+def test_regular_expressions_keep_pythons_re_syntax() -> None:
+    assert match_collections([r"(?i)INV\.ORDERS", r"inv\.(?P<t>orders|products)",
+                              r"(?!inv).*\.orders", r"inv\.[a-c]\w+"], CAPTURED) == (
+        ["inv.customers", "inv.orders", "inv.products", "sales.orders"], [])
+
+
+def test_an_unexpected_error_skips_its_message_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(text: str) -> str:
+        if text == "boom":
+            raise RuntimeError("validator bug")
+        return text
+
+    monkeypatch.setattr(plan_module, "validate_condition", broken)
+    failed, started = plan(
+        message({"id": "s1", **execute("inv.orders", **{"additional-condition": "boom"})}, 1),
+        message(execute("inv.orders", **{"additional-condition": "id > 1"}), 2))
+    assert isinstance(failed, Skipped) and (failed.offset, failed.signal_id) == (1, "s1")
+    assert "planning it failed with RuntimeError: validator bug" in failed.reason
+    assert isinstance(started, StartSnapshot) and started.condition == "id > 1"
+
+
+_JSON = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=20)),
+                     lambda inner: st.one_of(
+                         st.lists(inner, max_size=4),
+                         st.dictionaries(st.sampled_from(
+                             ["type", "data", "id", "data-collections",
+                              "additional-conditions", "filter", "data-collection",
+                              "surrogate-key", "message"]), inner, max_size=5)),
+                     max_leaves=12)
+_REGEX_ENTRY = st.one_of(
+    st.text(alphabet="()[]{}*+?.|\\^$,:<=!-0123456789adinovw", min_size=1, max_size=30),
+    st.sampled_from(["a{99999999999}", "(?:(a)|b){1000000}", "(" * 400 + ")" * 400,
+                     "(.*.*.*.*)*!", r"(.|\w|[a-z]|[^0-9])*\d", "inv.orders", r"inv\..*"]))
+
+
+def _deep(depth: int, opening: bytes) -> bytes:
+    closing = opening.translate(bytes.maketrans(b"[{", b"]}"))
+    return opening * depth + closing * depth
+
+
 @settings(max_examples=300, deadline=None)
 @given(key=st.one_of(st.none(), st.binary(max_size=20), st.just(SERVER.encode())),
-       value=st.one_of(st.binary(max_size=300),
-                       st.recursive(st.one_of(st.none(), st.booleans(), st.integers(),
-                                              st.text(max_size=20)),
-                                    lambda inner: st.one_of(
-                                        st.lists(inner, max_size=4),
-                                        st.dictionaries(st.sampled_from(
-                                            ["type", "data", "id", "data-collections",
-                                             "additional-conditions", "filter",
-                                             "data-collection", "surrogate-key", "message"]),
-                                            inner, max_size=5)),
-                                    max_leaves=12).map(lambda v: json.dumps(v).encode())))
+       value=st.one_of(
+           st.binary(max_size=300),
+           _JSON.map(lambda v: json.dumps(v).encode()),
+           st.builds(_deep, st.integers(1, 100_000), st.sampled_from([b"[", b'{"a":['])),
+           st.builds(lambda kind, entries, condition: json.dumps(
+               {"type": kind, "data": {"data-collections": entries, "additional-conditions": [
+                   {"data-collection": entries[0], "filter": condition}]}}).encode(),
+               st.sampled_from(["execute-snapshot", "stop-snapshot", "pause-snapshot"]),
+               st.lists(_REGEX_ENTRY, min_size=1, max_size=3),
+               st.sampled_from(["id > 1", "(((", "1; DROP TABLE x"]))))
 def test_no_message_content_crashes_the_planner(key: bytes | None, value: bytes) -> None:
-    for action in plan(SignalMessage(9, key, value)):
+    budget = RegexBudget(per_expression=0.05, in_all=0.2)
+    actions = plan(SignalMessage(9, key, value), budget=budget)
+    for action in actions:
         assert isinstance(action, StartSnapshot | ControlSnapshots | LogMessage | Skipped)
+    # ... and none went through the last line of defence: every skip has its own reason.
+    assert not any("planning it failed" in reason for reason in reasons(actions))
