@@ -22,6 +22,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
 import pymysql
 import pymysql.cursors
 
@@ -34,13 +35,24 @@ from cdc_platform.capture.values import converter_for, select_expression
 
 Key = tuple[Any, ...]
 
-# Kinds whose landing-form order is the source's order whatever the collation: only chunks keyed
-# by these carry a per-chunk range assertion (the lake compares target keys with the range).
-# Text kinds sort by collation at the source and bytewise in the lake; TIME lands as text.
-RANGE_ORDERED_KINDS = frozenset({
-    "int", "uint64", "decimal", "float", "double", "date", "datetime", "timestamp", "bit",
-    "binary",
-})
+# Keys whose landing (Arrow) type sorts in the lake as the source's ORDER BY sorts them: only
+# chunks keyed by these carry a per-chunk range assertion (the lake compares target keys with
+# the range). Decided by the landed type, not the kind: a DECIMAL wider than 38 digits lands as
+# text. Text sorts by collation at the source and bytewise in the lake (TIME, ENUM, SET and
+# JSON land as text too). Keep in step with ``cdc_platform.lake.merge.RANGE_KEY_TYPES``, the
+# Spark types whose range assertions the lake accepts (it refuses them on text keys).
+_RANGE_ORDERED_TYPES: tuple[Callable[[pa.DataType], bool], ...] = (
+    pa.types.is_integer, pa.types.is_decimal, pa.types.is_floating, pa.types.is_date,
+    pa.types.is_timestamp, pa.types.is_binary,
+)
+
+
+def range_ordered(column: ColumnSpec) -> bool:
+    """Whether the lake orders ``column``'s landed values as the source orders the column."""
+    arrow_type = column.arrow_type()
+    return any(test(arrow_type) for test in _RANGE_ORDERED_TYPES)
+
+
 # Kinds that cannot be a chunk key: no meaningful order.
 UNORDERABLE_KINDS = frozenset({"json"})
 
@@ -145,6 +157,12 @@ def schema_fingerprint(schema: TableSchema) -> str:
 
 def _q(name: str) -> str:
     return quote_identifier(name).replace("%", "%%")
+
+
+def _selected(column: ColumnSpec) -> str:
+    """How chunk SELECTs read a column: exactly (``values.select_expression``). Chunk rows and
+    the maximum key both use it, so keys read by either compare equal."""
+    return select_expression(column, _q(column.name))
 
 
 @dataclass
@@ -293,15 +311,20 @@ class ChunkedTable:
             bounds.append(keys.after(after_key))
         if max_key is not None:
             bounds.append(keys.up_to(max_key))
-        columns = ", ".join(select_expression(c, _q(c.name)) for c in self.schema.columns)
+        columns = ", ".join(_selected(c) for c in self.schema.columns)
         where = self._from_where(*bounds)
         order = ", ".join(_q(name) for name in self.key.columns)
         sql = f"SELECT {columns}{where.text} ORDER BY {order} LIMIT %s"
         return sql, (*where.params, chunk_size)
 
     def max_key_query(self) -> tuple[str, tuple[Any, ...]]:
-        """The SELECT of the largest chunk key (matching the condition), NULLs sorting first."""
-        columns = ", ".join(_q(name) for name in self.key.columns)
+        """The SELECT of the largest chunk key (matching the condition), NULLs sorting first.
+
+        The key is selected as the chunk rows select it: the maximum bounds the last chunk
+        (``key <= max``) and is compared with the last row's key, so a lossy form (the server
+        prints FLOAT with 6 digits: 0.3 for 0.30000001) would leave the largest row out.
+        """
+        columns = ", ".join(_selected(self.schema.column(name)) for name in self.key.columns)
         where = self._from_where()
         order = ", ".join(f"{_q(name)} DESC" for name in self.key.columns)
         return f"SELECT {columns}{where.text} ORDER BY {order} LIMIT 1", tuple(where.params)
@@ -311,11 +334,12 @@ class ChunkedTable:
         """Whether the lake may apply this table's per-chunk range assertions.
 
         Not with a filter (a row absent from a filtered chunk may exist), and not for keys
-        whose landing form sorts differently from the source (collations, TIME as text); those
-        tables rely on the end-of-snapshot sweep instead (see commit_rule).
+        whose landing form sorts differently from the source (text: collations, TIME, DECIMAL
+        above 38 digits; see :func:`range_ordered`); those tables rely on the end-of-snapshot
+        sweep instead (see commit_rule).
         """
-        kinds = {self.schema.column(name).kind for name in self.key.columns}
-        return self.condition is None and kinds <= RANGE_ORDERED_KINDS
+        return self.condition is None and all(
+            range_ordered(self.schema.column(name)) for name in self.key.columns)
 
 
 def read_max_key(conn: pymysql.Connection, table: ChunkedTable) -> Key | None:

@@ -9,7 +9,8 @@ current point Q:
 * ``Wait`` until ``processed ⊇ after``: an event the chunk already reflects must not be
   processed after the chunk, or its older image would overwrite the chunk's row.
 * ``Reject`` a chunk that cannot be made exact: its ``low_watermark`` misses transactions the
-  touched-key log does not cover (those before the session opened or pruned from the log),
+  touched-key log does not cover (those before the session opened or pruned from the log,
+  see ``TouchedKeyLog``),
   DDL on the table outside the low watermark was processed (the chunk predates it: a TRUNCATE
   has no row events, a column change alters every row), or its columns differ from the binlog
   schema at Q. The reader re-selects it.
@@ -32,13 +33,68 @@ from cdc_platform.capture.gtid import Gtid, GtidSet
 from cdc_platform.capture.snapshot.chunks import Chunk, Key
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Touch:
     """A processed transaction wrote key K of the table: its GTID and the changelog position
     of the record it wrote for K."""
 
     gtid: Gtid
     position: int
+
+
+class TouchedKeyLog:
+    """The touched-key log of one snapshot session, pruned in generations so that its size
+    stays bounded for as long as the session lasts, without changing any decision.
+
+    Why pruning is exact: ``decide_chunk_commit`` rejects a chunk whose low watermark does not
+    contain ``horizon``; for every other chunk a transaction of the horizon is inside the low
+    watermark, and touches inside the low watermark decide nothing (neither dropped keys nor
+    the assertion's threshold). So touches of transactions in the horizon can go, once the
+    horizon holds only transactions the engine has processed (their touches are all logged).
+
+    Why generations: moving the horizon to the engine's current position would reject every
+    chunk read before that instant, pending ones included. Instead, each pruning point
+    remembers the processed position (``mark``) and moves the horizon to the mark of the
+    *previous* pruning point: only chunks read before that older point are rejected (and read
+    again), and a chunk survives at least one whole generation. The log then holds about the
+    touches of the last generation: bounded by how often the caller prunes.
+    """
+
+    __slots__ = ("horizon", "mark", "touches", "size", "generation_started")
+
+    def __init__(self, horizon: GtidSet, now: float = 0.0) -> None:
+        self.horizon = horizon
+        self.mark = horizon  # processed at the last pruning point (the opening at first)
+        self.touches: dict[Key, list[Touch]] = {}
+        self.size = 0  # touches held
+        self.generation_started = now
+
+    def record(self, key: Key, gtid: Gtid, position: int) -> None:
+        """A processed transaction wrote ``key`` (the engine's hot path)."""
+        touches = self.touches.get(key)
+        if touches is None:
+            self.touches[key] = [Touch(gtid, position)]
+        else:
+            touches.append(Touch(gtid, position))
+        self.size += 1
+
+    def prune(self, processed: GtidSet, now: float = 0.0) -> int:
+        """Start a new generation at ``processed`` (every transaction in it is processed and
+        logged): the horizon moves to the previous generation's mark and the touches of its
+        transactions go. Returns how many touches were dropped."""
+        horizon = self.horizon.union(self.mark)
+        self.horizon, self.mark, self.generation_started = horizon, processed, now
+        if not self.size:
+            return 0
+        kept: dict[Key, list[Touch]] = {}
+        size = 0
+        for key, touches in self.touches.items():
+            left = [t for t in touches if not horizon.contains_gtid(t.gtid)]
+            if left:
+                kept[key] = left
+                size += len(left)
+        dropped, self.touches, self.size = self.size - size, kept, size
+        return dropped
 
 
 @dataclass(frozen=True)
@@ -79,8 +135,8 @@ class RangeAssertion:
     "latest position below threshold" matters, the lake may fold records by position first and
     apply assertions afterwards, in any order.
 
-    Keys compare lexicographically, NULL first, as in the source's ORDER BY; the chunk reader
-    only allows range assertions for key kinds whose landing form sorts that way.
+    Keys compare lexicographically, NULL first, as in the source's ORDER BY; range assertions
+    are only made for keys whose landed type sorts that way (``chunks.range_ordered``).
     """
 
     table_id: str

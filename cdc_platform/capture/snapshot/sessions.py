@@ -1,9 +1,10 @@
 """The engine's side of incremental snapshots (docs/snapshots.md).
 
 The engine keeps, per table under snapshot, the session's opening position, the touched-key log
-(which processed transactions wrote which key since the opening) and the DDL seen since; at each
-flush it picks up readers' requests and pending chunk manifests from the landing zone and applies
-the deferred chunk commit rule (``commit_rule.decide_chunk_commit``). Session state travels in
+(which processed transactions wrote which key since the opening, pruned in generations: see
+``commit_rule.TouchedKeyLog``) and the DDL seen since; at each flush it picks up readers' requests
+and pending chunk manifests from the landing zone and applies the deferred chunk commit rule
+(``commit_rule.decide_chunk_commit``). Session state travels in
 the checkpoint, so a chunk's rows and the record that it committed become durable together.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,15 +34,34 @@ from cdc_platform.capture.snapshot.commit_rule import (
     Commit,
     RangeAssertion,
     Reject,
-    Touch,
+    TouchedKeyLog,
     decide_chunk_commit,
 )
 
 Key = tuple[Any, ...]
 # Emits records into the changelog: (table schema, op, rows, extra columns) -> first position.
 # Rows are tuples in schema column order, or (chunk rows) an Arrow table of the user columns.
+# It raises, without emitting anything, when the records do not fit the schema.
 Emit = Callable[[TableSchema, str, "list[tuple[Any, ...]] | pa.Table",
                  dict[str, list[Any]] | None], int]
+# Reads a table's current schema from the source (as it lands: shaped by the selector) and
+# records it as the engine's schema of the table; None when the table does not exist.
+ReadSchema = Callable[[str], TableSchema | None]
+
+# Touched-key log pruning (``commit_rule.TouchedKeyLog``): a session's log starts a new
+# generation once it holds this many touches and its generation is at least this old. The
+# age keeps chunks that wait for the engine (a lagging engine, a burst of writes) from being
+# rejected over and over; the log holds about two generations at most.
+MAX_LOGGED_TOUCHES = 200_000
+MIN_GENERATION_SECONDS = 30.0
+# A session whose chunks were rejected this many times in a row, with no commit between, is
+# stopped: something rejects every re-read (a schema the engine cannot match, a chunk that
+# cannot be landed), and re-reading forever would only grow ``rejected`` in the checkpoint.
+# Legitimate runs stay far below: an engine restart rejects at most the reader's pending
+# chunks (32 by default), and their re-reads commit.
+MAX_REJECTIONS_IN_A_ROW = 200
+# After the source could not give a table's schema, ask again no sooner than this.
+SCHEMA_RETRY_SECONDS = 5.0
 
 
 def _now() -> str:
@@ -83,14 +104,26 @@ class SnapshotSession:
 class SnapshotCoordinator:
     """Sessions, touched-key log and chunk commits for one engine."""
 
-    def __init__(self, landing: LandingZone, flavour: str, log: Any) -> None:
+    def __init__(self, landing: LandingZone, flavour: str, log: Any,
+                 max_logged_touches: int = MAX_LOGGED_TOUCHES,
+                 min_generation_seconds: float = MIN_GENERATION_SECONDS,
+                 max_rejections_in_a_row: int = MAX_REJECTIONS_IN_A_ROW) -> None:
         self.landing = landing
         self.flavour = flavour
         self.log = log
+        self.max_logged_touches = max_logged_touches
+        self.min_generation_seconds = min_generation_seconds
+        self.max_rejections_in_a_row = max_rejections_in_a_row
         self.sessions: dict[str, SnapshotSession] = {}
-        self._touched: dict[str, dict[Key, list[Touch]]] = {}
+        self._touched: dict[str, TouchedKeyLog] = {}
         self._ddl: dict[str, list[Gtid]] = {}
         self._key_columns: dict[str, tuple[str, ...]] = {}
+        # Tables whose schema the engine must read from the source before deciding chunks
+        # (a session opened or was resumed: the engine's schema may predate a DDL whose table
+        # saw no row event since), and when a failed read may be tried again.
+        self._schema_unchecked: set[str] = set()
+        self._schema_retry_at: dict[str, float] = {}
+        self._rejections_in_a_row: dict[str, int] = {}
 
     # -- state -----------------------------------------------------------------------------
 
@@ -108,14 +141,26 @@ class SnapshotCoordinator:
         return {table_id: asdict(s) for table_id, s in self.sessions.items()}
 
     def _track(self, session: SnapshotSession) -> None:
-        self._touched[session.table_id] = {}
+        self._touched[session.table_id] = TouchedKeyLog(
+            parse_position(self.flavour, session.horizon), time.monotonic())
         self._ddl[session.table_id] = []
         self._key_columns[session.table_id] = tuple(session.chunk_key)
+        self._schema_unchecked.add(session.table_id)
+        self._schema_retry_at.pop(session.table_id, None)
+        self._rejections_in_a_row[session.table_id] = 0
 
     def _untrack(self, table_id: str) -> None:
         self._touched.pop(table_id, None)
         self._ddl.pop(table_id, None)
         self._key_columns.pop(table_id, None)
+        self._schema_unchecked.discard(table_id)
+        self._schema_retry_at.pop(table_id, None)
+        self._rejections_in_a_row.pop(table_id, None)
+
+    def logged_touches(self, table_id: str) -> int:
+        """How many touches the table's touched-key log holds (0 without a session)."""
+        log = self._touched.get(table_id)
+        return 0 if log is None else log.size
 
     @property
     def active(self) -> bool:
@@ -137,7 +182,7 @@ class SnapshotCoordinator:
         return self._key_columns.get(table_id)
 
     def record_touch(self, table_id: str, key: Key, gtid: Gtid, position: int) -> None:
-        self._touched[table_id].setdefault(key, []).append(Touch(gtid, position))
+        self._touched[table_id].record(key, gtid, position)
 
     def record_ddl(self, table_id: str, gtid: Gtid) -> bool:
         """A DDL on a table under snapshot ends its session as ``restart``; True if it did.
@@ -164,13 +209,71 @@ class SnapshotCoordinator:
     # -- at each flush ---------------------------------------------------------------------
 
     def tick(self, processed: GtidSet, next_pos: int, schemas: dict[str, TableSchema],
-             emit: Emit) -> bool:
-        """Pick up requests, decide pending chunks; True when session state changed."""
+             emit: Emit, read_schema: ReadSchema | None = None) -> bool:
+        """Pick up requests, prune touched-key logs, decide pending chunks; True when session
+        state changed. ``read_schema`` gives a table's current schema from the source (without
+        it, the engine's ``schemas`` are taken as they are)."""
         changed = self._poll_requests(processed, next_pos)
+        changed |= self._prune(processed)
         for session in list(self.sessions.values()):
             if session.state == "open":
-                changed |= self._decide_pending(session, processed, schemas, emit)
+                changed |= self._decide_pending(session, processed, schemas, emit, read_schema)
         return changed
+
+    def _prune(self, processed: GtidSet) -> bool:
+        """Start a new touched-key log generation where the log grew past its bound (see
+        ``TouchedKeyLog``); the moved horizon goes to the checkpoint with the session."""
+        changed = False
+        now = time.monotonic()
+        for table_id, log in self._touched.items():
+            if log.size < self.max_logged_touches or (
+                    now - log.generation_started < self.min_generation_seconds):
+                continue
+            before = log.size
+            dropped = log.prune(processed, now)
+            session = self.sessions[table_id]
+            if str(log.horizon) != session.horizon:
+                session.horizon = str(log.horizon)
+                changed = True
+            self.log.info(f"snapshot of {table_id}: touched-key log pruned ({dropped} of "
+                          f"{before} touches dropped; horizon now {session.horizon}): chunks "
+                          "read before it are rejected and read again")
+        return changed
+
+    def _schema_for_decisions(self, session: SnapshotSession, schemas: dict[str, TableSchema],
+                              read_schema: ReadSchema | None) -> TableSchema | None:
+        """The schema chunks of the session are compared with, or None to decide later.
+
+        The engine learns schemas from table maps, which only come with row events: after a
+        DDL on a quiet table, or for a table created since the engine started, it has an old
+        schema or none. So when a session opens (or the engine resumes one), and whenever the
+        engine has no schema, it is read from the source. That schema may be newer than the
+        engine's position; it is still safe to decide with (engine.py, ``_read_source_schema``).
+        """
+        table_id = session.table_id
+        schema = schemas.get(table_id)
+        if read_schema is None or (schema is not None and table_id not in self._schema_unchecked):
+            return schema
+        if time.monotonic() < self._schema_retry_at.get(table_id, 0.0):
+            return None if table_id in self._schema_unchecked else schema
+        try:
+            fresh = read_schema(table_id)
+        except Exception as error:  # noqa: BLE001 - the source may be unreachable for a while
+            self._schema_retry_at[table_id] = time.monotonic() + SCHEMA_RETRY_SECONDS
+            self.log.warning(f"snapshot of {table_id}: could not read the table's schema from "
+                             f"the source ({type(error).__name__}: {error}); its chunks wait, "
+                             f"and the engine asks again in {SCHEMA_RETRY_SECONDS:.0f}s")
+            return None
+        self._schema_unchecked.discard(table_id)
+        if fresh is None:
+            self._schema_retry_at[table_id] = time.monotonic() + SCHEMA_RETRY_SECONDS
+            if schema is None:
+                self.log.warning(f"snapshot of {table_id}: the table does not exist on the "
+                                 "source and the engine has no schema for it; its chunks wait "
+                                 f"(session {session.session_id}): stop the snapshot if the "
+                                 "table is gone")
+            return schema
+        return fresh
 
     def _snapshot_dir(self, table_id: str) -> Path:
         database, table = table_id.split(".", 1)
@@ -236,71 +339,116 @@ class SnapshotCoordinator:
         return sorted(found)
 
     def _decide_pending(self, session: SnapshotSession, processed: GtidSet,
-                        schemas: dict[str, TableSchema], emit: Emit) -> bool:
-        from cdc_platform.capture.snapshot.reader import decode_key
-
+                        schemas: dict[str, TableSchema], emit: Emit,
+                        read_schema: ReadSchema | None = None) -> bool:
         changed = False
-        schema = schemas.get(session.table_id)
+        schema = self._schema_for_decisions(session, schemas, read_schema)
         if schema is None:
             return False
-        key_names = list(session.chunk_key)
-        # The commit rule needs only the chunk's keys: it is decided on a key-only view of the
-        # chunk, and the rows go from the chunk's Parquet to the changelog as Arrow data.
-        keys_only = ChunkedTable(
-            TableSchema(schema.database, schema.table,
-                        tuple(schema.column(c) for c in key_names), tuple(key_names)),
-            ChunkKey(tuple(key_names), (False,) * len(key_names),
-                     "primary key" if schema.primary_key else "surrogate key"),
-            session.condition)
-        kinds = [schema.column(c).kind for c in key_names]
         for seq, manifest_path in self._pending(session):
-            manifest = json.loads(manifest_path.read_bytes())
-            rows = pq.ParquetFile(manifest_path.with_suffix(".parquet")).read()
-            keys = list(zip(*(
-                [_landing_value(v) for v in rows.column(name).to_pylist()]
-                for name in key_names), strict=True)) if rows.num_rows else []
-            chunk = Chunk(
-                table=keys_only, rows=tuple(keys),
-                range_low=decode_key(manifest.get("range_low"), kinds),
-                range_high=decode_key(manifest.get("range_high"), kinds),
-                low_watermark=parse_position(self.flavour, manifest["low_watermark"]),
-                after=parse_position(self.flavour, manifest["after"]),
-                schema_fingerprint=manifest["fingerprint"], resume_key=None,
-                complete=bool(manifest.get("complete")))
-            decision = decide_chunk_commit(
-                chunk, processed, parse_position(self.flavour, session.opening),
-                parse_position(self.flavour, session.horizon),
-                self._touched.get(session.table_id, {}), schema_fingerprint(schema),
-                self._ddl.get(session.table_id, ()))
-            if isinstance(decision, Reject):
-                session.rejected[str(seq)] = decision.reason
-                self.log.info(f"snapshot of {session.table_id}: chunk {seq} rejected "
-                              f"({decision.reason})")
-                changed = True
-                continue
-            if not isinstance(decision, Commit):
+            try:
+                decision = self._decide_one(session, seq, manifest_path, schema, processed,
+                                            emit)
+            except Exception as error:  # noqa: BLE001 - one bad chunk must not stop the engine
+                # (a chunk that cannot be read, decoded or landed: rejecting is always safe,
+                # the reader reads the range again; a stop ends a loop of such rejections)
+                decision = Reject(
+                    f"chunk {seq} of {session.table_id} could not be decided or landed "
+                    f"({type(error).__name__}: {error}); re-select it")
+                self.log.warning(f"snapshot of {session.table_id}: session "
+                                 f"{session.session_id}: {decision.reason}", exc_info=True)
+            if decision is None:
                 break  # Wait: later chunks wait too, so commits stay in reading order
-            if decision.dropped_keys:
-                rows = rows.filter(pa.array([k not in decision.dropped_keys for k in keys]))
-            self._commit(session, schema, seq, chunk, rows, decision, emit)
             changed = True
+            if isinstance(decision, Reject):
+                self._reject(session, seq, decision.reason)
+                if session.state != "open":
+                    break
+                continue
+            self._rejections_in_a_row[session.table_id] = 0
             if session.state == "done":
                 break
         return changed
 
+    def _decide_one(self, session: SnapshotSession, seq: int, manifest_path: Path,
+                    schema: TableSchema, processed: GtidSet,
+                    emit: Emit) -> Reject | Commit | None:
+        """Decide one pending chunk, and land it if it commits; None when it must wait."""
+        from cdc_platform.capture.snapshot.reader import decode_key
+
+        key_names = tuple(session.chunk_key)
+        # The commit rule needs only the chunk's keys: it is decided on a key-only view of the
+        # chunk, and the rows go from the chunk's Parquet to the changelog as Arrow data.
+        key_specs = tuple(schema.column(c) for c in key_names)
+        keys_only = ChunkedTable(
+            TableSchema(schema.database, schema.table, key_specs, key_names),
+            ChunkKey(key_names, (False,) * len(key_names),
+                     "primary key" if schema.primary_key else "surrogate key"),
+            session.condition)
+        manifest = json.loads(manifest_path.read_bytes())
+        rows = pq.ParquetFile(manifest_path.with_suffix(".parquet")).read()
+        keys = list(zip(*(
+            [_landing_value(v) for v in rows.column(name).to_pylist()]
+            for name in key_names), strict=True)) if rows.num_rows else []
+        # Bounds decode by the key's column specs: a bare kind cannot tell a DECIMAL wider
+        # than 38 digits (landed as text) from a narrower one.
+        chunk = Chunk(
+            table=keys_only, rows=tuple(keys),
+            range_low=decode_key(manifest.get("range_low"), key_specs),
+            range_high=decode_key(manifest.get("range_high"), key_specs),
+            low_watermark=parse_position(self.flavour, manifest["low_watermark"]),
+            after=parse_position(self.flavour, manifest["after"]),
+            schema_fingerprint=manifest["fingerprint"], resume_key=None,
+            complete=bool(manifest.get("complete")))
+        log = self._touched[session.table_id]
+        decision = decide_chunk_commit(
+            chunk, processed, parse_position(self.flavour, session.opening), log.horizon,
+            log.touches, schema_fingerprint(schema), self._ddl.get(session.table_id, ()))
+        if isinstance(decision, Reject):
+            return decision
+        if not isinstance(decision, Commit):
+            return None
+        if decision.dropped_keys:
+            rows = rows.filter(pa.array([k not in decision.dropped_keys for k in keys]))
+        self._commit(session, schema, seq, chunk, rows, decision, emit)
+        return decision
+
+    def _reject(self, session: SnapshotSession, seq: int, reason: str) -> None:
+        """Record a rejection (the reader reads the range again); stop the session when its
+        chunks keep being rejected with no commit between (MAX_REJECTIONS_IN_A_ROW)."""
+        session.rejected[str(seq)] = reason
+        self.log.info(f"snapshot of {session.table_id}: chunk {seq} rejected ({reason})")
+        table_id = session.table_id
+        count = self._rejections_in_a_row.get(table_id, 0) + 1
+        self._rejections_in_a_row[table_id] = count
+        if count < self.max_rejections_in_a_row:
+            return
+        session.state = "stopped"
+        session.ended_at = _now()
+        session.reason = (f"{count} chunks in a row were rejected with no commit between (the "
+                          f"last, chunk {seq}: {reason})")
+        self._untrack(table_id)
+        self.log.error(f"snapshot of {table_id}: session {session.session_id} stopped: "
+                       f"{session.reason}. The reader ends with status 'stopped'; fix the "
+                       "cause (see the rejection reasons in the engine log) and snapshot the "
+                       "table again")
+
     def _commit(self, session: SnapshotSession, schema: TableSchema, seq: int, chunk: Chunk,
                 rows: pa.Table, decision: Commit, emit: Emit) -> None:
+        # Each emit lands all of its records or none. Should a later one fail, the chunk is
+        # rejected with the earlier records landed: harmless, they are the rows' values at
+        # this point (an assertion or a sweep only ever deletes).
         first_pos = emit(schema, "r", rows, None)
         if decision.assertion is not None:
             self._emit_assertion(schema, decision.assertion, first_pos, emit)
+        if chunk.complete and session.condition is None:
+            emit(schema, "s", [(None,) * len(schema.columns)],
+                 {"__cdc_threshold": [session.opening_pos]})
         session.committed.append(seq)
         session.rows += rows.num_rows
         if chunk.complete:
             session.state = "done"
             session.ended_at = _now()
-            if session.condition is None:
-                emit(schema, "s", [(None,) * len(schema.columns)],
-                     {"__cdc_threshold": [session.opening_pos]})
             self._untrack(session.table_id)
             self.log.info(f"snapshot of {session.table_id}: session {session.session_id} done, "
                           f"{session.rows} rows in {len(session.committed)} chunks")

@@ -20,6 +20,7 @@ from cdc_platform.capture.snapshot.chunks import (
     ChunkKeyError,
     SkippedTable,
     chunk_key_for,
+    range_ordered,
     read_chunk,
     read_max_key,
     read_nullable_columns,
@@ -80,6 +81,43 @@ def test_identifiers_are_quoted_and_percent_signs_escaped() -> None:
     assert params == (7, 10)
     assert table.max_key_query() == (
         "SELECT `k``%%s` FROM `we``ird`.`100%%` ORDER BY `k``%%s` DESC LIMIT 1", ())
+
+
+def test_max_key_is_selected_as_exactly_as_the_chunk_rows() -> None:
+    """The server prints FLOAT with 6 digits: the maximum read raw (0.3 for a stored
+    0.30000001) would bound the last chunk below its own row."""
+    schema = TableSchema("shop", "m", (ColumnSpec("f", "float"), ColumnSpec("d", "double"),
+                                       ColumnSpec("v", "int")), ("f", "d"))
+    table = ChunkedTable(schema, ChunkKey(("f", "d"), (False, False), "primary key"))
+    assert table.max_key_query() == (
+        "SELECT (`f` * 1e0), `d` FROM `shop`.`m` ORDER BY `f` DESC, `d` DESC LIMIT 1", ())
+    assert table.chunk_query(None, None, 1)[0].startswith("SELECT (`f` * 1e0), `d`, `v` FROM")
+
+
+@pytest.mark.parametrize(("column", "ordered"), [
+    (ColumnSpec("k", "int"), True), (ColumnSpec("k", "uint64"), True),
+    (ColumnSpec("k", "decimal", 38, 2), True), (ColumnSpec("k", "decimal", 39, 0), False),
+    (ColumnSpec("k", "decimal", 65, 30), False), (ColumnSpec("k", "float"), True),
+    (ColumnSpec("k", "double"), True), (ColumnSpec("k", "date"), True),
+    (ColumnSpec("k", "datetime", scale=6), True), (ColumnSpec("k", "timestamp"), True),
+    (ColumnSpec("k", "bit", 1), True), (ColumnSpec("k", "bit", 64), True),
+    (ColumnSpec("k", "binary", 16), True), (ColumnSpec("k", "time"), False),
+    (ColumnSpec("k", "string"), False), (ColumnSpec("k", "enum", values=("a",)), False),
+    (ColumnSpec("k", "set", values=("a",)), False),
+], ids=lambda v: f"{v.kind}{v.precision or ''}" if isinstance(v, ColumnSpec) else str(v))
+def test_range_assertions_follow_the_landed_type_as_the_lake_does(column: ColumnSpec,
+                                                                  ordered: bool) -> None:
+    """Range assertions only for keys the lake accepts them on (it refuses text keys: a DECIMAL
+    above 38 digits lands as text, whatever its kind)."""
+    pytest.importorskip("pyspark")
+    from cdc_platform.lake.columns import spark_type
+    from cdc_platform.lake.merge import RANGE_KEY_TYPES
+
+    assert range_ordered(column) is ordered
+    assert isinstance(spark_type(column.arrow_type()), RANGE_KEY_TYPES) is ordered
+    schema = TableSchema("shop", "t", (column, ColumnSpec("v", "int")), ("k",))
+    table = ChunkedTable(schema, ChunkKey(("k",), (False,), "primary key"))
+    assert table.range_assertions_allowed is ordered
 
 
 def test_unsafe_filters_never_reach_sql() -> None:
@@ -288,3 +326,16 @@ def test_chunk_schema_fingerprint_matches_the_binlog_schema(mariadb: Any,
     selected = _chunked(conn, db, "all_kinds").schema
     assert selected == binlog_schema
     assert schema_fingerprint(selected) == schema_fingerprint(binlog_schema)
+
+
+@pytest.mark.parametrize("kind", ["FLOAT", "DOUBLE"])
+def test_float_keys_one_per_chunk_reach_the_largest_row(mariadb: Any, chunk_db: tuple[Any, str],
+                                                        kind: str) -> None:
+    conn, db = chunk_db
+    mariadb.query(f"CREATE OR REPLACE TABLE `{db}`.fk (k {kind} PRIMARY KEY, v INT)")
+    mariadb.query(f"INSERT INTO `{db}`.fk VALUES (0.1, 1), (0.2, 2), (0.3, 3)")
+    table = _chunked(conn, db, "fk")
+    chunks = read_table_in_chunks(conn, "mariadb", table, 1)
+    assert [row[1] for chunk in chunks for row in chunk.rows] == [1, 2, 3]
+    assert [len(c.rows) for c in chunks] == [1, 1, 1] and chunks[-1].complete
+    _check_tiling(chunks)

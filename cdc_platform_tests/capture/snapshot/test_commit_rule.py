@@ -3,9 +3,11 @@
 A model source (a table of a few keys and a history of committed transactions), a model engine
 (processes the history in binlog order, keeps the touched-key log, applies the rule to chunks
 that arrive at random points, late ones included) and a model lake (folds records, chunk rows
-and range assertions by position). Properties: whenever the engine has committed a chunk, every
-key of the committed ranges has its true value at the engine's point, and at the end the target
-equals the source. Deliberately broken rules are caught by the same properties.
+range assertions and the end-of-snapshot sweep by position). The engine's touched-key log is
+the real ``TouchedKeyLog``, pruned at random points, one generation or two at a time.
+Properties: whenever the engine has committed a chunk, every key of the committed ranges has its
+true value at the engine's point, and at the end the target equals the source. Deliberately
+broken rules are caught by the same properties.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from cdc_platform.capture.snapshot.commit_rule import (
     Reject,
     SnapshotSweep,
     Touch,
+    TouchedKeyLog,
     Wait,
     decide_chunk_commit,
     sweep_after_snapshot,
@@ -282,12 +285,13 @@ def simulate(sc: Scenario, rule: Rule = decide_chunk_commit, watermark_ahead: bo
     rng, n, flavour = random.Random(sc.seed), len(sc.txns), sc.flavour
     table = _table(sc.range_assertions)
     empty = _position(flavour, [])
-    processed, opening, horizon = empty, empty, empty
+    processed, opening = empty, empty
     next_pos = 1
     opening_pos = 0
     records: list[Record] = []
-    touched: dict[Key, list[Touch]] = {}
-    stats = dict.fromkeys(["commits", "waits", "rejects", "dropped", "asserted_deletes"], 0)
+    log = TouchedKeyLog(empty)  # the session's, from its opening
+    stats = dict.fromkeys(["commits", "waits", "rejects", "dropped", "asserted_deletes",
+                           "pruned_touches"], 0)
     violations: list[str] = []
 
     def schedule(index: int, engine_point: int, stale_ok: bool) -> tuple[int, int, Chunk]:
@@ -311,7 +315,7 @@ def simulate(sc: Scenario, rule: Rule = decide_chunk_commit, watermark_ahead: bo
         rng.shuffle(pending)
         for item in list(pending):
             index, chunk = item
-            decision = rule(chunk, processed, opening, horizon, touched, FINGERPRINT, ())
+            decision = rule(chunk, processed, opening, log.horizon, log.touches, FINGERPRINT, ())
             if isinstance(decision, Wait):
                 stats["waits"] += 1
                 continue
@@ -332,6 +336,13 @@ def simulate(sc: Scenario, rule: Rule = decide_chunk_commit, watermark_ahead: bo
                                       threshold=decision.assertion.threshold(first)))
                 next_pos += 1
             covered.append((chunk.range_low, chunk.range_high))
+
+    def maybe_prune() -> None:
+        """A new log generation at the engine's point; twice in a row moves the horizon all
+        the way to ``processed`` (the most a pruning may do)."""
+        if rng.random() < 0.2:
+            for _ in range(rng.choice([1, 1, 2])):
+                stats["pruned_touches"] += log.prune(processed)
 
     def check(point: int) -> None:
         truth = sc.state_after(list(range(1, point + 1)))
@@ -354,7 +365,7 @@ def simulate(sc: Scenario, rule: Rule = decide_chunk_commit, watermark_ahead: bo
                     continue  # deleting a missing row logs no row event
                 records.append(Record(next_pos, (key,), value))
                 if point > sc.opening:
-                    touched.setdefault((key,), []).append(Touch(txn.gtid, next_pos))
+                    log.record((key,), txn.gtid, next_pos)
                 next_pos += 1
                 if value is None:
                     state_before.pop(key, None)
@@ -363,10 +374,9 @@ def simulate(sc: Scenario, rule: Rule = decide_chunk_commit, watermark_ahead: bo
             processed = processed.add(txn.gtid)
         if point == sc.opening:
             opening, opening_pos = processed, next_pos
-        if prune and point > sc.opening and rng.random() < 0.15:
-            horizon = processed
-            touched = {k: [t for t in ts if not horizon.contains_gtid(t.gtid)]
-                       for k, ts in touched.items()}
+            log = TouchedKeyLog(processed)
+        if prune and point > sc.opening:
+            maybe_prune()
         if point >= sc.opening:
             evaluate(point)
         check(point)
@@ -374,10 +384,14 @@ def simulate(sc: Scenario, rule: Rule = decide_chunk_commit, watermark_ahead: bo
     for heartbeat in range(20):
         if not pending and not in_flight:
             break
+        if prune:
+            maybe_prune()
         evaluate(n + 1 + 6 * heartbeat)  # a rejected chunk's re-read arrives by the next one
     assert not pending and not in_flight, "chunks never committed"
+    # The engine follows the last chunk with the sweep in every unfiltered session, with range
+    # assertions or without.
     sweep = sweep_after_snapshot(table.table_id, opening_pos, filtered=False)
-    if sweep is not None and not sc.range_assertions:
+    if sweep is not None:
         records.append(Record(next_pos, sweep=sweep, threshold=sweep.before_pos))
     check(n)
     final = fold(sc.garbage, records)
@@ -424,6 +438,10 @@ def ignore_session_opening(chunk, processed, opening, horizon, *args):  # noqa: 
                                chunk.low_watermark.empty(), *args)
 
 
+def ignore_pruning_horizon(chunk, processed, opening, horizon, *args):  # noqa: ANN001, ANN201
+    return decide_chunk_commit(chunk, processed, opening, opening, *args)
+
+
 def threshold_at_commit(*args):  # noqa: ANN002, ANN201
     decision = decide_chunk_commit(*args)
     if isinstance(decision, Commit) and decision.assertion is not None:
@@ -438,6 +456,7 @@ def threshold_at_commit(*args):  # noqa: ANN002, ANN201
         pytest.param(commit_before_after_is_processed, {}, id="commit-before-processed-has-after"),
         pytest.param(keep_touched_keys, {}, id="keep-touched-keys"),
         pytest.param(ignore_session_opening, {}, id="ignore-session-opening-and-horizon"),
+        pytest.param(ignore_pruning_horizon, {}, id="ignore-pruning-horizon"),
         pytest.param(threshold_at_commit, {}, id="assertion-ignores-keep-from-pos"),
         pytest.param(decide_chunk_commit, {"watermark_ahead": True},
                      id="low-watermark-ahead-of-read-view"),
@@ -454,8 +473,9 @@ def test_broken_rules_are_caught(flavour: str, broken: Rule, options: dict) -> N
 
 @pytest.mark.parametrize("flavour", ["mysql", "mariadb"])
 def test_the_property_exercises_every_branch(flavour: str) -> None:
-    """Not vacuous: correct runs include waits, rejections, dropped keys and deletes."""
-    for stat in ("waits", "rejects", "dropped", "asserted_deletes"):
+    """Not vacuous: correct runs include waits, rejections, dropped keys, deletes and pruned
+    touches."""
+    for stat in ("waits", "rejects", "dropped", "asserted_deletes", "pruned_touches"):
         found = find(scenarios(flavour), lambda sc, s=stat: (o := simulate(sc)).ok
                      and o.stats[s] > 0,
                      settings=SEARCH)

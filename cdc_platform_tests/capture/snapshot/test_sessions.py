@@ -1,0 +1,208 @@
+"""The engine's session coordinator without a database: touched-key log pruning (bounded, and
+still exact), chunks that cannot be landed, endless rejections, and where schemas come from.
+
+Chunks are real reader files (``write_chunk``) in a temporary landing zone; ``emit`` records
+what the engine would land."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from cdc_platform.capture.gtid import MariadbPosition, parse_gtid
+from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.schema import ColumnSpec, TableSchema
+from cdc_platform.capture.snapshot.chunks import Chunk, ChunkedTable, ChunkKey, schema_fingerprint
+from cdc_platform.capture.snapshot.commit_rule import TouchedKeyLog
+from cdc_platform.capture.snapshot.reader import SnapshotRequest, write_chunk, write_request
+from cdc_platform.capture.snapshot.sessions import SnapshotCoordinator
+
+SCHEMA = TableSchema("db", "t", (ColumnSpec("k", "int"), ColumnSpec("v", "int")), ("k",))
+WIDER = TableSchema("db", "t", SCHEMA.columns + (ColumnSpec("note", "string"),), ("k",))
+TABLE = ChunkedTable(SCHEMA, ChunkKey(("k",), (False,), "primary key"))
+
+
+def _pos(seq: int) -> MariadbPosition:
+    return MariadbPosition.parse(f"0-1-{seq}")
+
+
+class Landed:
+    """What the engine would land: (op, rows) per emit, with increasing positions."""
+
+    def __init__(self, fail_on: str | None = None) -> None:
+        self.records: list[tuple[str, list[tuple[Any, ...]]]] = []
+        self.next_pos = 1000
+        self.fail_on = fail_on
+
+    def __call__(self, schema: TableSchema, op: str, rows: Any, extra: Any) -> int:
+        if op == self.fail_on:
+            raise ValueError(f"records of op {op!r} do not fit {schema.table_id}")
+        if isinstance(rows, pa.Table):
+            rows = [tuple(r.values()) for r in rows.to_pylist()]
+        self.records.append((op, list(rows)))
+        first = self.next_pos
+        self.next_pos += len(rows)
+        return first
+
+    def rows(self) -> list[tuple[Any, ...]]:
+        return [row for op, rows in self.records if op == "r" for row in rows]
+
+
+def _coordinator(tmp_path: Path, **options: Any) -> tuple[SnapshotCoordinator, LandingZone]:
+    landing = LandingZone(str(tmp_path / "landing"), "demo")
+    coordinator = SnapshotCoordinator(landing, "mariadb", logging.getLogger(__name__), **options)
+    write_request(landing, "db", "t", SnapshotRequest("s1", "open", ("k",), None, 10))
+    return coordinator, landing
+
+
+def _publish(landing: LandingZone, seq: int, rows: tuple[tuple[Any, ...], ...], read_at: int,
+             schema: TableSchema = SCHEMA, high: int | None = None,
+             complete: bool = False) -> None:
+    """A chunk as the reader writes it, read at source position ``0-1-<read_at>``."""
+    table = ChunkedTable(schema, ChunkKey(("k",), (False,), "primary key"))
+    chunk = Chunk(table, rows, None, None if high is None else (high,), _pos(read_at),
+                  _pos(read_at), schema_fingerprint(schema), None, complete)
+    write_chunk(landing, chunk, "s1", seq, complete)
+
+
+def _session(coordinator: SnapshotCoordinator) -> dict[str, Any]:
+    return coordinator.state()["db.t"]
+
+
+def test_touched_key_log_stays_bounded_under_endless_writes(tmp_path: Path) -> None:
+    coordinator, _ = _coordinator(tmp_path, max_logged_touches=100, min_generation_seconds=0)
+    coordinator.tick(_pos(1), 1, {"db.t": SCHEMA}, Landed())
+    sizes = []
+    for txn in range(2, 5002):  # a writer updating 1000 keys round and round
+        coordinator.record_touch("db.t", (txn % 1000,), parse_gtid("mariadb", f"0-1-{txn}"), txn)
+        if txn % 10 == 0:  # the engine ticks every few transactions
+            coordinator.tick(_pos(txn), txn + 1, {"db.t": SCHEMA}, Landed())
+            sizes.append(coordinator.logged_touches("db.t"))
+    assert max(sizes) <= 100 + 10  # the bound plus one tick's writes, never the 5000 written
+    # The horizon went to the checkpoint: a generation behind the engine, not at its position.
+    horizon = MariadbPosition.parse(_session(coordinator)["horizon"])
+    assert horizon.issuperset(_pos(4800)) and not horizon.issuperset(_pos(5000))
+
+
+def test_pruning_rejects_only_chunks_read_before_the_previous_generation_and_stays_exact(
+        tmp_path: Path) -> None:
+    coordinator, landing = _coordinator(tmp_path, max_logged_touches=1, min_generation_seconds=0)
+    landed = Landed()
+    coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, landed)
+    # Key 1 written at 0-1-11; the log prunes at 0-1-11 (generation mark), then key 2 at 0-1-12.
+    coordinator.record_touch("db.t", (1,), parse_gtid("mariadb", "0-1-11"), 50)
+    coordinator.tick(_pos(11), 51, {"db.t": SCHEMA}, landed)
+    assert _session(coordinator)["horizon"] == "0-1-10"  # one generation: nothing dropped yet
+    coordinator.record_touch("db.t", (2,), parse_gtid("mariadb", "0-1-12"), 51)
+    # Both chunks were read before key 2's write. Pruning now moves the horizon to 0-1-11 and
+    # drops key 1's touch: the chunk read at 0-1-10 could have used it, so it is rejected; the
+    # one read at 0-1-11 commits, without key 2 (touched since its read view).
+    _publish(landing, 0, ((1, 10), (2, 20)), read_at=10, high=2)
+    _publish(landing, 1, ((1, 11), (2, 21)), read_at=11, high=2)
+    coordinator.tick(_pos(12), 52, {"db.t": SCHEMA}, landed)
+    session = _session(coordinator)
+    assert session["horizon"] == "0-1-11" and coordinator.logged_touches("db.t") == 1
+    assert "pruning horizon 0-1-11" in session["rejected"]["0"]
+    assert session["committed"] == [1] and landed.rows() == [(1, 11)]
+
+
+def test_a_chunk_that_cannot_be_landed_is_rejected_and_the_session_goes_on(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    coordinator, landing = _coordinator(tmp_path)
+    coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed())
+    _publish(landing, 0, ((1, 10),), read_at=10, high=1)
+    coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed(fail_on="r"))
+    session = _session(coordinator)
+    assert session["state"] == "open" and session["committed"] == []
+    assert "chunk 0 of db.t could not be decided or landed (ValueError: records of op 'r' " \
+           "do not fit db.t); re-select it" in session["rejected"]["0"]
+    assert "chunk 0 of db.t could not be decided or landed" in caplog.text
+    # The re-read lands.
+    landed = Landed()
+    _publish(landing, 1, ((1, 10),), read_at=10, high=1)
+    coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, landed)
+    assert _session(coordinator)["committed"] == [1] and landed.rows() == [(1, 10)]
+
+
+def test_a_session_whose_chunks_are_always_rejected_is_stopped_with_the_reason(
+        tmp_path: Path) -> None:
+    """The engine's schema never matches the chunks: re-reading forever would only grow
+    ``rejected``; after a few rejections in a row the session stops, naming the cause."""
+    coordinator, landing = _coordinator(tmp_path, max_rejections_in_a_row=3)
+    coordinator.tick(_pos(10), 1, {"db.t": WIDER}, Landed())
+    for seq in range(5):
+        _publish(landing, seq, ((1, 10),), read_at=10, high=1)
+        coordinator.tick(_pos(10), 1, {"db.t": WIDER}, Landed())
+    session = _session(coordinator)
+    assert session["state"] == "stopped" and len(session["rejected"]) == 3
+    assert session["reason"].startswith("3 chunks in a row were rejected with no commit "
+                                        "between (the last, chunk 2: ")
+    assert "binlog schema is" in session["reason"]
+
+
+def test_a_commit_resets_the_count_of_rejections_in_a_row(tmp_path: Path) -> None:
+    coordinator, landing = _coordinator(tmp_path, max_rejections_in_a_row=2)
+    coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed())
+    for seq in range(0, 6, 2):  # rejected (older schema), then committed, three times
+        _publish(landing, seq, ((1, 10, "n"),), read_at=10, high=1, schema=WIDER)
+        _publish(landing, seq + 1, ((1, 10),), read_at=10, high=1)
+        coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed())
+    session = _session(coordinator)
+    assert session["state"] == "open" and session["committed"] == [1, 3, 5]
+
+
+def test_the_schema_is_read_from_the_source_when_a_session_opens_and_when_missing(
+        tmp_path: Path) -> None:
+    """After a DDL no row event followed, the engine's schema is old (or, for a table created
+    since it started, missing): it asks the source before deciding the session's chunks."""
+    coordinator, landing = _coordinator(tmp_path)
+    asked: list[str] = []
+
+    def read_schema(table_id: str) -> TableSchema | None:
+        asked.append(table_id)
+        return WIDER
+
+    landed = Landed()
+    _publish(landing, 0, ((1, 10, "n"),), read_at=10, high=1, schema=WIDER)
+    coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, landed, read_schema)  # opens the session
+    coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, landed, read_schema)
+    assert asked == ["db.t"]  # once per session, not per chunk
+    assert _session(coordinator)["committed"] == [0] and landed.rows() == [(1, 10, "n")]
+
+    other, landing = _coordinator(tmp_path / "other")
+    _publish(landing, 0, ((1, 10, "n"),), read_at=10, high=1, schema=WIDER, complete=True)
+    other.tick(_pos(10), 1, {}, landed, read_schema)
+    assert _session(other)["state"] == "done"
+
+
+def test_a_source_that_cannot_give_the_schema_holds_chunks_back(tmp_path: Path) -> None:
+    coordinator, landing = _coordinator(tmp_path)
+
+    def unreachable(table_id: str) -> TableSchema | None:
+        raise ConnectionError("source down")
+
+    def gone(table_id: str) -> TableSchema | None:
+        return None
+
+    _publish(landing, 0, ((1, 10),), read_at=10, high=1)
+    coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed(), unreachable)
+    assert _session(coordinator)["committed"] == []  # waits: the engine's schema may be old
+    other, landing = _coordinator(tmp_path / "other")
+    _publish(landing, 0, ((1, 10),), read_at=10, high=1)
+    other.tick(_pos(10), 1, {}, Landed(), gone)
+    assert _session(other)["committed"] == [] and not _session(other)["rejected"]
+
+
+def test_touched_key_log_generations() -> None:
+    log = TouchedKeyLog(_pos(1))
+    log.record((1,), parse_gtid("mariadb", "0-1-2"), 10)
+    assert log.prune(_pos(2)) == 0 and log.horizon == _pos(1)  # first mark: nothing yet
+    log.record((1,), parse_gtid("mariadb", "0-1-3"), 11)
+    log.record((2,), parse_gtid("mariadb", "0-1-3"), 12)
+    assert log.prune(_pos(3)) == 1 and log.horizon == _pos(2)
+    assert log.size == 2 and set(log.touches) == {(1,), (2,)}
+    assert log.prune(_pos(3)) == 2 and log.size == 0 and log.touches == {}
