@@ -900,8 +900,14 @@ class SnapshotReader:
         """
         assert self._table is not None
         conn = self._connection()
-        current = source_sql.read_table_schema(conn, self.schema.database, self.schema.table)
-        conn.commit()
+        try:
+            current = source_sql.read_table_schema(conn, self.schema.database, self.schema.table)
+        except LookupError:
+            raise SnapshotError(f"{self._where()}: the table no longer exists on the source "
+                                "(dropped or renamed during the snapshot); snapshot it again "
+                                "under its current name if it was renamed") from None
+        finally:
+            conn.commit()
         if self.selector is not None:
             current = self.selector.shape(current)
         if schema_fingerprint(current) == schema_fingerprint(self.schema):
@@ -1379,6 +1385,10 @@ class _Run:
             self.restart_requested = True
             return None
         if state.get("state") == "stopped":
+            if state.get("reason"):  # the engine gave up on the session: an error, not a stop
+                raise SnapshotError(f"{r._where()}: the capture engine stopped the session: "
+                                    f"{state['reason']}; fix the cause (the engine's log has "
+                                    "each rejection), then snapshot the table again")
             return self.stopped("the engine stopped the session")
         # (done without our final chunk: a resumed reader's predecessor published it unrecorded)
         if (self.final_seq is not None and self.final_seq in committed) or (

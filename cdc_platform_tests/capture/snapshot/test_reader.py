@@ -286,7 +286,8 @@ def test_engine_drops_chunk_rows_whose_key_was_touched_outside_the_low_watermark
 # ---- the protocol against a scripted engine (real MariaDB, scripted engine side) ---------------
 
 
-Decide = Callable[[int, dict[str, Any]], str]  # (seq, manifest) -> commit | reject | wait
+# (seq, manifest) -> commit | reject | wait | give-up (the engine stops the session)
+Decide = Callable[[int, dict[str, Any]], str]
 
 
 class ScriptedEngine:
@@ -358,6 +359,9 @@ class ScriptedEngine:
                 self.manifests[seq] = manifest
                 decision = self.decide(seq, manifest)
                 if decision == "wait":
+                    break
+                if decision == "give-up":
+                    session.update(state="stopped", reason=f"scripted: chunk {seq} unusable")
                     break
                 if decision == "reject":
                     session["rejected"][str(seq)] = f"scripted rejection of chunk {seq}"
@@ -651,6 +655,26 @@ def test_a_run_of_a_later_signal_ignores_an_earlier_pause(
         result = _reader(mariadb, db, landing, chunk_size=50,
                          signal=SignalRef("snap", "topic-1", 6)).run()
     assert (result.status, result.rows) == ("done", 100)
+
+
+def test_a_session_the_engine_gave_up_on_fails_the_run_with_the_reason(
+        shop: tuple[Any, str, LandingZone]) -> None:
+    mariadb, db, landing = shop
+    expected = (rf"snapshot of {db}\.items \(session .*\): the capture engine stopped the "
+                r"session: scripted: chunk 2 unusable; fix the cause")
+    with ScriptedEngine(landing, f"{db}.items", lambda seq, _: "give-up" if seq == 2
+                        else "commit"), pytest.raises(SnapshotError, match=expected):
+        _reader(mariadb, db, landing, chunk_size=10).run()
+
+
+def test_a_table_dropped_during_the_snapshot_fails_the_run_saying_so(
+        shop: tuple[Any, str, LandingZone]) -> None:
+    mariadb, db, landing = shop
+    reader = _reader(mariadb, db, landing, chunk_size=10)
+    reader._table = ChunkedTable(reader.schema, ChunkKey(("id",), (False,), "primary key"))
+    mariadb.query(f"DROP TABLE `{db}`.items")
+    with pytest.raises(SnapshotError, match=r"the table no longer exists on the source"):
+        reader.reload_schema()
 
 
 def test_stop_event_writes_stop_and_returns(shop: tuple[Any, str, LandingZone]) -> None:
@@ -1105,7 +1129,14 @@ def test_changes_to_keys_of_chunks_waiting_for_the_engine_are_dropped_from_them(
                 "DELETE FROM items WHERE id IN (20, 70)",
                 "DELETE FROM items WHERE id = 30",
                 "INSERT INTO items VALUES (30, 'inserted again', 1, 'b')")
+    # Paused, the engine records the touches without deciding a chunk, so it processes all
+    # of them before it commits one (else it may commit at the chunks' watermark first).
+    reader.pause()
     engine.start()
+    _wait_until(lambda: _engine_state(env, "items") == "paused")
+    _wait_until(lambda: env.landing.read_checkpoint().gtid == env.query(
+        "SELECT @@GLOBAL.gtid_binlog_pos")[0][0])
+    reader.resume()
     thread.join(60)
     engine.stop()
     [result] = outcome
