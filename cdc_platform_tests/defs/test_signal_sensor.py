@@ -172,6 +172,64 @@ def test_a_duplicate_for_a_table_being_snapshotted_starts_nothing(
     assert "already being snapshotted (run " in capfd.readouterr().err
 
 
+def test_stop_then_execute_in_a_later_tick_starts_again_while_the_old_run_winds_down(
+        signal_env: CdcEnv, instance: dg.DagsterInstance) -> None:
+    """A stopped run may stay STARTED a while (a pod shutting down): it no longer counts as
+    snapshotting the table, so an execute-snapshot after the stop starts a new run."""
+    env = signal_env
+    _tables(env, "orders")
+    sensor = Sensor(env, instance)
+    sensor.tick()
+    send(env, execute(env, "orders"))
+    [request] = sensor.tick().run_requests
+    job = sensor.defs.resolve_implicit_global_asset_job_def()
+    old = instance.create_run_for_job(job, run_config=request.run_config, tags=request.tags,
+                                      asset_selection=frozenset(request.asset_selection),
+                                      status=dg.DagsterRunStatus.STARTED)
+    assert request.tags["cdc_platform/signal_topic_id"]
+    # The old run opened its session (as its live reader writes it), then the stop came.
+    write_request(env.landing, env.db, "orders", SnapshotRequest(
+        f"run-{old.run_id[:8]}-abc", "open", ("id",), None, 4096,
+        signal=SignalRef("x", request.tags["cdc_platform/signal_topic_id"],
+                         int(request.tags["cdc_platform/signal_offset"]))))
+    reader = live_reader(env, "orders")
+    send(env, {"type": "stop-snapshot", "data": {"data-collections": [f"{env.db}.orders"]}})
+    assert sensor.tick().run_requests == []
+    assert read_request(env.landing, env.db, "orders").action == "stop"
+    reader.close()
+    # Still STARTED, but told to stop: the next execute-snapshot starts a new run.
+    assert instance.get_run_by_id(old.run_id).status == dg.DagsterRunStatus.STARTED
+    again = send(env, execute(env, "orders"))
+    [new_request] = sensor.tick().run_requests
+    assert new_request.tags["cdc_platform/signal_offset"] == str(again)
+    # While that one waits to start, a duplicate still starts nothing.
+    instance.create_run_for_job(job, run_config=new_request.run_config, tags=new_request.tags,
+                                asset_selection=frozenset(new_request.asset_selection),
+                                status=dg.DagsterRunStatus.NOT_STARTED)
+    send(env, execute(env, "orders"))
+    assert sensor.tick().run_requests == []
+
+
+def test_a_pause_for_a_run_not_started_yet_is_kept_for_it(
+        signal_env: CdcEnv, instance: dg.DagsterInstance) -> None:
+    env = signal_env
+    _tables(env, "orders")
+    sensor = Sensor(env, instance)
+    sensor.tick()
+    send(env, execute(env, "orders"))
+    [request] = sensor.tick().run_requests
+    job = sensor.defs.resolve_implicit_global_asset_job_def()
+    instance.create_run_for_job(job, run_config=request.run_config, tags=request.tags,
+                                asset_selection=frozenset(request.asset_selection),
+                                status=dg.DagsterRunStatus.NOT_STARTED)
+    pause_offset = send(env, {"type": "pause-snapshot"})  # every table: the waiting run's too
+    sensor.tick()
+    control = json.loads((env.landing.root / "snapshots" / env.db / "orders" / "control.json")
+                         .read_text())
+    assert (control["action"], control["signal"]["offset"]) == ("pause", pause_offset)
+    assert read_request(env.landing, env.db, "orders") is None  # no session to stop
+
+
 def test_stop_pause_and_resume_act_once_on_the_tables_session(
         signal_env: CdcEnv, instance: dg.DagsterInstance) -> None:
     env = signal_env
