@@ -16,6 +16,7 @@ from typing import Any
 import dagster as dg
 
 from cdc_platform.definitions import build_definitions
+from cdc_platform.demo.run import create_dagster_storage
 from cdc_platform_tests.conftest import CdcEnv
 
 
@@ -234,8 +235,69 @@ def test_terminating_the_run_stops_the_session(cdc_env: CdcEnv, tmp_path: Path) 
     assert run.returncode != 0  # the run ends as failed/canceled, not as a materialisation
 
 
-def _session(env: CdcEnv) -> dict[str, Any]:
+def test_parallel_snapshot_runs_and_a_killed_run_resumed_by_the_next(
+        cdc_env: CdcEnv, spark: Any, tmp_path: Path) -> None:
+    """Two tables snapshotted by two runs at once (two processes, as the daemon launches them);
+    one run is killed with SIGKILL mid-snapshot; materialising its asset again resumes the
+    session where it stopped; both tables end equal to the source."""
+    env = cdc_env
+    _seed(env)
+    env.execute("CREATE TABLE items (id INT PRIMARY KEY, name VARCHAR(20))",
+                "SET SESSION sql_log_bin = 0",
+                "INSERT INTO orders SELECT seq, 1 FROM seq_301_to_6000",
+                "INSERT INTO items SELECT seq, CONCAT('i', seq) FROM seq_1_to_3000")
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    create_dagster_storage(home)
+    process_env = dict(os.environ, CDC_PLATFORM_CONFIG=str(env.write_config()),
+                       DAGSTER_HOME=str(home))
+
+    def materialise(table: str, chunk_size: int, log: Path) -> subprocess.Popen[bytes]:
+        config = tmp_path / f"{table}.yaml"
+        config.write_text(f"ops:\n  {'__'.join(_key(env, table).path)}:\n    config:\n"
+                          f"      chunk_size: {chunk_size}\n")
+        with open(log, "wb") as out:
+            return subprocess.Popen(
+                [str(Path(sys.executable).with_name("dagster")), "asset", "materialize", "-m",
+                 "cdc_platform.definitions", "--select", "/".join(_key(env, table).path),
+                 "-c", str(config)], env=process_env, stdout=out, stderr=subprocess.STDOUT)
+
+    with streaming(env):
+        orders = materialise("orders", 5, tmp_path / "orders.log")
+        items = materialise("items", 10, tmp_path / "items.log")
+        try:
+            deadline = time.monotonic() + 180
+            while len(_session(env).get("committed", ())) < 20 or \
+                    not _session(env, "items").get("committed"):
+                assert orders.poll() is None, (tmp_path / "orders.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "the snapshot runs made no progress"
+                time.sleep(0.1)
+            orders.kill()  # SIGKILL: no stop request, the session stays open
+            orders.wait(30)
+            assert items.wait(240) == 0, (tmp_path / "items.log").read_text()[-3000:]
+        finally:
+            for process in (orders, items):
+                if process.poll() is None:
+                    process.kill()
+        assert _session(env)["state"] == "open"
+        committed_before = len(_session(env)["committed"])
+        again = materialise("orders", 5, tmp_path / "orders-again.log")
+        assert again.wait(300) == 0, (tmp_path / "orders-again.log").read_text()[-3000:]
+    log = (tmp_path / "orders-again.log").read_text()
+    assert "resuming the session of a reader that stopped" in log
+    session = _session(env)
+    assert session["state"] == "done" and len(session["committed"]) > committed_before
+    assert len(session["committed"]) == len(set(session["committed"]))  # none twice
+    assert _session(env, "items")["state"] == "done"
+    env.catch_up()
+    for table in ("orders", "items"):
+        env.materialise(spark, table)
+        assert env.reconcile(spark, table).ok, table
+
+
+def _session(env: CdcEnv, table: str = "orders") -> dict[str, Any]:
     checkpoint = env.landing.read_checkpoint()
     if checkpoint is None:
         return {}
-    return (checkpoint.extra.get("snapshots") or {}).get(f"{env.db}.orders") or {}
+    return (checkpoint.extra.get("snapshots") or {}).get(f"{env.db}.{table}") or {}
