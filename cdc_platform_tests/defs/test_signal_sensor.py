@@ -63,6 +63,13 @@ class Sensor:
         self.sensor = self.defs.resolve_sensor_def(sensor_name(env.settings))
         self.cursor: str | None = None
 
+    def create_run(self, request: dg.RunRequest, status: dg.DagsterRunStatus) -> dg.DagsterRun:
+        """The run the daemon creates from ``request``, in ``status``."""
+        job = self.defs.resolve_implicit_global_asset_job_def()
+        return self.instance.create_run_for_job(
+            job, run_config=request.run_config, tags=request.tags,
+            asset_selection=frozenset(request.asset_selection), status=status)
+
     def tick(self, cursor: str | None = "keep") -> Any:
         with dg.build_sensor_context(instance=self.instance, definitions=self.defs,
                                      cursor=self.cursor if cursor == "keep" else cursor
@@ -161,11 +168,7 @@ def test_a_duplicate_for_a_table_being_snapshotted_starts_nothing(
     sensor.tick()
     send(env, execute(env, "orders"))
     [request] = sensor.tick().run_requests
-    # The run the daemon creates from it, started, for the snapshot asset.
-    job = sensor.defs.resolve_implicit_global_asset_job_def()
-    instance.create_run_for_job(job, run_config=request.run_config, tags=request.tags,
-                                asset_selection=frozenset(request.asset_selection),
-                                status=dg.DagsterRunStatus.STARTED)
+    sensor.create_run(request, dg.DagsterRunStatus.STARTED)
     send(env, execute(env, "orders"))  # same content, new offset
     capfd.readouterr()
     assert sensor.tick().run_requests == []
@@ -182,10 +185,7 @@ def test_stop_then_execute_in_a_later_tick_starts_again_while_the_old_run_winds_
     sensor.tick()
     send(env, execute(env, "orders"))
     [request] = sensor.tick().run_requests
-    job = sensor.defs.resolve_implicit_global_asset_job_def()
-    old = instance.create_run_for_job(job, run_config=request.run_config, tags=request.tags,
-                                      asset_selection=frozenset(request.asset_selection),
-                                      status=dg.DagsterRunStatus.STARTED)
+    old = sensor.create_run(request, dg.DagsterRunStatus.STARTED)
     assert request.tags["cdc_platform/signal_topic_id"]
     # The old run opened its session (as its live reader writes it), then the stop came.
     write_request(env.landing, env.db, "orders", SnapshotRequest(
@@ -203,9 +203,7 @@ def test_stop_then_execute_in_a_later_tick_starts_again_while_the_old_run_winds_
     [new_request] = sensor.tick().run_requests
     assert new_request.tags["cdc_platform/signal_offset"] == str(again)
     # While that one waits to start, a duplicate still starts nothing.
-    instance.create_run_for_job(job, run_config=new_request.run_config, tags=new_request.tags,
-                                asset_selection=frozenset(new_request.asset_selection),
-                                status=dg.DagsterRunStatus.NOT_STARTED)
+    sensor.create_run(new_request, dg.DagsterRunStatus.NOT_STARTED)
     send(env, execute(env, "orders"))
     assert sensor.tick().run_requests == []
 
@@ -218,10 +216,7 @@ def test_a_pause_for_a_run_not_started_yet_is_kept_for_it(
     sensor.tick()
     send(env, execute(env, "orders"))
     [request] = sensor.tick().run_requests
-    job = sensor.defs.resolve_implicit_global_asset_job_def()
-    instance.create_run_for_job(job, run_config=request.run_config, tags=request.tags,
-                                asset_selection=frozenset(request.asset_selection),
-                                status=dg.DagsterRunStatus.NOT_STARTED)
+    sensor.create_run(request, dg.DagsterRunStatus.NOT_STARTED)
     pause_offset = send(env, {"type": "pause-snapshot"})  # every table: the waiting run's too
     sensor.tick()
     control = json.loads((env.landing.root / "snapshots" / env.db / "orders" / "control.json")

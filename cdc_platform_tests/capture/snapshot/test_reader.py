@@ -1100,6 +1100,13 @@ class EngineThread:
         assert not self.errors, self.errors
 
 
+def _wait_paused_and_caught_up(env: CdcEnv, table: str) -> None:
+    """The engine holds the table's session paused and has checkpointed all of the binlog."""
+    _wait_until(lambda: _engine_state(env, table) == "paused")
+    _wait_until(lambda: env.landing.read_checkpoint().gtid == env.query(
+        "SELECT @@GLOBAL.gtid_binlog_pos")[0][0])
+
+
 def test_changes_to_keys_of_chunks_waiting_for_the_engine_are_dropped_from_them(
         cdc_env: CdcEnv, spark: Any) -> None:
     """Updates, deletes and re-inserts of keys inside chunks already read but not committed:
@@ -1133,9 +1140,7 @@ def test_changes_to_keys_of_chunks_waiting_for_the_engine_are_dropped_from_them(
     # of them before it commits one (else it may commit at the chunks' watermark first).
     reader.pause()
     engine.start()
-    _wait_until(lambda: _engine_state(env, "items") == "paused")
-    _wait_until(lambda: env.landing.read_checkpoint().gtid == env.query(
-        "SELECT @@GLOBAL.gtid_binlog_pos")[0][0])
+    _wait_paused_and_caught_up(env, "items")
     reader.resume()
     thread.join(60)
     engine.stop()
@@ -1183,9 +1188,7 @@ def test_engine_restarts_mid_snapshot_reject_stale_chunks_which_are_read_again(
     # session is paused (no decisions), checkpoints, and restarts.
     env.execute("UPDATE items SET name = 'moved on' WHERE id % 9 = 0")
     engine.start()
-    _wait_until(lambda: _engine_state(env, "items") == "paused")
-    _wait_until(lambda: env.landing.read_checkpoint().gtid == env.query(
-        "SELECT @@GLOBAL.gtid_binlog_pos")[0][0])
+    _wait_paused_and_caught_up(env, "items")
     engine.stop()
     engine.start()
     reader.resume()
