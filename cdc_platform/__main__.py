@@ -18,6 +18,8 @@ import os
 import signal
 import sys
 import threading
+import time
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -54,6 +56,20 @@ def _stream(args: argparse.Namespace) -> int:
     return 0
 
 
+def _progress_logger(describe: Callable[[Any], str], every_seconds: float = 5.0
+                     ) -> Callable[[Any], None]:
+    """An ``on_progress`` that logs the snapshot's progress at most every few seconds, and
+    each change of state (waiting, open, paused, done)."""
+    last: list[Any] = [None, 0.0]
+
+    def on_progress(progress: Any) -> None:
+        now = time.monotonic()
+        if progress.state != last[0] or now - last[1] >= every_seconds:
+            last[:] = [progress.state, now]
+            logging.info(describe(progress))
+    return on_progress
+
+
 def _snapshot(args: argparse.Namespace) -> int:
     """Snapshot one table in the foreground (the snapshot asset does the same in Dagster), or
     pause/resume/stop its session. The capture engine (``stream``) must be running."""
@@ -75,7 +91,7 @@ def _snapshot(args: argparse.Namespace) -> int:
         reader = snapshot_reader.reader_from_settings(
             settings, args.table, chunk_size=args.chunk_size, condition=args.condition,
             surrogate_key=args.surrogate_key.split(",") if args.surrogate_key else None)
-        result = reader.run(stop)
+        result = reader.run(stop, _progress_logger(snapshot_reader.describe_progress))
     except snapshot_reader.SnapshotError as error:
         logging.error(str(error))
         return 1
@@ -87,8 +103,6 @@ def _snapshot(args: argparse.Namespace) -> int:
 
 def _signal(args: argparse.Namespace) -> int:
     """Produce one signal message (key: the source's server name) to the signal topic."""
-    from confluent_kafka import KafkaException
-
     from cdc_platform.capture.signals.kafka import (
         KafkaChannelError,
         KafkaTopics,
@@ -133,7 +147,7 @@ def _signal(args: argparse.Namespace) -> int:
     try:
         offset = KafkaTopics(bootstrap, signals.kafka.config).produce(
             signals.topic, settings.source.server_name, value)
-    except (KafkaChannelError, KafkaException) as error:  # one line, not a traceback
+    except KafkaChannelError as error:  # one line, not a traceback
         print(f"signal not sent: {' '.join(kafka_error_text(error).split())}",
               file=sys.stderr)
         return 1

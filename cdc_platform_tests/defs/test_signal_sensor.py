@@ -26,6 +26,7 @@ from cdc_platform.capture.snapshot.reader import (
 )
 from cdc_platform.definitions import build_definitions
 from cdc_platform.defs.signals.sensors import SNAPSHOT_TABLE_TAG, run_key, sensor_name
+from cdc_platform.defs.snapshots.definitions import run_session_prefix
 from cdc_platform.devservices.kafka import TansuBroker
 from cdc_platform_tests.conftest import CdcEnv
 
@@ -186,12 +187,12 @@ def test_stop_then_execute_in_a_later_tick_starts_again_while_the_old_run_winds_
     send(env, execute(env, "orders"))
     [request] = sensor.tick().run_requests
     old = sensor.create_run(request, dg.DagsterRunStatus.STARTED)
-    assert request.tags["cdc_platform/signal_topic_id"]
+    [config] = [c["config"] for c in request.run_config["ops"].values()]
     # The old run opened its session (as its live reader writes it), then the stop came.
     write_request(env.landing, env.db, "orders", SnapshotRequest(
-        f"run-{old.run_id[:8]}-abc", "open", ("id",), None, 4096,
-        signal=SignalRef("x", request.tags["cdc_platform/signal_topic_id"],
-                         int(request.tags["cdc_platform/signal_offset"]))))
+        f"{run_session_prefix(old.run_id)}-abc", "open", ("id",), None, 4096,
+        signal=SignalRef(config["signal_id"], config["signal_topic_id"],
+                         config["signal_offset"])))
     reader = live_reader(env, "orders")
     send(env, {"type": "stop-snapshot", "data": {"data-collections": [f"{env.db}.orders"]}})
     assert sensor.tick().run_requests == []
@@ -206,6 +207,22 @@ def test_stop_then_execute_in_a_later_tick_starts_again_while_the_old_run_winds_
     sensor.create_run(new_request, dg.DagsterRunStatus.NOT_STARTED)
     send(env, execute(env, "orders"))
     assert sensor.tick().run_requests == []
+
+
+def test_a_pause_in_the_same_batch_as_its_execute_snapshot_is_kept_for_the_run(
+        signal_env: CdcEnv, instance: dg.DagsterInstance) -> None:
+    env = signal_env
+    _tables(env, "orders")
+    sensor = Sensor(env, instance)
+    sensor.tick()
+    send(env, execute(env, "orders"))
+    pause_offset = send(env, {"type": "pause-snapshot",
+                              "data": {"data-collections": [f"{env.db}.orders"]}})
+    [request] = sensor.tick().run_requests  # one tick reads both
+    assert request.tags["cdc_platform/signal_offset"] == str(pause_offset - 1)
+    control = json.loads((env.landing.root / "snapshots" / env.db / "orders" / "control.json")
+                         .read_text())
+    assert (control["action"], control["signal"]["offset"]) == ("pause", pause_offset)
 
 
 def test_a_pause_for_a_run_not_started_yet_is_kept_for_it(

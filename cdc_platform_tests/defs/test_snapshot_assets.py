@@ -17,6 +17,7 @@ import dagster as dg
 
 from cdc_platform.definitions import build_definitions
 from cdc_platform.demo.run import create_dagster_storage
+from cdc_platform_tests.capture.snapshot.test_reader import EngineThread
 from cdc_platform_tests.conftest import CdcEnv
 
 
@@ -146,8 +147,7 @@ def test_unsafe_condition_fails_naming_the_table(cdc_env: CdcEnv) -> None:
     assert not (env.landing.root / "snapshots").exists()  # nothing was requested
 
 
-def test_without_the_engine_the_run_retries_then_fails_saying_to_start_the_stream(
-        cdc_env: CdcEnv) -> None:
+def test_without_the_engine_the_run_fails_saying_to_start_the_stream(cdc_env: CdcEnv) -> None:
     env = cdc_env
     _seed(env)
     with dg.instance_for_test() as instance:
@@ -158,8 +158,53 @@ def test_without_the_engine_the_run_retries_then_fails_saying_to_start_the_strea
         logs = [e.message for e in instance.all_logs(result.run_id)]
     assert f"no capture engine is streaming {env.server_name}: start the stream_changes job" \
         in message
-    assert sum("retrying in 0s (retry 1 of 1)" in m for m in logs) == 1
-    assert sum("requested (chunk key id" in m for m in logs) == 2  # two attempts
+    # The wait for an acknowledgement is the time given to a restarting engine: no retry.
+    assert sum("requested (chunk key id" in m for m in logs) == 1
+    assert not any("retrying" in m for m in logs)
+
+
+def test_an_engine_gone_mid_snapshot_is_retried_then_the_next_run_resumes(
+        cdc_env: CdcEnv, spark: Any) -> None:
+    """The engine acknowledged the session and then went away: the run retries (the retry
+    adopts the session) and fails when it stays away; with the engine back, the next run
+    resumes where they stopped and the table ends equal to the source."""
+    env = cdc_env
+    _seed(env)
+    env.execute("SET SESSION sql_log_bin = 0",
+                "INSERT INTO orders SELECT seq, 1 FROM seq_301_to_5000")
+    engine = EngineThread(env)
+    engine.start()
+    config = {"chunk_size": 10, "stall_timeout_seconds": 2, "engine_retries": 1,
+              "engine_retry_seconds": 0}
+    with dg.instance_for_test() as instance:
+        results: list[dg.ExecuteInProcessResult] = []
+        run = threading.Thread(target=lambda: results.append(
+            _materialise(env, "orders", instance, config)), daemon=True)
+        run.start()
+        deadline = time.monotonic() + 120
+        while len(_session(env).get("committed", ())) < 5:
+            assert time.monotonic() < deadline and run.is_alive(), "no progress"
+            time.sleep(0.05)
+        engine.stop()
+        run.join(180)
+        [failed] = results
+        assert not failed.success
+        assert "no capture engine is streaming" in _failure(failed)
+        logs = [e.message for e in instance.all_logs(failed.run_id)]
+        assert sum("retrying in 0s (retry 1 of 1)" in m for m in logs) == 1
+        assert any("resuming the session of a reader that stopped" in m for m in logs)
+        engine.start()
+        try:
+            resumed = _materialise(env, "orders", instance, {"chunk_size": 10})
+        finally:
+            engine.stop()
+        assert resumed.success
+        logs = [e.message for e in instance.all_logs(resumed.run_id)]
+    assert any("resuming the session of a reader that stopped" in m for m in logs)
+    assert _session(env)["state"] == "done"
+    env.catch_up()
+    env.materialise(spark, "orders")
+    assert env.reconcile(spark, "orders").ok
 
 
 def test_a_run_started_before_the_engine_waits_for_it(cdc_env: CdcEnv, spark: Any) -> None:

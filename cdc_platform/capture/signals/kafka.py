@@ -4,7 +4,8 @@ The sensor reads the one-partition signal topic with ``assign()`` from the offse
 cursor (no consumer group: nothing is committed to Kafka, and Tansu's group joins take ~20 s),
 and stops at the end of the partition (librdkafka's partition-EOF event), at the message limit
 or when the time budget is spent, whichever comes first. A broker that never reports the end
-is covered by a fallback: the partition quiet for ``idle_seconds`` after its first message.
+is covered by a fallback: the partition quiet for ``idle_seconds`` after its last message (or
+after the first fetch's grace).
 
 The cursor carries the topic's id too: a topic deleted and created again (or a broker with
 in-memory storage restarted) starts its offsets at 0 again, so an offset alone would skip the
@@ -31,6 +32,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BUDGET_SECONDS = 10.0
 DEFAULT_IDLE_SECONDS = 1.0
+# For a broker that reports no end of partition: how long the first fetch may take before the
+# quiet fallback counts (a remote TLS cluster's first fetch is slow; an empty topic on such a
+# broker then ends a tick in this plus idle_seconds, not the whole budget).
+FIRST_FETCH_GRACE_SECONDS = 4.0
 DEFAULT_MAX_MESSAGES = 500
 _TIMEOUT_SECONDS = 10.0
 
@@ -130,9 +135,8 @@ class KafkaTopics:
             except TimeoutError as error:
                 raise self._fail(f"creating topic {topic!r}", error) from error
             except KafkaException as error:
-                code = error.args[0].code() if error.args and isinstance(
-                    error.args[0], KafkaError) else None
-                if code != KafkaError.TOPIC_ALREADY_EXISTS:
+                reason = kafka_error(error)
+                if reason is None or reason.code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise self._fail(f"creating topic {topic!r}", error) from error
             description = self._describe(admin, topic)
             if description is None:
@@ -156,8 +160,8 @@ class KafkaTopics:
         except TimeoutError as error:
             raise self._fail(f"describing topic {topic!r}", error) from error
         except KafkaException as error:
-            kafka_error = error.args[0] if error.args else None
-            if isinstance(kafka_error, KafkaError) and kafka_error.code() in (
+            reason = kafka_error(error)
+            if reason is not None and reason.code() in (
                     KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
                 return None
             raise self._fail(f"describing topic {topic!r}", error) from error
@@ -168,9 +172,9 @@ class KafkaTopics:
              idle_seconds: float = DEFAULT_IDLE_SECONDS,
              max_message_bytes: int | None = None) -> SignalBatch:
         """Messages from ``cursor`` on, up to the end of the partition, ``max_messages`` or
-        ``budget_seconds`` in all (``idle_seconds`` without a message after the first one ends
-        the read too, for a broker that does not report the end). Creates the topic if it is
-        missing.
+        ``budget_seconds`` in all (for a broker that does not report the end: ``idle_seconds``
+        without a message, counted from the last message or after the first fetch's grace).
+        Creates the topic if it is missing.
 
         The returned cursor is just after the last message returned (or unchanged), so a
         message is in exactly one batch of a sensor whose cursor advances with its actions.
@@ -265,13 +269,12 @@ class KafkaTopics:
         consumer.assign([TopicPartition(topic, 0, start)])
         messages: list[SignalMessage] = []
         next_offset = start
-        # The quiet fallback starts at the first message: a slow first fetch (a remote TLS
-        # cluster) is not "no new signal".
-        last_message_at: float | None = None
+        # The quiet fallback runs from the last message, or from the end of the first fetch's
+        # grace: a slow first fetch is not "no new signal".
+        quiet_since = time.monotonic() + FIRST_FETCH_GRACE_SECONDS
         while len(messages) < max_messages:
             now = time.monotonic()
-            if now >= deadline or (last_message_at is not None and
-                                   now - last_message_at >= idle_seconds):
+            if now >= deadline or now - quiet_since >= idle_seconds:
                 break
             message = consumer.poll(min(0.2, deadline - now))
             if message is None:
@@ -294,7 +297,7 @@ class KafkaTopics:
             messages.append(SignalMessage(offset, message.key(), message.value(),
                                           timestamp if timestamp > 0 else None))
             next_offset = offset + 1
-            last_message_at = time.monotonic()
+            quiet_since = time.monotonic()
         return messages, next_offset
 
     def _check(self, topic: str, offset: int, error: KafkaError) -> None:
@@ -360,7 +363,13 @@ class NotificationPublisher:
         return remaining + len(self.failures)
 
 
+def kafka_error(error: BaseException) -> KafkaError | None:
+    """The ``KafkaError`` a ``KafkaException`` carries, if any."""
+    reason = error.args[0] if isinstance(error, KafkaException) and error.args else None
+    return reason if isinstance(reason, KafkaError) else None
+
+
 def kafka_error_text(error: BaseException) -> str:
     """The librdkafka reason alone (``KafkaException`` prints as ``KafkaError{code=...}``)."""
-    reason = error.args[0] if isinstance(error, KafkaException) and error.args else None
-    return reason.str() if isinstance(reason, KafkaError) else str(error)
+    reason = kafka_error(error)
+    return reason.str() if reason is not None else str(error)

@@ -76,9 +76,8 @@ DEFAULT_CHUNK_SIZE = 4096
 DEFAULT_MAX_PENDING = 32
 # How long a reader waits for the capture engine to acknowledge its session: long enough for
 # the stream_changes run to be restarted (a pod rescheduled, a deploy) before the snapshot
-# fails; the wait is logged every ACK_WAIT_LOG_SECONDS.
+# fails; the wait is reported as progress (state "waiting").
 DEFAULT_ACK_TIMEOUT_SECONDS = 600.0
-ACK_WAIT_LOG_SECONDS = 30.0
 DEFAULT_STALL_TIMEOUT_SECONDS = 300.0
 DEFAULT_POLL_SECONDS = 0.1
 _READ_ATTEMPTS = 5
@@ -93,6 +92,11 @@ class SnapshotError(RuntimeError):
 
 class NoEngineError(SnapshotError):
     """No capture engine acknowledged or decided the session: the stream is not running."""
+
+
+class EngineStalledError(NoEngineError):
+    """The engine acknowledged the session, then stopped deciding its chunks (it went down):
+    a later run adopts the session and goes on where this one stopped."""
 
 
 # ---- key values in manifests -------------------------------------------------------------------
@@ -279,10 +283,19 @@ def read_request(landing: LandingZone, database: str, table: str) -> SnapshotReq
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as error:
-        logging.getLogger(__name__).warning(
-            f"snapshot request {path} is unreadable ({error!r}); treated as absent: the next "
-            f"snapshot run or signal for {database}.{table} writes it again")
+        try:
+            version = (path.stat().st_mtime_ns, path.stat().st_size)
+        except OSError:
+            version = None
+        if _unreadable_requests.get(path) != version:  # once per version of the file
+            _unreadable_requests[path] = version
+            logging.getLogger(__name__).warning(
+                f"snapshot request {path} is unreadable ({error!r}); treated as absent: the "
+                f"next snapshot run or signal for {database}.{table} writes it again")
         return None
+
+
+_unreadable_requests: dict[Path, tuple[int, int] | None] = {}
 
 
 def request_action(landing: LandingZone, database: str, table: str, action: str,
@@ -636,6 +649,19 @@ class SnapshotProgress:
     last_key: list[Any] | None  # the upper key of the last chunk read (manifest encoding)
     elapsed_seconds: float
     maximum_key: list[str] | None = None  # the largest key at the session's start, as text
+
+
+def describe_progress(progress: SnapshotProgress) -> str:
+    """One line for a log: where the snapshot is."""
+    if progress.state == "waiting":
+        return (f"snapshot of {progress.table_id}: waiting for the capture engine (the "
+                f"stream_changes job) to acknowledge session {progress.session_id}; "
+                f"{progress.elapsed_seconds:.0f}s")
+    last = ", ".join(str(v) for v in progress.last_key) if progress.last_key else "-"
+    return (f"snapshot of {progress.table_id}: {progress.state}, {progress.rows} rows in "
+            f"{progress.chunks} committed chunks, {progress.pending} pending, "
+            f"{progress.rejected} rejected; last key read {last}; "
+            f"{progress.elapsed_seconds:.0f}s")
 
 
 @dataclass(frozen=True)
@@ -1028,7 +1054,7 @@ class _Run:
             if stopped is not None:
                 return stopped
 
-    def follow_control(self) -> None:
+    def follow_control(self) -> str | None:
         """Just after requesting a session: a pause (or resume) signal that found no session
         of the table open while this run was queued left ``control.json``
         (``signal_action``); a run of an earlier signal follows it. Runs of later signals, and
@@ -1036,14 +1062,15 @@ class _Run:
         r = self.r
         control = read_control(r.landing, r.schema.database, r.schema.table)
         if control is None or r.signal is None:
-            return
+            return None
         action, signal = control
         if not signal.newer_than(r._steering or r.signal):
-            return
+            return None
         r._steering = signal
         r._request(action)  # (a "resume" opens a session the engine has not seen yet)
         r.log.info(f"{r._where()}: {action} requested by signal {signal.id}, sent before "
                    "this run opened its session")
+        return action
 
     def open_session(self, restart: bool = False) -> SnapshotResult | None:
         """Request a session (a new one after a restart, paused if the run was paused), wait
@@ -1064,20 +1091,15 @@ class _Run:
             self.next_seq = self.rows = self.chunks = 0
             r._with_connection("re-reading the table's schema", lambda _c: r.reload_schema())
         r._request("pause" if paused else "open")
-        self.follow_control()
+        paused = {"pause": True, "resume": False}.get(self.follow_control() or "", paused)
         if not r._lock.held:
             self.wait_for_the_replaced_reader()
-        if self.state == "waiting":
-            self.progress()
         r.log.info(f"{r._where()}: requested (chunk key {', '.join(self.table.key.columns)}, "
                    f"chunk size {r.chunk_size}"
                    + (f", condition {r.condition!r}" if r.condition else "")
                    + (f"; restart {self.restarts}" if restart else "") + ")")
         if not self.wait_for_acknowledgement():
             return self.stopped("stop requested before the engine acknowledged the session")
-        current = read_request(r.landing, r.schema.database, r.schema.table)
-        if current is not None and current.session_id == r.session_id:
-            paused = current.action == "pause"
         self.remove_other_sessions()
         max_key = r._with_connection("reading the maximum key",
                                      lambda conn: read_max_key(conn, self.table))
@@ -1176,16 +1198,10 @@ class _Run:
 
     def wait_for_acknowledgement(self) -> bool:
         r = self.r
-        waiting_since = time.monotonic()
-        deadline = waiting_since + r.ack_timeout_seconds
-        next_note = waiting_since + ACK_WAIT_LOG_SECONDS
+        deadline = time.monotonic() + r.ack_timeout_seconds
         while True:
-            if time.monotonic() >= next_note:
-                next_note += ACK_WAIT_LOG_SECONDS
-                r.log.info(f"{r._where()}: waiting for the capture engine (the stream_changes "
-                           f"job of {r.landing.server_name}) to acknowledge the session: "
-                           f"{time.monotonic() - waiting_since:.0f}s of "
-                           f"{r.ack_timeout_seconds:.0f}s")
+            if self.state == "waiting":
+                self.progress()  # (how long it has waited: the run's progress lines say)
             if self.stop_event.is_set():
                 r._request("stop")
                 return False
@@ -1249,7 +1265,9 @@ class _Run:
                                     "(another snapshot of the table started); this one ends")
             if request is not None and request.action == "stop":
                 return self.stopped("a stop request")
-            paused = request is not None and request.action == "pause"
+            # (no readable request: keep the state; read_request logged why)
+            paused = request.action == "pause" if request is not None else \
+                self.state == "paused"
             if paused != (self.state == "paused"):
                 self.state = "paused" if paused else "open"
                 r.log.info(f"{r._where()}: {'paused' if paused else 'resumed'}")
@@ -1419,7 +1437,7 @@ class _Run:
         if quiet < r.stall_timeout_seconds:
             return
         waiting = ", ".join(str(s) for s in sorted(self.pending))
-        raise NoEngineError(
+        raise EngineStalledError(
             f"no capture engine is streaming {r.landing.server_name}: start the stream_changes "
             f"job (chunks {waiting} of {r.table_id}, session {r.session_id}, waited "
             f"{quiet:.0f}s for a checkpoint); then materialise the snapshot again"

@@ -35,11 +35,11 @@ from cdc_platform.capture.snapshot.reader import (
     signal_action,
 )
 from cdc_platform.config import Settings
+from cdc_platform.defs.snapshots.definitions import SnapshotConfig, run_session_prefix
 
 SNAPSHOT_TABLE_TAG = "cdc_platform/snapshot_table"
 SIGNAL_ID_TAG = "cdc_platform/signal_id"
 SIGNAL_OFFSET_TAG = "cdc_platform/signal_offset"
-SIGNAL_TOPIC_TAG = "cdc_platform/signal_topic_id"
 # Runs that may still snapshot a table (queued ones included: they will).
 ACTIVE_STATUSES = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
                    dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
@@ -56,22 +56,23 @@ def run_key(topic_id: str, offset: int, table_id: str) -> str:
 
 
 def _run_signal(run: dg.DagsterRun) -> SignalRef | None:
-    """The signal that launched a snapshot run, from its tags (None: started by hand)."""
-    offset = run.tags.get(SIGNAL_OFFSET_TAG)
-    if offset is None or not offset.isdigit():
-        return None
-    return SignalRef(run.tags.get(SIGNAL_ID_TAG, ""), run.tags.get(SIGNAL_TOPIC_TAG, ""),
-                     int(offset))
+    """The signal that launched a snapshot run, from its run config (None: started by
+    hand)."""
+    for op in ((run.run_config or {}).get("ops") or {}).values():
+        config = (op or {}).get("config") or {}
+        try:
+            signal = SnapshotConfig(**config).signal_ref()
+        except (TypeError, ValueError):  # (not a snapshot run's config)
+            continue
+        if signal is not None:
+            return signal
+    return None
 
 
 def launched_before(run: dg.DagsterRun, signal: SignalRef) -> bool:
-    """Whether a signal older than ``signal`` launched the run (same topic)."""
+    """Whether a signal older than ``signal`` (same topic) launched the run."""
     launched_by = _run_signal(run)
-    if launched_by is None:
-        return False
-    if not launched_by.topic_id:  # (runs tagged before the topic id was): offsets alone
-        return signal.offset > launched_by.offset
-    return signal.newer_than(launched_by)
+    return launched_by is not None and signal.newer_than(launched_by)
 
 
 def told_to_stop(run: dg.DagsterRun, request: SnapshotRequest | None) -> bool:
@@ -80,7 +81,7 @@ def told_to_stop(run: dg.DagsterRun, request: SnapshotRequest | None) -> bool:
     takes to say so (a pod shutting down), and no longer counts as snapshotting the table."""
     if request is None or request.action != "stop":
         return False
-    if request.session_id.startswith(f"run-{run.run_id[:8]}-"):
+    if request.session_id.startswith(f"{run_session_prefix(run.run_id)}-"):
         return True
     return request.signal is not None and launched_before(run, request.signal)
 
@@ -123,24 +124,26 @@ def _run_request(settings: Settings, action: StartSnapshot, topic_id: str,
         asset_selection=[keys[action.table_id]],
         run_config={"ops": {op_names[action.table_id]: {"config": config}}},
         tags={SNAPSHOT_TABLE_TAG: action.table_id, SIGNAL_ID_TAG: signal.id[:200],
-              SIGNAL_OFFSET_TAG: str(signal.offset), SIGNAL_TOPIC_TAG: topic_id},
+              SIGNAL_OFFSET_TAG: str(signal.offset)},
     )
 
 
 def _control(context: dg.SensorEvaluationContext, landing: LandingZone,
-             action: ControlSnapshots, topic_id: str, busy: dict[str, str]) -> None:
+             action: ControlSnapshots, topic_id: str, pending: set[str]) -> None:
+    """Stop, pause or resume; ``pending``: tables with a snapshot run that may not have opened
+    its session yet (runs in progress, and the runs this tick requests)."""
     signal = action.signal
     ref = SignalRef(signal.id, topic_id, signal.offset)
     tables = action.tables
     if action.every:  # all snapshots: runs in progress, sessions the engine or readers hold
-        tables = tuple(t for t in tables if t in busy or session_live(
+        tables = tuple(t for t in tables if t in pending or session_live(
             landing, *t.split(".", 1), read_request(landing, *t.split(".", 1))))
     if not tables:
         context.log.info(f"{signal.describe()}: no snapshot to {action.action}")
     for table_id in tables:
         database, table = table_id.split(".", 1)
         outcome = signal_action(landing, database, table, action.action, ref,
-                                run_pending=table_id in busy)
+                                run_pending=table_id in pending)
         context.log.info(f"{signal.describe()}: {outcome}")
     if action.action == "stop":
         _cancel_queued(context, tables, ref)
@@ -212,6 +215,7 @@ def build_sensor(settings: Settings, assets: dict[str, dg.AssetsDefinition]
                                captured=captured, selector=selector_from_settings(settings),
                                busy=busy, max_message_bytes=signals.max_message_bytes)
         requests: list[dg.RunRequest] = []
+        requested = {a.table_id for a in actions if isinstance(a, StartSnapshot)}
         for action in actions:
             if isinstance(action, Skipped):
                 log = context.log.info if action.foreign else context.log.warning
@@ -224,7 +228,7 @@ def build_sensor(settings: Settings, assets: dict[str, dg.AssetsDefinition]
                 context.log.info(f"{action.signal.describe()}: snapshot of "
                                  f"{action.table_id}{condition}")
             else:
-                _control(context, landing, action, topic_id, busy)
+                _control(context, landing, action, topic_id, set(busy) | requested)
         first, last = batch.messages[0].offset, batch.messages[-1].offset
         summary = (f"{len(batch.messages)} signal messages (offsets {first}..{last}): "
                    f"{len(requests)} snapshot runs requested")

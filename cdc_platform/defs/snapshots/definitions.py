@@ -21,7 +21,8 @@ from cdc_platform.capture.snapshot.conditions import UnsafeConditionError, valid
 from cdc_platform.capture.snapshot.reader import (
     DEFAULT_ACK_TIMEOUT_SECONDS,
     DEFAULT_CHUNK_SIZE,
-    NoEngineError,
+    DEFAULT_STALL_TIMEOUT_SECONDS,
+    EngineStalledError,
     SignalRef,
     SnapshotError,
     SnapshotReader,
@@ -57,11 +58,16 @@ class SnapshotConfig(dg.Config):
         description="How long to wait for the capture engine (stream_changes) to acknowledge "
         "the session before failing (the wait is logged).",
     )
+    stall_timeout_seconds: float = Field(
+        default=DEFAULT_STALL_TIMEOUT_SECONDS, gt=0,
+        description="How long chunks may wait without the capture engine writing a checkpoint "
+        "before the engine counts as gone (see engine_retries).",
+    )
     engine_retries: int = Field(
         default=2, ge=0,
-        description="Retries of the step, each after engine_retry_seconds, when no capture "
-        "engine acknowledges or decides the session (stream_changes is down or restarting); a "
-        "retry resumes the session where it stopped.",
+        description="Retries of the step, each after engine_retry_seconds, when the capture "
+        "engine acknowledged the session and then stopped deciding its chunks (stream_changes "
+        "went down); a retry resumes the session where it stopped.",
     )
     engine_retry_seconds: float = Field(default=60.0, ge=0,
                                         description="Wait before such a retry.")
@@ -81,6 +87,12 @@ class SnapshotConfig(dg.Config):
         if self.signal_id is None or self.signal_topic_id is None or self.signal_offset is None:
             return None
         return SignalRef(self.signal_id, self.signal_topic_id, self.signal_offset)
+
+
+def run_session_prefix(run_id: str) -> str:
+    """The start of the session ids a Dagster run's reader opens (``<prefix>-<random>``), so
+    the sensor can tell a run's own session in request.json."""
+    return f"run-{run_id[:8]}"
 
 
 def snapshot_key(settings: Settings, schema: TableSchema) -> dg.AssetKey:
@@ -142,15 +154,16 @@ def _snapshot_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinit
             surrogate_key=config.surrogate_key or None,
             condition=condition,
             chunk_size=config.chunk_size,
-            session_id=new_session_id(f"run-{context.run.run_id[:8]}"),
+            session_id=new_session_id(run_session_prefix(context.run.run_id)),
             selector=selector_from_settings(settings),
             ack_timeout_seconds=config.ack_timeout_seconds,
+            stall_timeout_seconds=config.stall_timeout_seconds,
             signal=config.signal_ref(),
         )
         try:
             result = run_reader(context, settings, reader, config.signal_id or context.run.run_id,
                                 config.progress_seconds)
-        except NoEngineError as error:
+        except EngineStalledError as error:
             if context.retry_number < config.engine_retries:
                 context.log.warning(f"{error}; retrying in {config.engine_retry_seconds:.0f}s "
                                     f"(retry {context.retry_number + 1} of "

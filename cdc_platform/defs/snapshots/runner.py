@@ -13,23 +13,16 @@ import dagster as dg
 
 from cdc_platform.capture.signals.kafka import KafkaChannelError, KafkaTopics, NotificationPublisher
 from cdc_platform.capture.signals.notifications import SnapshotNotifier, describe, encode
-from cdc_platform.capture.snapshot.reader import SnapshotProgress, SnapshotReader, SnapshotResult
+from cdc_platform.capture.snapshot.reader import (
+    SnapshotProgress,
+    SnapshotReader,
+    SnapshotResult,
+    describe_progress,
+)
 from cdc_platform.config import Settings
 from cdc_platform.defs.threaded import QueueLog, run_in_thread
 
 STOP_GRACE_SECONDS = 30.0
-
-
-def describe_progress(progress: SnapshotProgress) -> str:
-    if progress.state == "waiting":
-        return (f"snapshot of {progress.table_id}: waiting for the capture engine (the "
-                f"stream_changes job) to acknowledge session {progress.session_id}; "
-                f"{progress.elapsed_seconds:.0f}s")
-    last = ", ".join(str(v) for v in progress.last_key) if progress.last_key else "-"
-    return (f"snapshot of {progress.table_id}: {progress.state}, {progress.rows} rows in "
-            f"{progress.chunks} committed chunks, {progress.pending} pending, "
-            f"{progress.rejected} rejected; last key read {last}; "
-            f"{progress.elapsed_seconds:.0f}s")
 
 
 def result_metadata(result: SnapshotResult) -> dict[str, Any]:
