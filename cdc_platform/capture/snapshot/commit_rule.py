@@ -82,7 +82,10 @@ class TouchedKeyLog:
         """Start a new generation at ``processed`` (every transaction in it is processed and
         logged): the horizon moves to the previous generation's mark and the touches of its
         transactions go. Returns how many touches were dropped."""
-        horizon = self.horizon.union(self.mark)
+        # The mark contains the horizon, so the horizon only grows: the first mark is the
+        # horizon itself, and each later one is a processed position, which contains every
+        # earlier one (``processed`` only grows).
+        horizon = self.mark
         self.horizon, self.mark, self.generation_started = horizon, processed, now
         if not self.size:
             return 0

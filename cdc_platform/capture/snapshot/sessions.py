@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from cdc_platform.capture.gtid import Gtid, GtidSet, parse_position
 from cdc_platform.capture.landing import LandingZone
-from cdc_platform.capture.schema import TableSchema
+from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.snapshot.chunks import (
     Chunk,
     ChunkedTable,
@@ -36,6 +36,12 @@ from cdc_platform.capture.snapshot.commit_rule import (
     Reject,
     TouchedKeyLog,
     decide_chunk_commit,
+)
+from cdc_platform.capture.snapshot.reader import (
+    SnapshotRequest,
+    decode_key,
+    read_request,
+    reader_alive,
 )
 
 Key = tuple[Any, ...]
@@ -101,6 +107,34 @@ class SnapshotSession:
         return SnapshotSession(**data)
 
 
+@dataclass(slots=True)
+class _Tracked:
+    """What the engine holds in memory for a session it tracks (open or paused); it goes
+    when the session ends, and is rebuilt empty at engine start."""
+
+    touched: TouchedKeyLog
+    key_columns: tuple[str, ...]
+    ddl: list[Gtid] = field(default_factory=list)  # DDL on the table since the opening
+    # When the source must be asked for the table's schema next (None: not needed while the
+    # engine has one). Due at once when tracking starts: the engine's schema may predate a DDL
+    # no row event followed; later, the time a failed read may be tried again.
+    schema_due_at: float | None = 0.0
+    rejections_in_a_row: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Decisions:
+    """What every pending chunk of a session is decided with, computed once per tick."""
+
+    schema: TableSchema
+    key_specs: tuple[ColumnSpec, ...]
+    # The commit rule needs only the chunk's keys: it is decided on a key-only view of the
+    # chunk, and the rows go from the chunk's Parquet to the changelog as Arrow data.
+    keys_only: ChunkedTable
+    fingerprint: str
+    opening: GtidSet
+
+
 class SnapshotCoordinator:
     """Sessions, touched-key log and chunk commits for one engine."""
 
@@ -115,15 +149,7 @@ class SnapshotCoordinator:
         self.min_generation_seconds = min_generation_seconds
         self.max_rejections_in_a_row = max_rejections_in_a_row
         self.sessions: dict[str, SnapshotSession] = {}
-        self._touched: dict[str, TouchedKeyLog] = {}
-        self._ddl: dict[str, list[Gtid]] = {}
-        self._key_columns: dict[str, tuple[str, ...]] = {}
-        # Tables whose schema the engine must read from the source before deciding chunks
-        # (a session opened or was resumed: the engine's schema may predate a DDL whose table
-        # saw no row event since), and when a failed read may be tried again.
-        self._schema_unchecked: set[str] = set()
-        self._schema_retry_at: dict[str, float] = {}
-        self._rejections_in_a_row: dict[str, int] = {}
+        self._tracked: dict[str, _Tracked] = {}
 
     # -- state -----------------------------------------------------------------------------
 
@@ -141,26 +167,17 @@ class SnapshotCoordinator:
         return {table_id: asdict(s) for table_id, s in self.sessions.items()}
 
     def _track(self, session: SnapshotSession) -> None:
-        self._touched[session.table_id] = TouchedKeyLog(
-            parse_position(self.flavour, session.horizon), time.monotonic())
-        self._ddl[session.table_id] = []
-        self._key_columns[session.table_id] = tuple(session.chunk_key)
-        self._schema_unchecked.add(session.table_id)
-        self._schema_retry_at.pop(session.table_id, None)
-        self._rejections_in_a_row[session.table_id] = 0
+        self._tracked[session.table_id] = _Tracked(
+            TouchedKeyLog(parse_position(self.flavour, session.horizon), time.monotonic()),
+            tuple(session.chunk_key))
 
     def _untrack(self, table_id: str) -> None:
-        self._touched.pop(table_id, None)
-        self._ddl.pop(table_id, None)
-        self._key_columns.pop(table_id, None)
-        self._schema_unchecked.discard(table_id)
-        self._schema_retry_at.pop(table_id, None)
-        self._rejections_in_a_row.pop(table_id, None)
+        self._tracked.pop(table_id, None)
 
     def logged_touches(self, table_id: str) -> int:
         """How many touches the table's touched-key log holds (0 without a session)."""
-        log = self._touched.get(table_id)
-        return 0 if log is None else log.size
+        tracked = self._tracked.get(table_id)
+        return 0 if tracked is None else tracked.touched.size
 
     @property
     def active(self) -> bool:
@@ -170,8 +187,6 @@ class SnapshotCoordinator:
     def readers_alive(self) -> bool:
         """Whether a snapshot reader of an open or paused session is running (it holds its
         table's ``reader.lock``; a dead reader's lock is released with its process)."""
-        from cdc_platform.capture.snapshot.reader import reader_alive
-
         return any(reader_alive(self.landing, *s.table_id.split(".", 1))
                    for s in self.sessions.values() if s.state in ("open", "paused"))
 
@@ -179,10 +194,11 @@ class SnapshotCoordinator:
 
     def key_columns(self, table_id: str) -> tuple[str, ...] | None:
         """The chunk key of a table under snapshot (touches are logged by it), else None."""
-        return self._key_columns.get(table_id)
+        tracked = self._tracked.get(table_id)
+        return None if tracked is None else tracked.key_columns
 
     def record_touch(self, table_id: str, key: Key, gtid: Gtid, position: int) -> None:
-        self._touched[table_id].record(key, gtid, position)
+        self._tracked[table_id].touched.record(key, gtid, position)
 
     def record_ddl(self, table_id: str, gtid: Gtid) -> bool:
         """A DDL on a table under snapshot ends its session as ``restart``; True if it did.
@@ -192,9 +208,10 @@ class SnapshotCoordinator:
         starts a new session and reads the whole table again; chunks of the old session are
         no longer decided. Primary-key changes are reported by the reader, not supported.
         """
-        if table_id not in self._ddl:
+        tracked = self._tracked.get(table_id)
+        if tracked is None:
             return False
-        self._ddl[table_id].append(gtid)
+        tracked.ddl.append(gtid)
         session = self.sessions.get(table_id)
         if session is None or session.state not in ("open", "paused"):
             return False
@@ -225,7 +242,8 @@ class SnapshotCoordinator:
         ``TouchedKeyLog``); the moved horizon goes to the checkpoint with the session."""
         changed = False
         now = time.monotonic()
-        for table_id, log in self._touched.items():
+        for table_id, tracked in self._tracked.items():
+            log = tracked.touched
             if log.size < self.max_logged_touches or (
                     now - log.generation_started < self.min_generation_seconds):
                 continue
@@ -252,28 +270,31 @@ class SnapshotCoordinator:
         """
         table_id = session.table_id
         schema = schemas.get(table_id)
-        if read_schema is None or (schema is not None and table_id not in self._schema_unchecked):
+        tracked = self._tracked[table_id]
+        due = tracked.schema_due_at
+        if read_schema is None or (schema is not None and due is None):
             return schema
-        if time.monotonic() < self._schema_retry_at.get(table_id, 0.0):
-            return None if table_id in self._schema_unchecked else schema
+        if due is not None and time.monotonic() < due:
+            return None
         try:
             fresh = read_schema(table_id)
         except Exception as error:  # noqa: BLE001 - the source may be unreachable for a while
-            self._schema_retry_at[table_id] = time.monotonic() + SCHEMA_RETRY_SECONDS
+            tracked.schema_due_at = time.monotonic() + SCHEMA_RETRY_SECONDS
             self.log.warning(f"snapshot of {table_id}: could not read the table's schema from "
                              f"the source ({type(error).__name__}: {error}); its chunks wait, "
                              f"and the engine asks again in {SCHEMA_RETRY_SECONDS:.0f}s")
             return None
-        self._schema_unchecked.discard(table_id)
-        if fresh is None:
-            self._schema_retry_at[table_id] = time.monotonic() + SCHEMA_RETRY_SECONDS
-            if schema is None:
-                self.log.warning(f"snapshot of {table_id}: the table does not exist on the "
-                                 "source and the engine has no schema for it; its chunks wait "
-                                 f"(session {session.session_id}): stop the snapshot if the "
-                                 "table is gone")
+        if fresh is not None:
+            tracked.schema_due_at = None
+            return fresh
+        if schema is not None:
+            tracked.schema_due_at = None  # decided with the engine's schema from now on
             return schema
-        return fresh
+        tracked.schema_due_at = time.monotonic() + SCHEMA_RETRY_SECONDS
+        self.log.warning(f"snapshot of {table_id}: the table does not exist on the source and "
+                         "the engine has no schema for it; its chunks wait (session "
+                         f"{session.session_id}): stop the snapshot if the table is gone")
+        return None
 
     def _snapshot_dir(self, table_id: str) -> Path:
         database, table = table_id.split(".", 1)
@@ -285,30 +306,26 @@ class SnapshotCoordinator:
         if not base.is_dir():
             return False
         for path in base.glob("*/*/request.json"):
-            table_id = f"{path.parent.parent.name}.{path.parent.name}"
-            try:
-                request = json.loads(path.read_bytes())
-            except (OSError, ValueError) as error:
-                self.log.warning(f"snapshot request for {table_id} unreadable ({error}); "
-                                 "the reader must write it again")
-                continue
-            changed |= self._apply(table_id, request, processed, next_pos)
+            database, table = path.parent.parent.name, path.parent.name
+            request = read_request(self.landing, database, table)
+            if request is not None:  # (an unreadable one is logged by read_request)
+                changed |= self._apply(f"{database}.{table}", request, processed, next_pos)
         return changed
 
-    def _apply(self, table_id: str, request: dict[str, Any], processed: GtidSet,
+    def _apply(self, table_id: str, request: SnapshotRequest, processed: GtidSet,
                next_pos: int) -> bool:
         session = self.sessions.get(table_id)
-        action, session_id = request.get("action"), request.get("session_id")
+        action, session_id = request.action, request.session_id
         # A new session is opened by its "open", or by a "pause"/"resume" that reached the
         # request before this engine saw the "open" (the engine was down): the request is
         # the desired state.
-        if action in ("open", "pause", "resume") and request.get("chunk_key") and (
+        if action in ("open", "pause", "resume") and request.chunk_key and (
                 session is None or session.session_id != session_id):
             session = SnapshotSession(
                 table_id=table_id, session_id=session_id,
                 state="paused" if action == "pause" else "open",
                 opening=str(processed), opening_pos=next_pos, horizon=str(processed),
-                chunk_key=list(request["chunk_key"]), condition=request.get("condition"))
+                chunk_key=list(request.chunk_key), condition=request.condition)
             self.sessions[table_id] = session
             self._track(session)
             self.log.info(f"snapshot of {table_id}: session {session_id} opened at GTID "
@@ -317,7 +334,7 @@ class SnapshotCoordinator:
             return True
         if session is None or session.session_id != session_id:
             return False
-        target = {"pause": "paused", "resume": "open", "stop": "stopped"}.get(action or "")
+        target = {"pause": "paused", "resume": "open", "stop": "stopped"}.get(action)
         if target is None or session.state in ("done", "stopped") or session.state == target:
             return False
         session.state = target
@@ -345,10 +362,14 @@ class SnapshotCoordinator:
         schema = self._schema_for_decisions(session, schemas, read_schema)
         if schema is None:
             return False
+        tracked = self._tracked[session.table_id]
+        decisions: _Decisions | None = None
         for seq, manifest_path in self._pending(session):
             try:
-                decision = self._decide_one(session, seq, manifest_path, schema, processed,
-                                            emit)
+                if decisions is None:  # in the try: a schema that lacks a key column
+                    decisions = self._decisions(session, schema)  # rejects, as a bad chunk
+                decision = self._decide_one(session, tracked, decisions, seq, manifest_path,
+                                            processed, emit)
             except Exception as error:  # noqa: BLE001 - one bad chunk must not stop the engine
                 # (a chunk that cannot be read, decoded or landed: rejecting is always safe,
                 # the reader reads the range again; a stop ends a loop of such rejections)
@@ -361,30 +382,32 @@ class SnapshotCoordinator:
                 break  # Wait: later chunks wait too, so commits stay in reading order
             changed = True
             if isinstance(decision, Reject):
-                self._reject(session, seq, decision.reason)
+                self._reject(session, tracked, seq, decision.reason)
                 if session.state != "open":
                     break
                 continue
-            self._rejections_in_a_row[session.table_id] = 0
+            tracked.rejections_in_a_row = 0
             if session.state == "done":
                 break
         return changed
 
-    def _decide_one(self, session: SnapshotSession, seq: int, manifest_path: Path,
-                    schema: TableSchema, processed: GtidSet,
-                    emit: Emit) -> Reject | Commit | None:
-        """Decide one pending chunk, and land it if it commits; None when it must wait."""
-        from cdc_platform.capture.snapshot.reader import decode_key
-
+    def _decisions(self, session: SnapshotSession, schema: TableSchema) -> _Decisions:
+        """What the session's chunks are decided with against ``schema``."""
         key_names = tuple(session.chunk_key)
-        # The commit rule needs only the chunk's keys: it is decided on a key-only view of the
-        # chunk, and the rows go from the chunk's Parquet to the changelog as Arrow data.
         key_specs = tuple(schema.column(c) for c in key_names)
         keys_only = ChunkedTable(
             TableSchema(schema.database, schema.table, key_specs, key_names),
             ChunkKey(key_names, (False,) * len(key_names),
                      "primary key" if schema.primary_key else "surrogate key"),
             session.condition)
+        return _Decisions(schema, key_specs, keys_only, schema_fingerprint(schema),
+                          parse_position(self.flavour, session.opening))
+
+    def _decide_one(self, session: SnapshotSession, tracked: _Tracked, decisions: _Decisions,
+                    seq: int, manifest_path: Path, processed: GtidSet,
+                    emit: Emit) -> Reject | Commit | None:
+        """Decide one pending chunk, and land it if it commits; None when it must wait."""
+        key_names = decisions.keys_only.key.columns
         manifest = json.loads(manifest_path.read_bytes())
         rows = pq.ParquetFile(manifest_path.with_suffix(".parquet")).read()
         keys = list(zip(*(
@@ -393,34 +416,34 @@ class SnapshotCoordinator:
         # Bounds decode by the key's column specs: a bare kind cannot tell a DECIMAL wider
         # than 38 digits (landed as text) from a narrower one.
         chunk = Chunk(
-            table=keys_only, rows=tuple(keys),
-            range_low=decode_key(manifest.get("range_low"), key_specs),
-            range_high=decode_key(manifest.get("range_high"), key_specs),
+            table=decisions.keys_only, rows=tuple(keys),
+            range_low=decode_key(manifest.get("range_low"), decisions.key_specs),
+            range_high=decode_key(manifest.get("range_high"), decisions.key_specs),
             low_watermark=parse_position(self.flavour, manifest["low_watermark"]),
             after=parse_position(self.flavour, manifest["after"]),
             schema_fingerprint=manifest["fingerprint"], resume_key=None,
             complete=bool(manifest.get("complete")))
-        log = self._touched[session.table_id]
         decision = decide_chunk_commit(
-            chunk, processed, parse_position(self.flavour, session.opening), log.horizon,
-            log.touches, schema_fingerprint(schema), self._ddl.get(session.table_id, ()))
+            chunk, processed, decisions.opening, tracked.touched.horizon,
+            tracked.touched.touches, decisions.fingerprint, tracked.ddl)
         if isinstance(decision, Reject):
             return decision
         if not isinstance(decision, Commit):
             return None
         if decision.dropped_keys:
             rows = rows.filter(pa.array([k not in decision.dropped_keys for k in keys]))
-        self._commit(session, schema, seq, chunk, rows, decision, emit)
+        self._commit(session, decisions.schema, seq, chunk, rows, decision, emit)
         return decision
 
-    def _reject(self, session: SnapshotSession, seq: int, reason: str) -> None:
+    def _reject(self, session: SnapshotSession, tracked: _Tracked, seq: int,
+                reason: str) -> None:
         """Record a rejection (the reader reads the range again); stop the session when its
         chunks keep being rejected with no commit between (MAX_REJECTIONS_IN_A_ROW)."""
         session.rejected[str(seq)] = reason
         self.log.info(f"snapshot of {session.table_id}: chunk {seq} rejected ({reason})")
         table_id = session.table_id
-        count = self._rejections_in_a_row.get(table_id, 0) + 1
-        self._rejections_in_a_row[table_id] = count
+        tracked.rejections_in_a_row += 1
+        count = tracked.rejections_in_a_row
         if count < self.max_rejections_in_a_row:
             return
         session.state = "stopped"
@@ -457,7 +480,7 @@ class SnapshotCoordinator:
                         emit: Emit) -> None:
         """One ``a`` record: key columns hold the (exclusive) low key, ``__cdc_hi__<k>`` the
         (inclusive) high key; see docs/landing-zone.md."""
-        key = list(self._key_columns[assertion.table_id])
+        key = list(self._tracked[assertion.table_id].key_columns)
         row: list[Any] = [None] * len(schema.columns)
         if assertion.range_low is not None:
             for name, value in zip(key, assertion.range_low, strict=True):

@@ -1,11 +1,12 @@
-"""Which tables a DDL statement changes (``engine.parse_table_ddl``): every table of a DROP or
-RENAME restarts its snapshot session, so a missed one leaves a snapshot mixing two tables."""
+"""Which tables a DDL statement changes (``ddl.parse_table_ddl``): every table of a DROP or
+RENAME, and the other table of a partition exchange or conversion, restarts its snapshot
+session, so a missed one leaves a snapshot mixing two tables."""
 
 from __future__ import annotations
 
 import pytest
 
-from cdc_platform.capture.engine import TableDdl, parse_table_ddl
+from cdc_platform.capture.ddl import TableDdl, parse_table_ddl
 
 CASES = [
     ("ALTER TABLE t ADD COLUMN note VARCHAR(10)", "ALTER", [("shop", "t")]),
@@ -34,6 +35,27 @@ CASES = [
     ("DROP TABLE `we``ird`.`x.y`, -- line comment\n`z`", "DROP",
      [("we`ird", "x.y"), ("shop", "z")]),
     ("DROP TABLE shop . a # trailing", "DROP", [("shop", "a")]),
+    (" \n  drop table t", "DROP", [("shop", "t")]),
+    # Partition exchange and conversion move rows in or out of the other table, without row
+    # events: the name after every TABLE keyword of an ALTER counts.
+    ("ALTER TABLE t EXCHANGE PARTITION p0 WITH TABLE u", "ALTER", [("shop", "t"), ("shop", "u")]),
+    ("alter table `shop`.`parted` exchange partition `p0` with table `other db`.`u` "
+     "WITHOUT VALIDATION", "ALTER", [("shop", "parted"), ("other db", "u")]),
+    ("ALTER TABLE t EXCHANGE PARTITION p0 WITH TABLE /* swap */ archive . u", "ALTER",
+     [("shop", "t"), ("archive", "u")]),
+    ("ALTER TABLE t CONVERT PARTITION p2020 TO TABLE archive.t_2020", "ALTER",
+     [("shop", "t"), ("archive", "t_2020")]),
+    ("ALTER TABLE t CONVERT TABLE `new rows` TO PARTITION p3 VALUES LESS THAN (300)", "ALTER",
+     [("shop", "t"), ("shop", "new rows")]),
+    ("ALTER TABLE t EXCHANGE PARTITION p0 WITH TABLE `table`", "ALTER",
+     [("shop", "t"), ("shop", "table")]),
+    # A quoted `table` (or `rename`) is a name, never the keyword; nor are words in strings.
+    ("ALTER TABLE t ADD COLUMN `table` INT, ADD `TABLE` TEXT COMMENT 'with table u'", "ALTER",
+     [("shop", "t")]),
+    ("ALTER TABLE `table` CHANGE `table` `rename` INT, RENAME COLUMN `rename` TO `table`",
+     "ALTER", [("shop", "table")]),
+    ("ALTER TABLE t EXCHANGE PARTITION p0 WITH TABLE", "ALTER", [("shop", "t")]),
+    ("ALTER TABLE t ENGINE = InnoDB, TABLESPACE = ts", "ALTER", [("shop", "t")]),
 ]
 
 

@@ -1,5 +1,6 @@
 """The engine's session coordinator without a database: touched-key log pruning (bounded, and
-still exact), chunks that cannot be landed, endless rejections, and where schemas come from.
+still exact), chunks that cannot be landed, endless rejections, where schemas come from,
+unreadable requests, and what an ended session leaves behind.
 
 Chunks are real reader files (``write_chunk``) in a temporary landing zone; ``emit`` records
 what the engine would land."""
@@ -16,9 +17,15 @@ import pytest
 from cdc_platform.capture.gtid import MariadbPosition, parse_gtid
 from cdc_platform.capture.landing import LandingZone
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
+from cdc_platform.capture.snapshot import sessions
 from cdc_platform.capture.snapshot.chunks import Chunk, ChunkedTable, ChunkKey, schema_fingerprint
 from cdc_platform.capture.snapshot.commit_rule import TouchedKeyLog
-from cdc_platform.capture.snapshot.reader import SnapshotRequest, write_chunk, write_request
+from cdc_platform.capture.snapshot.reader import (
+    SnapshotRequest,
+    request_path,
+    write_chunk,
+    write_request,
+)
 from cdc_platform.capture.snapshot.sessions import SnapshotCoordinator
 
 SCHEMA = TableSchema("db", "t", (ColumnSpec("k", "int"), ColumnSpec("v", "int")), ("k",))
@@ -195,6 +202,64 @@ def test_a_source_that_cannot_give_the_schema_holds_chunks_back(tmp_path: Path) 
     _publish(landing, 0, ((1, 10),), read_at=10, high=1)
     other.tick(_pos(10), 1, {}, Landed(), gone)
     assert _session(other)["committed"] == [] and not _session(other)["rejected"]
+
+
+def test_a_failed_schema_read_is_tried_again_after_a_pause(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    coordinator, landing = _coordinator(tmp_path)
+    asked: list[str] = []
+
+    def unreachable(table_id: str) -> TableSchema | None:
+        asked.append(table_id)
+        raise ConnectionError("source down")
+
+    def reachable(table_id: str) -> TableSchema | None:
+        asked.append(table_id)
+        return SCHEMA
+
+    _publish(landing, 0, ((1, 10),), read_at=10, high=1)
+    coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed(), unreachable)
+    coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed(), reachable)
+    assert asked == ["db.t"] and _session(coordinator)["committed"] == []  # not yet again
+
+    monkeypatch.setattr(sessions, "SCHEMA_RETRY_SECONDS", 0.0)
+    other, landing = _coordinator(tmp_path / "other")
+    _publish(landing, 0, ((1, 10),), read_at=10, high=1)
+    other.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed(), unreachable)
+    other.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed(), reachable)
+    assert asked == ["db.t"] * 3 and _session(other)["committed"] == [0]
+
+
+def test_an_unreadable_request_opens_nothing_until_it_is_written_again(
+        tmp_path: Path) -> None:
+    coordinator, landing = _coordinator(tmp_path)
+    path = request_path(landing, "db", "t")
+    path.write_text('{"session_id": "s1", "action": "op')  # a broken hand edit
+    for _ in range(3):
+        assert not coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed())
+    assert coordinator.state() == {}
+    write_request(landing, "db", "t", SnapshotRequest("s1", "open", ("k",), None, 10))
+    assert coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed())
+    assert _session(coordinator)["state"] == "open"
+
+
+@pytest.mark.parametrize("end", ["done", "stopped", "restart"])
+def test_a_session_that_ends_no_longer_logs_touches(tmp_path: Path, end: str) -> None:
+    """The engine logs touches only for tables under an open or paused session."""
+    coordinator, landing = _coordinator(tmp_path, max_rejections_in_a_row=1)
+    coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed())
+    coordinator.record_touch("db.t", (1,), parse_gtid("mariadb", "0-1-11"), 5)
+    assert coordinator.key_columns("db.t") == ("k",) and coordinator.logged_touches("db.t") == 1
+    if end == "done":
+        _publish(landing, 0, ((2, 20),), read_at=11, high=None, complete=True)
+    elif end == "stopped":  # (rejected once, which is here as many as in a row as allowed)
+        _publish(landing, 0, ((2, 20, "n"),), read_at=11, high=None, schema=WIDER)
+    else:
+        assert coordinator.record_ddl("db.t", parse_gtid("mariadb", "0-1-12"))
+    coordinator.tick(_pos(12), 6, {"db.t": SCHEMA}, Landed())
+    assert _session(coordinator)["state"] == end
+    assert coordinator.key_columns("db.t") is None and coordinator.logged_touches("db.t") == 0
+    assert not coordinator.record_ddl("db.t", parse_gtid("mariadb", "0-1-13"))
 
 
 def test_touched_key_log_generations() -> None:
