@@ -6,6 +6,7 @@ never writes to the source, and a bug here cannot make it.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -13,7 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import pymysql
+import pymysql.converters
 import pymysql.cursors
+from pymysql.constants import FIELD_TYPE
 
 from cdc_platform.capture.schema import TableSchema, column_from_information_schema
 
@@ -81,12 +84,37 @@ class TableSelector:
         }
 
 
+def datetime_from_text(value: str | bytes) -> Any:
+    """pymysql's DATETIME/TIMESTAMP decoder, with ``datetime.fromisoformat`` first.
+
+    pymysql parses each value with a regular expression and ``int()`` per field: 40 % of a
+    bare fetch of a table with one DATETIME column (measured: 3.7 s -> 2.6 s for 300k rows).
+    ``fromisoformat`` (C) gives the same datetime for every value the server sends in the text
+    protocol ('YYYY-MM-DD HH:MM:SS[.f{1,6}]'); what it refuses (zero dates, '2025-02-30' under
+    a lax sql_mode) goes to pymysql's decoder, which returns it as text, as before.
+    """
+    text = value.decode("ascii") if isinstance(value, bytes | bytearray) else value
+    try:
+        return dt.datetime.fromisoformat(text)
+    except ValueError:
+        return pymysql.converters.convert_datetime(value)
+
+
+# The decoders of source sessions: pymysql's, with the faster DATETIME/TIMESTAMP decoder.
+SOURCE_DECODERS: dict[Any, Any] = {
+    **pymysql.converters.conversions,
+    FIELD_TYPE.DATETIME: datetime_from_text,
+    FIELD_TYPE.TIMESTAMP: datetime_from_text,
+}
+
+
 def connect(settings: dict[str, Any], dict_cursor: bool = False) -> pymysql.Connection:
     """A read-only, autocommit, UTC session on the source."""
     conn = pymysql.connect(
         **settings,
         autocommit=True,
         cursorclass=pymysql.cursors.DictCursor if dict_cursor else pymysql.cursors.Cursor,
+        conv=SOURCE_DECODERS,
     )
     with conn.cursor() as cur:
         cur.execute("SET SESSION TRANSACTION READ ONLY")

@@ -7,8 +7,11 @@ from decimal import Decimal
 
 from hypothesis import given
 from hypothesis import strategies as st
+from pymysql.constants import FIELD_TYPE
+from pymysql.converters import convert_datetime
 
 from cdc_platform.capture.schema import ColumnSpec
+from cdc_platform.capture.source import SOURCE_DECODERS, datetime_from_text
 from cdc_platform.capture.values import (
     _fix_binlog_negative_time,
     converter_for,
@@ -65,3 +68,31 @@ def test_excluding_columns_never_removes_key_columns():
     schema = TableSchema("db", "t", (ColumnSpec("id", "int"), ColumnSpec("ssn", "string"),
                                      ColumnSpec("name", "string")), ("id",))
     assert schema.without_columns({"id", "ssn"}).column_names == ("id", "name")
+
+
+# ---- the DATETIME/TIMESTAMP decoder of source sessions ------------------------------------------
+
+_FIELDS = st.tuples(st.integers(0, 10_000), st.integers(0, 13), st.integers(0, 32),
+                    st.integers(0, 24), st.integers(0, 60), st.integers(0, 60))
+
+
+@given(_FIELDS, st.one_of(st.none(), st.integers(1, 6).flatmap(
+    lambda digits: st.integers(0, 10 ** digits - 1).map(lambda f: str(f).zfill(digits)))),
+    st.booleans())
+def test_the_fast_datetime_decoder_agrees_with_pymysqls(fields, fraction, as_bytes):
+    """Every text the server can send for a DATETIME/TIMESTAMP (zero and invalid dates
+    included) decodes as pymysql's own decoder decodes it."""
+    year, month, day, hour, minute, second = fields
+    text = f"{year:04d}-{month:02d}-{day:02d} {hour:02d}:{minute:02d}:{second:02d}"
+    if fraction is not None:
+        text += "." + fraction
+    value = text.encode() if as_bytes else text
+    assert datetime_from_text(value) == convert_datetime(value)
+    assert type(datetime_from_text(value)) is type(convert_datetime(value))
+
+
+def test_source_sessions_use_the_fast_decoder():
+    assert SOURCE_DECODERS[FIELD_TYPE.DATETIME] is datetime_from_text
+    assert SOURCE_DECODERS[FIELD_TYPE.TIMESTAMP] is datetime_from_text
+    assert datetime_from_text("2025-01-02 03:04:05.5") == dt.datetime(2025, 1, 2, 3, 4, 5, 500000)
+    assert datetime_from_text("0000-00-00 00:00:00") == "0000-00-00 00:00:00"
