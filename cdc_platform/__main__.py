@@ -89,7 +89,10 @@ def _snapshot(args: argparse.Namespace) -> int:
     stop = _stop_on_signals("stopping the snapshot session")
     try:
         reader = snapshot_reader.reader_from_settings(
-            settings, args.table, chunk_size=args.chunk_size, condition=args.condition,
+            settings, args.table,
+            chunk_size=(snapshot_reader.DEFAULT_CHUNK_SIZE if args.chunk_size is None
+                        else args.chunk_size),
+            condition=args.condition,
             surrogate_key=args.surrogate_key.split(",") if args.surrogate_key else None)
         result = reader.run(stop, _progress_logger(snapshot_reader.describe_progress))
     except snapshot_reader.SnapshotError as error:
@@ -197,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
                           "the table's running session")
     snapshot.add_argument("--config", help="config file (default: $CDC_PLATFORM_CONFIG or the "
                           "demo)")
-    snapshot.add_argument("--chunk-size", type=int, default=4096, help="rows per chunk")
+    snapshot.add_argument("--chunk-size", type=int,
+                          help="rows per chunk (default: the snapshot asset's, 4096)")
     snapshot.add_argument("--condition", help="additional condition: only matching rows")
     snapshot.add_argument("--surrogate-key", help="comma-separated key columns of a table "
                           "without a primary key (as in capture.surrogate_keys)")

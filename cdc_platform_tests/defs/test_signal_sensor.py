@@ -21,6 +21,7 @@ from cdc_platform.capture.snapshot.reader import (
     NO_SESSION,
     SignalRef,
     SnapshotRequest,
+    read_control,
     read_request,
     write_request,
 )
@@ -34,6 +35,12 @@ from cdc_platform_tests.conftest import CdcEnv
 def _tables(env: CdcEnv, *names: str) -> None:
     for name in names:
         env.execute(f"CREATE TABLE {name} (id INT PRIMARY KEY, v VARCHAR(20))")
+
+
+def _control(env: CdcEnv, table: str) -> tuple[str, int] | None:
+    """The pause or resume kept for a table's next session, with its signal's offset."""
+    control = read_control(env.landing, env.db, table)
+    return None if control is None else (control[0], control[1].offset)
 
 
 def send(env: CdcEnv, value: Any, key: str | None = "", raw: bool = False) -> int:
@@ -220,9 +227,7 @@ def test_a_pause_in_the_same_batch_as_its_execute_snapshot_is_kept_for_the_run(
                               "data": {"data-collections": [f"{env.db}.orders"]}})
     [request] = sensor.tick().run_requests  # one tick reads both
     assert request.tags["cdc_platform/signal_offset"] == str(pause_offset - 1)
-    control = json.loads((env.landing.root / "snapshots" / env.db / "orders" / "control.json")
-                         .read_text())
-    assert (control["action"], control["signal"]["offset"]) == ("pause", pause_offset)
+    assert _control(env, "orders") == ("pause", pause_offset)
 
 
 def test_a_pause_for_a_run_not_started_yet_is_kept_for_it(
@@ -236,9 +241,7 @@ def test_a_pause_for_a_run_not_started_yet_is_kept_for_it(
     sensor.create_run(request, dg.DagsterRunStatus.NOT_STARTED)
     pause_offset = send(env, {"type": "pause-snapshot"})  # every table: the waiting run's too
     sensor.tick()
-    control = json.loads((env.landing.root / "snapshots" / env.db / "orders" / "control.json")
-                         .read_text())
-    assert (control["action"], control["signal"]["offset"]) == ("pause", pause_offset)
+    assert _control(env, "orders") == ("pause", pause_offset)
     assert read_request(env.landing, env.db, "orders") is None  # no session to stop
 
 
