@@ -282,7 +282,7 @@ def _execute(signal: Signal, captured: Sequence[str], selector: TableSelector | 
             [collection], tables, budget=budget)[0]
         if not targets:
             return out + [Skipped(
-                signal.offset, f"additional condition for {collection!r} names no table of "
+                signal.offset, f"additional condition for {_shown(collection)} names no table of "
                 f"this signal ({', '.join(tables)}); nothing started: fix the signal and send "
                 "it again", signal.id, tables=tuple(tables))]
         try:

@@ -284,7 +284,8 @@ def read_request(landing: LandingZone, database: str, table: str) -> SnapshotReq
         return None
     except (OSError, ValueError, KeyError, TypeError) as error:
         try:
-            version = (path.stat().st_mtime_ns, path.stat().st_size)
+            stat = path.stat()
+            version: tuple[int, int] | None = (stat.st_mtime_ns, stat.st_size)
         except OSError:
             version = None
         if _unreadable_requests.get(path) != version:  # once per version of the file
