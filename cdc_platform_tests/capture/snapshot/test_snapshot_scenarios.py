@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -397,20 +397,7 @@ def test_a_rename_of_several_tables_restarts_the_snapshot_of_each(
     env.execute("CREATE TABLE other (id INT PRIMARY KEY)")
     invisible(env, "INSERT INTO items SELECT seq, 'old', seq, 'a' FROM seq_1_to_300",
               "INSERT INTO items_new SELECT seq * 2, 'new', seq, 'b' FROM seq_1_to_200")
-    renamed = threading.Event()
-
-    def on_progress(progress: SnapshotProgress) -> None:
-        if progress.chunks >= 3 and not renamed.is_set():
-            renamed.set()
-            env.execute(statement.format(db=env.db))
-
-    with streaming(env), deadline(120) as stop:
-        result = snapshot_reader(env, "items", chunk_size=20, max_pending=2).run(
-            stop, on_progress)
-    assert renamed.is_set()
-    assert (result.status, result.restarts, result.rows) == ("done", 1, 200)
-    finish_and_reconcile(env, spark, "items")
-    assert {row["name"] for row in env.target_rows(spark, "items")} == {"new"}
+    _snapshot_items_swapped_by(env, spark, lambda: env.execute(statement.format(db=env.db)))
 
 
 @pytest.mark.parametrize("statement", [
@@ -430,19 +417,26 @@ def test_a_partition_exchange_restarts_the_snapshot_of_the_other_table(
                 "PARTITION p_high VALUES LESS THAN MAXVALUE)")
     invisible(env, "INSERT INTO items SELECT seq, 'old', seq, 'a' FROM seq_1_to_300",
               "INSERT INTO parted SELECT seq * 2, 'new', seq, 'b' FROM seq_1_to_200")
-    exchanged = threading.Event()
+    # (with autocommit: in a transaction, the exchange's validation read locks the table the
+    # exchange then waits for, until innodb_lock_wait_timeout)
+    _snapshot_items_swapped_by(env, spark, lambda: env.query(statement.format(db=env.db)))
+
+
+def _snapshot_items_swapped_by(env: CdcEnv, spark: Any, swap: Callable[[], object]) -> None:
+    """Snapshot ``items`` (300 'old' rows) and run ``swap`` after its third committed chunk,
+    which puts another table's 200 'new' rows under the name ``items`` without row events:
+    the snapshot restarts once and the target ends with exactly the new rows."""
+    swapped = threading.Event()
 
     def on_progress(progress: SnapshotProgress) -> None:
-        if progress.chunks >= 3 and not exchanged.is_set():
-            exchanged.set()
-            # (with autocommit: in a transaction, the exchange's validation read locks the
-            # table the exchange then waits for, until innodb_lock_wait_timeout)
-            env.query(statement.format(db=env.db))
+        if progress.chunks >= 3 and not swapped.is_set():
+            swapped.set()
+            swap()
 
     with streaming(env), deadline(120) as stop:
         result = snapshot_reader(env, "items", chunk_size=20, max_pending=2).run(
             stop, on_progress)
-    assert exchanged.is_set()
+    assert swapped.is_set()
     assert (result.status, result.restarts, result.rows) == ("done", 1, 200)
     finish_and_reconcile(env, spark, "items")
     assert {row["name"] for row in env.target_rows(spark, "items")} == {"new"}
