@@ -14,9 +14,9 @@ import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 
 from cdc_platform.capture import source as source_sql
-from cdc_platform.capture.engine import selector_from_settings
 from cdc_platform.capture.landing import LandingZone
 from cdc_platform.capture.schema import TableSchema
+from cdc_platform.capture.source import selector_from_settings
 from cdc_platform.config import Settings, settings
 from cdc_platform.defs.dbt import definitions as dbt_defs
 from cdc_platform.defs.lake import definitions as lake_defs

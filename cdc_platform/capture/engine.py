@@ -58,7 +58,7 @@ from cdc_platform.capture.schema import (
     landing_arrays,
 )
 from cdc_platform.capture.snapshot.sessions import SnapshotCoordinator
-from cdc_platform.capture.source import TableSelector
+from cdc_platform.capture.source import TableSelector, selector_from_settings
 from cdc_platform.capture.values import Converter, converter_for
 
 if TYPE_CHECKING:
@@ -98,19 +98,6 @@ class EngineState(enum.Enum):
 
 class EngineError(RuntimeError):
     """A non-retriable capture failure; the message names the table/GTID and what to do."""
-
-
-def selector_from_settings(settings: Settings) -> TableSelector:
-    """The tables, columns and keys the config captures (capture.tables, excluded_columns,
-    surrogate_keys)."""
-    capture = settings.capture
-    return TableSelector(
-        include=capture.tables.include,
-        exclude=capture.tables.exclude,
-        excluded_columns=capture.excluded_columns,
-        system_databases=capture.system_databases,
-        surrogate_keys=tuple((t, tuple(k)) for t, k in sorted(capture.surrogate_keys.items())),
-    )
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pymysql
 import pymysql.converters
@@ -19,6 +19,9 @@ import pymysql.cursors
 from pymysql.constants import FIELD_TYPE
 
 from cdc_platform.capture.schema import TableSchema, column_from_information_schema
+
+if TYPE_CHECKING:
+    from cdc_platform.config import Settings
 
 
 class PrerequisiteError(RuntimeError):
@@ -231,3 +234,16 @@ def require_prerequisites(conn: pymysql.Connection, flavour: str, server_name: s
             f"source {server_name!r} cannot be captured exactly: " + "; ".join(problems)
             + ". Set these on the replica (my.cnf) and restart it."
         )
+
+
+def selector_from_settings(settings: Settings) -> TableSelector:
+    """The tables, columns and keys the config captures (capture.tables, excluded_columns,
+    surrogate_keys)."""
+    capture = settings.capture
+    return TableSelector(
+        include=capture.tables.include,
+        exclude=capture.tables.exclude,
+        excluded_columns=capture.excluded_columns,
+        system_databases=capture.system_databases,
+        surrogate_keys=tuple((t, tuple(k)) for t, k in sorted(capture.surrogate_keys.items())),
+    )

@@ -56,7 +56,7 @@ from cdc_platform.capture.snapshot.watermark import (
     read_with_watermarks,
     require_snapshot_prerequisites,
 )
-from cdc_platform.capture.source import PrerequisiteError, TableSelector
+from cdc_platform.capture.source import PrerequisiteError, TableSelector, selector_from_settings
 
 # Rows per chunk, chosen by measurement (MariaDB 10.11 dev server, 300k-row 6-column table;
 # read_chunk with watermarks + landing conversion + Parquet encoding, rows/s):
@@ -1457,7 +1457,6 @@ def reader_from_settings(settings: Any, table_id: str, **options: Any) -> Snapsh
 
     Raises SnapshotError when the table is not captured or does not exist.
     """
-    from cdc_platform.capture.engine import selector_from_settings
 
     database, _, table = table_id.partition(".")
     server = settings.source.server_name

@@ -5,8 +5,8 @@ import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 
 from cdc_platform.capture import source as source_sql
-from cdc_platform.capture.engine import selector_from_settings
 from cdc_platform.capture.schema import TableSchema
+from cdc_platform.capture.source import selector_from_settings
 from cdc_platform.config import Settings
 from cdc_platform.defs.snapshots.definitions import snapshot_key
 from cdc_platform.defs.streaming.runner import changelog_key

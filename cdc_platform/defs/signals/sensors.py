@@ -15,7 +15,6 @@ from typing import Any
 
 import dagster as dg
 
-from cdc_platform.capture.engine import selector_from_settings
 from cdc_platform.capture.landing import LandingZone
 from cdc_platform.capture.signals.kafka import KafkaChannelError, KafkaTopics, SignalCursor
 from cdc_platform.capture.signals.messages import Skipped
@@ -34,6 +33,7 @@ from cdc_platform.capture.snapshot.reader import (
     session_live,
     signal_action,
 )
+from cdc_platform.capture.source import selector_from_settings
 from cdc_platform.config import Settings
 from cdc_platform.defs.snapshots.definitions import SnapshotConfig, run_session_prefix
 

@@ -14,7 +14,6 @@ import dagster as dg
 from pydantic import Field
 
 from cdc_platform.capture import source as source_sql
-from cdc_platform.capture.engine import selector_from_settings
 from cdc_platform.capture.landing import LandingZone
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.conditions import UnsafeConditionError, validate_condition
@@ -28,6 +27,7 @@ from cdc_platform.capture.snapshot.reader import (
     SnapshotReader,
     new_session_id,
 )
+from cdc_platform.capture.source import selector_from_settings
 from cdc_platform.config import Settings
 from cdc_platform.defs.snapshots.runner import notify_skipped, result_metadata, run_reader
 

@@ -25,7 +25,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from cdc_platform.capture import source as source_sql
-from cdc_platform.capture.engine import selector_from_settings
 from cdc_platform.capture.landing import Checkpoint, LandingZone
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.snapshot import reader as reader_module
@@ -52,6 +51,7 @@ from cdc_platform.capture.snapshot.reader import (
     write_chunk,
     write_request,
 )
+from cdc_platform.capture.source import selector_from_settings
 from cdc_platform_tests.conftest import CdcEnv
 
 # ---- key encoding (pure) -----------------------------------------------------------------------
