@@ -135,6 +135,12 @@ class CaptureSettings(_Section):
     flush_max_rows: int = Field(
         default=50_000, ge=1, description="Buffered rows that force a flush before the interval."
     )
+    transaction_memory_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=0,
+        description="Estimated memory one open (or XA-prepared) transaction may hold; beyond it "
+        "its rows spill to files under the landing zone's `spill/` folder, deleted once the "
+        "transaction landed or rolled back. 0 keeps every transaction in memory.",
+    )
     initial_position: str = Field(
         default="earliest",
         description="Where a first start (no checkpoint yet) reads from: `earliest` (the oldest "

@@ -1,43 +1,69 @@
-"""The binlog as a stream of events from a GTID position, one connection at a time.
+"""The binlog as a stream of the project's events (``capture/events.py``), one connection at
+a time.
 
 mysql-replication reconnects on its own after a dropped connection, but from the position it
 was *created* with, replaying everything since. The engine must own its position, so this
 adapter refuses the library's silent reconnect and raises ``SourceDisconnected`` instead; the
 engine then reopens a stream from its own processed position, with backoff.
+
+Every event type is either turned into a project event, known to be ignorable
+(``IGNORABLE_EVENT_TYPES``), or a loud stop (``UnsupportedEvent`` naming the type, the GTID
+and the fix): an event the adapter does not understand may carry rows, and must never be
+filtered out silently.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pymysql
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.constants import FIELD_TYPE
 from pymysqlreplication.event import (
+    BeginLoadQueryEvent,
+    ExecuteLoadQueryEvent,
     GtidEvent,
     HeartbeatLogEvent,
     MariadbGtidEvent,
+    NotImplementedEvent,
     QueryEvent,
     RotateEvent,
+    XAPrepareEvent,
     XidEvent,
 )
 from pymysqlreplication.row_event import (
     DeleteRowsEvent,
+    PartialUpdateRowsEvent,
     TableMapEvent,
     UpdateRowsEvent,
     WriteRowsEvent,
 )
 
+from cdc_platform.capture import binlog_decoding
+from cdc_platform.capture.binlog_decoding import (
+    HEARTBEAT_EVENT_TYPES,
+    IGNORABLE_EVENT_TYPES,
+    TransactionPayloadEvent,
+    event_type_name,
+)
+from cdc_platform.capture.events import (
+    Event,
+    Heartbeat,
+    Query,
+    Rotate,
+    Rows,
+    TableMap,
+    UnsupportedEvent,
+    XaPrepare,
+    Xid,
+    xa_id,
+)
+from cdc_platform.capture.flavours import Flavour
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 
 log = logging.getLogger(__name__)
-
-STREAM_EVENTS = [
-    GtidEvent, MariadbGtidEvent, QueryEvent, XidEvent, TableMapEvent, WriteRowsEvent,
-    UpdateRowsEvent, DeleteRowsEvent, HeartbeatLogEvent, RotateEvent,
-]
 
 # pymysql error codes after which reconnecting may succeed (network, restart, kill).
 RETRIABLE_MYSQL_ERRORS = {1040, 1053, 1158, 1159, 1160, 1161, 1317, 1927, 2002, 2003, 2006,
@@ -110,16 +136,39 @@ def schema_from_table_map(event: TableMapEvent) -> TableSchema:
     return TableSchema(event.schema, event.table, columns, primary_key)
 
 
+# The library classes the stream asks for. Classes of ignorable events are left out (the
+# packet wrapper then skips them unparsed); the unsupported ones are asked for, to stop on.
+STREAM_EVENTS = frozenset({
+    GtidEvent, MariadbGtidEvent, QueryEvent, XidEvent, XAPrepareEvent, TableMapEvent,
+    WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent, HeartbeatLogEvent, RotateEvent,
+    NotImplementedEvent, BeginLoadQueryEvent, ExecuteLoadQueryEvent, PartialUpdateRowsEvent,
+})
+binlog_decoding.register(STREAM_EVENTS)
+
+_UNSUPPORTED_FIXES = {
+    BeginLoadQueryEvent: "LOAD DATA logged as a statement: set binlog_format=ROW",
+    ExecuteLoadQueryEvent: "LOAD DATA logged as a statement: set binlog_format=ROW",
+    PartialUpdateRowsEvent: "partial JSON updates: set binlog_row_value_options='' (empty)",
+}
+_ANONYMOUS_GTID = 0x22
+
+
+class TableMapError(UnsupportedEvent):
+    """A captured table's column the engine cannot decode from the binlog."""
+
+
 class BinlogStream:
-    """Events from ``position`` over one connection; ``SourceDisconnected`` when it drops."""
+    """Project events from ``position`` over one connection; ``SourceDisconnected`` when it
+    drops. Rows and table maps of tables ``wanted`` refuses are not decoded."""
 
     def __init__(
         self,
         connection_settings: dict[str, Any],
         server_id: int,
-        flavour: str,
+        flavour: Flavour,
         position: str,
         heartbeat_seconds: float,
+        wanted: Callable[[str, str], bool] = lambda database, table: True,
     ) -> None:
         settings = {k: v for k, v in connection_settings.items() if k != "connect_timeout"}
         settings["passwd"] = settings.pop("password", "")
@@ -128,39 +177,22 @@ class BinlogStream:
         settings["read_timeout"] = max(10, int(heartbeat_seconds * 3))
         settings["connect_timeout"] = int(connection_settings.get("connect_timeout", 10))
         self._connects = 0
-        kwargs: dict[str, Any] = {}
-        if flavour == "mariadb":
-            # An empty MariaDB connect state means "from the oldest binlog".
-            kwargs.update(is_mariadb=True, auto_position=position)
-        elif position:
-            kwargs["auto_position"] = position
-        else:
-            kwargs.update(self._earliest_mysql_position(connection_settings))
+        self._flavour = flavour
+        self._wanted = wanted
+        self._gtid = ""
+        start = flavour.stream_start(position, lambda: pymysql.connect(**connection_settings))
         self._reader = BinLogStreamReader(
             connection_settings=settings,
             server_id=server_id,
             blocking=True,
             resume_stream=True,
-            only_events=STREAM_EVENTS,
+            only_events=list(binlog_decoding.ALLOWED_EVENTS),
+            filter_non_implemented_events=False,
             slave_heartbeat=heartbeat_seconds,
             pymysql_wrapper=self._connect,
             enable_logging=False,
-            **kwargs,
+            **start,
         )
-
-    @staticmethod
-    def _earliest_mysql_position(settings: dict[str, Any]) -> dict[str, Any]:
-        """MySQL with no GTID position to resume from: start at the oldest binlog file."""
-        conn = pymysql.connect(**settings)
-        try:
-            with conn.cursor() as cur:
-                cur.execute("SHOW BINARY LOGS")
-                first = cur.fetchone()
-        finally:
-            conn.close()
-        if not first:
-            raise RuntimeError("source has no binary logs: is log_bin enabled?")
-        return {"log_file": first[0], "log_pos": 4}
 
     def _connect(self, **settings: Any) -> pymysql.Connection:
         is_control = settings.get("db") == "information_schema"
@@ -173,7 +205,7 @@ class BinlogStream:
         except pymysql.err.OperationalError as error:
             raise SourceDisconnected(f"cannot connect to the source: {error}") from error
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Event]:
         while True:
             try:
                 event = self._reader.fetchone()
@@ -183,7 +215,66 @@ class BinlogStream:
                 raise
             if event is None:  # the server ended the stream (non-blocking only)
                 raise SourceDisconnected("binlog stream ended by the server")
-            yield event
+            if isinstance(event, TransactionPayloadEvent):
+                for inner in event.events:
+                    yield from self._convert(inner)
+            else:
+                yield from self._convert(event)
+
+    def _convert(self, event: Any) -> Iterator[Event]:
+        """The library's event -> the project's (none for ignorable or unwanted ones)."""
+        if isinstance(event, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent) and not (
+                isinstance(event, PartialUpdateRowsEvent)):
+            if self._wanted(event.schema, event.table):
+                op = ("insert" if isinstance(event, WriteRowsEvent) else
+                      "update" if isinstance(event, UpdateRowsEvent) else "delete")
+                yield Rows(event.table_id, event.schema, event.table, op, event.rows,
+                           event.event_size)
+        elif isinstance(event, TableMapEvent):
+            if self._wanted(event.schema, event.table):
+                yield TableMap(event.table_id, self._table_schema(event))
+        elif isinstance(event, MariadbGtidEvent | GtidEvent):
+            begin = self._flavour.begin(event)
+            self._gtid = begin.gtid
+            yield begin
+        elif isinstance(event, QueryEvent):
+            schema = event.schema
+            database = schema.decode(errors="replace") if isinstance(schema, bytes) else schema
+            yield Query(event.query, database or "", event.timestamp)
+        elif isinstance(event, XidEvent):
+            yield Xid(event.timestamp)
+        elif isinstance(event, XAPrepareEvent):
+            yield XaPrepare(xa_id(event.xid_format_id, event.xid_gtrid, event.xid_bqual),
+                            event.one_phase, event.timestamp)
+        elif isinstance(event, HeartbeatLogEvent):
+            yield Heartbeat()
+        elif isinstance(event, RotateEvent):
+            yield Rotate(event.next_binlog)
+        elif isinstance(event, NotImplementedEvent):
+            if event.event_type in HEARTBEAT_EVENT_TYPES:
+                yield Heartbeat()
+            elif event.event_type not in IGNORABLE_EVENT_TYPES:
+                raise self._unsupported(event.event_type)
+        else:
+            raise self._unsupported(event.event_type, _UNSUPPORTED_FIXES.get(type(event)))
+
+    def _unsupported(self, event_type: int, fix: str | None = None) -> UnsupportedEvent:
+        if fix is None and event_type == _ANONYMOUS_GTID:
+            fix = "a transaction without a GTID: set gtid_mode=ON (and enforce_gtid_consistency)"
+        return UnsupportedEvent(
+            f"binlog event {event_type_name(event_type)} after GTID {self._gtid or '(none)'} "
+            "is not supported, and it may carry row changes: the engine stops rather than "
+            f"skip it. Fix: {fix or 'turn off the server feature that writes it, or upgrade cdc_platform'}"
+            "; then restart the engine (it resumes from its checkpoint)")
+
+    def _table_schema(self, event: TableMapEvent) -> TableSchema:
+        try:
+            return schema_from_table_map(event)
+        except NotImplementedError as error:
+            raise TableMapError(
+                f"table {event.schema}.{event.table} at GTID {self._gtid or '?'}: {error}; "
+                "exclude the column (capture.excluded_columns) or the table (capture.tables)"
+            ) from None
 
     def close(self) -> None:
         try:

@@ -17,7 +17,6 @@ import contextlib
 import datetime as dt
 import enum
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -26,30 +25,24 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pymysql
-from pymysqlreplication.event import (
-    GtidEvent,
-    HeartbeatLogEvent,
-    MariadbGtidEvent,
-    QueryEvent,
-    RotateEvent,
-    XidEvent,
-)
-from pymysqlreplication.row_event import (
-    DeleteRowsEvent,
-    TableMapEvent,
-    UpdateRowsEvent,
-    WriteRowsEvent,
-)
 
 from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.binlog import (
     BinlogStream,
     SourceDisconnected,
     is_retriable,
-    schema_from_table_map,
 )
 from cdc_platform.capture.ddl import TableDdl, parse_table_ddl
-from cdc_platform.capture.gtid import GtidSet, parse_gtid, parse_position
+from cdc_platform.capture.events import (
+    EngineError,
+    Event,
+    Heartbeat,
+    Rotate,
+    Rows,
+    TableMap,
+)
+from cdc_platform.capture.flavours import flavour_of
+from cdc_platform.capture.gtid import GtidSet
 from cdc_platform.capture.landing import Checkpoint, LandingZone
 from cdc_platform.capture.schema import (
     ColumnSpec,
@@ -59,6 +52,17 @@ from cdc_platform.capture.schema import (
 )
 from cdc_platform.capture.snapshot.sessions import SnapshotCoordinator
 from cdc_platform.capture.source import TableSelector, selector_from_settings
+from cdc_platform.capture.spill import OP_COLUMN, SpilledRecords, SpillStore
+from cdc_platform.capture.transactions import (
+    Committed,
+    Outcome,
+    Prepared,
+    PreparedXa,
+    RecordLog,
+    RolledBack,
+    Statement,
+    TransactionBuffer,
+)
 from cdc_platform.capture.values import Converter, converter_for
 
 if TYPE_CHECKING:
@@ -73,10 +77,12 @@ HEARTBEAT_MAX_SECONDS = 0.1
 # Without open sessions, new snapshot requests are looked for this often (a reader waits for
 # the engine's acknowledgement before it reads anything).
 SNAPSHOT_REQUEST_POLL_SECONDS = 0.25
-_SAVEPOINT = re.compile(
-    r"^\s*(?:(ROLLBACK\s+(?:WORK\s+)?TO\s+(?:SAVEPOINT\s+)?)|SAVEPOINT\s+)(`[^`]+`|\w+)\s*$",
-    re.IGNORECASE,
-)
+# The buffer's memory estimate of buffered rows: binlog bytes of their rows events times this,
+# plus a fixed cost per record (Python tuples and objects; measured roughly on this machine).
+_MEMORY_PER_BINLOG_BYTE = 3
+_MEMORY_PER_RECORD = 150
+# The XA transactions prepared and not yet committed, in the checkpoint (with their files).
+_XA_CHECKPOINT_KEY = "xa_prepared"
 
 
 def _is_purged_position(error: BaseException) -> bool:
@@ -96,10 +102,6 @@ class EngineState(enum.Enum):
     FAILED = "failed"
 
 
-class EngineError(RuntimeError):
-    """A non-retriable capture failure; the message names the table/GTID and what to do."""
-
-
 @dataclass(frozen=True)
 class EngineOptions:
     server_name: str
@@ -114,6 +116,7 @@ class EngineOptions:
     max_backoff_seconds: float = 30.0
     max_reconnect_attempts: int = 0
     initial_position: str = "earliest"
+    transaction_memory_bytes: int = 64 * 1024 * 1024
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EngineOptions:
@@ -131,6 +134,7 @@ class EngineOptions:
             max_backoff_seconds=capture.reconnect.max_backoff_seconds,
             max_reconnect_attempts=capture.reconnect.max_attempts,
             initial_position=capture.initial_position,
+            transaction_memory_bytes=capture.transaction_memory_bytes,
         )
 
 
@@ -189,10 +193,17 @@ class _Chunk:
 
 
 @dataclass
-class _OpenTransaction:
+class _SpilledChunk:
+    """Committed records of a spilled file, landed as one segment of their own."""
+
+    part: SpilledRecords
+    first_pos: int
     gtid: str
-    records: list[tuple[_TableState, str, tuple[Any, ...]]] = field(default_factory=list)
-    savepoints: dict[str, int] = field(default_factory=dict)
+    timestamp_ms: int
+
+    @property
+    def schema(self) -> TableSchema:
+        return self.part.schema
 
 
 class CaptureEngine:
@@ -205,14 +216,17 @@ class CaptureEngine:
         self.log = log or logging.getLogger(__name__)
         self.state = EngineState.CREATED
         self.stats = EngineStats()
-        self._processed: GtidSet = parse_position(options.flavour, "")
+        self._flavour = flavour_of(options.flavour)
+        self._processed: GtidSet = self._flavour.parse_position("")
         self._next_pos = 1
-        self._table_ids: dict[int, _TableState | None] = {}
+        self._table_ids: dict[int, _TableState] = {}
         self._schemas: dict[str, TableSchema] = {}
         self._schemas_dirty = False
-        self._chunks: dict[str, list[_Chunk]] = {}
+        self._chunks: dict[str, list[_Chunk | _SpilledChunk]] = {}
         self._buffered_rows = 0
-        self._txn: _OpenTransaction | None = None
+        self._spill = SpillStore(landing.root / "spill")
+        self._buffer = TransactionBuffer(self._new_record_log)
+        self._xa_dirty = False
         self._last_flush = time.monotonic()
         self._last_snapshot_poll = self._last_flush
         self._checkpointed_position = ""
@@ -284,7 +298,7 @@ class CaptureEngine:
                     f"source but source.flavour is {opts.flavour}: fix the config or point "
                     "landing_zone.url elsewhere"
                 )
-            self._processed = parse_position(opts.flavour, checkpoint.gtid)
+            self._processed = self._flavour.parse_position(checkpoint.gtid)
             self._next_pos = checkpoint.next_pos
             removed = self.landing.remove_uncommitted(checkpoint.next_pos)
             self.stats.orphans_removed = len(removed)
@@ -293,6 +307,8 @@ class CaptureEngine:
                               "segment(s) written after the last checkpoint; replaying them")
             self._checkpointed_position = checkpoint.gtid
             self._snapshots.load(checkpoint.extra.get("snapshots", {}), self._processed)
+        self._restore_prepared_xa(checkpoint.extra.get(_XA_CHECKPOINT_KEY, {})
+                                  if checkpoint is not None else {})
         self._started = True
         self._schemas = self.landing.read_tables()
         self._control = source_sql.connect(opts.connection_settings)
@@ -311,27 +327,60 @@ class CaptureEngine:
     def _initial_position(self) -> GtidSet:
         """Where a first start reads from (config: capture.initial_position)."""
         choice = self.options.initial_position.strip()
-        if choice == "earliest" and self.options.flavour == "mysql":
-            # Auto-positioning from the purged set streams everything still in the binlogs,
-            # and counts what was purged as processed (it can never arrive).
-            with self._control.cursor() as cur:
-                cur.execute("SELECT @@GLOBAL.gtid_purged")
-                choice = str(cur.fetchone()[0] or "").replace("\n", "")
-        elif choice == "earliest":
-            # The state at the start of the oldest binlog still on the source: an empty connect
-            # state is refused once older files were purged.
-            with self._control.cursor() as cur:
-                cur.execute("SHOW BINARY LOGS")
-                oldest = cur.fetchone()
-                cur.execute("SELECT BINLOG_GTID_POS(%s, 4)", (oldest[0],))
-                choice = str(cur.fetchone()[0] or "")
+        if choice == "earliest":
+            choice = self._flavour.earliest_position(self._control)
         if choice == "current":
-            choice = source_sql.executed_gtid_text(self._control, self.options.flavour)
+            choice = self._flavour.executed_gtid_text(self._control)
         try:
-            return parse_position(self.options.flavour, choice)
+            return self._flavour.parse_position(choice)
         except ValueError as error:
             raise EngineError(f"capture.initial_position {choice!r} is not a valid "
                               f"{self.options.flavour} GTID position: {error}") from None
+
+    def _restore_prepared_xa(self, state: dict[str, Any]) -> None:
+        """XA transactions prepared before the checkpoint: their records, from their files
+        (the binlog will not send the prepare again). Spill files nothing names are removed:
+        they belong to transactions the engine reads again."""
+        keep = set()
+        for xid, entry in state.items():
+            log = self._new_record_log()
+            for data in entry["parts"]:
+                part = self._spill.part_from_dict(data)
+                log.parts.append(part)
+                keep.add(part.path)
+            log._count = sum(p.count for p in log.parts)  # noqa: SLF001 - restoring a log
+            self._buffer.prepared[xid] = PreparedXa(entry["gtid"], log, persisted=True)
+        removed = self._spill.remove_unreferenced(keep)
+        if removed:
+            self.log.info(f"capture engine {self.options.server_name}: removed {len(removed)} "
+                          "spill file(s) of transactions read again from the binlog")
+        if state:
+            self.log.info(f"capture engine {self.options.server_name}: {len(state)} prepared XA "
+                          "transaction(s) wait for their XA COMMIT: "
+                          + ", ".join(f"{x} (prepared at GTID {e['gtid']})"
+                                      for x, e in state.items()))
+
+    def _new_record_log(self) -> RecordLog:
+        return RecordLog(self.options.transaction_memory_bytes, self._spill_records)
+
+    def _spill_records(self, records: list[tuple[_TableState, str, tuple[Any, ...]]]
+                       ) -> list[SpilledRecords]:
+        """Write buffered records to spill files, one per run of one schema."""
+        parts = []
+        start = 0
+        for index in range(1, len(records) + 1):
+            if index == len(records) or records[index][0].schema is not records[start][0].schema:
+                run = records[start:index]
+                schema = run[0][0].schema
+                try:
+                    parts.append(self._spill.write(schema, [r[1] for r in run],
+                                                   [r[2] for r in run]))
+                except (ColumnValueError, pa.ArrowInvalid, pa.ArrowTypeError) as error:
+                    raise EngineError(
+                        f"table {schema.table_id} at GTID {self._buffer.open_gtid or '?'}: "
+                        f"{error}") from error
+                start = index
+        return parts
 
     def _record_discovered_tables(self) -> None:
         """Note every captured table's schema, so empty tables still get a target."""
@@ -402,8 +451,9 @@ class CaptureEngine:
                 # least once per flush interval and snapshot poll.
                 heartbeat = min(opts.heartbeat_seconds, opts.flush_interval_seconds,
                                 HEARTBEAT_MAX_SECONDS)
-                stream = BinlogStream(opts.connection_settings, opts.server_id, opts.flavour,
-                                      str(self._processed), heartbeat)
+                stream = BinlogStream(opts.connection_settings, opts.server_id, self._flavour,
+                                      str(self._processed), heartbeat,
+                                      wanted=opts.selector.captures)
                 self._transition(EngineState.STREAMING,
                                  f"from {str(self._processed) or 'the start of the binlog'}")
                 for event in stream:
@@ -420,7 +470,7 @@ class CaptureEngine:
                         self._poll_snapshots()  # (without sessions: new requests only)
                     if stop.is_set():
                         return
-                    if stop_when_caught_up and self._txn is None and (
+                    if stop_when_caught_up and not self._buffer.in_group and (
                         idle or now >= next_caught_up_check
                     ):
                         next_caught_up_check = now + 0.5
@@ -465,57 +515,62 @@ class CaptureEngine:
         """True when everything the source has executed is processed (not a watermark)."""
         if self._control is None:
             self._control = source_sql.connect(self.options.connection_settings)
-        executed = parse_position(
-            self.options.flavour,
-            source_sql.executed_gtid_text(self._control, self.options.flavour),
-        )
+        executed = self._flavour.parse_position(
+            self._flavour.executed_gtid_text(self._control))
         caught_up = self._processed.issuperset(executed)
         self.stats.caught_up = caught_up
         if caught_up:
             self.stats.lag_seconds = 0.0
         return caught_up
 
-    def _handle(self, event: Any) -> bool:
+    def _handle(self, event: Event) -> bool:
         """Apply one binlog event; returns True when the event says the stream is idle."""
         self.stats.events += 1
-        if isinstance(event, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent):
+        if isinstance(event, Rows):
             self._on_rows(event)
-        elif isinstance(event, TableMapEvent):
+        elif isinstance(event, TableMap):
             self._on_table_map(event)
-        elif isinstance(event, XidEvent):
-            self._commit(event.timestamp)
-        elif isinstance(event, MariadbGtidEvent | GtidEvent):
-            self._begin(event.gtid)
-        elif isinstance(event, QueryEvent):
-            self._on_query(event)
-        elif isinstance(event, HeartbeatLogEvent):
+        elif isinstance(event, Heartbeat):
             # The server had nothing more to send: we are at the end of its binlog.
-            if self._txn is None:
+            if not self._buffer.in_group:
                 self.stats.lag_seconds = 0.0
             return True
-        elif isinstance(event, RotateEvent):
+        elif isinstance(event, Rotate):
             self._table_ids.clear()
-
+        else:
+            for outcome in self._buffer.feed(event):
+                self._apply(outcome)
         return False
 
-    def _begin(self, gtid: str) -> None:
-        if self._txn is not None:
-            self.log.warning(f"transaction {self._txn.gtid} has no commit before GTID {gtid}; "
-                             "discarding its buffered rows")
+    def _apply(self, outcome: Outcome) -> None:
+        if isinstance(outcome, Committed):
+            self._commit(outcome)
+        elif isinstance(outcome, Statement):
+            ddl = parse_table_ddl(outcome.text, outcome.database)
+            if ddl is not None:
+                self._on_ddl(ddl, outcome.gtid)
+        elif isinstance(outcome, Prepared):
+            # The prepare's GTID is complete; its rows wait (persisted at the next flush) for
+            # the XA COMMIT, whose GTID they land under.
+            self._processed = self._processed.add(self._flavour.parse_gtid(outcome.gtid))
+            self._xa_dirty = True
+            self.log.info(f"XA transaction {outcome.xid}: prepared at GTID {outcome.gtid} with "
+                          f"{outcome.records} record(s); they land at its XA COMMIT")
+        elif isinstance(outcome, RolledBack):
             self.stats.rolled_back += 1
-        self._txn = _OpenTransaction(gtid)
+            if outcome.reason.startswith("XA ROLLBACK"):
+                self._xa_dirty = True
+            self.log.info(f"transaction {outcome.gtid or '?'}: {outcome.records} record(s) "
+                          f"dropped ({outcome.reason}); nothing emitted")
 
-    def _on_table_map(self, event: TableMapEvent) -> None:
+    def _on_table_map(self, event: TableMap) -> None:
         if event.table_id in self._table_ids:
             return
-        database, table = event.schema, event.table
-        if not self.options.selector.captures(database, table):
-            self._table_ids[event.table_id] = None
-            return
-        full = schema_from_table_map(event)
+        full = event.schema
+        database, table = full.database, full.table
         excluded = self.options.selector.excluded_columns_of(database, table, full.column_names)
         kept_keys = excluded & set(full.primary_key)
-        if kept_keys and event.table_id not in self._table_ids:
+        if kept_keys:
             self.log.warning(f"table {full.table_id}: key column(s) {sorted(kept_keys)} match "
                              "capture.excluded_columns but are captured: a target needs its key")
         schema = self.options.selector.shape(full)
@@ -530,9 +585,9 @@ class CaptureEngine:
             if previous is not None:
                 added = [c for c in schema.column_names if c not in previous.column_names]
                 dropped = [c for c in previous.column_names if c not in schema.column_names]
-                gtid = self._txn.gtid if self._txn else "?"
-                self.log.info(f"table {schema.table_id}: schema changed at GTID {gtid} "
-                              f"(added {added or 'none'}, dropped {dropped or 'none'})")
+                self.log.info(f"table {schema.table_id}: schema changed at GTID "
+                              f"{self._buffer.open_gtid or '?'} (added {added or 'none'}, "
+                              f"dropped {dropped or 'none'})")
             self._schemas[schema.table_id] = schema
             self._schemas_dirty = True
         converters = []
@@ -550,7 +605,7 @@ class CaptureEngine:
         except KeyError as missing:
             raise EngineError(
                 f"table {state.schema.table_id}: binlog row lacks column {missing} at GTID "
-                f"{self._txn.gtid if self._txn else '?'}; is binlog_row_image FULL?"
+                f"{self._buffer.open_gtid or '?'}; is binlog_row_image FULL?"
             ) from None
         for index, convert in state.converters:
             row[index] = convert(row[index])
@@ -562,17 +617,19 @@ class CaptureEngine:
             out[index] = row[index]
         return tuple(out)
 
-    def _on_rows(self, event: Any) -> None:
+    def _on_rows(self, event: Rows) -> None:
         state = self._table_ids.get(event.table_id)
         if state is None:
-            return
-        if self._txn is None:
-            self._txn = _OpenTransaction("")
-        records = self._txn.records
-        if isinstance(event, WriteRowsEvent):
+            raise EngineError(
+                f"table {event.database}.{event.table} at GTID "
+                f"{self._buffer.open_gtid or '?'}: a rows event without its table map; the "
+                "binlog stream is inconsistent: restart the engine (it resumes from its "
+                "checkpoint)")
+        records: list[tuple[_TableState, str, tuple[Any, ...]]] = []
+        if event.op == "insert":
             for row in event.rows:
                 records.append((state, "c", self._row(state, row["values"])))
-        elif isinstance(event, UpdateRowsEvent):
+        elif event.op == "update":
             keys = state.key_indexes
             for row in event.rows:
                 after = self._row(state, row["after_values"])
@@ -587,119 +644,101 @@ class CaptureEngine:
         else:
             for row in event.rows:
                 records.append((state, "d", self._tombstone(state, self._row(state, row["values"]))))
+        self._buffer.add(records, event.size * _MEMORY_PER_BINLOG_BYTE
+                         + len(records) * _MEMORY_PER_RECORD)
 
-    def _on_query(self, event: QueryEvent) -> None:
-        query = event.query if isinstance(event.query, str) else event.query.decode(errors="replace")
-        statement = query.strip().upper()
-        if statement in ("BEGIN", "XA START"):
-            return
-        if statement == "COMMIT":
-            self._commit(event.timestamp)
-            return
-        savepoint = _SAVEPOINT.match(query)
-        if savepoint:
-            self._on_savepoint(savepoint.group(1) is not None, savepoint.group(2).strip("`"))
-            return
-        if statement.startswith("ROLLBACK"):
-            if self._txn is not None:
-                self.stats.rolled_back += 1
-                self.log.info(f"transaction {self._txn.gtid}: rolled back in the binlog; "
-                              "nothing emitted")
-            self._txn = None
-            return
-        default_db = event.schema.decode() if isinstance(event.schema, bytes) else event.schema
-        ddl = parse_table_ddl(query, default_db or "")
-        if ddl is not None:
-            self._on_ddl(ddl)
-        # A statement outside BEGIN (DDL, or any implicit-commit statement) completes its GTID.
-        if self._txn is not None and not self._txn.records:
-            self._commit(event.timestamp)
-
-    def _on_savepoint(self, rollback: bool, name: str) -> None:
-        """Rows after a savepoint that was rolled back to never happened: drop them."""
-        txn = self._txn
-        if txn is None:
-            return
-        if not rollback:
-            txn.savepoints[name] = len(txn.records)
-        elif name in txn.savepoints:
-            del txn.records[txn.savepoints[name]:]
-
-    def _on_ddl(self, ddl: TableDdl) -> None:
+    def _on_ddl(self, ddl: TableDdl, gtid: str) -> None:
         captured = [(d, t) for d, t in ddl.tables if self.options.selector.captures(d, t)]
         if not captured:
             return
         self.stats.ddl_statements += 1
-        gtid = self._txn.gtid if self._txn else "?"
         for database, table in captured:
             table_id = f"{database}.{table}"
-            if self._txn is not None and self._txn.gtid and self._snapshots.record_ddl(
-                    table_id, parse_gtid(self.options.flavour, self._txn.gtid)):
+            if gtid and self._snapshots.record_ddl(table_id, self._flavour.parse_gtid(gtid)):
                 self._snapshots_dirty = True  # the session ends for a restart
-            self.log.info(f"table {table_id}: {ddl.verb} at GTID {gtid} (tracked, not "
+            self.log.info(f"table {table_id}: {ddl.verb} at GTID {gtid or '?'} (tracked, not "
                           "replicated; the new columns arrive with the next rows)")
             if ddl.verb == "TRUNCATE":
-                self.log.warning(f"table {table_id} was truncated at GTID {gtid}: a "
+                self.log.warning(f"table {table_id} was truncated at GTID {gtid or '?'}: a "
                                  "TRUNCATE has no row events, so the target keeps its rows "
                                  "until the table is re-snapshotted")
             # Table ids of the old definition are stale from here on.
             self._table_ids = {k: v for k, v in self._table_ids.items()
-                               if v is None or v.schema.table_id != table_id}
+                               if v.schema.table_id != table_id}
             # No row event may follow for a while: learn the new schema now, so that chunks
             # of a new snapshot session are compared with it (see _read_source_schema).
             try:
                 self._read_source_schema(database, table)
             except pymysql.MySQLError as error:
                 self.log.warning(f"table {table_id}: schema not read after the {ddl.verb} at "
-                                 f"GTID {gtid} ({error}); the engine reads it again when a "
-                                 "snapshot session of the table opens")
+                                 f"GTID {gtid or '?'} ({error}); the engine reads it again when "
+                                 "a snapshot session of the table opens")
 
-    def _commit(self, timestamp: int) -> None:
-        txn = self._txn
-        self._txn = None
-        if txn is None:
-            return
-        position = self._next_pos
+    def _commit(self, txn: Committed) -> None:
+        """Give the committed records their positions and queue them for the next flush."""
+        first = position = self._next_pos
         gtid = txn.gtid
-        ts_ms = int(timestamp) * 1000
-        gtid_value = parse_gtid(self.options.flavour, gtid) if gtid else None
-        for state, op, row in txn.records:
-            table_id = state.schema.table_id
-            key_columns = self._snapshots.key_columns(table_id)
-            if key_columns is not None and gtid_value is not None:
-                names = state.schema.column_names
-                key = tuple(row[names.index(c)] for c in key_columns if c in names)
-                self._snapshots.record_touch(table_id, key, gtid_value, position)
-            chunks = self._chunks.setdefault(table_id, [])
-            if not chunks or chunks[-1].schema is not state.schema or (
-                    chunks[-1].landed is not None):
-                chunks.append(_Chunk(state.schema))
-            chunk = chunks[-1]
-            chunk.positions.append(position)
-            chunk.gtids.append(gtid)
-            chunk.ops.append(op)
-            chunk.timestamps.append(ts_ms)
-            chunk.rows.append(row)
-            position += 1
-        count = position - self._next_pos
+        ts_ms = int(txn.timestamp) * 1000
+        gtid_value = self._flavour.parse_gtid(gtid) if gtid else None
+        for part in txn.records:
+            if isinstance(part, SpilledRecords):
+                self._record_spilled_touches(part, gtid_value, position)
+                self._chunks.setdefault(part.schema.table_id, []).append(
+                    _SpilledChunk(part, position, gtid, ts_ms))
+                position += part.count
+                continue
+            for state, op, row in part:
+                table_id = state.schema.table_id
+                key_columns = self._snapshots.key_columns(table_id)
+                if key_columns is not None and gtid_value is not None:
+                    names = state.schema.column_names
+                    key = tuple(row[names.index(c)] for c in key_columns if c in names)
+                    self._snapshots.record_touch(table_id, key, gtid_value, position)
+                chunks = self._chunks.setdefault(table_id, [])
+                last = chunks[-1] if chunks else None
+                if not isinstance(last, _Chunk) or last.schema is not state.schema or (
+                        last.landed is not None):
+                    last = _Chunk(state.schema)
+                    chunks.append(last)
+                last.positions.append(position)
+                last.gtids.append(gtid)
+                last.ops.append(op)
+                last.timestamps.append(ts_ms)
+                last.rows.append(row)
+                position += 1
+        count = position - first
         self._next_pos = position
         self._buffered_rows += count
         if gtid_value is not None:
             self._processed = self._processed.add(gtid_value)
+        if txn.xid is not None:
+            self._xa_dirty = True
         self.stats.transactions += 1
         self.stats.records += count
-        self._last_commit_ts = float(timestamp)
+        self._last_commit_ts = float(txn.timestamp)
         self._last_activity = time.monotonic()
-        self.stats.lag_seconds = max(0.0, time.time() - float(timestamp))
+        self.stats.lag_seconds = max(0.0, time.time() - float(txn.timestamp))
         self.stats.caught_up = False
         if self._buffered_rows >= self.options.flush_max_rows:
             self.flush()
 
+    def _record_spilled_touches(self, part: SpilledRecords, gtid: Any, first: int) -> None:
+        """Touched keys of spilled records, for tables under a snapshot session."""
+        table_id = part.schema.table_id
+        key_columns = self._snapshots.key_columns(table_id)
+        if key_columns is None or gtid is None:
+            return
+        table = part.read()
+        columns = [table.column(c).to_pylist() for c in key_columns
+                   if c in part.schema.column_names]
+        for offset, key in enumerate(zip(*columns, strict=True)):
+            self._snapshots.record_touch(table_id, tuple(key), gtid, first + offset)
+
     def _discard_open_transaction(self, reason: str) -> None:
-        if self._txn is not None:
-            self.log.info(f"transaction {self._txn.gtid or '?'}: discarded ({reason}); it will "
-                          "be read again from the binlog")
-            self._txn = None
+        gtid = self._buffer.discard_open()
+        if gtid is not None:
+            self.log.info(f"transaction {gtid or '?'}: discarded ({reason}); it will be read "
+                          "again from the binlog")
 
     # -- landing ---------------------------------------------------------------------------
 
@@ -723,20 +762,26 @@ class CaptureEngine:
             self._snapshots_dirty = True
         position_text = str(self._processed)
         if not self._chunks and position_text == self._checkpointed_position and not (
-            self._schemas_dirty or self._snapshots_dirty or force
+            self._schemas_dirty or self._snapshots_dirty or self._xa_dirty or force
         ):
             return
         written = []
         for table_id, chunks in self._chunks.items():
             for run in _same_schema_runs(chunks):
-                # One segment per run: snapshot commits add a chunk's rows and its assertion
-                # as separate pieces, and a flush may commit several chunks.
-                tables = [chunk.landed if chunk.landed is not None
-                          else self._arrow_table(chunk) for chunk in run]
-                table = tables[0] if len(tables) == 1 else pa.concat_tables(
-                    tables, promote_options="default")
-                written.append(self.landing.write_segment(
-                    run[0].schema, table, run[0].positions[0], run[-1].positions[-1]))
+                if isinstance(run[0], _SpilledChunk):
+                    # A spilled part lands as a segment of its own, read one at a time.
+                    spilled = run[0]
+                    table = self._spilled_table(spilled)
+                    first, last = spilled.first_pos, spilled.first_pos + table.num_rows - 1
+                else:
+                    # One segment per run: snapshot commits add a chunk's rows and its
+                    # assertion as separate pieces, and a flush may commit several chunks.
+                    tables = [chunk.landed if chunk.landed is not None
+                              else self._arrow_table(chunk) for chunk in run]
+                    table = tables[0] if len(tables) == 1 else pa.concat_tables(
+                        tables, promote_options="default")
+                    first, last = run[0].positions[0], run[-1].positions[-1]
+                written.append(self.landing.write_segment(run[0].schema, table, first, last))
                 self.stats.records_by_table[table_id] = (
                     self.stats.records_by_table.get(table_id, 0) + table.num_rows)
         if written:
@@ -744,6 +789,11 @@ class CaptureEngine:
         if self._schemas_dirty:
             self.landing.write_tables(self._schemas)
             self._schemas_dirty = False
+        extra: dict[str, Any] = {}
+        if self._snapshots.sessions:
+            extra["snapshots"] = self._snapshots.state()
+        if self._buffer.prepared:
+            extra[_XA_CHECKPOINT_KEY] = self._persist_prepared_xa()
         self.landing.write_checkpoint(Checkpoint(
             server_name=self.options.server_name,
             flavour=self.options.flavour,
@@ -751,9 +801,16 @@ class CaptureEngine:
             next_pos=self._next_pos,
             written_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             lag_seconds=self.stats.lag_seconds,
-            extra={"snapshots": self._snapshots.state()} if self._snapshots.sessions else {},
+            extra=extra,
         ))
+        for chunks in self._chunks.values():
+            for chunk in chunks:
+                if isinstance(chunk, _SpilledChunk):
+                    chunk.part.remove()
+        # Spill files dropped or landed before this checkpoint are not needed any more.
+        self._spill.collect()
         self._snapshots_dirty = False
+        self._xa_dirty = False
         self._checkpointed_position = position_text
         self._chunks = {}
         self._buffered_rows = 0
@@ -761,6 +818,32 @@ class CaptureEngine:
         self.stats.segments_written += len(written)
         self.stats.position = position_text
         self.stats.next_pos = self._next_pos
+
+    def _persist_prepared_xa(self) -> dict[str, Any]:
+        """Prepared XA transactions as the checkpoint names them: every record in a spill
+        file (written now for those prepared since the last flush), since their prepare's
+        GTID is in the checkpoint and the binlog will not send their rows again."""
+        state = {}
+        for xid, prepared in self._buffer.prepared.items():
+            prepared.records.spill()
+            prepared.persisted = True
+            state[xid] = {"gtid": prepared.gtid,
+                          "parts": [part.to_dict() for part in prepared.records]}
+        return state
+
+    def _spilled_table(self, chunk: _SpilledChunk) -> pa.Table:
+        """A spilled part in changelog form."""
+        records = chunk.part.read()
+        count = records.num_rows
+        schema = chunk.schema
+        arrays = [
+            pa.array(range(chunk.first_pos, chunk.first_pos + count), pa.int64()),
+            pa.array([chunk.gtid] * count, pa.string()),
+            records.column(OP_COLUMN),
+            pa.array([chunk.timestamp_ms] * count, pa.int64()),
+        ]
+        arrays += [records.column(column.name) for column in schema.columns]
+        return pa.Table.from_arrays(arrays, schema=schema.arrow_schema())
 
     def _emit_snapshot(self, schema: TableSchema, op: str,
                        rows: list[tuple[Any, ...]] | pa.Table,
@@ -826,12 +909,15 @@ def _cast_column(table: pa.Table, column: ColumnSpec) -> pa.ChunkedArray:
         raise ColumnValueError(column, error) from error
 
 
-def _same_schema_runs(chunks: list[_Chunk]) -> list[list[_Chunk]]:
+def _same_schema_runs(chunks: list[_Chunk | _SpilledChunk]
+                      ) -> list[list[_Chunk] | list[_SpilledChunk]]:
     """Consecutive chunks of one table grouped while the schema stays the same (a segment
-    has one column list; records keep their order)."""
-    runs: list[list[_Chunk]] = []
+    has one column list; records keep their order). A spilled chunk is a run of its own."""
+    runs: list[Any] = []
     for chunk in chunks:
-        if runs and runs[-1][-1].schema == chunk.schema:
+        if isinstance(chunk, _SpilledChunk):
+            runs.append([chunk])
+        elif runs and isinstance(runs[-1][-1], _Chunk) and runs[-1][-1].schema == chunk.schema:
             runs[-1].append(chunk)
         else:
             runs.append([chunk])

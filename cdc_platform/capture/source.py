@@ -18,6 +18,7 @@ import pymysql.converters
 import pymysql.cursors
 from pymysql.constants import FIELD_TYPE
 
+from cdc_platform.capture.flavours import flavour_of
 from cdc_platform.capture.schema import TableSchema, column_from_information_schema
 
 if TYPE_CHECKING:
@@ -190,14 +191,7 @@ def executed_gtid_text(conn: pymysql.Connection, flavour: str) -> str:
 
     Used to decide when the engine has caught up, where reading a little early is harmless.
     """
-    with conn.cursor() as cur:
-        if flavour == "mariadb":
-            cur.execute("SELECT @@GLOBAL.gtid_binlog_pos")
-        else:
-            cur.execute("SELECT @@GLOBAL.gtid_executed")
-        value = cur.fetchone()[0] or ""
-        conn.commit()
-    return str(value).replace("\n", "")
+    return flavour_of(flavour).executed_gtid_text(conn)
 
 
 def server_variables(conn: pymysql.Connection, names: Iterable[str]) -> dict[str, str]:
@@ -208,23 +202,23 @@ def server_variables(conn: pymysql.Connection, names: Iterable[str]) -> dict[str
 
 
 def check_prerequisites(conn: pymysql.Connection, flavour: str) -> list[str]:
-    """Problems that prevent exact capture, each with the setting to change. Empty = fine."""
+    """Problems that prevent exact capture, each with the setting to change. Empty = fine.
+
+    The engine and the snapshot reader both run it: server variables, and on a replica that
+    what it applies reaches its binlog (log_slave_updates / log_replica_updates, OFF by
+    default on MariaDB: the engine would stream nothing and call itself caught up).
+    """
     actual = server_flavour(conn)
     if actual != flavour:
         return [f"source.flavour is {flavour!r} but the server is {actual}: fix source.flavour"]
-    required = {"log_bin": "ON", "binlog_format": "ROW", "binlog_row_image": "FULL",
-                "binlog_row_metadata": "FULL"}
-    if flavour == "mysql":
-        required |= {"gtid_mode": "ON", "enforce_gtid_consistency": "ON"}
-    else:
-        required |= {"gtid_strict_mode": "ON"}
+    required = flavour_of(flavour).required_variables
     found = server_variables(conn, required)
     problems = []
     for name, value in required.items():
         have = found.get(name)
         if have is None or have.upper() != value:
             problems.append(f"server variable {name} is {have!r}, needs {value!r}")
-    return problems
+    return problems + flavour_of(flavour).replica_problems(conn)
 
 
 def require_prerequisites(conn: pymysql.Connection, flavour: str, server_name: str) -> None:

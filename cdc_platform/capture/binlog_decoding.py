@@ -1,0 +1,293 @@
+"""Binlog event types mysql-replication 1.0.17 does not decode, taught to it.
+
+* MariaDB ``log_bin_compress=ON``: QUERY_COMPRESSED_EVENT (0xA5) and the compressed rows events
+  (0xA6-0xA8 v1, 0xA9-0xAB v2). The compressed part (the query text; for rows events the rows
+  data after the column count and bitmaps, checked on MariaDB 10.11) is a header byte
+  ``0x80 | n``, ``n`` bytes of big-endian uncompressed length, then zlib data. Each event is
+  parsed as its uncompressed twin with the rows data inflated.
+* MariaDB's GTID event (0xA2): the library stops after the flags; an XA group's GTID event also
+  names the XA transaction (after the commit id when FL_GROUP_COMMIT_ID is set).
+* MySQL ``binlog_transaction_compression=ON``: TRANSACTION_PAYLOAD_EVENT (40) holds a whole
+  transaction's events, zstd-compressed, without checksums. They are parsed with the library's
+  own classes and handed on in order (``events``).
+
+Without this the library turns these into ``NotImplementedEvent`` and the rows are lost
+silently. They are registered into the library's packet event map when this module is
+imported (``register``); the binlog adapter imports it.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import Any
+
+import pymysql.protocol
+from pymysqlreplication import constants
+from pymysqlreplication.event import BinLogEvent, MariadbGtidEvent, QueryEvent
+from pymysqlreplication.packet import BinLogPacketWrapper
+from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
+
+from cdc_platform.capture.events import UnsupportedEvent, xa_id
+
+QUERY_COMPRESSED_EVENT = 0xA5
+WRITE_ROWS_COMPRESSED_EVENT_V1 = 0xA6
+UPDATE_ROWS_COMPRESSED_EVENT_V1 = 0xA7
+DELETE_ROWS_COMPRESSED_EVENT_V1 = 0xA8
+WRITE_ROWS_COMPRESSED_EVENT = 0xA9
+UPDATE_ROWS_COMPRESSED_EVENT = 0xAA
+DELETE_ROWS_COMPRESSED_EVENT = 0xAB
+TRANSACTION_PAYLOAD_EVENT = 40
+
+# compressed type -> the uncompressed type it is parsed as
+_UNCOMPRESSED = {
+    WRITE_ROWS_COMPRESSED_EVENT_V1: constants.WRITE_ROWS_EVENT_V1,
+    UPDATE_ROWS_COMPRESSED_EVENT_V1: constants.UPDATE_ROWS_EVENT_V1,
+    DELETE_ROWS_COMPRESSED_EVENT_V1: constants.DELETE_ROWS_EVENT_V1,
+    WRITE_ROWS_COMPRESSED_EVENT: constants.WRITE_ROWS_EVENT_V2,
+    UPDATE_ROWS_COMPRESSED_EVENT: constants.UPDATE_ROWS_EVENT_V2,
+    DELETE_ROWS_COMPRESSED_EVENT: constants.DELETE_ROWS_EVENT_V2,
+}
+
+_FL_GROUP_COMMIT_ID = 2
+_FL_XA = 64 | 128
+
+
+def inflate(data: bytes, what: str) -> bytes:
+    """MariaDB's compressed binlog body -> its bytes (header ``0x80|n``, length, zlib)."""
+    if not data or not data[0] & 0x80:
+        raise UnsupportedEvent(f"{what}: not a MariaDB compressed body (header byte "
+                               f"{data[:1].hex() or 'missing'})")
+    width = data[0] & 0x07
+    expected = int.from_bytes(data[1:1 + width], "big")
+    try:
+        raw = zlib.decompress(data[1 + width:])
+    except zlib.error as error:
+        raise UnsupportedEvent(f"{what}: zlib data does not inflate ({error})") from None
+    if len(raw) != expected:
+        raise UnsupportedEvent(f"{what}: inflated to {len(raw)} bytes, header says {expected}")
+    return raw
+
+
+def deflate(raw: bytes) -> bytes:
+    """The inverse of ``inflate`` (for tests that build compressed events)."""
+    length = len(raw)
+    width = max(1, (length.bit_length() + 7) // 8)
+    return bytes([0x80 | width]) + length.to_bytes(width, "big") + zlib.compress(raw)
+
+
+class _CompressedRows:
+    """Mixin: parse a compressed rows event as its uncompressed twin, rows data inflated."""
+
+    compressed = True
+
+    def __init__(self, from_packet: Any, event_size: int, *args: Any, **kwargs: Any) -> None:
+        from_packet.event_type = _UNCOMPRESSED[from_packet.event_type]
+        super().__init__(from_packet, event_size, *args, **kwargs)  # type: ignore[call-arg]
+        if not self._processed:  # type: ignore[attr-defined]
+            return
+        packet = self.packet  # type: ignore[attr-defined]
+        rest = packet.read(event_size - packet.read_bytes)
+        raw = inflate(rest, f"compressed rows event of {self.schema}.{self.table}")  # type: ignore[attr-defined]
+        packet.unread(raw)
+
+
+class CompressedWriteRowsEvent(_CompressedRows, WriteRowsEvent):
+    pass
+
+
+class CompressedUpdateRowsEvent(_CompressedRows, UpdateRowsEvent):
+    pass
+
+
+class CompressedDeleteRowsEvent(_CompressedRows, DeleteRowsEvent):
+    pass
+
+
+class CompressedQueryEvent(QueryEvent):
+    """QUERY_COMPRESSED_EVENT: a query event whose statement text is compressed."""
+
+    compressed = True
+
+    def __init__(self, from_packet: Any, event_size: int, table_map: Any, ctl_connection: Any,
+                 **kwargs: Any) -> None:
+        BinLogEvent.__init__(self, from_packet, event_size, table_map, ctl_connection, **kwargs)
+        packet = self.packet
+        self.slave_proxy_id = packet.read_uint32()
+        self.execution_time = packet.read_uint32()
+        self.schema_length = struct.unpack("!B", packet.read(1))[0]
+        self.error_code = packet.read_uint16()
+        self.status_vars_length = packet.read_uint16()
+        self._advance_to_payload(13)
+        end = packet.read_bytes + self.status_vars_length
+        while packet.read_bytes < end:
+            self._read_status_vars_value_for_key(packet.read_uint8())
+        self.schema = packet.read(self.schema_length)
+        packet.advance(1)
+        raw = inflate(packet.read(event_size - packet.read_bytes), "compressed query event")
+        self.query = raw.decode("utf-8", errors="backslashreplace")
+
+
+class MariadbXaGtidEvent(MariadbGtidEvent):
+    """MariaDB's GTID event, with the XA id its XA groups carry (``xa_id``)."""
+
+    def __init__(self, from_packet: Any, event_size: int, *args: Any, **kwargs: Any) -> None:
+        super().__init__(from_packet, event_size, *args, **kwargs)
+        self.xa_id: str | None = None
+        if self.flags & _FL_XA:
+            packet = self.packet
+            if self.flags & _FL_GROUP_COMMIT_ID:
+                packet.read(8)
+            format_id = packet.read_uint32()
+            gtrid_length = packet.read_uint8()
+            bqual_length = packet.read_uint8()
+            self.xa_id = xa_id(format_id, packet.read(gtrid_length), packet.read(bqual_length))
+
+
+# -- MySQL transaction payloads ------------------------------------------------------------
+
+_PAYLOAD_END, _PAYLOAD_SIZE, _PAYLOAD_COMPRESSION, _PAYLOAD_UNCOMPRESSED_SIZE = 0, 1, 2, 3
+_ZSTD, _NONE = 0, 255
+
+
+def _packed_int(data: bytes, at: int) -> tuple[int, int]:
+    """A MySQL length-encoded integer at ``at`` -> (value, next offset)."""
+    first = data[at]
+    if first < 0xFB:
+        return first, at + 1
+    width = {0xFC: 2, 0xFD: 3, 0xFE: 8}.get(first)
+    if width is None:
+        raise UnsupportedEvent(f"transaction payload: bad length-encoded integer 0x{first:x}")
+    return int.from_bytes(data[at + 1:at + 1 + width], "little"), at + 1 + width
+
+
+def transaction_payload(body: bytes) -> bytes:
+    """A TRANSACTION_PAYLOAD_EVENT body -> the embedded events' bytes (uncompressed)."""
+    at, size, compression = 0, None, _ZSTD
+    while at < len(body):
+        field, at = _packed_int(body, at)
+        if field == _PAYLOAD_END:
+            break
+        length, at = _packed_int(body, at)
+        if field in (_PAYLOAD_SIZE, _PAYLOAD_COMPRESSION, _PAYLOAD_UNCOMPRESSED_SIZE):
+            value, at = _packed_int(body, at)
+            if field == _PAYLOAD_SIZE:
+                size = value
+            elif field == _PAYLOAD_COMPRESSION:
+                compression = value
+        else:
+            at += length
+    payload = body[at:at + size] if size is not None else body[at:]
+    if compression == _NONE:
+        return payload
+    if compression != _ZSTD:
+        raise UnsupportedEvent(f"transaction payload compressed with type {compression}, "
+                               "which the engine does not know (zstd is 0)")
+    import zstandard
+
+    try:
+        return zstandard.ZstdDecompressor().decompressobj().decompress(payload)
+    except zstandard.ZstdError as error:
+        raise UnsupportedEvent(f"transaction payload does not decompress ({error})") from None
+
+
+def split_events(payload: bytes) -> list[bytes]:
+    """Embedded events (19-byte header each, no checksum) -> one bytes object per event."""
+    events, at = [], 0
+    while at + 19 <= len(payload):
+        size = struct.unpack_from("<I", payload, at + 9)[0]
+        if size < 19 or at + size > len(payload):
+            raise UnsupportedEvent(f"transaction payload: event of {size} bytes at offset {at} "
+                                   f"does not fit the {len(payload)}-byte payload")
+        events.append(payload[at:at + size])
+        at += size
+    if at != len(payload):
+        raise UnsupportedEvent(f"transaction payload: {len(payload) - at} trailing bytes")
+    return events
+
+
+class TransactionPayloadEvent(BinLogEvent):
+    """MySQL's compressed transaction: its events, parsed, in ``events``."""
+
+    def __init__(self, from_packet: Any, event_size: int, table_map: Any, ctl_connection: Any,
+                 **kwargs: Any) -> None:
+        super().__init__(from_packet, event_size, table_map, ctl_connection, **kwargs)
+        body = self.packet.read(event_size)
+        self.events: list[Any] = []
+        for raw in split_events(transaction_payload(body)):
+            wrapper = BinLogPacketWrapper(
+                pymysql.protocol.MysqlPacket(b"\x00" + raw, "utf8"), table_map, ctl_connection,
+                kwargs.get("mysql_version", (0, 0, 0)), False, ALLOWED_EVENTS, None, None,
+                None, None, False, False, False, False, False, False,
+                kwargs.get("post_header_lengths"))
+            event = wrapper.event
+            if event is None and wrapper.event_type not in IGNORABLE_EVENT_TYPES:
+                raise UnsupportedEvent(
+                    f"event type {event_type_name(wrapper.event_type)} inside a transaction "
+                    "payload could not be decoded")
+            if event is None:
+                continue
+            if wrapper.event_type == constants.TABLE_MAP_EVENT:
+                table_map[event.table_id] = event.get_table()
+            self.events.append(event)
+
+
+# -- the registry ----------------------------------------------------------------------------
+
+#: Event types that never carry row data or transaction boundaries the engine needs: dropped
+#: without a word. Anything else the engine does not handle stops it (``UnsupportedEvent``).
+IGNORABLE_EVENT_TYPES = {
+    constants.FORMAT_DESCRIPTION_EVENT, constants.PREVIOUS_GTIDS_LOG_EVENT,
+    constants.MARIADB_GTID_GTID_LIST_EVENT, constants.MARIADB_BINLOG_CHECKPOINT_EVENT,
+    constants.MARIADB_ANNOTATE_ROWS_EVENT, constants.ROWS_QUERY_LOG_EVENT,
+    constants.STOP_EVENT, constants.INTVAR_EVENT, constants.RAND_EVENT,
+    constants.USER_VAR_EVENT, constants.IGNORABLE_LOG_EVENT,
+    constants.MARIADB_START_ENCRYPTION_EVENT,
+    0x24,  # TRANSACTION_CONTEXT_EVENT (group replication certification info)
+    0x25,  # VIEW_CHANGE_EVENT (group replication membership)
+}
+HEARTBEAT_EVENT_TYPES = {constants.HEARTBEAT_LOG_EVENT, 0x29}  # 0x29: HEARTBEAT_LOG_EVENT_V2
+
+_EVENT_NAMES = {value: name for name, value in vars(constants.BINLOG).items()
+                if isinstance(value, int) and name.endswith(("_EVENT", "_EVENT_V1", "_EVENT_V2"))}
+_EVENT_NAMES.update({
+    QUERY_COMPRESSED_EVENT: "QUERY_COMPRESSED_EVENT",
+    WRITE_ROWS_COMPRESSED_EVENT_V1: "WRITE_ROWS_COMPRESSED_EVENT_V1",
+    UPDATE_ROWS_COMPRESSED_EVENT_V1: "UPDATE_ROWS_COMPRESSED_EVENT_V1",
+    DELETE_ROWS_COMPRESSED_EVENT_V1: "DELETE_ROWS_COMPRESSED_EVENT_V1",
+    WRITE_ROWS_COMPRESSED_EVENT: "WRITE_ROWS_COMPRESSED_EVENT",
+    UPDATE_ROWS_COMPRESSED_EVENT: "UPDATE_ROWS_COMPRESSED_EVENT",
+    DELETE_ROWS_COMPRESSED_EVENT: "DELETE_ROWS_COMPRESSED_EVENT",
+    TRANSACTION_PAYLOAD_EVENT: "TRANSACTION_PAYLOAD_EVENT",
+    0x24: "TRANSACTION_CONTEXT_EVENT", 0x25: "VIEW_CHANGE_EVENT",
+    0x28: "TRANSACTION_PAYLOAD_EVENT", 0x29: "HEARTBEAT_LOG_EVENT_V2",
+})
+
+
+def event_type_name(event_type: int) -> str:
+    return f"{_EVENT_NAMES.get(event_type, 'UNKNOWN_EVENT')} (type {event_type}, " \
+           f"0x{event_type:02x})"
+
+
+_REGISTERED = {
+    QUERY_COMPRESSED_EVENT: CompressedQueryEvent,
+    WRITE_ROWS_COMPRESSED_EVENT_V1: CompressedWriteRowsEvent,
+    UPDATE_ROWS_COMPRESSED_EVENT_V1: CompressedUpdateRowsEvent,
+    DELETE_ROWS_COMPRESSED_EVENT_V1: CompressedDeleteRowsEvent,
+    WRITE_ROWS_COMPRESSED_EVENT: CompressedWriteRowsEvent,
+    UPDATE_ROWS_COMPRESSED_EVENT: CompressedUpdateRowsEvent,
+    DELETE_ROWS_COMPRESSED_EVENT: CompressedDeleteRowsEvent,
+    constants.MARIADB_GTID_EVENT: MariadbXaGtidEvent,
+    TRANSACTION_PAYLOAD_EVENT: TransactionPayloadEvent,
+}
+
+#: The library classes the adapter receives (the packet wrapper parses nothing else).
+ALLOWED_EVENTS: frozenset[type] = frozenset()
+
+
+def register(allowed: frozenset[type]) -> None:
+    """Add the classes above to the library's event map (idempotent)."""
+    global ALLOWED_EVENTS
+    ALLOWED_EVENTS = allowed | frozenset(_REGISTERED.values())
+    event_map = BinLogPacketWrapper._BinLogPacketWrapper__event_map  # type: ignore[attr-defined]
+    event_map.update(_REGISTERED)

@@ -1,0 +1,114 @@
+"""Transaction records out of memory: Arrow IPC files under the landing zone's ``spill/``.
+
+A transaction larger than ``capture.transaction_memory_bytes`` keeps its older records here
+(one file per run of one table schema), and a prepared XA transaction keeps all of its records
+here so that it survives engine restarts (the checkpoint names its files). Files are removed
+only after the checkpoint that no longer needs them is written (``collect``), so a crash never
+leaves a checkpoint pointing at a deleted file; files no checkpoint names are removed at start.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from cdc_platform.capture.schema import TableSchema, landing_arrays
+
+OP_COLUMN = "__cdc_op"
+_SCHEMA_KEY = b"cdc_table_schema"
+
+
+class SpillStore:
+    """The spill folder of one engine (one source server)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._names = itertools.count()
+        self._doomed: list[Path] = []
+        self._prefix = f"{os.getpid()}-{id(self):x}"
+
+    def write(self, schema: TableSchema, ops: list[str], rows: list[tuple[Any, ...]]
+              ) -> SpilledRecords:
+        """Write records of one schema durably (landing form, plus their op)."""
+        return self.write_table(schema, _table(schema, ops, rows))
+
+    def write_table(self, schema: TableSchema, table: pa.Table) -> SpilledRecords:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / f"{self._prefix}-{next(self._names):08d}.arrow"
+        _write(path, table)
+        return SpilledRecords(self, path, schema, table.num_rows)
+
+    def remove_later(self, path: Path) -> None:
+        self._doomed.append(path)
+
+    def collect(self) -> None:
+        """Delete the files dropped since the last checkpoint (call after writing one)."""
+        doomed, self._doomed = self._doomed, []
+        for path in doomed:
+            path.unlink(missing_ok=True)
+
+    def remove_unreferenced(self, keep: set[Path]) -> list[Path]:
+        """At start: files of transactions that never finished (they are read again)."""
+        if not self.directory.is_dir():
+            return []
+        removed = [p for p in self.directory.iterdir() if p not in keep]
+        for path in removed:
+            path.unlink(missing_ok=True)
+        return removed
+
+    def part_from_dict(self, data: dict[str, Any]) -> SpilledRecords:
+        path = self.directory / data["file"]
+        with pa.memory_map(str(path)) as source:
+            schema = pa.ipc.open_file(source).schema
+        table_schema = TableSchema.from_dict(json.loads(schema.metadata[_SCHEMA_KEY]))
+        return SpilledRecords(self, path, table_schema, int(data["count"]))
+
+
+@dataclass(eq=False)
+class SpilledRecords:
+    """One spilled file: ``count`` records of one table schema (a ``SpilledPart``)."""
+
+    store: SpillStore = field(repr=False)
+    path: Path
+    schema: TableSchema
+    count: int
+
+    def read(self) -> pa.Table:
+        """Columns: the op, then the schema's columns in landing form."""
+        with pa.memory_map(str(self.path)) as source:
+            return pa.ipc.open_file(source).read_all()
+
+    def truncate(self, keep: int) -> SpilledRecords:
+        table = self.read().slice(0, keep)
+        part = self.store.write_table(self.schema, table)
+        self.remove()
+        return part
+
+    def remove(self) -> None:
+        self.store.remove_later(self.path)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.path.name, "count": self.count}
+
+
+def _table(schema: TableSchema, ops: list[str], rows: list[tuple[Any, ...]]) -> pa.Table:
+    arrow_schema = schema.arrow_schema(metadata_columns=False)
+    arrays = [pa.array(ops, pa.string()), *landing_arrays(schema, rows)]
+    fields = [pa.field(OP_COLUMN, pa.string()), *arrow_schema]
+    metadata = {_SCHEMA_KEY: json.dumps(schema.to_dict()).encode()}
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=metadata))
+
+
+def _write(path: Path, table: pa.Table) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    with open(tmp, "rb+") as handle:
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
