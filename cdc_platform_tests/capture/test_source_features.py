@@ -1,0 +1,222 @@
+"""Source features real replicas have, against the real MariaDB: XA transactions, compressed
+binlog events, CREATE TABLE ... SELECT, large transactions (spilled), and a replica without
+log_slave_updates (refused)."""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager, suppress
+
+import pyarrow.parquet as pq
+import pymysql
+import pytest
+
+from cdc_platform.capture.engine import CaptureEngine, EngineOptions
+from cdc_platform.capture.source import PrerequisiteError
+from cdc_platform.capture.transactions import Statement
+from cdc_platform.devservices.mariadb import MariaDBServer
+from cdc_platform_tests.conftest import CdcEnv
+
+
+def records(env: CdcEnv, table: str) -> list[dict]:
+    rows: list[dict] = []
+    for _, _, path in env.landing.segments(env.db, table):
+        rows += pq.read_table(path).to_pylist()
+    return sorted(rows, key=lambda r: r["__cdc_pos"])
+
+
+def spill_files(env: CdcEnv) -> list:
+    directory = env.landing.root / "spill"
+    return sorted(directory.iterdir()) if directory.is_dir() else []
+
+
+def binlog_events(env: CdcEnv, since: str) -> list[tuple]:
+    """SHOW BINLOG EVENTS of the current binlog file from ``since`` (event type, info)."""
+    file = env.mariadb.query("SHOW MASTER STATUS")[0][0]
+    return [(r[2], r[5]) for r in env.mariadb.query(f"SHOW BINLOG EVENTS IN '{file}'")
+            if r[1] >= int(since)]
+
+
+def master_pos(env: CdcEnv) -> str:
+    return str(env.mariadb.query("SHOW MASTER STATUS")[0][1])
+
+
+def xa(env: CdcEnv, xid: str, *statements: str, finish: str | None = None) -> None:
+    with env.mariadb.root_connect(database=env.db) as conn, conn.cursor() as cur:
+        cur.execute(f"XA START '{xid}'")
+        for statement in statements:
+            cur.execute(statement)
+        cur.execute(f"XA END '{xid}'")
+        if finish == "ONE PHASE":
+            cur.execute(f"XA COMMIT '{xid}' ONE PHASE")
+            return
+        cur.execute(f"XA PREPARE '{xid}'")
+        if finish:
+            cur.execute(f"XA {finish} '{xid}'")
+
+
+def test_xa_transactions_land_at_xa_commit_and_vanish_at_xa_rollback(cdc_env):
+    env = cdc_env
+    env.execute("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(20))")
+    since = master_pos(env)
+    xa(env, "committed", "INSERT INTO t VALUES (1, 'a')", "UPDATE t SET v = 'b' WHERE id = 1",
+       finish="COMMIT")
+    xa(env, "rolled back", "INSERT INTO t VALUES (2, 'x')", finish="ROLLBACK")
+    xa(env, "one phase", "INSERT INTO t VALUES (3, 'c')", finish="ONE PHASE")
+    kinds = [kind for kind, _ in binlog_events(env, since)]
+    assert kinds.count("XA_prepare") == 2  # the shapes this test is about are in the binlog
+    env.catch_up()
+    landed = records(env, "t")
+    assert [(r["__cdc_op"], r["id"], r["v"]) for r in landed] == [
+        ("c", 1, "a"), ("u", 1, "b"), ("c", 3, "c")]
+    # Rows of an XA transaction take its XA COMMIT's GTID (when they became visible).
+    gtids = [info for kind, info in binlog_events(env, since) if kind == "Gtid"]
+    commit_gtid = gtids[1].split()[-1]  # the group after the first prepare: XA COMMIT
+    assert landed[0]["__cdc_gtid"] == landed[1]["__cdc_gtid"] == commit_gtid
+    checkpoint = env.landing.read_checkpoint()
+    assert "xa_prepared" not in checkpoint.extra
+    assert spill_files(env) == []
+
+
+def test_prepared_xa_survives_an_engine_restart_until_its_commit(cdc_env):
+    env = cdc_env
+    env.execute("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(20))")
+    xa(env, "long", "INSERT INTO t VALUES (1, 'a')", "INSERT INTO t VALUES (2, 'b')")
+    xa(env, "doomed", "INSERT INTO t VALUES (9, 'z')")
+    env.execute("INSERT INTO t VALUES (3, 'c')")
+    env.catch_up()  # the prepares' GTIDs are in this checkpoint, their rows are not landed
+    assert [r["id"] for r in records(env, "t")] == [3]
+    prepared = env.landing.read_checkpoint().extra["xa_prepared"]
+    assert len(prepared) == 2 and len(spill_files(env)) == 2
+    # The engine object is gone; a new one must still know the prepared rows.
+    env.mariadb.query("XA COMMIT 'long'")
+    env.mariadb.query("XA ROLLBACK 'doomed'")
+    env.catch_up()
+    assert [(r["id"], r["v"]) for r in records(env, "t")] == [(3, "c"), (1, "a"), (2, "b")]
+    assert "xa_prepared" not in env.landing.read_checkpoint().extra
+    assert spill_files(env) == []
+    # A restart after the commit replays nothing twice.
+    env.catch_up()
+    assert len(records(env, "t")) == 3
+
+
+@contextmanager
+def binlog_compression(env: CdcEnv):
+    env.mariadb.query("SET GLOBAL log_bin_compress = ON")
+    env.mariadb.query("SET GLOBAL log_bin_compress_min_len = 10")
+    try:
+        yield
+    finally:
+        env.mariadb.query("SET GLOBAL log_bin_compress = OFF")
+
+
+def test_compressed_binlog_events_land_like_plain_ones(cdc_env):
+    env = cdc_env
+    env.execute("CREATE TABLE t (id INT PRIMARY KEY, v TEXT, n INT)")
+    since = master_pos(env)
+    with binlog_compression(env):
+        env.execute("INSERT INTO t VALUES (1, REPEAT('abc', 500), 1), (2, 'short', 2)")
+        env.execute("UPDATE t SET v = REPEAT('x', 300), n = 10 WHERE id = 1")
+        env.execute("DELETE FROM t WHERE id = 2")
+        # A compressed DDL (QUERY_COMPRESSED_EVENT) must still be tracked.
+        env.execute("ALTER TABLE t ADD COLUMN w VARCHAR(100) DEFAULT 'a long enough default'")
+        env.execute("INSERT INTO t (id, v, n, w) VALUES (3, REPEAT('y', 2000), 3, 'w')")
+    kinds = {kind for kind, _ in binlog_events(env, since)}
+    assert {"Write_rows_compressed_v1", "Update_rows_compressed_v1",
+            "Delete_rows_compressed_v1", "Query_compressed"} <= kinds
+    env.catch_up()
+    landed = [(r["__cdc_op"], r["id"], r["v"], r["n"], r.get("w")) for r in records(env, "t")]
+    assert landed == [
+        ("c", 1, "abc" * 500, 1, None), ("c", 2, "short", 2, None),
+        ("u", 1, "x" * 300, 10, None), ("d", 2, None, None, None),
+        ("c", 3, "y" * 2000, 3, "w"),
+    ]
+
+
+def test_create_table_select_lands_every_row_even_when_stopped_mid_statement(cdc_env):
+    env = cdc_env
+    env.execute("CREATE TABLE src (id INT PRIMARY KEY, v VARCHAR(10))")
+    env.execute("INSERT INTO src SELECT seq, CONCAT('v', seq) FROM seq_1_to_300")
+    env.catch_up()
+    env.execute("CREATE TABLE copied (PRIMARY KEY (id)) AS SELECT * FROM src")
+
+    engine = env.engine()
+    stop = threading.Event()
+    apply = engine._apply
+
+    def stop_after_the_create(outcome):
+        apply(outcome)
+        if isinstance(outcome, Statement) and "copied" in outcome.text:
+            stop.set()
+
+    engine._apply = stop_after_the_create
+    engine.run(stop=stop)
+    assert stop.is_set() and records(env, "copied") == []
+    env.catch_up()
+    landed = records(env, "copied")
+    assert sorted(r["id"] for r in landed) == list(range(1, 301))
+
+
+@pytest.mark.cdc_config(capture={"transaction_memory_bytes": 64 * 1024, "flush_max_rows": 1000})
+def test_large_transaction_spills_to_disk_and_lands_exactly(cdc_env):
+    env = cdc_env
+    env.execute("CREATE TABLE big (id INT PRIMARY KEY, v VARCHAR(40))")
+    env.execute("INSERT INTO big VALUES (0, 'first')")
+    env.catch_up()
+    env.execute(
+        "INSERT INTO big SELECT seq, CONCAT('row ', seq) FROM seq_1_to_6000",
+        "SAVEPOINT s",
+        "INSERT INTO big SELECT seq, 'gone' FROM seq_6001_to_9000",
+        "ROLLBACK TO SAVEPOINT s",
+        "UPDATE big SET v = 'updated' WHERE id BETWEEN 1 AND 10",
+    )
+    # Stopped after the first spill (before the commit): nothing of it lands, no file stays.
+    engine = env.engine()
+    stop = threading.Event()
+    spill = engine._spill_records
+    spills = []
+
+    def spill_then_stop(records_):
+        spills.append(len(records_))
+        stop.set()
+        return spill(records_)
+
+    engine._spill_records = spill_then_stop
+    engine.run(stop=stop)
+    assert spills and [r["id"] for r in records(env, "big")] == [0]
+    assert spill_files(env) == []
+    # A file a killed engine left behind is removed at the next start.
+    (env.landing.root / "spill" / "stale.arrow").write_bytes(b"left by a kill -9")
+
+    stats = env.catch_up()
+    landed = records(env, "big")[1:]
+    assert [r["id"] for r in landed] == list(range(1, 6001)) + list(range(1, 11))
+    assert {r["v"] for r in landed if r["id"] > 10} == {f"row {i}" for i in range(11, 6001)}
+    assert [r["__cdc_pos"] for r in landed] == list(range(2, 2 + 6010))
+    assert stats.segments_written > 1
+    assert spill_files(env) == []
+
+
+def test_replica_without_log_slave_updates_is_refused_at_start(cdc_env, tmp_path):
+    env = cdc_env
+    replica = MariaDBServer(base_dir=tmp_path / "replica", server_id=2,
+                            extra_args=["--log-slave-updates=OFF"])
+    replica.start()
+    try:
+        primary = env.mariadb
+        replica.query(
+            f"CHANGE MASTER TO MASTER_HOST='{primary.host}', MASTER_PORT={primary.port}, "
+            "MASTER_USER='root', MASTER_PASSWORD='', MASTER_USE_GTID=slave_pos")
+        replica.query("START SLAVE")
+        settings = env.settings
+        options = EngineOptions.from_settings(settings)
+        options = EngineOptions(**{**options.__dict__,
+                                   "connection_settings": replica.connection_settings()})
+        engine = CaptureEngine(options, env.landing)
+        with pytest.raises(PrerequisiteError, match=r"log_slave_updates is 'OFF'.*Set "
+                                                    r"log_slave_updates=ON"):
+            engine.run(stop_when_caught_up=True)
+    finally:
+        with suppress(pymysql.MySQLError):
+            replica.query("STOP SLAVE")
+        replica.stop()
