@@ -148,6 +148,7 @@ class MariadbXaGtidEvent(MariadbGtidEvent):
 
 _PAYLOAD_END, _PAYLOAD_SIZE, _PAYLOAD_COMPRESSION, _PAYLOAD_UNCOMPRESSED_SIZE = 0, 1, 2, 3
 _ZSTD, _NONE = 0, 255
+_NO_CHECKSUM = b"\x00" * 4
 
 
 def _packed_int(data: bytes, at: int) -> tuple[int, int]:
@@ -216,9 +217,12 @@ class TransactionPayloadEvent(BinLogEvent):
         self.events: list[Any] = []
         for raw in split_events(transaction_payload(body)):
             wrapper = BinLogPacketWrapper(
-                pymysql.protocol.MysqlPacket(b"\x00" + raw, "utf8"), table_map, ctl_connection,
+                # (the OK byte a packet starts with; and 4 bytes where the library expects a
+                # checksum: it reads a table map's optional metadata up to them)
+                pymysql.protocol.MysqlPacket(b"\x00" + raw + _NO_CHECKSUM, "utf8"), table_map,
+                ctl_connection,
                 kwargs.get("mysql_version", (0, 0, 0)), False, ALLOWED_EVENTS, None, None,
-                None, None, False, False, False, False, False, False,
+                None, None, False, False, False, True, False, False,
                 kwargs.get("post_header_lengths"))
             event = wrapper.event
             if event is None and wrapper.event_type not in IGNORABLE_EVENT_TYPES:

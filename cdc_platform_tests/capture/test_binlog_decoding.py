@@ -1,0 +1,150 @@
+"""Binlog events the library does not decode: compressed bodies, MySQL transaction payloads
+(built here from real event bytes: MySQL cannot run on this machine), and the loud stop on
+every event type the adapter does not know."""
+
+from __future__ import annotations
+
+import struct
+from types import SimpleNamespace
+
+import pymysql.protocol
+import pytest
+import zstandard
+from pymysqlreplication.event import NotImplementedEvent
+from pymysqlreplication.packet import BinLogPacketWrapper
+from pymysqlreplication.row_event import TableMapEvent, WriteRowsEvent
+
+from cdc_platform.capture import binlog_decoding
+from cdc_platform.capture.binlog import BinlogStream
+from cdc_platform.capture.binlog_decoding import (
+    TRANSACTION_PAYLOAD_EVENT,
+    TransactionPayloadEvent,
+    deflate,
+    inflate,
+    split_events,
+    transaction_payload,
+)
+from cdc_platform.capture.events import Heartbeat, Rows, TableMap, UnsupportedEvent, Xid
+from cdc_platform.capture.flavours import flavour_of
+
+
+def test_inflate_reads_mariadb_compressed_bodies_and_refuses_damaged_ones():
+    for raw in (b"", b"x", b"abc" * 500, bytes(range(256)) * 300):
+        assert inflate(deflate(raw), "test") == raw
+    damaged = bytearray(deflate(b"abc" * 100))
+    damaged[-3] ^= 0xFF
+    with pytest.raises(UnsupportedEvent, match="does not inflate|inflated to"):
+        inflate(bytes(damaged), "test")
+    with pytest.raises(UnsupportedEvent, match="not a MariaDB compressed body"):
+        inflate(b"\x01abc", "test")
+
+
+def _stream() -> BinlogStream:
+    stream = BinlogStream.__new__(BinlogStream)
+    stream._flavour = flavour_of("mysql")
+    stream._wanted = lambda database, table: True
+    stream._gtid = "3e11fa47-71ca-11e1-9e33-c80aa9429562:23"
+    return stream
+
+
+def _not_implemented(event_type: int) -> NotImplementedEvent:
+    event = NotImplementedEvent.__new__(NotImplementedEvent)
+    event.event_type = event_type
+    return event
+
+
+@pytest.mark.parametrize("event_type, name", [
+    (0x1A, "INCIDENT_EVENT"), (0x22, "ANONYMOUS_GTID_LOG_EVENT"), (0xAC, "UNKNOWN_EVENT"),
+    (0x0B, "DELETE_FILE_EVENT"),
+])
+def test_an_event_the_adapter_does_not_know_is_a_loud_stop(event_type, name):
+    with pytest.raises(UnsupportedEvent) as raised:
+        list(_stream()._convert(_not_implemented(event_type)))
+    message = str(raised.value)
+    assert name in message and "c80aa9429562:23" in message and "Fix:" in message
+
+
+@pytest.mark.parametrize("event_type", sorted(binlog_decoding.IGNORABLE_EVENT_TYPES))
+def test_known_ignorable_events_are_dropped(event_type):
+    assert list(_stream()._convert(_not_implemented(event_type))) == []
+
+
+def test_mysql_heartbeat_v2_is_a_heartbeat():
+    assert list(_stream()._convert(_not_implemented(0x29))) == [Heartbeat()]
+
+
+# -- MySQL TRANSACTION_PAYLOAD_EVENT ----------------------------------------------------------
+
+
+def _packed(value: int) -> bytes:
+    if value < 0xFB:
+        return bytes([value])
+    return b"\xfe" + value.to_bytes(8, "little")
+
+
+def _payload_event(inner: list[bytes], compression: int = 0) -> bytes:
+    """A TRANSACTION_PAYLOAD_EVENT (header + body) around ``inner`` events, as MySQL writes it."""
+    raw = b"".join(inner)
+    data = zstandard.ZstdCompressor().compress(raw) if compression == 0 else raw
+    body = b""
+    for field, value in ((2, compression), (3, len(raw)), (1, len(data))):
+        encoded = _packed(value)
+        body += _packed(field) + _packed(len(encoded)) + encoded
+    body += _packed(0) + data
+    header = struct.pack("<IBIIIH", 0, TRANSACTION_PAYLOAD_EVENT, 1, 19 + len(body), 0, 0)
+    return header + body
+
+
+def _events_of_one_transaction(mariadb, table: str) -> list[bytes]:
+    """The Table_map, Write_rows and Xid events of one insert, from the real binlog file, with
+    their checksums cut (events inside a payload have none)."""
+    mariadb.query(f"CREATE TABLE {table} (id INT PRIMARY KEY, v VARCHAR(20))")
+    file, start = mariadb.query("SHOW MASTER STATUS")[0][:2]
+    mariadb.query(f"INSERT INTO {table} VALUES (7, 'seven'), (8, 'eight')")
+    data = (mariadb.binlog_dir / file).read_bytes()
+    events = []
+    at = int(start)
+    while at < len(data):
+        size = struct.unpack_from("<I", data, at + 9)[0]
+        event_type = data[at + 4]
+        if event_type in (0x13, 0x17, 0x10):  # table map, write rows v1, xid
+            event = bytearray(data[at:at + size - 4])
+            struct.pack_into("<I", event, 9, size - 4)
+            events.append(bytes(event))
+        at += size
+    assert len(events) == 3
+    return events
+
+
+def _parse(raw_event: bytes, table_map: dict) -> BinLogPacketWrapper:
+    ctl = SimpleNamespace(_get_dbms=lambda: "mariadb", charset="utf8mb4")
+    return BinLogPacketWrapper(
+        pymysql.protocol.MysqlPacket(b"\x00" + raw_event, "utf8"), table_map, ctl, (10, 11, 0),
+        False, binlog_decoding.ALLOWED_EVENTS, None, None, None, None, False, False, False,
+        False, False, False, None)
+
+
+@pytest.mark.parametrize("compression", [0, 255])
+def test_a_transaction_payload_yields_its_rows(mariadb, compression):
+    db = f"payload_{compression}"
+    mariadb.query(f"CREATE DATABASE IF NOT EXISTS {db}")
+    inner = _events_of_one_transaction(mariadb, f"{db}.t")
+    wrapper = _parse(_payload_event(inner, compression), {})
+    assert isinstance(wrapper.event, TransactionPayloadEvent)
+    assert [type(e) for e in wrapper.event.events][:2] == [TableMapEvent, WriteRowsEvent]
+    converted = [e for inner_event in wrapper.event.events
+                 for e in _stream()._convert(inner_event)]
+    assert isinstance(converted[0], TableMap) and converted[0].schema.table == "t"
+    assert isinstance(converted[1], Rows) and converted[1].op == "insert"
+    assert [r["values"] for r in converted[1].rows] == [{"id": 7, "v": "seven"},
+                                                       {"id": 8, "v": "eight"}]
+    assert isinstance(converted[2], Xid)
+
+
+def test_damaged_transaction_payloads_are_a_loud_stop():
+    with pytest.raises(UnsupportedEvent, match="does not decompress"):
+        transaction_payload(_payload_event([b"x" * 40])[19:-5] + b"\x00" * 5)
+    with pytest.raises(UnsupportedEvent, match="does not fit"):
+        split_events(struct.pack("<IBIIIH", 0, 2, 1, 500, 0, 0))
+    with pytest.raises(UnsupportedEvent, match="type 1"):
+        transaction_payload(_packed(2) + _packed(1) + _packed(1) + _packed(0) + b"data")
