@@ -9,6 +9,9 @@
   divided by a bare keyset SELECT loop's rows/s over the same table (goal >= 0.7), and again
   under a concurrent write load of ~500 changes/s (goal >= 0.5).
   ``--snapshot-rows`` (or BENCH_SNAPSHOT_ROWS) sets the table size, default 1,000,000.
+* large transaction: the engine's peak RSS while it captures one 1M-row INSERT ... SELECT
+  (4 columns, ~70 bytes a row), with the default ``capture.transaction_memory_bytes``: memory
+  must stay bounded by that setting, not grow with the transaction.
 
 Numbers drift between machines; the ratios are what to compare. Nothing here is asserted.
 """
@@ -16,6 +19,7 @@ Numbers drift between machines; the ratios are what to compare. Nothing here is 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import random
 import sys
@@ -27,7 +31,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from bench._engine import run_engine
+from bench._engine import engine_peak_rss, run_engine
 from cdc_platform.capture.engine import CaptureEngine, EngineOptions
 from cdc_platform.capture.landing import Checkpoint, LandingZone
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
@@ -446,6 +450,39 @@ def bench_snapshot(rows: int, write_rate: float, work: Path) -> None:
           "(goal >= 0.50)")
 
 
+def bench_large_transaction(rows: int, work: Path) -> None:
+    memory = EngineOptions.__dataclass_fields__["transaction_memory_bytes"].default
+    print(f"\n## large transaction: one {rows:,}-row INSERT ... SELECT (4 columns), "
+          f"capture.transaction_memory_bytes {memory / 2**20:.0f} MiB")
+    server = MariaDBServer(base_dir=work / "mariadb-large", server_id=1)
+    server.start()
+    try:
+        server.query("CREATE DATABASE bench_large")
+        server.query("CREATE TABLE bench_large.t (id INT PRIMARY KEY, a INT, b VARCHAR(32), "
+                     "c DATETIME)")
+        start = server.query("SELECT @@GLOBAL.gtid_binlog_pos")[0][0] or ""
+        with server.root_connect(database="bench_large") as conn, conn.cursor() as cur:
+            cur.execute(f"INSERT INTO t SELECT seq, seq * 7, CONCAT('row number ', seq), "
+                        f"'2025-01-01 00:00:00' + INTERVAL seq SECOND FROM seq_1_to_{rows}")
+        options = EngineOptions(
+            server_name="large", flavour="mariadb", server_id=7003,
+            connection_settings=server.connection_settings(),
+            selector=TableSelector(include=(r"bench_large\..*",)), heartbeat_seconds=1.0,
+            initial_position=start)
+        context = multiprocessing.get_context("spawn")
+        results = context.Queue()
+        child = context.Process(target=engine_peak_rss,
+                                args=(options, str(work / "landing-large"), "large", results))
+        child.start()
+        records, seconds, before, peak = results.get()
+        child.join()
+    finally:
+        server.stop()
+    print(f"engine: {records:,} records in {seconds:.1f}s; RSS {before / 2**20:.0f} MB before, "
+          f"peak {peak / 2**20:.0f} MB (engine peak RSS during a {rows:,}-row single-statement "
+          "transaction)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--stream-rows", type=int, default=200_000)
@@ -457,7 +494,9 @@ def main() -> int:
                         "default 1,000,000)")
     parser.add_argument("--snapshot-write-rate", type=float, default=500.0,
                         help="changes/s of the concurrent write load (default 500)")
-    parser.add_argument("--only", choices=["streaming", "lake", "freshness", "snapshot"])
+    parser.add_argument("--large-transaction-rows", type=int, default=1_000_000)
+    parser.add_argument("--only", choices=["streaming", "lake", "freshness", "snapshot",
+                                           "large_transaction"])
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="cdc-bench-") as tmp:
         work = Path(tmp)
@@ -469,6 +508,8 @@ def main() -> int:
             bench_lake_merge([int(s) for s in args.lake_sizes.split(",")], args.batch, work)
         if args.only in (None, "snapshot"):
             bench_snapshot(args.snapshot_rows, args.snapshot_write_rate, work)
+        if args.only in (None, "large_transaction"):
+            bench_large_transaction(args.large_transaction_rows, work)
     return 0
 
 
