@@ -220,3 +220,30 @@ def test_replica_without_log_slave_updates_is_refused_at_start(cdc_env, tmp_path
         with suppress(pymysql.MySQLError):
             replica.query("STOP SLAVE")
         replica.stop()
+
+
+@pytest.mark.cdc_config(capture={"transaction_memory_bytes": 64 * 1024, "flush_max_rows": 500})
+def test_a_crash_while_a_large_transaction_lands_in_batches_replays_it_once(cdc_env):
+    env = cdc_env
+    env.execute("CREATE TABLE big (id INT PRIMARY KEY, v VARCHAR(40))")
+    env.execute("INSERT INTO big SELECT seq, CONCAT('row ', seq) FROM seq_1_to_3000")
+    engine = env.engine()
+    land = engine._land_chunks
+    calls = []
+
+    def crash_on_the_third_batch():
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("simulated crash while the transaction lands")
+        land()
+
+    engine._land_chunks = crash_on_the_third_batch
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        engine.run(stop_when_caught_up=True)
+    assert env.landing.segments(env.db, "big")  # batches landed past the checkpoint...
+    assert env.landing.read_checkpoint().next_pos == 1  # ...which did not move
+    env.catch_up()
+    landed = records(env, "big")
+    assert [r["id"] for r in landed] == list(range(1, 3001))
+    assert [r["__cdc_pos"] for r in landed] == list(range(1, 3001))
+    assert spill_files(env) == []
