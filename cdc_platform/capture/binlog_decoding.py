@@ -23,6 +23,7 @@ import zlib
 from typing import Any
 
 import pymysql.protocol
+import zstandard
 from pymysqlreplication import constants
 from pymysqlreplication.event import BinLogEvent, MariadbGtidEvent, QueryEvent
 from pymysqlreplication.packet import BinLogPacketWrapper
@@ -184,8 +185,6 @@ def transaction_payload(body: bytes) -> bytes:
     if compression != _ZSTD:
         raise UnsupportedEvent(f"transaction payload compressed with type {compression}, "
                                "which the engine does not know (zstd is 0)")
-    import zstandard
-
     try:
         return zstandard.ZstdDecompressor().decompressobj().decompress(payload)
     except zstandard.ZstdError as error:

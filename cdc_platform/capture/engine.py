@@ -367,11 +367,14 @@ class CaptureEngine:
 
     def _spill_records(self, records: list[tuple[_TableState, str, tuple[Any, ...]]]
                        ) -> list[SpilledRecords]:
-        """Write buffered records to spill files, one per run of one schema."""
+        """Write buffered records to spill files, one per run of one schema (at most
+        ``flush_max_rows`` records a file: converting them to Arrow costs memory too)."""
         parts = []
         start = 0
+        limit = self.options.flush_max_rows
         for index in range(1, len(records) + 1):
-            if index == len(records) or records[index][0].schema is not records[start][0].schema:
+            if index == len(records) or index - start >= limit or (
+                    records[index][0].schema is not records[start][0].schema):
                 run = records[start:index]
                 schema = run[0][0].schema
                 try:
