@@ -631,6 +631,13 @@ class CaptureEngine:
             return
         self.stats.ddl_statements += 1
         gtid = self._txn.gtid if self._txn else "?"
+        # Rows the DDL changed without row events: mark those targets stale, durably, before
+        # the checkpoint passes the DDL (capture/stale.py; a re-snapshot resolves the marker).
+        from cdc_platform.capture.stale import record_stale_targets
+
+        for marker in record_stale_targets(self.landing, ddl, gtid, self._next_pos,
+                                           self._schemas, self.options.selector.captures):
+            self.log.warning(marker.describe())
         for database, table in captured:
             table_id = f"{database}.{table}"
             if self._txn is not None and self._txn.gtid and self._snapshots.record_ddl(
@@ -638,10 +645,6 @@ class CaptureEngine:
                 self._snapshots_dirty = True  # the session ends for a restart
             self.log.info(f"table {table_id}: {ddl.verb} at GTID {gtid} (tracked, not "
                           "replicated; the new columns arrive with the next rows)")
-            if ddl.verb == "TRUNCATE":
-                self.log.warning(f"table {table_id} was truncated at GTID {gtid}: a "
-                                 "TRUNCATE has no row events, so the target keeps its rows "
-                                 "until the table is re-snapshotted")
             # Table ids of the old definition are stale from here on.
             self._table_ids = {k: v for k, v in self._table_ids.items()
                                if v is None or v.schema.table_id != table_id}
