@@ -40,9 +40,11 @@ def _stop_on_signals(what: str) -> threading.Event:
 def _stream(args: argparse.Namespace) -> int:
     from cdc_platform.capture.engine import CaptureEngine, EngineOptions
     from cdc_platform.capture.landing import LandingZone
+    from cdc_platform.capture.start_errors import check_source
     from cdc_platform.config import load_settings
 
     settings = load_settings(args.config)
+    check_source(settings)  # before any log line: a start failure is one line on stderr
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     stop = _stop_on_signals("stopping after the current event")
     engine = CaptureEngine(
@@ -75,9 +77,12 @@ def _snapshot(args: argparse.Namespace) -> int:
     pause/resume/stop its session. The capture engine (``stream``) must be running."""
     from cdc_platform.capture.landing import LandingZone
     from cdc_platform.capture.snapshot import reader as snapshot_reader
+    from cdc_platform.capture.start_errors import check_source
     from cdc_platform.config import load_settings
 
     settings = load_settings(args.config)
+    if args.action == "run":
+        check_source(settings)  # before any log line: a start failure is one line on stderr
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if args.action != "run":
         database, _, table = args.table.partition(".")
@@ -243,7 +248,32 @@ def main(argv: list[str] | None = None) -> int:
     reference.set_defaults(run=_config_reference)
 
     args: Any = parser.parse_args(argv)
-    return int(args.run(args))
+    try:
+        return int(args.run(args))
+    except Exception as error:
+        line = _start_error_line(error, args)
+        if line is None:
+            raise  # not a known start error: a defect, shown with its traceback
+        print(f"cdc_platform {args.command}: {line}", file=sys.stderr)
+        return 1
+
+
+def _start_error_line(error: BaseException, args: Any) -> str | None:
+    """The one line for a known start error (``capture.start_errors``), naming the account
+    of the config the command used (when that config loads)."""
+    from cdc_platform.capture.start_errors import SourceAccount, describe_start_error
+    from cdc_platform.config import ConfigError, load_settings
+    from cdc_platform.devservices._process import DevServiceError
+
+    if isinstance(error, DevServiceError):  # the demo's own services (its log tail follows)
+        return " | ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    account = None
+    if not isinstance(error, ConfigError):
+        try:
+            account = SourceAccount.from_settings(load_settings(getattr(args, "config", None)))
+        except Exception:  # noqa: BLE001 - the line is still worth showing without it
+            account = None
+    return describe_start_error(error, account)
 
 
 if __name__ == "__main__":

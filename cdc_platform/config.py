@@ -147,6 +147,14 @@ class CaptureSettings(_Section):
         "binlog still on the source), `current` (only changes from now on) or an explicit GTID "
         "position/set in the source's format. Ignored once a checkpoint exists.",
     )
+    resnapshot_on_ddl: bool = Field(
+        default=True,
+        description="Re-snapshot a table automatically (a Dagster sensor requests a run of its "
+        "snapshot asset) after a DDL changed its rows without row events (TRUNCATE, RENAME "
+        "TABLE, partition DROP/EXCHANGE, ADD COLUMN with a default, column renames and type "
+        "changes, ...). Off: the target is still marked stale (metadata, the `not_stale` "
+        "check) until you snapshot it.",
+    )
     reconnect: ReconnectSettings = Field(default_factory=ReconnectSettings)
     system_databases: tuple[str, ...] = Field(
         default=("mysql", "information_schema", "performance_schema", "sys"),

@@ -22,6 +22,7 @@ from cdc_platform.defs.dbt import definitions as dbt_defs
 from cdc_platform.defs.lake import definitions as lake_defs
 from cdc_platform.defs.signals import definitions as signals_defs
 from cdc_platform.defs.snapshots import definitions as snapshots_defs
+from cdc_platform.defs.snapshots import sensors as snapshots_sensors
 from cdc_platform.defs.streaming import definitions as streaming_defs
 from cdc_platform.lake.spark import DEFAULT_CONF
 
@@ -65,6 +66,7 @@ def build_definitions(config: Settings) -> dg.Definitions:
         streaming_defs.build(config),
         lake_defs.build(config, tables),
         snapshots_defs.build(config, snapshot_assets),
+        snapshots_sensors.build(config, snapshot_assets),
         signals_defs.build(config, snapshot_assets),
         dbt_defs.build(config, tables),
         dg.Definitions(

@@ -8,7 +8,7 @@ a restart; missing one would let a snapshot go wrong, so the parser errs on list
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Tokens of a statement: comments and whitespace (skipped), quoted identifiers, string
 # literals (skipped), words, and single punctuation characters.
@@ -37,9 +37,15 @@ class TableDdl:
 
     verb: str  # ALTER | CREATE | DROP | RENAME | TRUNCATE
     tables: tuple[tuple[str, str], ...]
+    # (old, new) of each rename, in statement order (RENAME TABLE, ALTER TABLE .. RENAME TO).
+    renames: tuple[tuple[tuple[str, str], tuple[str, str]], ...] = field(default=(),
+                                                                         compare=False)
+    # The statement and its default database, for what it does to rows (capture.stale).
+    query: str = field(default="", compare=False)
+    default_db: str = field(default="", compare=False)
 
 
-def _tokens(query: str) -> list[tuple[str, str]]:
+def statement_tokens(query: str) -> list[tuple[str, str]]:
     """(kind, text) tokens of ``query``: ``word`` (as written), ``name`` (a quoted identifier,
     unquoted) or ``punct``; comments, whitespace and string literals are dropped."""
     out = []
@@ -72,7 +78,7 @@ def parse_table_ddl(query: str, default_db: str) -> TableDdl | None:
     if not start.startswith(_COMMENT_STARTS) and not start[:8].upper().startswith(
             _TABLE_DDL_VERBS):
         return None  # the common case, without tokenizing
-    tokens = _tokens(query)
+    tokens = statement_tokens(query)
 
     def word(at: int) -> str | None:
         if at < len(tokens) and tokens[at][0] == "word":
@@ -122,6 +128,7 @@ def parse_table_ddl(query: str, default_db: str) -> TableDdl | None:
         return at
 
     tables: list[tuple[str, str]] = []
+    renames: list[tuple[tuple[str, str], tuple[str, str]]] = []
     if verb == "DROP":
         while True:
             table, position = name(position)
@@ -141,6 +148,7 @@ def parse_table_ddl(query: str, default_db: str) -> TableDdl | None:
             if new is None:
                 break
             tables += [old, new]
+            renames.append((old, new))
             if not punct(position, ","):
                 break
             position += 1
@@ -164,6 +172,8 @@ def parse_table_ddl(query: str, default_db: str) -> TableDdl | None:
                 other, _ = name(target)
                 if other is not None:
                     tables.append(other)
+                    if word(at) == "RENAME":
+                        renames.append((tables[0], other))
     if not tables:
         return None
-    return TableDdl(verb, tuple(dict.fromkeys(tables)))
+    return TableDdl(verb, tuple(dict.fromkeys(tables)), tuple(renames), query, default_db)

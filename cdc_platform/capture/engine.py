@@ -53,6 +53,7 @@ from cdc_platform.capture.schema import (
 from cdc_platform.capture.snapshot.sessions import SnapshotCoordinator
 from cdc_platform.capture.source import TableSelector, selector_from_settings
 from cdc_platform.capture.spill import OP_COLUMN, SpilledRecords, SpillStore
+from cdc_platform.capture.stale import record_stale_targets
 from cdc_platform.capture.transactions import (
     Committed,
     Outcome,
@@ -657,16 +658,17 @@ class CaptureEngine:
         if not captured:
             return
         self.stats.ddl_statements += 1
+        # Rows the DDL changed without row events: mark those targets stale, durably, before
+        # the checkpoint passes the DDL (capture/stale.py; a re-snapshot resolves the marker).
+        for marker in record_stale_targets(self.landing, ddl, gtid or "?", self._next_pos,
+                                           self._schemas, self.options.selector.captures):
+            self.log.warning(marker.describe())
         for database, table in captured:
             table_id = f"{database}.{table}"
             if gtid and self._snapshots.record_ddl(table_id, self._flavour.parse_gtid(gtid)):
                 self._snapshots_dirty = True  # the session ends for a restart
             self.log.info(f"table {table_id}: {ddl.verb} at GTID {gtid or '?'} (tracked, not "
                           "replicated; the new columns arrive with the next rows)")
-            if ddl.verb == "TRUNCATE":
-                self.log.warning(f"table {table_id} was truncated at GTID {gtid or '?'}: a "
-                                 "TRUNCATE has no row events, so the target keeps its rows "
-                                 "until the table is re-snapshotted")
             # Table ids of the old definition are stale from here on.
             self._table_ids = {k: v for k, v in self._table_ids.items()
                                if v.schema.table_id != table_id}

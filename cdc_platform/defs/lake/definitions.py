@@ -5,6 +5,8 @@ import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 
 from cdc_platform.capture import source as source_sql
+from cdc_platform.capture import stale
+from cdc_platform.capture.landing import LandingZone
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.source import selector_from_settings
 from cdc_platform.config import Settings
@@ -53,7 +55,12 @@ def _target_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinitio
             f"{schema.table_id}: version {result.version}, {result.records_read} changelog "
             f"records folded into {result.rows} rows"
         )
+        stale_reason = _staleness(settings, schema, result.consumed_pos)
+        if stale_reason:
+            context.log.warning(f"{schema.table_id}: target stale: {stale_reason}")
         return dg.MaterializeResult(metadata={
+            "stale": stale_reason is not None,
+            "stale_reason": stale_reason or "",
             "rows": result.rows,
             "inserts": result.inserts,
             "updates": result.updates,
@@ -69,6 +76,41 @@ def _target_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinitio
         })
 
     return target
+
+
+def _staleness(settings: Settings, schema: TableSchema, consumed_pos: int | None) -> str | None:
+    """Why the target (consumed up to ``consumed_pos``) is stale after a DDL, or None; markers
+    whose re-snapshot the target has applied are forgotten (``capture.stale``)."""
+    landing = LandingZone(settings.landing_zone.url, settings.source.server_name)
+    markers = stale.resolve_markers(landing)
+    stale.forget_applied(landing, markers, schema.table_id, consumed_pos)
+    return stale.target_staleness(markers, schema.table_id, consumed_pos)
+
+
+def _not_stale_check(settings: Settings, schema: TableSchema) -> dg.AssetChecksDefinition:
+    server = settings.source.server_name
+
+    @dg.asset_check(
+        asset=target_key(settings, schema),
+        name="not_stale",
+        description=f"Fails while a DDL on {schema.table_id} left its lake table with rows or "
+        "values the changelog cannot correct (TRUNCATE, RENAME TABLE, partition DROP/EXCHANGE, "
+        "ADD COLUMN with a default, column renames and type changes, ...), until a snapshot "
+        "of the table that opened after the DDL is done and materialised "
+        "(capture.resnapshot_on_ddl requests it).",
+    )
+    def not_stale(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        commit = TargetTable(settings.warehouse.url, server, schema.database,
+                             schema.table).current()
+        reason = _staleness(settings, schema, commit.consumed_pos if commit else None)
+        return dg.AssetCheckResult(
+            passed=reason is None,
+            severity=dg.AssetCheckSeverity.ERROR,
+            metadata={"stale_reason": reason or ""},
+            description=reason,
+        )
+
+    return not_stale
 
 
 def _reconcile_check(settings: Settings, schema: TableSchema) -> dg.AssetChecksDefinition:
@@ -118,7 +160,8 @@ def _reconcile_check(settings: Settings, schema: TableSchema) -> dg.AssetChecksD
 def build(settings: Settings, tables: list[TableSchema]) -> dg.Definitions:
     keyed = [t for t in tables if t.primary_key]
     assets = [_target_asset(settings, t) for t in keyed]
-    checks = [_reconcile_check(settings, t) for t in keyed]
+    checks = [_reconcile_check(settings, t) for t in keyed] + [
+        _not_stale_check(settings, t) for t in keyed]
     target_keys = [target_key(settings, t) for t in keyed]
     jobs = [
         dg.define_asset_job(

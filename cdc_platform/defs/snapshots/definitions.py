@@ -28,7 +28,9 @@ from cdc_platform.capture.snapshot.reader import (
     new_session_id,
 )
 from cdc_platform.capture.source import selector_from_settings
+from cdc_platform.capture.start_errors import check_source
 from cdc_platform.config import Settings
+from cdc_platform.defs.failures import start_errors_fail_the_run
 from cdc_platform.defs.snapshots.runner import notify_skipped, result_metadata, run_reader
 
 
@@ -135,7 +137,9 @@ def _snapshot_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinit
             except UnsafeConditionError as error:
                 raise dg.Failure(description=f"snapshot of {schema.table_id} on {server!r}: "
                                  f"{error}") from None
-        current = _current_schema(settings, schema)
+        with start_errors_fail_the_run(settings):  # one line: the grant or setting to fix
+            check_source(settings)
+            current = _current_schema(settings, schema)
         if not current.primary_key and config.surrogate_key:
             status = (f"skipped: no primary key; the surrogate key {config.surrogate_key} must "
                       f"be configured as capture.surrogate_keys['{schema.table_id}'], so that "

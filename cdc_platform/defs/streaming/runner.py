@@ -9,7 +9,9 @@ import dagster as dg
 
 from cdc_platform.capture.engine import CaptureEngine, EngineOptions, EngineStats
 from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.start_errors import check_source
 from cdc_platform.config import Settings
+from cdc_platform.defs.failures import start_errors_fail_the_run
 from cdc_platform.defs.threaded import QueueLog, run_in_thread
 
 STOP_GRACE_SECONDS = 60.0
@@ -44,7 +46,23 @@ def run_engine(
     progress_seconds: float = 30.0,
     report_materializations: bool = False,
 ) -> EngineStats:
-    """Run the engine until it stops; relay its log; stop it cleanly on interrupt."""
+    """Run the engine until it stops; relay its log; stop it cleanly on interrupt. The
+    account and source settings are checked first; a start error or an engine stop fails the
+    run with its one line (``defs.failures``)."""
+    with start_errors_fail_the_run(settings):
+        check_source(settings)
+        return _run_engine(context, settings, stop_when_caught_up, caught_up_idle_seconds,
+                           progress_seconds, report_materializations)
+
+
+def _run_engine(
+    context: dg.OpExecutionContext | dg.AssetExecutionContext,
+    settings: Settings,
+    stop_when_caught_up: bool,
+    caught_up_idle_seconds: float,
+    progress_seconds: float,
+    report_materializations: bool,
+) -> EngineStats:
     log = QueueLog()
     landing = LandingZone(settings.landing_zone.url, settings.source.server_name)
     engine = CaptureEngine(EngineOptions.from_settings(settings), landing, log=log)

@@ -1,0 +1,562 @@
+"""Which DDL leaves a captured table's target stale, and the durable markers that say so.
+
+The binlog carries a DDL as its text, without row events. Most DDL changes no row value
+(an index, a table option, a nullable column without a default), but some change rows or
+values of every row: TRUNCATE, RENAME TABLE, DROP/EXCHANGE/TRUNCATE/REORGANIZE/COALESCE
+PARTITION, ADD COLUMN with a default (explicit, implicit through NOT NULL, generated,
+AUTO_INCREMENT), RENAME/CHANGE COLUMN, MODIFY (a type change rewrites values), CONVERT TO
+CHARACTER SET, a primary-key change. A target folded from the changelog would keep the old rows
+or values silently. So the engine writes a **marker** per table such a DDL makes stale, in the
+landing zone, before its checkpoint moves past the DDL; Dagster shows the markers (target
+metadata, the ``not_stale`` asset check) and re-snapshots the table (``capture.resnapshot_on_ddl``).
+A marker is **resolved** once a snapshot of the whole table that opened after the DDL is done,
+and forgotten once the target has applied that snapshot.
+
+Deciding from the statement text is conservative: a clause this module does not know counts as
+changing rows (a needless re-snapshot costs time; a missed one leaves the target wrong).
+
+Markers live in ``<landing>/<server>/stale/<position:020d>-<gtid>-<n>.json`` (docs/landing-zone.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cdc_platform.capture.ddl import TableDdl, statement_tokens
+from cdc_platform.capture.gtid import parse_gtid, parse_position
+from cdc_platform.capture.landing import LandingZone, write_atomically
+from cdc_platform.capture.schema import TableSchema
+
+Token = tuple[str, str]
+TableName = tuple[str, str]
+
+# ALTER TABLE clauses (by their first word) that change no row and no value.
+_SAFE_OPTIONS = frozenset({
+    "ALGORITHM", "LOCK", "FORCE", "ENABLE", "DISABLE", "ORDER", "DEFAULT", "CHARACTER",
+    "CHARSET", "COLLATE", "AUTO_INCREMENT", "AVG_ROW_LENGTH", "CHECKSUM", "TABLE_CHECKSUM",
+    "COMMENT", "COMPRESSION", "CONNECTION", "DATA", "INDEX", "DELAY_KEY_WRITE", "ENCRYPTED",
+    "ENCRYPTION", "ENCRYPTION_KEY_ID", "IETF_QUOTES", "INSERT_METHOD", "KEY_BLOCK_SIZE",
+    "MAX_ROWS", "MIN_ROWS", "PACK_KEYS", "PAGE_CHECKSUM", "PAGE_COMPRESSED",
+    "PAGE_COMPRESSION_LEVEL", "PASSWORD", "ROW_FORMAT", "STATS_AUTO_RECALC", "STATS_PERSISTENT",
+    "STATS_SAMPLE_PAGES", "TABLESPACE", "TRANSACTIONAL", "AUTOEXTEND_SIZE", "ENGINE",
+    "SECONDARY_ENGINE", "NOWAIT", "WAIT",
+    # Re-partitioning moves rows between partitions without changing them.
+    "PARTITION", "PARTITIONS", "REMOVE", "SUBPARTITION",
+})
+# <word> PARTITION ...: maintenance that keeps every row.
+_SAFE_PARTITION_MAINTENANCE = frozenset({"ANALYZE", "CHECK", "OPTIMIZE", "REBUILD", "REPAIR"})
+# <word> PARTITION | TABLESPACE ...: rows removed, replaced or swapped without row events.
+_ROW_CHANGING_PARTITION_OPS = {
+    "TRUNCATE": "TRUNCATE PARTITION removed rows",
+    "EXCHANGE": "EXCHANGE PARTITION swapped rows with another table",
+    "REORGANIZE": "REORGANIZE PARTITION rewrote partitions",
+    "COALESCE": "COALESCE PARTITION rewrote partitions",
+    "DISCARD": "DISCARD of a tablespace or partition removed rows",
+    "IMPORT": "IMPORT of a tablespace or partition replaced rows",
+}
+_INDEX_WORDS = frozenset({"INDEX", "KEY", "FULLTEXT", "SPATIAL", "UNIQUE", "FOREIGN", "CHECK",
+                          "VECTOR", "CONSTRAINT"})
+_SAFE_COLUMN_ALTERATIONS = frozenset({"DEFAULT", "VISIBLE", "INVISIBLE"})
+_NO_ROW_EVENTS = "without row events"
+
+
+@dataclass(frozen=True)
+class StaleTable:
+    """A table a DDL made stale, and why. ``gone``: the source has no table under this name
+    any more (dropped, or renamed away), so it cannot be re-snapshotted."""
+
+    database: str
+    table: str
+    reason: str
+    gone: bool = False
+
+    @property
+    def table_id(self) -> str:
+        return f"{self.database}.{self.table}"
+
+
+def _word(token: Token | None) -> str | None:
+    return token[1].upper() if token is not None and token[0] == "word" else None
+
+
+def _at(tokens: Sequence[Token], index: int) -> Token | None:
+    return tokens[index] if 0 <= index < len(tokens) else None
+
+
+def _split_top_level(tokens: Sequence[Token]) -> list[list[Token]]:
+    """``tokens`` split at commas outside parentheses."""
+    parts: list[list[Token]] = [[]]
+    depth = 0
+    for token in tokens:
+        if token == ("punct", "("):
+            depth += 1
+        elif token == ("punct", ")"):
+            depth = max(0, depth - 1)
+        elif token == ("punct", ",") and depth == 0:
+            parts.append([])
+            continue
+        parts[-1].append(token)
+    return [p for p in parts if p]
+
+
+def _name(tokens: Sequence[Token], index: int) -> str:
+    token = _at(tokens, index)
+    return token[1] if token is not None else "?"
+
+
+def _column_added(definition: Sequence[Token]) -> str | None:
+    """Why adding the column ``definition`` (name, type, attributes) gives older rows a value
+    without row events; None when older rows read NULL, which the target already shows."""
+    name = _name(definition, 0)
+    words = [_word(t) for t in definition[1:]]
+    type_word = words[0] if words else None
+    if "GENERATED" in words or any(
+            words[i] == "AS" and _at(definition, i + 2) == ("punct", "(")
+            for i in range(len(words))):
+        return f"generated column {name} added: computed for every older row"
+    if "AUTO_INCREMENT" in words or type_word == "SERIAL":
+        return f"AUTO_INCREMENT column {name} added: every older row was numbered"
+    for i, word in enumerate(words):
+        if word == "DEFAULT" and (i + 1 >= len(words) or words[i + 1] != "NULL"):
+            return f"column {name} added with a DEFAULT: every older row took it"
+        if word == "NOT" and i + 1 < len(words) and words[i + 1] == "NULL":
+            return f"column {name} added NOT NULL: every older row took its implicit default"
+    if type_word == "TIMESTAMP" and "NULL" not in words:
+        return (f"TIMESTAMP column {name} added without NULL: older rows may have taken an "
+                "implicit default")
+    return None
+
+
+def _add_clause(spec: Sequence[Token]) -> str | None:
+    position = 1
+    if _word(_at(spec, position)) == "CONSTRAINT":
+        position += 1
+        if _word(_at(spec, position)) not in _INDEX_WORDS | {"PRIMARY"}:
+            position += 1  # the constraint's name
+    what = _word(_at(spec, position))
+    if what in _INDEX_WORDS:
+        return None
+    if what == "PRIMARY":
+        return "primary key added: target rows are keyed by the old key"
+    if what == "PARTITION":
+        return None  # a new, empty partition (or rows moved between partitions)
+    if what in ("PERIOD", "SYSTEM"):
+        return "system versioning changed (not followed by the platform)"
+    if what == "COLUMN":
+        position += 1
+    if _word(_at(spec, position)) == "IF":  # IF NOT EXISTS
+        position += 3
+    if _at(spec, position) == ("punct", "("):
+        inner = list(spec[position + 1:])
+        if inner and inner[-1] == ("punct", ")"):
+            inner = inner[:-1]
+        definitions = _split_top_level(inner)
+    else:
+        definitions = [list(spec[position:])]
+    reasons = [r for d in definitions if (r := _column_added(d)) is not None]
+    return "; ".join(reasons) or None
+
+
+def _drop_clause(spec: Sequence[Token], schema: TableSchema | None) -> str | None:
+    what = _word(_at(spec, 1))
+    if what in ("INDEX", "KEY", "FOREIGN", "CONSTRAINT", "CHECK"):
+        return None
+    if what == "PRIMARY":
+        return "primary key dropped: target rows are keyed by the old key"
+    if what == "PARTITION":
+        return "DROP PARTITION removed rows"
+    if what == "SYSTEM":
+        return "system versioning changed (not followed by the platform)"
+    position = 2 if what == "COLUMN" else 1
+    if _word(_at(spec, position)) == "IF":  # IF EXISTS
+        position += 2
+    column = _name(spec, position)
+    if schema is None:
+        return f"column {column} dropped from a table whose key the engine does not know"
+    if column.lower() in (c.lower() for c in schema.primary_key):
+        return f"key column {column} dropped: target rows are keyed by the old key"
+    return None
+
+
+def _alter_column_clause(spec: Sequence[Token]) -> str | None:
+    what = _word(_at(spec, 1))
+    if what in ("INDEX", "KEY", "CHECK", "CONSTRAINT"):
+        return None
+    position = 2 if what == "COLUMN" else 1
+    if _word(_at(spec, position)) == "IF":
+        position += 2
+    column = _name(spec, position)
+    action, what = _word(_at(spec, position + 1)), _word(_at(spec, position + 2))
+    if action in ("SET", "DROP") and what in _SAFE_COLUMN_ALTERATIONS:
+        return None  # SET/DROP DEFAULT, SET [IN]VISIBLE: no existing value changes
+    return f"column {column} altered ({' '.join(t[1] for t in spec[position + 1:])})"
+
+
+def _redefinition(spec: Sequence[Token], verb: str) -> str:
+    position = 2 if _word(_at(spec, 1)) == "COLUMN" else 1
+    if _word(_at(spec, position)) == "IF":
+        position += 2
+    old = _name(spec, position)
+    if verb == "CHANGE":
+        new = _name(spec, position + 1)
+        if new.lower() != old.lower():
+            return (f"column {old} renamed to {new} (CHANGE): older target rows keep it under "
+                    "the old name")
+        position += 1
+    return (f"column {old} redefined as {_type_text(spec[position + 1:])} ({verb}): a type or "
+            "character-set change rewrites every value")
+
+
+def _type_text(definition: Sequence[Token]) -> str:
+    """The type at the start of a column definition, as written (``DATETIME(6)``)."""
+    if not definition:
+        return "?"
+    text = definition[0][1]
+    if _at(definition, 1) == ("punct", "("):
+        inner = []
+        for token in definition[2:]:
+            if token == ("punct", ")"):
+                break
+            inner.append(token[1])
+        text += f"({''.join(inner)})"
+    return text
+
+
+def _alter_clause(spec: Sequence[Token], schema: TableSchema | None) -> str | None:
+    """Why one ALTER TABLE clause changes rows or values; None when it changes none."""
+    first = _word(_at(spec, 0))
+    second = _word(_at(spec, 1))
+    if first == "ADD":
+        return _add_clause(spec)
+    if first == "DROP":
+        return _drop_clause(spec, schema)
+    if first == "ALTER":
+        return _alter_column_clause(spec)
+    if first in ("MODIFY", "CHANGE"):
+        return _redefinition(spec, first)
+    if first == "RENAME":
+        if second == "COLUMN":
+            return (f"column {_name(spec, 2)} renamed to {_name(spec, 4)}: older target rows "
+                    "keep it under the old name")
+        return None  # RENAME INDEX/KEY; RENAME TO is a table rename (see stale_tables)
+    if first == "CONVERT":
+        if second == "TO":
+            return "table converted to another character set: every text value rewritten"
+        return "CONVERT between a partition and a table moved rows"
+    if first in _ROW_CHANGING_PARTITION_OPS:
+        return _ROW_CHANGING_PARTITION_OPS[first]
+    if first in _SAFE_PARTITION_MAINTENANCE and second == "PARTITION":
+        return None
+    if first in ("WITH", "WITHOUT"):
+        return None if second == "VALIDATION" else "system versioning changed"
+    if first in _SAFE_OPTIONS:
+        words = [_word(t) for t in spec]
+        if "BLACKHOLE" in words:
+            return "ENGINE=BLACKHOLE discarded every row"
+        if "UNION" in words:
+            return "the MERGE table's UNION changed: other rows under the same name"
+        return None
+    return f"ALTER TABLE clause {' '.join(t[1] for t in spec[:2])!r} is not known to keep rows"
+
+
+def _alter_specs(tokens: Sequence[Token]) -> list[list[Token]]:
+    """The clauses of an ALTER TABLE statement (after the table name); a lone name after a
+    comma continues the clause before (``DROP PARTITION p1, p2``)."""
+    position = 1
+    while _word(_at(tokens, position)) in ("ONLINE", "OFFLINE", "IGNORE"):
+        position += 1
+    position += 1  # TABLE
+    if _word(_at(tokens, position)) == "IF":
+        position += 2
+    position += 3 if _at(tokens, position + 1) == ("punct", ".") else 1
+    if _word(_at(tokens, position)) == "NOWAIT":
+        position += 1
+    elif _word(_at(tokens, position)) == "WAIT":
+        position += 2
+    specs: list[list[Token]] = []
+    for part in _split_top_level(tokens[position:]):
+        if specs and len(part) == 1 and part[0][0] in ("word", "name") and (
+                _word(part[0]) not in {"FORCE"}):
+            specs[-1] = specs[-1] + [("punct", ","), *part]
+        else:
+            specs.append(part)
+    return specs
+
+
+def _renamed(renames: Sequence[tuple[TableName, TableName]]
+             ) -> tuple[dict[TableName, TableName], set[TableName]]:
+    """After a sequence of renames: which name holds which original table's rows (only names
+    whose rows changed), and which names are gone."""
+    holds: dict[TableName, TableName] = {}
+    existed: set[TableName] = set()  # names first seen as an old name: tables before it
+    seen: set[TableName] = set()
+    for old, new in renames:
+        if old not in seen:
+            existed.add(old)
+        seen |= {old, new}
+        holds[new] = holds.pop(old, old)
+    changed = {name: origin for name, origin in holds.items() if origin != name}
+    gone = {name for name in existed if name not in holds}
+    return changed, gone
+
+
+def _qualified(name: TableName) -> str:
+    return f"{name[0]}.{name[1]}"
+
+
+def stale_tables(ddl: TableDdl, schemas: Mapping[str, TableSchema] | None = None
+                 ) -> list[StaleTable]:
+    """The tables whose targets ``ddl`` leaves stale, with the reason (pure; conservative).
+
+    ``schemas``: the engine's schemas from before the DDL (``db.table`` -> schema), to tell a
+    dropped key column from another. A plain CREATE TABLE makes nothing stale here: a table
+    created again under the name of a gone one is the marker writer's case
+    (:func:`record_stale_targets`).
+    """
+    schemas = schemas or {}
+    tokens = statement_tokens(ddl.query)
+    head = {_word(t) for t in tokens[:4]}
+    verb = ddl.verb
+    out: dict[TableName, StaleTable] = {}
+
+    def mark(name: TableName, reason: str, gone: bool = False) -> None:
+        if name in out:
+            reason = f"{out[name].reason}; {reason}"
+        out[name] = StaleTable(name[0], name[1], reason, gone)
+
+    if "TEMPORARY" in head:
+        return []  # temporary tables are not captured
+    if verb == "TRUNCATE":
+        for name in ddl.tables:
+            mark(name, f"TRUNCATE removed every row {_NO_ROW_EVENTS}")
+    elif verb == "DROP":
+        for name in ddl.tables:
+            mark(name, "dropped (DROP TABLE); the source table is gone", gone=True)
+    elif verb == "CREATE":
+        if "REPLACE" in head:
+            mark(ddl.tables[0], f"replaced by CREATE OR REPLACE TABLE {_NO_ROW_EVENTS}")
+    elif verb == "RENAME":
+        changed, gone = _renamed(ddl.renames)
+        final = {origin: name for name, origin in changed.items()}
+        for name in gone:
+            where = final.get(name)
+            moved = f"renamed to {_qualified(where)}" if where else "renamed away"
+            mark(name, f"{moved}; the source table is gone", gone=True)
+        for name, origin in changed.items():
+            mark(name, f"renamed from {_qualified(origin)} (RENAME TABLE): the rows under "
+                       f"this name changed {_NO_ROW_EVENTS}")
+    elif verb == "ALTER":
+        table = ddl.tables[0]
+        schema = schemas.get(_qualified(table))
+        reasons = []
+        if "IGNORE" in head:
+            reasons.append("ALTER IGNORE may delete rows")
+        reasons += [r for spec in _alter_specs(tokens)
+                    if (r := _alter_clause(spec, schema)) is not None]
+        renamed_to = {new for old, new in ddl.renames if old == table}
+        for other in ddl.tables[1:]:
+            if other in renamed_to:
+                mark(other, f"renamed from {_qualified(table)} (ALTER TABLE .. RENAME): the "
+                            f"rows under this name changed {_NO_ROW_EVENTS}")
+                for reason in reasons:
+                    mark(other, f"ALTER TABLE {_NO_ROW_EVENTS}: {reason}")
+            else:
+                mark(other, f"partition exchange or conversion with {_qualified(table)} moved "
+                            f"rows {_NO_ROW_EVENTS}")
+        if renamed_to:
+            mark(table, f"renamed to {_qualified(sorted(renamed_to)[0])}; the source table is "
+                        "gone", gone=True)
+        else:
+            for reason in reasons:
+                mark(table, f"ALTER TABLE {_NO_ROW_EVENTS}: {reason}")
+    return list(out.values())
+
+
+# ---- markers in the landing zone ---------------------------------------------------------------
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class StaleMarker:
+    """A target made stale by a DDL: written by the engine before its checkpoint passes the
+    DDL, resolved by a whole-table snapshot that opened after it, forgotten once the target
+    applied that snapshot."""
+
+    database: str
+    table: str
+    gtid: str  # the DDL's GTID
+    verb: str  # ALTER | CREATE | DROP | RENAME | TRUNCATE
+    reason: str
+    position: int  # the changelog position at the DDL: records before it precede it
+    gone: bool = False  # no source table under this name any more: nothing to snapshot
+    index: int = 0  # of the marker among its DDL's markers (part of the file name)
+    recorded_at: str = ""
+    resolved_by: str | None = None  # the snapshot session that made the target exact again
+    resolved_pos: int | None = None  # the table's changelog holds that snapshot up to here
+
+    @property
+    def table_id(self) -> str:
+        return f"{self.database}.{self.table}"
+
+    @property
+    def resolved(self) -> bool:
+        return self.resolved_by is not None
+
+    @property
+    def file_name(self) -> str:
+        """Sorts in DDL order: by changelog position, then (DDLs with no record between) by
+        the GTID's sequence number."""
+        sequence = re.search(r"(\d+)$", self.gtid)
+        gtid = re.sub(r"[^0-9A-Za-z-]", "_", self.gtid)
+        return (f"{self.position:020d}-{int(sequence.group(1)) if sequence else 0:020d}-"
+                f"{gtid}-{self.index}.json")
+
+    def describe(self) -> str:
+        return (f"table {self.table_id}: target stale after {self.verb} at GTID {self.gtid} "
+                f"(changelog position {self.position}): {self.reason}")
+
+    def to_json(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self), indent=1).encode()
+
+    @staticmethod
+    def from_json(text: bytes | str) -> StaleMarker:
+        data = json.loads(text)
+        known = {f.name for f in dataclasses.fields(StaleMarker)}
+        return StaleMarker(**{k: v for k, v in data.items() if k in known})
+
+
+def markers_dir(landing: LandingZone) -> Path:
+    return landing.root / "stale"
+
+
+def read_markers(landing: LandingZone) -> list[StaleMarker]:
+    """Every marker, in DDL order (unreadable files are skipped: written atomically, a
+    half-written one cannot exist; a foreign file is not ours)."""
+    directory = markers_dir(landing)
+    if not directory.is_dir():
+        return []
+    markers = []
+    for path in sorted(directory.glob("*.json")):
+        try:
+            markers.append(StaleMarker.from_json(path.read_bytes()))
+        except (OSError, ValueError, TypeError):
+            continue
+    return markers
+
+
+def _write(landing: LandingZone, markers: Sequence[StaleMarker]) -> None:
+    for marker in markers:  # (DDL is rare: a durable write each is cheap)
+        write_atomically(markers_dir(landing) / marker.file_name, marker.to_json())
+
+
+def record_stale_targets(landing: LandingZone, ddl: TableDdl, gtid: str, position: int,
+                         schemas: Mapping[str, TableSchema],
+                         captures: Callable[[str, str], bool]) -> list[StaleMarker]:
+    """Write a marker for every captured table ``ddl`` leaves stale (durably: the engine
+    calls this before its checkpoint passes the DDL; a replay writes the same files again).
+
+    A CREATE TABLE of a name with an open marker (the table was dropped or renamed away, and
+    its target still holds the old rows) marks the new table stale too.
+    """
+    verdicts = [v for v in stale_tables(ddl, schemas) if captures(v.database, v.table)]
+    if ddl.verb == "CREATE" and not verdicts:
+        pending = {m.table_id for m in read_markers(landing) if not m.resolved}
+        for database, table in ddl.tables[:1]:
+            if f"{database}.{table}" in pending and captures(database, table):
+                verdicts.append(StaleTable(database, table, "created again under the name of "
+                                           "a table that is gone: the target still holds the "
+                                           "old table's rows"))
+    now = _now()
+    markers = [StaleMarker(v.database, v.table, gtid, ddl.verb, v.reason, position, v.gone,
+                           index, now) for index, v in enumerate(verdicts)]
+    _write(landing, markers)
+    return markers
+
+
+def _opened_after(session: Mapping[str, Any], marker: StaleMarker, flavour: str) -> bool:
+    """Whether a snapshot session opened after the marker's DDL was processed."""
+    try:
+        opening = parse_position(flavour, str(session.get("opening") or ""))
+        return opening.contains_gtid(parse_gtid(flavour, marker.gtid))
+    except ValueError:  # (no GTID known for the DDL): by changelog position
+        return int(session.get("opening_pos") or 0) > marker.position
+
+
+def resolve_markers(landing: LandingZone) -> list[StaleMarker]:
+    """Every marker, resolving (on disk too) those whose table has a finished whole-table
+    snapshot that opened after the DDL (the checkpoint's snapshot sessions). The resolved
+    position is where the table's changelog ends at that checkpoint: a target that consumed
+    up to it has applied the snapshot."""
+    markers = read_markers(landing)
+    if not any(not m.resolved for m in markers):
+        return markers
+    checkpoint = landing.read_checkpoint()
+    if checkpoint is None:
+        return markers
+    sessions: Mapping[str, Any] = checkpoint.extra.get("snapshots") or {}
+    out, changed = [], []
+    for marker in markers:
+        session = sessions.get(marker.table_id)
+        if not marker.resolved and session is not None and session.get("state") == "done" and (
+                not session.get("condition")) and _opened_after(session, marker,
+                                                                 checkpoint.flavour):
+            ends = [last for _, last, _ in landing.segments(marker.database, marker.table)
+                    if last < checkpoint.next_pos]
+            marker = dataclasses.replace(
+                marker, resolved_by=str(session.get("session_id")),
+                resolved_pos=max(ends, default=int(session.get("opening_pos") or 0)))
+            changed.append(marker)
+        out.append(marker)
+    _write(landing, changed)
+    return out
+
+
+def target_staleness(markers: Sequence[StaleMarker], table_id: str,
+                     consumed_pos: int | None) -> str | None:
+    """Why a target that consumed the changelog up to ``consumed_pos`` is stale, or None.
+
+    Stale: an unresolved marker, or a resolved one whose snapshot the target has not consumed
+    yet (materialise again)."""
+    reasons = []
+    for marker in markers:
+        if marker.table_id != table_id:
+            continue
+        if not marker.resolved:
+            fix = ("the source table is gone: drop the lake table, or re-create the source "
+                   "table and snapshot it" if marker.gone else
+                   f"re-snapshot {table_id} (automatic with capture.resnapshot_on_ddl)")
+            reasons.append(f"{marker.verb} at GTID {marker.gtid}: {marker.reason}; {fix}")
+        elif (consumed_pos or 0) < (marker.resolved_pos or 0):
+            reasons.append(f"{marker.verb} at GTID {marker.gtid}: re-snapshotted (session "
+                           f"{marker.resolved_by}); materialise the target to apply it")
+    return " | ".join(reasons) or None
+
+
+def forget_applied(landing: LandingZone, markers: Sequence[StaleMarker], table_id: str,
+                   consumed_pos: int | None) -> None:
+    """Delete the table's resolved markers whose snapshot the target has applied."""
+    for marker in markers:
+        if marker.table_id == table_id and marker.resolved and (
+                (consumed_pos or 0) >= (marker.resolved_pos or 0)):
+            (markers_dir(landing) / marker.file_name).unlink(missing_ok=True)
+
+
+def snapshots_wanted(markers: Sequence[StaleMarker]) -> dict[str, StaleMarker]:
+    """Tables to re-snapshot -> the marker the request answers (the table's newest open one).
+    A table whose newest open marker says it is gone is left alone: there is nothing to read.
+    """
+    newest: dict[str, StaleMarker] = {}
+    for marker in markers:
+        if not marker.resolved:
+            newest[marker.table_id] = marker
+    return {t: m for t, m in newest.items() if not m.gone}
