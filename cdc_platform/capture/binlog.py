@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pymysql
-from pymysqlreplication import BinLogStreamReader
-from pymysqlreplication.constants import FIELD_TYPE
+from pymysqlreplication import BinLogStreamReader, json_binary
+from pymysqlreplication.constants import CHARSET, FIELD_TYPE
 from pymysqlreplication.event import (
     BeginLoadQueryEvent,
     ExecuteLoadQueryEvent,
@@ -36,10 +36,12 @@ from pymysqlreplication.event import (
 from pymysqlreplication.row_event import (
     DeleteRowsEvent,
     PartialUpdateRowsEvent,
+    RowsEvent,
     TableMapEvent,
     UpdateRowsEvent,
     WriteRowsEvent,
 )
+from pymysqlreplication.util.bytes import decode_decimal
 
 from cdc_platform.capture import binlog_decoding
 from cdc_platform.capture.binlog_decoding import (
@@ -47,6 +49,12 @@ from cdc_platform.capture.binlog_decoding import (
     IGNORABLE_EVENT_TYPES,
     TransactionPayloadEvent,
     event_type_name,
+)
+from cdc_platform.capture.charsets import (
+    UTF8_CHARSETS,
+    as_information_schema_shows,
+    landing_charset,
+    text_decoder,
 )
 from cdc_platform.capture.events import (
     Event,
@@ -62,6 +70,7 @@ from cdc_platform.capture.events import (
 )
 from cdc_platform.capture.flavours import Flavour
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
+from cdc_platform.capture.values import json_opaque_text
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +92,7 @@ def is_retriable(error: BaseException) -> bool:
     return False
 
 
-_INT_TYPES = {FIELD_TYPE.TINY, FIELD_TYPE.SHORT, FIELD_TYPE.INT24, FIELD_TYPE.LONG,
-              FIELD_TYPE.YEAR}
+_INT_TYPES = {FIELD_TYPE.TINY, FIELD_TYPE.SHORT, FIELD_TYPE.INT24, FIELD_TYPE.LONG}
 _STRING_TYPES = {FIELD_TYPE.VARCHAR, FIELD_TYPE.VAR_STRING, FIELD_TYPE.STRING,
                  FIELD_TYPE.BLOB, FIELD_TYPE.TINY_BLOB, FIELD_TYPE.MEDIUM_BLOB,
                  FIELD_TYPE.LONG_BLOB}
@@ -93,12 +101,22 @@ _FIXED_KINDS = {
     FIELD_TYPE.NEWDATE: "date", FIELD_TYPE.DATETIME: "datetime", FIELD_TYPE.DATETIME2: "datetime",
     FIELD_TYPE.TIMESTAMP: "timestamp", FIELD_TYPE.TIMESTAMP2: "timestamp",
     FIELD_TYPE.TIME: "time", FIELD_TYPE.TIME2: "time", FIELD_TYPE.JSON: "json",
-    FIELD_TYPE.GEOMETRY: "binary",
+    FIELD_TYPE.GEOMETRY: "binary", FIELD_TYPE.YEAR: "year",
+}
+# MySQL charset of each collation mysql-replication knows (table maps carry collation ids).
+_COLLATION_CHARSETS = {
+    charset.collation: charset.name
+    for by_id in CHARSET.charsets._by_id.values()  # noqa: SLF001 - the library's only table
+    for charset in by_id.values()
 }
 
 
 def column_from_binlog(column: Any) -> ColumnSpec:
-    """ColumnSpec from a mysql-replication table-map column (needs binlog_row_metadata=FULL)."""
+    """ColumnSpec from a mysql-replication table-map column (needs binlog_row_metadata=FULL).
+
+    Text columns record their charset when it is not UTF-8: their values arrive as bytes
+    (:func:`_keep_text_bytes`) for ``capture.values`` to decode as the server converts them.
+    """
     ftype = column.type
     name = column.name
     if ftype in _INT_TYPES:
@@ -109,21 +127,96 @@ def column_from_binlog(column: Any) -> ColumnSpec:
         return ColumnSpec(name, "decimal", column.precision, column.decimals)
     if ftype == FIELD_TYPE.BIT:
         return ColumnSpec(name, "bit", column.bits)
-    if ftype == FIELD_TYPE.ENUM:
-        return ColumnSpec(name, "enum", values=tuple(column.enum_values or ())[1:])
-    if ftype == FIELD_TYPE.SET:
-        return ColumnSpec(name, "set", values=tuple(column.set_values or ()))
+    if ftype in (FIELD_TYPE.ENUM, FIELD_TYPE.SET):
+        charset = _charset_of(column)
+        decode = text_decoder(charset or "utf8mb4")
+        raw = column.enum_values[1:] if ftype == FIELD_TYPE.ENUM else column.set_values
+        try:
+            members = tuple(as_information_schema_shows(decode(m)) for m in raw or ())
+        except ValueError as error:
+            raise ValueError(f"column {name!r}: a member name is not valid {charset} text: "
+                             f"{error}") from error
+        kind = "enum" if ftype == FIELD_TYPE.ENUM else "set"
+        return ColumnSpec(name, kind, values=members, charset=charset)
     if ftype in _FIXED_KINDS:
         kind = _FIXED_KINDS[ftype]
         scale = getattr(column, "fsp", None) if kind in ("datetime", "timestamp", "time") else None
         return ColumnSpec(name, kind, scale=scale or 0 if scale is not None else None)
     if ftype in _STRING_TYPES:
         if column.character_set_name not in (None, "binary"):
-            return ColumnSpec(name, "string")
+            return ColumnSpec(name, "string", charset=_charset_of(column))
         # BINARY(n) arrives as STRING with its 0x00 padding stripped: remember n to restore it.
         fixed = ftype == FIELD_TYPE.STRING
         return ColumnSpec(name, "binary", column.max_length if fixed else None)
     raise NotImplementedError(f"column {name!r}: binlog column type {ftype} is not supported")
+
+
+def _charset_of(column: Any) -> str | None:
+    """The column's MySQL charset as ColumnSpec records it (None: UTF-8 or binary)."""
+    collation = getattr(column, "collation_name", None)
+    charset = _COLLATION_CHARSETS.get(collation) if collation else None
+    if charset is None:
+        # mysql-replication falls back to decoding as UTF-8 for a collation id it does not
+        # know: that would land wrong text silently.
+        raise ValueError(f"column {column.name!r}: collation {collation or '(unknown id)'} is "
+                         "not known to mysql-replication; its text cannot be decoded exactly")
+    return landing_charset(charset)
+
+
+def _keep_text_bytes(encoding: str) -> str:
+    """mysql-replication asks this for the Python codec of a text column's charset (it passes
+    the charset's ``encoding``): only UTF-8 is decoded by the library; any other name is not a
+    codec, so the library hands the bytes over (its LookupError path) for capture.values."""
+    return encoding if encoding in UTF8_CHARSETS else "cdc-platform-keeps-bytes"
+
+
+def _type_values_as_bytes(self: TableMapEvent, length: int) -> list[list[bytes]] | None:
+    """TableMapEvent._read_type_values keeping ENUM/SET member names as bytes: the library
+    decodes them as UTF-8 and turns any other name into '' (they are in the column's charset)."""
+    packet = self.packet
+    read_until = packet.read_bytes + length
+    if packet.read_bytes >= read_until:
+        return None
+    result = []
+    while packet.read_bytes < read_until:
+        count = packet.read_length_coded_binary()
+        result.append([bytes(packet.read_variable_length_string()) for _ in range(count)])
+    return result
+
+
+def _json_opaque(data: bytes) -> Any:
+    """json_binary.parse_opaque, exact: DECIMAL as Decimal, every other opaque scalar as the
+    text MySQL prints for it (the library loses TIME's sign and range, DATE vs DATETIME, and
+    decodes other opaque bytes with errors ignored)."""
+    if len(data) < 1:
+        return None
+    field_type = data[0]
+    length, n = json_binary.decode_variable_length(data[1:])
+    payload = bytes(data[1 + n : 1 + n + length])
+    if field_type in (FIELD_TYPE.NEWDECIMAL, FIELD_TYPE.DECIMAL):
+        return decode_decimal(payload)
+    return json_opaque_text(field_type, payload)
+
+
+def _invalid_date_as_none(read: Any) -> Any:
+    """A DATE/DATETIME reader of the library that returns None for an invalid date such as
+    2020-02-30 (ALLOW_INVALID_DATES) instead of raising: it lands NULL like zero dates and as
+    the SELECT side reads it. The value's bytes are consumed before the date is built."""
+    def lenient(self: RowsEvent) -> Any:
+        try:
+            return read(self)
+        except ValueError:
+            return None
+
+    return lenient
+
+
+# Installed once, for every stream of this process (the library has no hooks for these).
+RowsEvent._RowsEvent__read_date = _invalid_date_as_none(RowsEvent._RowsEvent__read_date)
+RowsEvent._RowsEvent__read_datetime = _invalid_date_as_none(RowsEvent._RowsEvent__read_datetime)
+RowsEvent.charset_to_encoding = staticmethod(_keep_text_bytes)
+TableMapEvent._read_type_values = _type_values_as_bytes  # noqa: SLF001
+json_binary.parse_opaque = _json_opaque
 
 
 def schema_from_table_map(event: TableMapEvent) -> TableSchema:

@@ -613,8 +613,13 @@ class CaptureEngine:
                 f"table {state.schema.table_id}: binlog row lacks column {missing} at GTID "
                 f"{self._buffer.open_gtid or '?'}; is binlog_row_image FULL?"
             ) from None
-        for index, convert in state.converters:
-            row[index] = convert(row[index])
+        try:
+            for index, convert in state.converters:
+                row[index] = convert(row[index])
+        except ColumnValueError as error:
+            raise EngineError(
+                f"table {state.schema.table_id} at GTID {self._txn.gtid if self._txn else '?'}: "
+                f"{error}. Capture stops here rather than land a wrong value") from error
         return tuple(row)
 
     def _tombstone(self, state: _TableState, row: tuple[Any, ...]) -> tuple[Any, ...]:

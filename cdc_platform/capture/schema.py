@@ -16,16 +16,18 @@ from typing import Any
 
 import pyarrow as pa
 
+from cdc_platform.capture.charsets import landing_charset
+
 # The kinds a source column is reduced to. One landing type per kind.
 KINDS = (
     "int", "uint64", "decimal", "float", "double", "date", "datetime", "timestamp", "time",
-    "string", "binary", "enum", "set", "json", "bit",
+    "year", "string", "binary", "enum", "set", "json", "bit",
 )
 
 # information_schema.DATA_TYPE -> kind (for columns whose kind needs no further detail).
 _INFORMATION_SCHEMA_KINDS = {
     "tinyint": "int", "smallint": "int", "mediumint": "int", "int": "int", "integer": "int",
-    "year": "int", "float": "float", "double": "double", "real": "double",
+    "year": "year", "float": "float", "double": "double", "real": "double",
     "decimal": "decimal", "numeric": "decimal", "date": "date", "datetime": "datetime",
     "timestamp": "timestamp", "time": "time", "char": "string", "varchar": "string",
     "tinytext": "string", "text": "string", "mediumtext": "string", "longtext": "string",
@@ -33,9 +35,12 @@ _INFORMATION_SCHEMA_KINDS = {
     "mediumblob": "binary", "longblob": "binary", "enum": "enum", "set": "set", "json": "json",
     "bit": "bit", "geometry": "binary", "point": "binary", "linestring": "binary",
     "polygon": "binary", "multipoint": "binary", "multilinestring": "binary",
-    "multipolygon": "binary", "geometrycollection": "binary", "inet4": "string",
-    "inet6": "string", "uuid": "string",
+    "multipolygon": "binary", "geometrycollection": "binary",
+    # MariaDB's INET4/INET6/UUID reach the binlog as BINARY(n) that no table map tells apart
+    # from BINARY(n): they land as their n bytes (SELECTs read them with CAST ... AS BINARY(n)).
+    "inet4": "binary", "inet6": "binary", "uuid": "binary",
 }
+_FIXED_BINARY_LENGTHS = {"inet4": 4, "inet6": 16, "uuid": 16}
 
 
 @dataclass(frozen=True)
@@ -47,11 +52,14 @@ class ColumnSpec:
     precision: int | None = None  # decimal precision, bit width, BINARY(n) length
     scale: int | None = None  # decimal scale, fractional-second digits of time kinds
     values: tuple[str, ...] = ()  # ENUM/SET members in definition order
+    # Text charset when not UTF-8 (``charsets.landing_charset``): the binlog carries such text
+    # as bytes, decoded the way the server converts it for SELECTs.
+    charset: str | None = None
 
     def arrow_type(self) -> pa.DataType:
         """The Arrow type this column lands as (docs/landing-zone.md has the table)."""
         kind = self.kind
-        if kind == "int":
+        if kind in ("int", "year"):
             return pa.int64()
         if kind == "uint64":
             return pa.decimal128(20, 0)
@@ -79,6 +87,8 @@ class ColumnSpec:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["values"] = list(self.values)
+        if self.charset is None:  # the form written before charsets were recorded
+            del data["charset"]
         return data
 
     @staticmethod
@@ -89,6 +99,7 @@ class ColumnSpec:
             precision=data.get("precision"),
             scale=data.get("scale"),
             values=tuple(data.get("values") or ()),
+            charset=data.get("charset"),
         )
 
 
@@ -179,9 +190,15 @@ class TableSchema:
 class ColumnValueError(ValueError):
     """A value does not fit its column's landing type (``column``: the column concerned)."""
 
-    def __init__(self, column: ColumnSpec, error: Exception) -> None:
-        super().__init__(f"column {column.name} ({column.kind}): a value does not fit the "
-                         f"landing type {column.arrow_type()}: {error}")
+    def __init__(self, column: ColumnSpec, error: Exception, converting: bool = False) -> None:
+        """``converting``: the value could not be turned into its landing form at all (an
+        undecodable text, an unsupported JSON scalar); ``error`` says why and what to do."""
+        what = f"{column.kind}, charset {column.charset}" if column.charset else column.kind
+        if converting:
+            super().__init__(f"column {column.name} ({what}): {error}")
+        else:
+            super().__init__(f"column {column.name} ({what}): a value does not fit the "
+                             f"landing type {column.arrow_type()}: {error}")
         self.column = column
 
 
@@ -226,7 +243,11 @@ def column_from_information_schema(row: dict[str, Any]) -> ColumnSpec:
     if data_type == "binary" or (data_type == "char" and kind == "binary"):
         # Fixed-length binary: the server pads with 0x00, the binlog strips the padding.
         precision = int(row.get("CHARACTER_OCTET_LENGTH") or 0) or None
-    return ColumnSpec(str(row["COLUMN_NAME"]), kind, precision, scale, values)
+    precision = _FIXED_BINARY_LENGTHS.get(data_type, precision)
+    charset = None
+    if kind in ("string", "enum", "set"):
+        charset = landing_charset(row.get("CHARACTER_SET_NAME"))
+    return ColumnSpec(str(row["COLUMN_NAME"]), kind, precision, scale, values, charset)
 
 
 def _parse_enum_members(column_type: str) -> tuple[str, ...]:
