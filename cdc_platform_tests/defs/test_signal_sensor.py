@@ -17,7 +17,7 @@ from confluent_kafka import Producer
 
 from cdc_platform.__main__ import main
 from cdc_platform.capture.signals.kafka import KafkaTopics, SignalCursor
-from cdc_platform.capture.snapshot.reader import (
+from cdc_platform.capture.snapshot.protocol import (
     NO_SESSION,
     SignalRef,
     SnapshotRequest,

@@ -24,14 +24,16 @@ from cdc_platform.capture.signals.plan import (
     StartSnapshot,
     plan_signals,
 )
-from cdc_platform.capture.snapshot.reader import (
+from cdc_platform.capture.snapshot.actions import (
+    session_live,
+    signal_action,
+)
+from cdc_platform.capture.snapshot.protocol import (
     SignalRef,
     SnapshotRequest,
     read_request,
     read_session_state,
     reader_alive,
-    session_live,
-    signal_action,
 )
 from cdc_platform.capture.source import selector_from_settings
 from cdc_platform.config import Settings

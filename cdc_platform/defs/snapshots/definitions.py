@@ -17,13 +17,17 @@ from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.landing import LandingZone
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.conditions import UnsafeConditionError, validate_condition
+from cdc_platform.capture.snapshot.errors import (
+    EngineStalledError,
+    SnapshotError,
+)
+from cdc_platform.capture.snapshot.protocol import (
+    DEFAULT_CHUNK_SIZE,
+    SignalRef,
+)
 from cdc_platform.capture.snapshot.reader import (
     DEFAULT_ACK_TIMEOUT_SECONDS,
-    DEFAULT_CHUNK_SIZE,
     DEFAULT_STALL_TIMEOUT_SECONDS,
-    EngineStalledError,
-    SignalRef,
-    SnapshotError,
     SnapshotReader,
     new_session_id,
 )

@@ -23,10 +23,12 @@ import pytest
 
 from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.snapshot.chunks import schema_fingerprint
-from cdc_platform.capture.snapshot.reader import (
+from cdc_platform.capture.snapshot.progress import (
     SnapshotProgress,
-    SnapshotRequest,
     SnapshotResult,
+)
+from cdc_platform.capture.snapshot.protocol import (
+    SnapshotRequest,
     chunk_dir,
     write_request,
 )
