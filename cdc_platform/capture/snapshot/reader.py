@@ -38,6 +38,7 @@ from cdc_platform.capture.landing import Checkpoint, LandingZone, write_atomical
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.actions import request_action
 from cdc_platform.capture.snapshot.chunks import (
+    DEFAULT_CHUNK_MAX_BYTES,
     Chunk,
     ChunkedTable,
     ChunkKey,
@@ -128,6 +129,7 @@ class SnapshotReader:
         surrogate_key: Sequence[str] | str | None = None,
         condition: str | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
+        chunk_max_bytes: int = DEFAULT_CHUNK_MAX_BYTES,
         session_id: str | None = None,
         log: Any | None = None,
         selector: TableSelector | None = None,
@@ -142,6 +144,9 @@ class SnapshotReader:
         if chunk_size < 1:
             raise ValueError(f"snapshot of {schema.table_id}: chunk size must be at least 1, "
                              f"got {chunk_size}")
+        if chunk_max_bytes < 1:
+            raise ValueError(f"snapshot of {schema.table_id}: chunk_max_bytes must be at least "
+                             f"1, got {chunk_max_bytes}")
         if max_pending < 1:
             raise ValueError(f"snapshot of {schema.table_id}: max_pending must be at least 1")
         if condition is not None:
@@ -156,6 +161,8 @@ class SnapshotReader:
         self.surrogate_key = surrogate_key
         self.condition = condition
         self.chunk_size = chunk_size
+        self.chunk_max_bytes = chunk_max_bytes
+        self._row_bytes: float | None = None  # bytes per row of the last chunk read
         self.session_id = session_id or f"run-{uuid.uuid4().hex[:12]}"
         self.log = log or logging.getLogger(__name__)
         self.selector = selector
@@ -428,8 +435,8 @@ class SnapshotReader:
         if newer is not None:
             assert newer.signal is not None
             return self._stopped(f"signal {newer.signal.id} ({newer.action}) came after this "
-                                f"run's signal {self.signal.id if self.signal else '-'}; nothing "
-                                "was read")
+                                 f"run's signal {self.signal.id if self.signal else '-'}; nothing "
+                                 "was read")
         if self._lock.held and self.adopt_open_session and self._resume_session():
             self._state = "open"
             self._progress()
@@ -534,7 +541,7 @@ class SnapshotReader:
                               self.session_id)
         for seq_text, data in sorted(saved["pending"].items(), key=lambda i: int(i[0])):
             written = WrittenChunk(int(seq_text), decode_range(data["range"]), int(data["rows"]),
-                               bool(data["complete"]), str(data["after_gtid"]))
+                                   bool(data["complete"]), str(data["after_gtid"]))
             if (directory / f"{written.seq:08d}.json").exists():
                 self._pending[written.seq] = written
                 if written.complete:
@@ -711,7 +718,9 @@ class SnapshotReader:
         chunk = self._with_connection(
             f"reading chunk {self._next_seq} (keys after {rng.after!r})",
             lambda conn: read_chunk(conn, self.flavour, self._chunked, self.chunk_size, rng.after,
-                                    rng.high))
+                                    rng.high, self.chunk_max_bytes, self._row_bytes))
+        if chunk.rows:
+            self._row_bytes = chunk.bytes_read / len(chunk.rows)
         return chunk, rng
 
     def _publish(self, chunk: Chunk, rng: KeyRange, complete: bool) -> None:
@@ -720,11 +729,13 @@ class SnapshotReader:
         seq = self._next_seq
         self._next_seq += 1
         written_range = KeyRange(rng.after, chunk.resume_key if not chunk.complete else rng.high,
-                               complete)
+                                 complete)
         self._pending[seq] = WrittenChunk(seq, written_range, len(chunk.rows), complete,
-                                     str(chunk.after))
+                                          str(chunk.after))
         self._save()  # first: a reader that dies now reads this range again when resumed
-        self._check_writes()
+        # One chunk being written while the next is read: a writer slower than the reader
+        # must not make the reader hold many chunks (memory is bounded by chunk_max_bytes).
+        self._check_writes(wait_until=1)
         self._writes.append(self._writer.submit(
             write_chunk, self.landing, chunk, self.session_id, seq, complete))
         if complete:
@@ -735,9 +746,11 @@ class SnapshotReader:
         self._last_key = encode_key(chunk.range_high, key_columns)
         self._progress()
 
-    def _check_writes(self, wait: bool = False) -> None:
-        """Raise the first failed chunk write; with ``wait``, wait for all of them first."""
-        while self._writes and (wait or self._writes[0].done()):
+    def _check_writes(self, wait: bool = False, wait_until: int | None = None) -> None:
+        """Raise the first failed chunk write; with ``wait``, wait for all of them first, with
+        ``wait_until``, until no more than that many are being written."""
+        while self._writes and (wait or self._writes[0].done() or (
+                wait_until is not None and len(self._writes) > wait_until)):
             self._writes.popleft().result()
 
     def _absorb_engine_state(self) -> SnapshotResult | None:

@@ -16,6 +16,7 @@ from pydantic import Field
 from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.landing import LandingZone
 from cdc_platform.capture.schema import TableSchema
+from cdc_platform.capture.snapshot.chunks import DEFAULT_CHUNK_MAX_BYTES
 from cdc_platform.capture.snapshot.conditions import UnsafeConditionError, validate_condition
 from cdc_platform.capture.snapshot.errors import (
     EngineStalledError,
@@ -42,7 +43,12 @@ class SnapshotConfig(dg.Config):
     chunk_size: int = Field(
         default=DEFAULT_CHUNK_SIZE, ge=1,
         description="Rows per chunk (the default is where throughput levels off; see "
-        "capture/snapshot/reader.py).",
+        "capture/snapshot/protocol.py).",
+    )
+    chunk_max_bytes: int = Field(
+        default=DEFAULT_CHUNK_MAX_BYTES, ge=1,
+        description="Bytes of values per chunk at most (a chunk holds at least one row): bounds "
+        "the reader's and the engine's memory for tables of wide rows.",
     )
     condition: str | None = Field(
         default=None,
@@ -158,6 +164,7 @@ def _snapshot_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinit
             surrogate_key=config.surrogate_key or None,
             condition=condition,
             chunk_size=config.chunk_size,
+            chunk_max_bytes=config.chunk_max_bytes,
             session_id=new_session_id(run_session_prefix(context.run.run_id)),
             selector=selector_from_settings(settings),
             ack_timeout_seconds=config.ack_timeout_seconds,

@@ -339,3 +339,49 @@ def test_float_keys_one_per_chunk_reach_the_largest_row(mariadb: Any, chunk_db: 
     assert [row[1] for chunk in chunks for row in chunk.rows] == [1, 2, 3]
     assert [len(c.rows) for c in chunks] == [1, 1, 1] and chunks[-1].complete
     _check_tiling(chunks)
+
+
+@DB_SETTINGS
+@given(sizes=st.lists(st.sampled_from([0, 10, 900, 3000, 12_000]), max_size=30),
+       chunk_size=st.integers(1, 9), max_bytes=st.sampled_from([1, 1000, 5000, 40_000]))
+def test_chunks_are_bounded_by_bytes_and_still_tile_the_table(
+        mariadb: Any, chunk_db: tuple[Any, str], sizes: list[int], chunk_size: int,
+        max_bytes: int) -> None:
+    """Rows of mixed widths under a byte budget: a chunk ends at the row that reaches the
+    budget (one row at least), its range ends at the last row read, and together the chunks
+    hold every row once, in key order."""
+    conn, db = chunk_db
+    mariadb.query(f"CREATE TABLE IF NOT EXISTS `{db}`.wide (id INT PRIMARY KEY, b LONGBLOB, "
+                  "t MEDIUMTEXT)")
+    rows = [(i * 3, bytes([i % 256]) * size, "é" * (size // 2)) for i, size in enumerate(sizes)]
+    _reload(mariadb, db, "wide", rows)
+    table = ChunkedTable(read_table_schema(conn, db, "wide"),
+                         ChunkKey(("id",), (False,), "primary key"))
+    chunks = read_table_in_chunks(conn, "mariadb", table, chunk_size, max_bytes=max_bytes)
+    assert [row for chunk in chunks for row in chunk.rows] == rows
+    if not chunks:
+        return
+    _check_tiling(chunks)
+    for chunk in chunks:
+        width = [8 + len(b) + len(t) for _, b, t in chunk.rows]
+        assert 1 <= len(chunk.rows) <= chunk_size
+        assert sum(width) <= max_bytes or len(chunk.rows) == 1
+        assert chunk.bytes_read == sum(width)
+    for chunk, following in zip(chunks, chunks[1:], strict=False):
+        if len(chunk.rows) < chunk_size:  # cut by the budget: the next row did not fit
+            assert chunk.bytes_read + 8 + len(following.rows[0][1]) + len(
+                following.rows[0][2]) > max_bytes
+
+
+def test_a_huge_row_is_one_chunk_and_the_budget_picks_up_after_it(
+        mariadb: Any, chunk_db: tuple[Any, str]) -> None:
+    conn, db = chunk_db
+    mariadb.query(f"CREATE TABLE IF NOT EXISTS `{db}`.wide (id INT PRIMARY KEY, b LONGBLOB, "
+                  "t MEDIUMTEXT)")
+    rows = [(1, b"a" * 10, ""), (2, b"h" * 3_000_000, ""), *((i, b"s", "") for i in range(3, 60))]
+    _reload(mariadb, db, "wide", rows)
+    table = ChunkedTable(read_table_schema(conn, db, "wide"),
+                         ChunkKey(("id",), (False,), "primary key"))
+    chunks = read_table_in_chunks(conn, "mariadb", table, 1000, max_bytes=100_000)
+    assert [len(c.rows) for c in chunks] == [1, 1, 57]
+    assert [row for chunk in chunks for row in chunk.rows] == rows
