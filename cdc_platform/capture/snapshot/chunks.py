@@ -16,6 +16,14 @@ picks a range scan on the key's index; row constructors are avoided because olde
 not use indexes for them. Nullable key parts (only possible for a surrogate key) follow the
 server's order, NULL first, with ``IS NULL`` / ``IS NOT NULL`` decided per bound value. Values are
 always parameters; identifiers are always quoted.
+
+Every "after this key" is decided by the server, in the key columns' collations: a chunk's
+bound is a key read from the server, and the next SELECT asks for ``key > bound``. In a case- or
+accent-insensitive or PAD SPACE collation, keys that differ as text ('a@x', 'A@X'; 'b', 'b ')
+compare equal there, so ``key > 'a@x'`` also leaves out an unread 'A@X'. A chunk therefore never
+ends inside such a group of equal keys: where it ends on a text key, the rest of the group is
+read in the same read view (:func:`_read_keyset`). Python compares keys only for identity (the
+lake's: a key is its exact value), never for order.
 """
 
 from __future__ import annotations
@@ -54,6 +62,8 @@ _FETCH_ROWS = 256
 # Bytes counted for a value of fixed width (numbers, dates); text and binary count their length.
 _FIXED_VALUE_BYTES = 8
 _VARIABLE_KINDS = frozenset({"string", "binary", "json", "set", "enum"})
+# Kinds compared in a collation, where different values may compare equal.
+COLLATED_KINDS = frozenset({"string"})
 
 # Keys whose landing (Arrow) type sorts in the lake as the source's ORDER BY sorts them: only
 # chunks keyed by these carry a per-chunk range assertion (the lake compares target keys with
@@ -276,6 +286,11 @@ class _KeyComparisons:
             result = _Sql(f"{leading.text} AND {result.text}", leading.params + result.params)
         return result
 
+    def equal(self, key: Key) -> _Sql:
+        """key = key, column by column in the server's collations (NULL matching NULL)."""
+        parts = [self._eq(i, value) for i, value in enumerate(key)]
+        return _Sql(" AND ".join(p.text for p in parts), [v for p in parts for v in p.params])
+
     def after(self, bound: Key) -> _Sql:
         """key > bound."""
         return self._lexicographic(bound, self._gt, self._gt, self._ge(0, bound[0]))
@@ -342,6 +357,18 @@ class ChunkedTable:
         order = ", ".join(_q(name) for name in self.key.columns)
         sql = f"SELECT {columns}{where.text} ORDER BY {order} LIMIT %s"
         return sql, (*where.params, chunk_size)
+
+    def equal_keys_query(self, key: Key) -> tuple[str, tuple[Any, ...]]:
+        """The SELECT of every row whose key the server holds equal to ``key`` (matching the
+        condition): the collation group a chunk ending at ``key`` must hold whole."""
+        columns = ", ".join(_selected(c) for c in self.schema.columns)
+        where = self._from_where(_KeyComparisons(self.schema, self.key).equal(key))
+        return f"SELECT {columns}{where.text}", tuple(where.params)
+
+    @functools.cached_property
+    def key_collated(self) -> bool:
+        """Whether distinct keys may compare equal on the server (a text key column)."""
+        return any(self.schema.column(name).kind in COLLATED_KINDS for name in self.key.columns)
 
     def max_key_query(self) -> tuple[str, tuple[Any, ...]]:
         """The SELECT of the largest chunk key (matching the condition), NULLs sorting first.
@@ -466,13 +493,17 @@ def read_chunk(
         [() for _ in table.schema.columns]
     key_columns = [raw_columns[i] for i in table.key_indexes]
     raw_keys = list(zip(*key_columns, strict=True))
-    for previous, current in zip(raw_keys, raw_keys[1:], strict=False):
-        if previous == current:
-            raise ChunkKeyError(
-                f"{table.table_id}: chunk key ({', '.join(table.key.columns)}) = {current!r} "
-                f"appears twice: the {table.key.origin} does not identify rows; pick a unique "
-                "surrogate-key"
-            )
+    if len(set(raw_keys)) != len(raw_keys):
+        # (not only neighbours: rows whose keys a collation holds equal come in any order)
+        seen: set[Key] = set()
+        for current in raw_keys:
+            if current in seen:
+                raise ChunkKeyError(
+                    f"{table.table_id}: chunk key ({', '.join(table.key.columns)}) = "
+                    f"{current!r} appears twice: the {table.key.origin} does not identify rows; "
+                    "pick a unique surrogate-key"
+                )
+            seen.add(current)
     columns = [values if convert is None else [convert(v) for v in values]
                for convert, values in zip(_landing_converters(table.schema), raw_columns,
                                           strict=True)]
@@ -509,7 +540,10 @@ def _read_keyset(conn: pymysql.Connection, table: ChunkedTable, chunk_size: int,
 
     Each SELECT asks for the rows the budget still holds (estimated from the rows read so far)
     and is streamed, so an underestimate costs rows read off the wire, never memory; the next
-    one starts strictly after the last key read, compared by the server.
+    one starts strictly after the last key read, compared by the server. Where a SELECT stops
+    short of its range's end on a text key, the rows the server holds equal to the last key
+    are read too (their group may pass ``chunk_size`` and the budget): ``key > last`` leaves
+    out the whole group.
     """
     read = _KeysetRead([], 0, exhausted=False)
     after = after_key
@@ -524,11 +558,33 @@ def _read_keyset(conn: pymysql.Connection, table: ChunkedTable, chunk_size: int,
         if not cut and len(rows) < limit:
             read.exhausted = True
             return read
+        last = tuple(read.rows[-1][i] for i in table.key_indexes)
+        if rows and table.key_collated:
+            read.bytes += _read_equal_keys(conn, table, last, read.rows)
         if cut or len(read.rows) >= chunk_size:
             return read
-        after = tuple(rows[-1][i] for i in table.key_indexes)
+        after = last
         limit = min(chunk_size - len(read.rows),
                     _rows_fitting(max_bytes - read.bytes, read.bytes / len(read.rows)))
+
+
+def _read_equal_keys(conn: pymysql.Connection, table: ChunkedTable, key: Key,
+                     rows: list[tuple[Any, ...]]) -> int:
+    """Append to ``rows`` the rows the server holds equal to ``key`` that are not in them yet
+    (the same exact key is the same row); the bytes added."""
+    sql, params = table.equal_keys_query(key)
+    with conn.cursor(pymysql.cursors.Cursor) as cur:
+        cur.execute(sql, params)
+        group = cur.fetchall()
+    if len(group) <= 1:
+        return 0
+    indexes = table.key_indexes
+    have = {tuple(row[i] for i in indexes) for row in rows[-len(group):]}
+    added = [row for row in group if tuple(row[i] for i in indexes) not in have]
+    rows += added
+    variable = table.variable_indexes
+    return _size_of(added, variable,
+                    _FIXED_VALUE_BYTES * (len(table.schema.columns) - len(variable)))
 
 
 def _rows_fitting(budget: float, row_bytes: float) -> int:
