@@ -157,6 +157,22 @@ def chunk_key_for(
     return ChunkKey(wanted, tuple(n in nullable_columns for n in wanted), "surrogate key")
 
 
+def snapshot_key_problem(schema: TableSchema,
+                         surrogate_key: str | Sequence[str] | None = None) -> str | None:
+    """Why a snapshot of ``schema`` (as the config shapes it: a configured surrogate key is its
+    primary key) with the asked ``surrogate_key`` would be skipped; None when it can run.
+
+    The snapshot run decides with this, and so does the signal sensor before launching one.
+    """
+    wanted = (surrogate_key,) if isinstance(surrogate_key, str) else tuple(surrogate_key or ())
+    if not schema.primary_key and wanted:
+        return (f"no primary key; the surrogate key {list(wanted)} must be configured as "
+                f"capture.surrogate_keys['{schema.table_id}'], so that the stream and the "
+                "target use it too")
+    key = chunk_key_for(schema, wanted)
+    return key.reason if isinstance(key, SkippedTable) else None
+
+
 def read_nullable_columns(conn: pymysql.Connection, database: str, table: str) -> frozenset[str]:
     """Columns of the table that admit NULL (information_schema.COLUMNS.IS_NULLABLE)."""
     with conn.cursor(pymysql.cursors.Cursor) as cur:

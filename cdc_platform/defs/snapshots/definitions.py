@@ -16,7 +16,7 @@ from pydantic import Field
 from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.landing import LandingZone
 from cdc_platform.capture.schema import TableSchema
-from cdc_platform.capture.snapshot.chunks import DEFAULT_CHUNK_MAX_BYTES
+from cdc_platform.capture.snapshot.chunks import DEFAULT_CHUNK_MAX_BYTES, snapshot_key_problem
 from cdc_platform.capture.snapshot.conditions import UnsafeConditionError, validate_condition
 from cdc_platform.capture.snapshot.errors import (
     EngineStalledError,
@@ -147,9 +147,7 @@ def _snapshot_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinit
                                  f"{error}") from None
         current = _current_schema(settings, schema)
         if not current.primary_key and config.surrogate_key:
-            status = (f"skipped: no primary key; the surrogate key {config.surrogate_key} must "
-                      f"be configured as capture.surrogate_keys['{schema.table_id}'], so that "
-                      "the stream and the target use it too")
+            status = f"skipped: {snapshot_key_problem(current, config.surrogate_key)}"
             context.log.warning(f"snapshot of {schema.table_id}: {status}")
             notify_skipped(context, settings, schema.table_id,
                            config.signal_id or context.run.run_id, status)
