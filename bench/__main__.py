@@ -415,7 +415,7 @@ def _max_id(server: MariaDBServer) -> int:
 
 
 def bench_snapshot(rows: int, write_rate: float, work: Path) -> None:
-    from cdc_platform.capture.snapshot.reader import DEFAULT_CHUNK_SIZE
+    from cdc_platform.capture.snapshot.protocol import DEFAULT_CHUNK_SIZE
 
     print(f"\n## snapshot: {rows:,}-row table, chunk size {DEFAULT_CHUNK_SIZE}, reader + capture "
           "engine (chunks -> Parquet changelog + checkpoint), same machine")

@@ -77,6 +77,9 @@ def _snapshot(args: argparse.Namespace) -> int:
     pause/resume/stop its session. The capture engine (``stream``) must be running."""
     from cdc_platform.capture.landing import LandingZone
     from cdc_platform.capture.snapshot import reader as snapshot_reader
+    from cdc_platform.capture.snapshot.actions import request_action
+    from cdc_platform.capture.snapshot.errors import SnapshotError
+    from cdc_platform.capture.snapshot.progress import describe_progress
     from cdc_platform.capture.start_errors import check_source
     from cdc_platform.config import load_settings
 
@@ -87,7 +90,7 @@ def _snapshot(args: argparse.Namespace) -> int:
     if args.action != "run":
         database, _, table = args.table.partition(".")
         landing = LandingZone(settings.landing_zone.url, settings.source.server_name)
-        request = snapshot_reader.request_action(landing, database, table, args.action)
+        request = request_action(landing, database, table, args.action)
         logging.info(f"snapshot of {args.table}: {args.action} requested for session "
                      f"{request.session_id}")
         return 0
@@ -99,8 +102,8 @@ def _snapshot(args: argparse.Namespace) -> int:
                         else args.chunk_size),
             condition=args.condition,
             surrogate_key=args.surrogate_key.split(",") if args.surrogate_key else None)
-        result = reader.run(stop, _progress_logger(snapshot_reader.describe_progress))
-    except snapshot_reader.SnapshotError as error:
+        result = reader.run(stop, _progress_logger(describe_progress))
+    except SnapshotError as error:
         logging.error(str(error))
         return 1
     logging.info(f"snapshot of {args.table}: {result.status}, {result.rows} rows in "

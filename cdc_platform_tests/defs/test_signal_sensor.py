@@ -17,7 +17,7 @@ from confluent_kafka import Producer
 
 from cdc_platform.__main__ import main
 from cdc_platform.capture.signals.kafka import KafkaTopics, SignalCursor
-from cdc_platform.capture.snapshot.reader import (
+from cdc_platform.capture.snapshot.protocol import (
     NO_SESSION,
     SignalRef,
     SnapshotRequest,
@@ -406,3 +406,55 @@ def test_without_kafka_the_sensor_says_so(cdc_env: CdcEnv,
     _tables(cdc_env, "orders")
     data = Sensor(cdc_env, instance).tick()
     assert "signals.kafka.bootstrap_servers is not set" in (data.skip_message or "")
+
+
+def test_a_signal_the_run_would_refuse_is_skipped_at_the_sensor_with_the_reason(
+        signal_env: CdcEnv, instance: dg.DagsterInstance,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """A surrogate key the run cannot use (naming no column, on a table with a primary key,
+    unlike capture.surrogate_keys, on a table without any key) or a condition the server
+    rejects used to launch a run that then skipped the table or failed: the sensor refuses
+    them itself, naming the reason, and starts the good ones of the same batch."""
+    env = signal_env
+    env.overrides["capture"] = {"surrogate_keys": {f"{env.db}.configured": ["a"]}}
+    _tables(env, "keyed")
+    env.execute("CREATE TABLE loose (a INT, v VARCHAR(20))",
+                "CREATE TABLE configured (a INT NOT NULL, v VARCHAR(20), UNIQUE KEY (a))")
+    sensor = Sensor(env, instance)
+    sensor.tick()
+    bad = [
+        (execute(env, "keyed", **{"surrogate-key": "nope"}),
+         f"{env.db}.keyed: the snapshot run would refuse it: it has a primary key (id); "
+         "surrogate-key (nope) is only for tables without one"),
+        (execute(env, "loose", **{"surrogate-key": "nope"}),
+         f"{env.db}.loose: the snapshot run would refuse it: no primary key; the surrogate key "
+         f"['nope'] must be configured as capture.surrogate_keys['{env.db}.loose']"),
+        (execute(env, "loose", **{"surrogate-key": "a"}), "must be configured as "
+         f"capture.surrogate_keys['{env.db}.loose']"),
+        (execute(env, "loose"), f"{env.db}.loose: the snapshot run would refuse it: no primary "
+         "key and no surrogate key (set capture.surrogate_keys)"),
+        (execute(env, "configured", **{"surrogate-key": ["v"]}),
+         f"{env.db}.configured: the snapshot run would refuse it: it has a primary key (a); "
+         "surrogate-key (v) is only"),
+        (execute(env, "keyed", **{"additional-conditions": [
+            {"data-collection": f"{env.db}.keyed", "filter": "nonexistent = 1"}]}),
+         "the additional condition 'nonexistent = 1' does not run on the table: Unknown column "
+         "'nonexistent'"),
+        (execute(env, "keyed", **{"additional-conditions": [
+            {"data-collection": f"{env.db}.keyed", "filter": "no_such_function(v) = 1"}]}),
+         "the additional condition 'no_such_function(v) = 1' does not run on the table"),
+    ]
+    for value, _ in bad:
+        send(env, value)
+    good = [execute(env, "keyed", **{"surrogate-key": "id", "additional-conditions": [
+                {"data-collection": f"{env.db}.keyed", "filter": "v LIKE 'x%' AND id > 0"}]}),
+            execute(env, "configured", **{"surrogate-key": "a"})]
+    for value in good:
+        send(env, value)
+    capfd.readouterr()
+    data = sensor.tick()
+    log = capfd.readouterr().err
+    for _, reason in bad:
+        assert reason in log, reason
+    assert sorted(r.tags[SNAPSHOT_TABLE_TAG] for r in data.run_requests) == [
+        f"{env.db}.configured", f"{env.db}.keyed"]

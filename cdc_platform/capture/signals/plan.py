@@ -10,7 +10,9 @@ against the captured tables) and validate its additional conditions; and decide:
 * ``ControlSnapshots`` for stop/pause/resume; a stop also cancels the batch's own
   not-yet-launched snapshots of those tables and frees them for a later execute-snapshot;
 * ``LogMessage`` for ``log``;
-* ``Skipped`` with the reason for anything else (one per bad message, table or condition).
+* ``Skipped`` with the reason for anything else (one per bad message, table or condition),
+  including a table the snapshot run would refuse (``check``: a surrogate key it cannot use, a
+  condition the server rejects; see ``checks``), so a bad signal never launches a run.
 
 Entries of a signal that fail do not stop the others (a signal for three tables with one
 unknown starts the two known ones and reports the third), except an additional condition that
@@ -36,6 +38,7 @@ from typing import Any
 
 import regex
 
+from cdc_platform.capture.signals.checks import SnapshotCheck
 from cdc_platform.capture.signals.messages import (
     EXECUTE_SNAPSHOT,
     LOG,
@@ -236,9 +239,11 @@ def plan_signals(messages: Sequence[SignalMessage], *, server_name: str, topic: 
                  captured: Sequence[str], selector: TableSelector | None = None,
                  busy: Mapping[str, str] | None = None,
                  max_message_bytes: int | None = None,
-                 regex_budget: RegexBudget | None = None) -> list[Action]:
+                 regex_budget: RegexBudget | None = None,
+                 check: SnapshotCheck | None = None) -> list[Action]:
     """The actions for ``messages`` (in offset order). ``busy``: table -> what is already
-    snapshotting it (for the duplicate check). Never raises on message content."""
+    snapshotting it (for the duplicate check); ``check``: why a snapshot run would refuse a
+    table it is asked to start, or None. Never raises on message content."""
     busy = dict(busy or {})
     budget = regex_budget if regex_budget is not None else RegexBudget()
     kwargs = {} if max_message_bytes is None else {"max_bytes": max_message_bytes}
@@ -250,7 +255,7 @@ def plan_signals(messages: Sequence[SignalMessage], *, server_name: str, topic: 
             if isinstance(signal, Skipped):
                 actions.append(signal)
             elif signal.type == EXECUTE_SNAPSHOT:
-                actions += _execute(signal, captured, selector, busy, actions, budget)
+                actions += _execute(signal, captured, selector, busy, actions, budget, check)
             elif signal.type == LOG:
                 actions.append(LogMessage(signal))
             else:
@@ -267,8 +272,8 @@ def plan_signals(messages: Sequence[SignalMessage], *, server_name: str, topic: 
 
 
 def _execute(signal: Signal, captured: Sequence[str], selector: TableSelector | None,
-             busy: dict[str, str], earlier: list[Action], budget: RegexBudget
-             ) -> list[Action]:
+             busy: dict[str, str], earlier: list[Action], budget: RegexBudget,
+             check: SnapshotCheck | None = None) -> list[Action]:
     tables, problems = match_collections(signal.data_collections, captured, selector, budget)
     out: list[Action] = [Skipped(signal.offset, p, signal.id) for p in problems]
     if not tables:
@@ -310,6 +315,11 @@ def _execute(signal: Signal, captured: Sequence[str], selector: TableSelector | 
                 signal.offset, f"{table} is already being snapshotted ({busy[table]}); a "
                 "duplicate signal does not start a parallel snapshot: send stop-snapshot "
                 "first to start over", signal.id, tables=(table,)))
+        elif check is not None and (problem := check(table, signal.surrogate_key,
+                                                     conditions.get(table))) is not None:
+            out.append(Skipped(signal.offset, f"{table}: the snapshot run would refuse it: "
+                               f"{problem}; nothing started for it: fix the signal and send it "
+                               "again", signal.id, tables=(table,)))
         else:
             out.append(StartSnapshot(table, signal, conditions.get(table),
                                      signal.surrogate_key))

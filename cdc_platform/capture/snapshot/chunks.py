@@ -5,12 +5,25 @@ each strictly after the last key read and up to the maximum key read when the sn
 (DBLog's bounded keyset scan: it terminates while inserts continue at the end of the key
 space; rows inserted after the start reach the target through the stream).
 
+A chunk is also bounded by bytes (``max_bytes``): its rows are streamed from the server
+(unbuffered cursor) and the chunk ends at the row that reaches the budget, so its range ends
+at the last row read. Every statement of a chunk runs in the one read view of its watermarks,
+so a chunk read as several keyset SELECTs (see :func:`read_chunk`) is as consistent as one.
+
 Query shape: composite keys are expanded lexicographically, ``(a > x) OR (a = x AND b > y)``,
 with the leading column also bounded on its own (``a >= x AND (...)``) so that the optimiser
 picks a range scan on the key's index; row constructors are avoided because older optimisers do
 not use indexes for them. Nullable key parts (only possible for a surrogate key) follow the
 server's order, NULL first, with ``IS NULL`` / ``IS NOT NULL`` decided per bound value. Values are
 always parameters; identifiers are always quoted.
+
+Every "after this key" is decided by the server, in the key columns' collations: a chunk's
+bound is a key read from the server, and the next SELECT asks for ``key > bound``. In a case- or
+accent-insensitive or PAD SPACE collation, keys that differ as text ('a@x', 'A@X'; 'b', 'b ')
+compare equal there, so ``key > 'a@x'`` also leaves out an unread 'A@X'. A chunk therefore never
+ends inside such a group of equal keys: where it ends on a text key, the rest of the group is
+read in the same read view (:func:`_read_keyset`). Python compares keys only for identity (the
+lake's: a key is its exact value), never for order.
 """
 
 from __future__ import annotations
@@ -18,6 +31,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import operator
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +48,22 @@ from cdc_platform.capture.source import quote_identifier
 from cdc_platform.capture.values import converter_for, select_expression
 
 Key = tuple[Any, ...]
+
+# Bytes of values a chunk holds at most (besides its first row, which is read whatever its
+# size): the reader holds a chunk, its landing form and its Arrow data at once, and the engine
+# reads its Parquet file whole, so this bounds both processes' memory per chunk. 32 MiB keeps
+# 4096-row chunks of rows up to 8 KB whole (the row count decides for ordinary tables).
+DEFAULT_CHUNK_MAX_BYTES = 32 * 2**20
+# Rows of a chunk's first SELECT while nothing is known of the table's row size: a budget cut
+# leaves the rest of a SELECT's rows to be read off the wire and dropped, so a SELECT asks for
+# about as many rows as the budget holds, estimated from the rows read before.
+_FIRST_SELECT_ROWS = 64
+_FETCH_ROWS = 256
+# Bytes counted for a value of fixed width (numbers, dates); text and binary count their length.
+_FIXED_VALUE_BYTES = 8
+_VARIABLE_KINDS = frozenset({"string", "binary", "json", "set", "enum"})
+# Kinds compared in a collation, where different values may compare equal.
+COLLATED_KINDS = frozenset({"string"})
 
 # Keys whose landing (Arrow) type sorts in the lake as the source's ORDER BY sorts them: only
 # chunks keyed by these carry a per-chunk range assertion (the lake compares target keys with
@@ -112,7 +142,8 @@ def chunk_key_for(
         return ChunkKey(schema.primary_key,
                         tuple(n in nullable_columns for n in schema.primary_key), "primary key")
     if not wanted:
-        return SkippedTable(schema.table_id, "no primary key and no surrogate key (set capture.surrogate_keys)")
+        return SkippedTable(schema.table_id,
+                            "no primary key and no surrogate key (set capture.surrogate_keys)")
     for name in wanted:
         if name not in schema.column_names:
             return SkippedTable(schema.table_id,
@@ -124,6 +155,22 @@ def chunk_key_for(
     if len(set(wanted)) != len(wanted):
         return SkippedTable(schema.table_id, "surrogate-key names a column twice")
     return ChunkKey(wanted, tuple(n in nullable_columns for n in wanted), "surrogate key")
+
+
+def snapshot_key_problem(schema: TableSchema,
+                         surrogate_key: str | Sequence[str] | None = None) -> str | None:
+    """Why a snapshot of ``schema`` (as the config shapes it: a configured surrogate key is its
+    primary key) with the asked ``surrogate_key`` would be skipped; None when it can run.
+
+    The snapshot run decides with this, and so does the signal sensor before launching one.
+    """
+    wanted = (surrogate_key,) if isinstance(surrogate_key, str) else tuple(surrogate_key or ())
+    if not schema.primary_key and wanted:
+        return (f"no primary key; the surrogate key {list(wanted)} must be configured as "
+                f"capture.surrogate_keys['{schema.table_id}'], so that the stream and the "
+                "target use it too")
+    key = chunk_key_for(schema, wanted)
+    return key.reason if isinstance(key, SkippedTable) else None
 
 
 def read_nullable_columns(conn: pymysql.Connection, database: str, table: str) -> frozenset[str]:
@@ -229,8 +276,8 @@ class _KeyComparisons:
         return _Sql(text, [_param(self.columns[i], value)])
 
     def _lexicographic(
-        self, bound: Key, strict: Callable[[int, Any], _Sql | None], last: Callable[[int, Any], Any],
-        leading: _Sql | None,
+        self, bound: Key, strict: Callable[[int, Any], _Sql | None],
+        last: Callable[[int, Any], Any], leading: _Sql | None,
     ) -> _Sql:
         """OR over i of (k_0 = b_0 AND ... AND k_{i-1} = b_{i-1} AND k_i <op_i> b_i)."""
         if len(bound) != len(self.columns):
@@ -254,6 +301,11 @@ class _KeyComparisons:
         if leading is not None and len(bound) > 1:
             result = _Sql(f"{leading.text} AND {result.text}", leading.params + result.params)
         return result
+
+    def equal(self, key: Key) -> _Sql:
+        """key = key, column by column in the server's collations (NULL matching NULL)."""
+        parts = [self._eq(i, value) for i, value in enumerate(key)]
+        return _Sql(" AND ".join(p.text for p in parts), [v for p in parts for v in p.params])
 
     def after(self, bound: Key) -> _Sql:
         """key > bound."""
@@ -287,6 +339,11 @@ class ChunkedTable:
         names = self.schema.column_names
         return tuple(names.index(name) for name in self.key.columns)
 
+    @functools.cached_property
+    def variable_indexes(self) -> tuple[int, ...]:
+        """Columns whose values are counted by length against a chunk's byte budget."""
+        return tuple(i for i, c in enumerate(self.schema.columns) if c.kind in _VARIABLE_KINDS)
+
     def _from_where(self, *bounds: _Sql) -> _Sql:
         conditions = list(bounds)
         if self.condition is not None:
@@ -316,6 +373,18 @@ class ChunkedTable:
         order = ", ".join(_q(name) for name in self.key.columns)
         sql = f"SELECT {columns}{where.text} ORDER BY {order} LIMIT %s"
         return sql, (*where.params, chunk_size)
+
+    def equal_keys_query(self, key: Key) -> tuple[str, tuple[Any, ...]]:
+        """The SELECT of every row whose key the server holds equal to ``key`` (matching the
+        condition): the collation group a chunk ending at ``key`` must hold whole."""
+        columns = ", ".join(_selected(c) for c in self.schema.columns)
+        where = self._from_where(_KeyComparisons(self.schema, self.key).equal(key))
+        return f"SELECT {columns}{where.text}", tuple(where.params)
+
+    @functools.cached_property
+    def key_collated(self) -> bool:
+        """Whether distinct keys may compare equal on the server (a text key column)."""
+        return any(self.schema.column(name).kind in COLLATED_KINDS for name in self.key.columns)
 
     def max_key_query(self) -> tuple[str, tuple[Any, ...]]:
         """The SELECT of the largest chunk key (matching the condition), NULLs sorting first.
@@ -376,6 +445,7 @@ class Chunk:
     complete: bool  # no chunk follows: the range reached the snapshot's maximum key
     # The same rows column-wise, when the reader has them so (it builds Arrow data from them).
     columns: tuple[Sequence[Any], ...] | None = field(default=None, compare=False, repr=False)
+    bytes_read: int = field(default=0, compare=False)  # as counted against the byte budget
 
     @property
     def table_id(self) -> str:
@@ -412,40 +482,51 @@ def read_chunk(
     chunk_size: int,
     after_key: Key | None,
     max_key: Key | None,
+    max_bytes: int = DEFAULT_CHUNK_MAX_BYTES,
+    row_bytes_hint: float | None = None,
 ) -> Chunk:
-    """Read the chunk after ``after_key`` up to ``max_key`` inside one read view with watermarks.
+    """Read the chunk after ``after_key`` up to ``max_key`` inside one read view with watermarks:
+    at most ``chunk_size`` rows and about ``max_bytes`` of values (at least one row).
 
-    ``schema_fingerprint`` is of the columns as selected; the caller re-reads the table's schema
-    and restarts the chunk when the SELECT fails on a column a DDL dropped.
+    ``row_bytes_hint`` (bytes per row of the chunk before) sizes the first SELECT; the chunk's
+    ``bytes_read`` gives the next one. ``schema_fingerprint`` is of the columns as selected; the
+    caller re-reads the table's schema and restarts the chunk when the SELECT fails on a column
+    a DDL dropped.
     """
-    sql, params = table.chunk_query(after_key, max_key, chunk_size)
+    if chunk_size < 1 or max_bytes < 1:
+        raise ValueError(f"chunk size and byte budget must be at least 1, got {chunk_size} rows "
+                         f"and {max_bytes} bytes")
 
-    def select(cur: Any) -> list[tuple[Any, ...]]:
-        cur.execute(sql, params)
-        return list(cur.fetchall())
+    def select(cur: Any) -> _KeysetRead:
+        return _read_keyset(cur.connection, table, chunk_size, after_key, max_key, max_bytes,
+                            row_bytes_hint)
 
-    raw_rows, marks = read_with_watermarks(conn, flavour, select)
+    read, marks = read_with_watermarks(conn, flavour, select)
+    raw_rows = read.rows
     # Column-wise from here: one C-level transpose, one converter pass per column, Arrow
     # arrays built from columns (per-row Python is what a chunk's cost is made of).
     raw_columns = list(zip(*raw_rows, strict=True)) if raw_rows else \
         [() for _ in table.schema.columns]
     key_columns = [raw_columns[i] for i in table.key_indexes]
     raw_keys = list(zip(*key_columns, strict=True))
-    for previous, current in zip(raw_keys, raw_keys[1:], strict=False):
-        if previous == current:
-            raise ChunkKeyError(
-                f"{table.table_id}: chunk key ({', '.join(table.key.columns)}) = {current!r} "
-                f"appears twice: the {table.key.origin} does not identify rows; pick a unique "
-                "surrogate-key"
-            )
+    if len(set(raw_keys)) != len(raw_keys):
+        # (not only neighbours: rows whose keys a collation holds equal come in any order)
+        seen: set[Key] = set()
+        for current in raw_keys:
+            if current in seen:
+                raise ChunkKeyError(
+                    f"{table.table_id}: chunk key ({', '.join(table.key.columns)}) = "
+                    f"{current!r} appears twice: the {table.key.origin} does not identify rows; "
+                    "pick a unique surrogate-key"
+                )
+            seen.add(current)
     columns = [values if convert is None else [convert(v) for v in values]
                for convert, values in zip(_landing_converters(table.schema), raw_columns,
                                           strict=True)]
     rows = tuple(zip(*columns, strict=True))
-    full = len(raw_rows) == chunk_size
     resume_key = raw_keys[-1] if raw_keys else None
-    range_high = landing_key(table, resume_key) if full else landing_key(table, max_key)
-    complete = not full or (max_key is not None and resume_key == max_key)
+    range_high = landing_key(table, max_key) if read.exhausted else landing_key(table, resume_key)
+    complete = read.exhausted or (max_key is not None and resume_key == max_key)
     return Chunk(
         table=table,
         rows=rows,
@@ -457,11 +538,121 @@ def read_chunk(
         resume_key=resume_key,
         complete=complete,
         columns=tuple(columns),
+        bytes_read=read.bytes,
     )
 
 
+@dataclass
+class _KeysetRead:
+    rows: list[tuple[Any, ...]]
+    bytes: int
+    exhausted: bool  # every row of the range is in ``rows`` (else they end at a cut)
+
+
+def _read_keyset(conn: pymysql.Connection, table: ChunkedTable, chunk_size: int,
+                 after_key: Key | None, max_key: Key | None, max_bytes: int,
+                 row_bytes_hint: float | None) -> _KeysetRead:
+    """The rows of one chunk, by keyset SELECTs in the caller's read view.
+
+    Each SELECT asks for the rows the budget still holds (estimated from the rows read so far)
+    and is streamed, so an underestimate costs rows read off the wire, never memory; the next
+    one starts strictly after the last key read, compared by the server. Where a SELECT stops
+    short of its range's end on a text key, the rows the server holds equal to the last key
+    are read too (their group may pass ``chunk_size`` and the budget): ``key > last`` leaves
+    out the whole group.
+    """
+    read = _KeysetRead([], 0, exhausted=False)
+    after = after_key
+    limit = min(chunk_size, _FIRST_SELECT_ROWS if row_bytes_hint is None else
+                _rows_fitting(max_bytes, row_bytes_hint))
+    while True:
+        sql, params = table.chunk_query(after, max_key, limit)
+        rows, size, cut = _read_bounded(conn, table, sql, params, max_bytes - read.bytes,
+                                        take_one=not read.rows)
+        read.rows += rows
+        read.bytes += size
+        if not cut and len(rows) < limit:
+            read.exhausted = True
+            return read
+        last = tuple(read.rows[-1][i] for i in table.key_indexes)
+        if rows and table.key_collated:
+            read.bytes += _read_equal_keys(conn, table, last, read.rows)
+        if cut or len(read.rows) >= chunk_size:
+            return read
+        after = last
+        limit = min(chunk_size - len(read.rows),
+                    _rows_fitting(max_bytes - read.bytes, read.bytes / len(read.rows)))
+
+
+def _read_equal_keys(conn: pymysql.Connection, table: ChunkedTable, key: Key,
+                     rows: list[tuple[Any, ...]]) -> int:
+    """Append to ``rows`` the rows the server holds equal to ``key`` that are not in them yet
+    (the same exact key is the same row); the bytes added."""
+    sql, params = table.equal_keys_query(key)
+    with conn.cursor(pymysql.cursors.Cursor) as cur:
+        cur.execute(sql, params)
+        group = cur.fetchall()
+    if len(group) <= 1:
+        return 0
+    indexes = table.key_indexes
+    have = {tuple(row[i] for i in indexes) for row in rows[-len(group):]}
+    added = [row for row in group if tuple(row[i] for i in indexes) not in have]
+    rows += added
+    variable = table.variable_indexes
+    return _size_of(added, variable,
+                    _FIXED_VALUE_BYTES * (len(table.schema.columns) - len(variable)))
+
+
+def _rows_fitting(budget: float, row_bytes: float) -> int:
+    return max(1, int(budget / max(row_bytes, 1.0)))
+
+
+def _read_bounded(conn: pymysql.Connection, table: ChunkedTable, sql: str,
+                  params: Sequence[Any], max_bytes: int, take_one: bool,
+                  ) -> tuple[list[tuple[Any, ...]], int, bool]:
+    """The rows of one SELECT, streamed, up to the row that would pass ``max_bytes`` (the
+    first row always, with ``take_one``); also their size, and whether the budget cut them."""
+    variable = table.variable_indexes
+    fixed = _FIXED_VALUE_BYTES * (len(table.schema.columns) - len(variable))
+    rows: list[tuple[Any, ...]] = []
+    size = 0
+    # (closing an unbuffered cursor reads what is left of its result off the wire)
+    with conn.cursor(pymysql.cursors.SSCursor) as cur:
+        cur.execute(sql, tuple(params))
+        while True:
+            batch = cur.fetchmany(_FETCH_ROWS)
+            if not batch:
+                return rows, size, False
+            batch_bytes = _size_of(batch, variable, fixed)
+            if size + batch_bytes <= max_bytes:
+                rows += batch
+                size += batch_bytes
+                continue
+            for row in batch:
+                row_bytes = _size_of((row,), variable, fixed)
+                if (rows or not take_one) and size + row_bytes > max_bytes:
+                    return rows, size, True
+                rows.append(row)
+                size += row_bytes
+
+
+def _size_of(rows: Sequence[Sequence[Any]], variable: Sequence[int], fixed: int) -> int:
+    """Bytes counted for ``rows``: the lengths of their variable-width values (text in
+    characters), ``fixed`` per row for the rest."""
+    total = fixed * len(rows)
+    for i in variable:
+        values = [v for v in map(operator.itemgetter(i), rows) if v is not None]
+        try:
+            total += sum(map(len, values))
+        except TypeError:  # (a value the SELECT returned as a number)
+            total += sum(len(v) if hasattr(v, "__len__") else _FIXED_VALUE_BYTES
+                         for v in values)
+    return total
+
+
 def read_table_in_chunks(
-    conn: pymysql.Connection, flavour: str, table: ChunkedTable, chunk_size: int
+    conn: pymysql.Connection, flavour: str, table: ChunkedTable, chunk_size: int,
+    max_bytes: int = DEFAULT_CHUNK_MAX_BYTES,
 ) -> list[Chunk]:
     """All chunks of a table, one after the other (tests and benchmarks; the snapshot asset
     persists progress between chunks instead)."""
@@ -470,9 +661,12 @@ def read_table_in_chunks(
     if max_key is None:
         return chunks  # nothing existed at the start: rows inserted since come by the stream
     after_key: Key | None = None
+    hint: float | None = None
     while True:
-        chunk = read_chunk(conn, flavour, table, chunk_size, after_key, max_key)
+        chunk = read_chunk(conn, flavour, table, chunk_size, after_key, max_key, max_bytes,
+                           hint)
         chunks.append(chunk)
         if chunk.complete:
             return chunks
         after_key = chunk.resume_key
+        hint = chunk.bytes_read / max(1, len(chunk.rows))

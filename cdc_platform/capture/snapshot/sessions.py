@@ -37,7 +37,7 @@ from cdc_platform.capture.snapshot.commit_rule import (
     TouchedKeyLog,
     decide_chunk_commit,
 )
-from cdc_platform.capture.snapshot.reader import (
+from cdc_platform.capture.snapshot.protocol import (
     SnapshotRequest,
     decode_key,
     read_request,

@@ -27,7 +27,7 @@ import contextlib
 import logging
 import re
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
@@ -201,11 +201,13 @@ def _apply_events(cur: Any, file: str, start: int, end: int,
     at = start
     while at < end:
         try:
-            cur.execute("SHOW BINLOG EVENTS IN %s FROM %s LIMIT %s", (file, at, _EVENTS_PAGE))
+            with _undecoded(cur.connection):
+                cur.execute("SHOW BINLOG EVENTS IN %s FROM %s LIMIT %s",
+                            (file, at, _EVENTS_PAGE))
+                events = cur.fetchall()
         except pymysql.MySQLError as error:
             _log.debug(f"SHOW BINLOG EVENTS IN {file} FROM {at}: {error}")
             return None
-        events = cur.fetchall()
         if not events:
             return None
         for _name, pos, kind, _server, end_pos, info in events:
@@ -213,8 +215,9 @@ def _apply_events(cur: Any, file: str, start: int, end: int,
                 break
             if int(pos) != at:
                 return None
-            if kind == "Gtid":
-                match = _GTID_IN_EVENT.search(str(info))
+            if kind == b"Gtid":
+                # Only a GTID event's Info is parsed, as ASCII; any other byte is not ours.
+                match = _GTID_IN_EVENT.search(bytes(info or b"").decode("ascii", "replace"))
                 if match is None:
                     return None
                 gtid = MariadbGtid(*(int(part) for part in match.groups()))
@@ -223,6 +226,23 @@ def _apply_events(cur: Any, file: str, start: int, end: int,
     if at != end:
         return None
     return MariadbPosition(domains.values())
+
+
+@contextlib.contextmanager
+def _undecoded(conn: pymysql.Connection) -> Iterator[None]:
+    """Text columns arrive as bytes inside this block.
+
+    SHOW BINLOG EVENTS' Info column holds statement text (MariaDB's annotate-rows events, the
+    statements of Query events) with whatever bytes the statement had: binary literals, a UUID
+    in a BINARY(16), text in another charset. Decoded as the connection's charset it raises
+    UnicodeDecodeError; read as bytes, only what we parse (a GTID) is decoded, leniently.
+    """
+    previous = conn.use_unicode
+    conn.use_unicode = False
+    try:
+        yield
+    finally:
+        conn.use_unicode = previous
 
 
 def _mariadb_snapshot_offset(cur: Any) -> tuple[str, int]:
@@ -355,7 +375,8 @@ def _mysql_replica_problems(conn: pymysql.Connection) -> list[str]:
 
 
 def _mysql_is_replica(conn: pymysql.Connection) -> bool:
-    with conn.cursor(pymysql.cursors.Cursor) as cur:
+    # (the status row's error columns quote statements: bytes, see _undecoded)
+    with conn.cursor(pymysql.cursors.Cursor) as cur, _undecoded(conn):
         try:
             cur.execute("SHOW REPLICA STATUS")  # MySQL >= 8.0.22
         except pymysql.MySQLError as error:
@@ -385,8 +406,11 @@ def _mariadb_is_replica(conn: pymysql.Connection) -> tuple[bool, str]:
     """
     with conn.cursor(pymysql.cursors.Cursor) as cur:
         try:
-            cur.execute("SHOW ALL SLAVES STATUS")
-            return (True, "SHOW ALL SLAVES STATUS") if cur.fetchall() else (False, "")
+            # (the status rows' error columns quote statements: bytes, see _undecoded)
+            with _undecoded(conn):
+                cur.execute("SHOW ALL SLAVES STATUS")
+                replicating = bool(cur.fetchall())
+            return (True, "SHOW ALL SLAVES STATUS") if replicating else (False, "")
         except pymysql.MySQLError as error:
             if _error_code(error) != ER_SPECIFIC_ACCESS_DENIED:
                 raise

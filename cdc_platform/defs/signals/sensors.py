@@ -16,6 +16,7 @@ from typing import Any
 import dagster as dg
 
 from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.signals.checks import SourceChecks
 from cdc_platform.capture.signals.kafka import KafkaChannelError, KafkaTopics, SignalCursor
 from cdc_platform.capture.signals.messages import Skipped
 from cdc_platform.capture.signals.plan import (
@@ -24,14 +25,16 @@ from cdc_platform.capture.signals.plan import (
     StartSnapshot,
     plan_signals,
 )
-from cdc_platform.capture.snapshot.reader import (
+from cdc_platform.capture.snapshot.actions import (
+    session_live,
+    signal_action,
+)
+from cdc_platform.capture.snapshot.protocol import (
     SignalRef,
     SnapshotRequest,
     read_request,
     read_session_state,
     reader_alive,
-    session_live,
-    signal_action,
 )
 from cdc_platform.capture.source import selector_from_settings
 from cdc_platform.config import Settings
@@ -211,9 +214,14 @@ def build_sensor(settings: Settings, assets: dict[str, dg.AssetsDefinition]
                                    f"offset {batch.cursor.offset})",
                                    cursor=batch.cursor.to_json())
         busy = busy_tables(context.instance, landing, {v: k for k, v in keys.items()})
-        actions = plan_signals(batch.messages, server_name=server, topic=signals.topic,
-                               captured=captured, selector=selector_from_settings(settings),
-                               busy=busy, max_message_bytes=signals.max_message_bytes)
+        selector = selector_from_settings(settings)
+        checks = SourceChecks(settings.source.connection_settings(), selector)
+        try:
+            actions = plan_signals(batch.messages, server_name=server, topic=signals.topic,
+                                   captured=captured, selector=selector, busy=busy,
+                                   max_message_bytes=signals.max_message_bytes, check=checks)
+        finally:
+            checks.close()
         requests: list[dg.RunRequest] = []
         requested = {a.table_id for a in actions if isinstance(a, StartSnapshot)}
         for action in actions:

@@ -16,14 +16,19 @@ from pydantic import Field
 from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.landing import LandingZone
 from cdc_platform.capture.schema import TableSchema
+from cdc_platform.capture.snapshot.chunks import DEFAULT_CHUNK_MAX_BYTES, snapshot_key_problem
 from cdc_platform.capture.snapshot.conditions import UnsafeConditionError, validate_condition
+from cdc_platform.capture.snapshot.errors import (
+    EngineStalledError,
+    SnapshotError,
+)
+from cdc_platform.capture.snapshot.protocol import (
+    DEFAULT_CHUNK_SIZE,
+    SignalRef,
+)
 from cdc_platform.capture.snapshot.reader import (
     DEFAULT_ACK_TIMEOUT_SECONDS,
-    DEFAULT_CHUNK_SIZE,
     DEFAULT_STALL_TIMEOUT_SECONDS,
-    EngineStalledError,
-    SignalRef,
-    SnapshotError,
     SnapshotReader,
     new_session_id,
 )
@@ -40,7 +45,12 @@ class SnapshotConfig(dg.Config):
     chunk_size: int = Field(
         default=DEFAULT_CHUNK_SIZE, ge=1,
         description="Rows per chunk (the default is where throughput levels off; see "
-        "capture/snapshot/reader.py).",
+        "capture/snapshot/protocol.py).",
+    )
+    chunk_max_bytes: int = Field(
+        default=DEFAULT_CHUNK_MAX_BYTES, ge=1,
+        description="Bytes of values per chunk at most (a chunk holds at least one row): bounds "
+        "the reader's and the engine's memory for tables of wide rows.",
     )
     condition: str | None = Field(
         default=None,
@@ -141,9 +151,7 @@ def _snapshot_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinit
             check_source(settings)
             current = _current_schema(settings, schema)
         if not current.primary_key and config.surrogate_key:
-            status = (f"skipped: no primary key; the surrogate key {config.surrogate_key} must "
-                      f"be configured as capture.surrogate_keys['{schema.table_id}'], so that "
-                      "the stream and the target use it too")
+            status = f"skipped: {snapshot_key_problem(current, config.surrogate_key)}"
             context.log.warning(f"snapshot of {schema.table_id}: {status}")
             notify_skipped(context, settings, schema.table_id,
                            config.signal_id or context.run.run_id, status)
@@ -158,6 +166,7 @@ def _snapshot_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinit
             surrogate_key=config.surrogate_key or None,
             condition=condition,
             chunk_size=config.chunk_size,
+            chunk_max_bytes=config.chunk_max_bytes,
             session_id=new_session_id(run_session_prefix(context.run.run_id)),
             selector=selector_from_settings(settings),
             ack_timeout_seconds=config.ack_timeout_seconds,

@@ -314,3 +314,23 @@ def test_no_message_content_crashes_the_planner(key: bytes | None, value: bytes)
         assert isinstance(action, StartSnapshot | ControlSnapshots | LogMessage | Skipped)
     # ... and none went through the last line of defence: every skip has its own reason.
     assert not any("planning it failed" in reason for reason in reasons(actions))
+
+
+def test_a_table_the_run_would_refuse_is_skipped_and_only_tables_to_start_are_checked() -> None:
+    asked: list[tuple[str, tuple[str, ...], str | None]] = []
+
+    def check(table: str, surrogate_key: Any, condition: str | None) -> str | None:
+        asked.append((table, tuple(surrogate_key), condition))
+        return "surrogate-key column 'x' does not exist" if table == "inv.orders" else None
+
+    actions = plan_signals(
+        [message(execute("inv.orders", "inv.products", "inv.customers",
+                         **{"surrogate-key": "x", "additional-conditions": [
+                             {"data-collection": "inv.products", "filter": "id > 1"}]}))],
+        server_name=SERVER, topic=TOPIC, captured=CAPTURED, selector=SELECTOR,
+        busy={"inv.customers": "run 1"}, check=check)
+    assert [a.table_id for a in actions if isinstance(a, StartSnapshot)] == ["inv.products"]
+    assert any(r.startswith("inv.orders: the snapshot run would refuse it: surrogate-key "
+                            "column 'x' does not exist") for r in reasons(actions))
+    # (the busy table is refused for that, without asking the source)
+    assert asked == [("inv.orders", ("x",), None), ("inv.products", ("x",), "id > 1")]

@@ -339,3 +339,81 @@ def test_float_keys_one_per_chunk_reach_the_largest_row(mariadb: Any, chunk_db: 
     assert [row[1] for chunk in chunks for row in chunk.rows] == [1, 2, 3]
     assert [len(c.rows) for c in chunks] == [1, 1, 1] and chunks[-1].complete
     _check_tiling(chunks)
+
+
+@DB_SETTINGS
+@given(sizes=st.lists(st.sampled_from([0, 10, 900, 3000, 12_000]), max_size=30),
+       chunk_size=st.integers(1, 9), max_bytes=st.sampled_from([1, 1000, 5000, 40_000]))
+def test_chunks_are_bounded_by_bytes_and_still_tile_the_table(
+        mariadb: Any, chunk_db: tuple[Any, str], sizes: list[int], chunk_size: int,
+        max_bytes: int) -> None:
+    """Rows of mixed widths under a byte budget: a chunk ends at the row that reaches the
+    budget (one row at least), its range ends at the last row read, and together the chunks
+    hold every row once, in key order."""
+    conn, db = chunk_db
+    mariadb.query(f"CREATE TABLE IF NOT EXISTS `{db}`.wide (id INT PRIMARY KEY, b LONGBLOB, "
+                  "t MEDIUMTEXT)")
+    rows = [(i * 3, bytes([i % 256]) * size, "é" * (size // 2)) for i, size in enumerate(sizes)]
+    _reload(mariadb, db, "wide", rows)
+    table = ChunkedTable(read_table_schema(conn, db, "wide"),
+                         ChunkKey(("id",), (False,), "primary key"))
+    chunks = read_table_in_chunks(conn, "mariadb", table, chunk_size, max_bytes=max_bytes)
+    assert [row for chunk in chunks for row in chunk.rows] == rows
+    if not chunks:
+        return
+    _check_tiling(chunks)
+    for chunk in chunks:
+        width = [8 + len(b) + len(t) for _, b, t in chunk.rows]
+        assert 1 <= len(chunk.rows) <= chunk_size
+        assert sum(width) <= max_bytes or len(chunk.rows) == 1
+        assert chunk.bytes_read == sum(width)
+    for chunk, following in zip(chunks, chunks[1:], strict=False):
+        if len(chunk.rows) < chunk_size:  # cut by the budget: the next row did not fit
+            assert chunk.bytes_read + 8 + len(following.rows[0][1]) + len(
+                following.rows[0][2]) > max_bytes
+
+
+def test_a_huge_row_is_one_chunk_and_the_budget_picks_up_after_it(
+        mariadb: Any, chunk_db: tuple[Any, str]) -> None:
+    conn, db = chunk_db
+    mariadb.query(f"CREATE TABLE IF NOT EXISTS `{db}`.wide (id INT PRIMARY KEY, b LONGBLOB, "
+                  "t MEDIUMTEXT)")
+    rows = [(1, b"a" * 10, ""), (2, b"h" * 3_000_000, ""), *((i, b"s", "") for i in range(3, 60))]
+    _reload(mariadb, db, "wide", rows)
+    table = ChunkedTable(read_table_schema(conn, db, "wide"),
+                         ChunkKey(("id",), (False,), "primary key"))
+    chunks = read_table_in_chunks(conn, "mariadb", table, 1000, max_bytes=100_000)
+    assert [len(c.rows) for c in chunks] == [1, 1, 57]
+    assert [row for chunk in chunks for row in chunk.rows] == rows
+
+
+# Values a case-, accent- or PAD SPACE-insensitive collation holds equal in groups.
+CI_VALUES = ["a@x", "A@X", "Á@x", "b", "b ", "B  ", "e", "é", "E", "È", "z", "", " "]
+
+
+@DB_SETTINGS
+@given(rows=st.lists(st.tuples(st.sampled_from(CI_VALUES) | st.none(), st.integers(0, 2)),
+                     unique=True, max_size=25),
+       chunk_size=st.integers(1, 4),
+       collation=st.sampled_from(["utf8mb4_general_ci", "utf8mb4_unicode_ci"]))
+def test_chunks_never_skip_keys_their_collation_holds_equal(
+        mariadb: Any, chunk_db: tuple[Any, str], rows: list[tuple[Any, int]], chunk_size: int,
+        collation: str) -> None:
+    """A surrogate key (email, n) where 'a@x' and 'A@X' (and 'b', 'b '; 'e', 'é') are equal to
+    the server but distinct rows to the lake: ``key > ('a@x', 1)`` leaves out ('A@X', 1), so a
+    chunk must not end between them. Every row is read exactly once."""
+    conn, db = chunk_db
+    name = f"ci_{collation}"
+    mariadb.query(f"CREATE TABLE IF NOT EXISTS `{db}`.{name} (email VARCHAR(10) CHARACTER SET "
+                  f"utf8mb4 COLLATE {collation} NULL, n INT NOT NULL, v INT, KEY (email, n))")
+    _reload(mariadb, db, name, [(e, n, i) for i, (e, n) in enumerate(rows)])
+    schema = read_table_schema(conn, db, name)
+    key = chunk_key_for(schema, ("email", "n"), read_nullable_columns(conn, db, name))
+    assert isinstance(key, ChunkKey)
+    table = ChunkedTable(schema, key)
+    assert table.key_collated and not table.range_assertions_allowed
+    chunks = read_table_in_chunks(conn, "mariadb", table, chunk_size)
+    read = [row for chunk in chunks for row in chunk.rows]
+    assert sorted(read, key=repr) == sorted(((e, n, i) for i, (e, n) in enumerate(rows)),
+                                            key=repr)
+    assert [c.complete for c in chunks] == [False] * (len(chunks) - 1) + [True] * bool(chunks)

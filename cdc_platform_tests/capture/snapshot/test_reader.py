@@ -27,30 +27,36 @@ import pytest
 from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.landing import Checkpoint, LandingZone
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
-from cdc_platform.capture.snapshot import reader as reader_module
-from cdc_platform.capture.snapshot.chunks import Chunk, ChunkedTable, ChunkKey, schema_fingerprint
-from cdc_platform.capture.snapshot.conditions import UnsafeConditionError
-from cdc_platform.capture.snapshot.reader import (
-    DEFAULT_CHUNK_SIZE,
-    ChunkManifest,
-    NoEngineError,
-    SignalRef,
-    SnapshotError,
-    SnapshotProgress,
-    SnapshotReader,
-    SnapshotRequest,
-    SnapshotResult,
-    chunk_dir,
-    decode_key,
-    encode_key,
+from cdc_platform.capture.snapshot import actions, protocol
+from cdc_platform.capture.snapshot.actions import (
     pause,
-    read_request,
     resume,
     signal_action,
     stop,
+)
+from cdc_platform.capture.snapshot.chunks import Chunk, ChunkedTable, ChunkKey, schema_fingerprint
+from cdc_platform.capture.snapshot.conditions import UnsafeConditionError
+from cdc_platform.capture.snapshot.errors import (
+    NoEngineError,
+    SnapshotError,
+)
+from cdc_platform.capture.snapshot.progress import (
+    SnapshotProgress,
+    SnapshotResult,
+)
+from cdc_platform.capture.snapshot.protocol import (
+    DEFAULT_CHUNK_SIZE,
+    ChunkManifest,
+    SignalRef,
+    SnapshotRequest,
+    chunk_dir,
+    decode_key,
+    encode_key,
+    read_request,
     write_chunk,
     write_request,
 )
+from cdc_platform.capture.snapshot.reader import SnapshotReader
 from cdc_platform.capture.source import selector_from_settings
 from cdc_platform_tests.conftest import CdcEnv
 
@@ -164,9 +170,9 @@ def test_actions_without_a_session_or_for_a_replaced_one_are_clear_errors(tmp_pa
         pause(landing, "shop", "orders")
     write_request(landing, "shop", "orders", SnapshotRequest("run-2", "open", ("id",), None, 10))
     with pytest.raises(SnapshotError, match="session run-1 was replaced by session run-2"):
-        reader_module.request_action(landing, "shop", "orders", "stop", "run-1")
+        actions.request_action(landing, "shop", "orders", "stop", "run-1")
     with pytest.raises(ValueError, match="action 'open'"):
-        reader_module.request_action(landing, "shop", "orders", "open")
+        actions.request_action(landing, "shop", "orders", "open")
 
 
 def _chunk(rows: tuple[tuple[Any, ...], ...], low: Any, high: Any, complete: bool) -> Chunk:
@@ -181,13 +187,13 @@ def test_chunk_files_parquet_first_then_manifest(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     landing = _landing(tmp_path)
     written: list[str] = []
-    original = reader_module.write_atomically
+    original = protocol.write_atomically
 
     def recording(path: Path, data: bytes, **options: Any) -> None:
         written.append(path.name)
         original(path, data, **options)
 
-    monkeypatch.setattr(reader_module, "write_atomically", recording)
+    monkeypatch.setattr(protocol, "write_atomically", recording)
     at = dt.datetime(2025, 1, 1, 10, 0, 0, 5)
     rows = ((3, Decimal("1.50"), at, "x"), (9, None, None, None))
     manifest = write_chunk(landing, _chunk(rows, (2,), (9,), False), "run-1", 7, False)

@@ -20,7 +20,7 @@ from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.snapshot import sessions
 from cdc_platform.capture.snapshot.chunks import Chunk, ChunkedTable, ChunkKey, schema_fingerprint
 from cdc_platform.capture.snapshot.commit_rule import TouchedKeyLog
-from cdc_platform.capture.snapshot.reader import (
+from cdc_platform.capture.snapshot.protocol import (
     SnapshotRequest,
     request_path,
     write_chunk,

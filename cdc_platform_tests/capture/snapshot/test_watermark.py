@@ -46,6 +46,7 @@ class FakeMysql:
     answers: dict[str, Any]
     server_info: str = "8.0.36"
     log: list[str] = field(default_factory=list)
+    use_unicode: bool = True
 
     def get_server_info(self) -> str:
         return self.server_info
@@ -498,3 +499,34 @@ def test_a_wrong_position_from_events_is_caught_by_the_server_check(
         for n in range(5, 9):
             got, want = step(n)
             assert got == want
+
+
+def test_positions_from_events_over_statements_holding_arbitrary_bytes(
+        mariadb: Any, stress_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SHOW BINLOG EVENTS' Info column quotes each statement (MariaDB's annotate-rows events):
+    binary literals put bytes there that are not UTF-8. The events path reads past them."""
+    monkeypatch.setattr(watermark, "INCREMENTAL_MAX_GAP_FRACTION", 1.0)  # always from events
+    monkeypatch.setattr(watermark, "VERIFY_EVERY", 10**9)
+    mariadb.query(f"CREATE TABLE `{stress_db}`.blobs (id INT PRIMARY KEY, b VARBINARY(16), "
+                  "u BINARY(16))")
+    with mariadb.root_connect(database=stress_db) as writer, writer.cursor() as w, \
+            connect(mariadb.connection_settings()) as reader:
+        def read() -> tuple[MariadbPosition, MariadbPosition]:
+            chunk = read_chunk_with_watermarks(
+                reader, "mariadb", f"SELECT COUNT(*) FROM `{stress_db}`.blobs", ())
+            resolved = watermark._resolved[reader]
+            return chunk.low_watermark, _server_position(reader, resolved.file,
+                                                         resolved.offset)
+
+        read()  # the server's position: the next ones come from the events since
+        w.execute("INSERT INTO blobs VALUES (1, UNHEX('FF00C3'), X'80818283')")
+        w.execute("INSERT INTO blobs VALUES (%s, %s, %s)",
+                  (2, b"\xff\x00\xc3\x28", bytes(range(0x80, 0x90))))
+        w.execute(b"INSERT INTO blobs VALUES (3, '\xff\xfe\xc3', '\xed\xa0\x80')")
+        w.execute(b"UPDATE blobs SET b = '\x80' WHERE u = '\xed\xa0\x80' /* \xff */")
+        got, want = read()
+        assert got == want
+        assert watermark._resolved[reader].since_verified == 1, "the events path was not taken"
+        w.execute(b"DELETE FROM blobs WHERE b = '\xff\xfe\xc3' OR id = 1 /* \xc0\xaf */")
+        got, want = read()
+        assert got == want and watermark._resolved[reader].since_verified == 2
