@@ -372,19 +372,21 @@ class MariaDBServer(ManagedService):
             raise ValueError(f"not a GTID position variable: {variable}")
         return str(self.query(f"SELECT @@GLOBAL.{variable}")[0][0] or "")
 
-    def wait_caught_up(self, primary: MariaDBServer, timeout: float = 120.0) -> str:
+    def wait_caught_up(self, primary: MariaDBServer, timeout: float = 120.0,
+                       logged: bool = True) -> str:
         """Wait until this replica applied, and logged, everything ``primary`` has binlogged.
 
         Compares the primary's ``gtid_binlog_pos`` with this replica's ``gtid_slave_pos``
         (applied) and ``gtid_binlog_pos`` (written to its own binlog: what a CDC reader of the
-        replica sees, thanks to ``log_slave_updates``). Returns the primary's position.
+        replica sees, thanks to ``log_slave_updates``; ``logged=False`` for a replica without
+        it). Returns the primary's position.
         """
         target = primary.gtid_position()
         deadline = time.monotonic() + timeout
         while True:
             applied = self.gtid_position("gtid_slave_pos")
-            logged = self.gtid_position()
-            if gtid_position_covers(applied, target) and gtid_position_covers(logged, target):
+            written = self.gtid_position() if logged else target
+            if gtid_position_covers(applied, target) and gtid_position_covers(written, target):
                 return target
             status = self.replica_status()
             self._raise_on_replication_error(status)
@@ -393,7 +395,7 @@ class MariaDBServer(ManagedService):
             if time.monotonic() > deadline:
                 raise DevServiceError(
                     f"replica {self.base_dir} not caught up with {target!r} within "
-                    f"{timeout:.0f} s: applied {applied!r}, logged {logged!r}"
+                    f"{timeout:.0f} s: applied {applied!r}, logged {written!r}"
                 )
             time.sleep(0.05)
 

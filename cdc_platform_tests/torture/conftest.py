@@ -35,9 +35,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         for replica in replicas:
             replica.replicate_from(primary)
         run_statements(primary, SETUP)
-        cluster = Cluster(primary, *replicas)
+        cluster = Cluster(primary, *replicas, base)
         cluster.wait_replicated()
-        yield cluster
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
 
 
 def report_path(config: pytest.Config) -> Path | None:
@@ -61,7 +64,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         write(f"{matrix}: {good}/{len(results)} cells pass or stop loudly")
         for r in results:
             line = f"  {r['status']:<11} {r['cell']}"
-            if r["status"] not in ("pass",):
+            if r["status"] != "pass":
                 line += f"  {r['detail'][:300]}"
             write(line)
     faults = REPORT["faults"]

@@ -47,6 +47,22 @@ class Cluster:
     primary: MariaDBServer
     replica1: MariaDBServer
     replica2: MariaDBServer
+    base_dir: Path
+    _plain_replica: MariaDBServer | None = None
+
+    def plain_replica(self) -> MariaDBServer:
+        """A third replica with MariaDB's default ``log_slave_updates=OFF`` (started lazily)."""
+        if self._plain_replica is None:
+            replica = MariaDBServer(self.base_dir / "replica-plain", server_id=9, replica=True,
+                                    extra_args=("--log-slave-updates=OFF",))
+            replica.start()
+            replica.replicate_from(self.primary)
+            self._plain_replica = replica
+        return self._plain_replica
+
+    def stop(self) -> None:
+        if self._plain_replica is not None:
+            self._plain_replica.stop()
 
     @property
     def replicas(self) -> tuple[MariaDBServer, MariaDBServer]:
@@ -57,6 +73,14 @@ class Cluster:
         for replica in self.replicas:
             position = replica.wait_caught_up(self.primary, timeout)
         return position
+
+    def compressed_events(self, server: MariaDBServer) -> int:
+        """Compressed row events in ``server``'s binlogs (SHOW BINLOG EVENTS, as root)."""
+        count = 0
+        for row in server.query("SHOW BINARY LOGS"):
+            for event in server.query(f"SHOW BINLOG EVENTS IN '{row[0]}'"):
+                count += "compressed" in str(event[2]).lower()
+        return count
 
     def set_compression(self, on: bool) -> None:
         """``log_bin_compress`` on the primary and on both replicas: a replica writes the
@@ -79,6 +103,16 @@ def config_dict(source: MariaDBServer, server_name: str, root: Path, include: li
         "warehouse": {"url": str(root / "warehouse")},
         "spark": {"master": "local[2]"},
     }
+
+
+@dataclass
+class _Source:
+    """A config's source section, shaped like the MariaDBServer that ``config_dict`` takes."""
+
+    section: Any
+
+    def connection_settings(self) -> dict[str, Any]:
+        return {"host": self.section.host, "port": self.section.port, "user": self.section.user}
 
 
 def run_statements(server: MariaDBServer, statements: tuple[str, ...] | list[str]) -> None:
@@ -132,14 +166,22 @@ def _one_line(error: BaseException, limit: int = 400) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def is_loud_stop(error: BaseException, cell: Cell) -> bool:
-    """An EngineError (or subclass) whose message names a table of the cell and its column."""
+_GTID = re.compile(r"\b\d+-\d+-\d+\b")
+
+
+def stop_kind(error: BaseException, cell: Cell) -> str:
+    """``loud-stop``: an EngineError naming the GTID, a table of the cell and its column (or,
+    for a refused setting, the setting); ``unclear-stop``: an EngineError that does not;
+    ``crash``: anything else (a crash loop once the engine is restarted)."""
     if not any(k.__name__ == "EngineError" for k in type(error).__mro__):
-        return False
+        return "crash"
     text = str(error)
+    if cell.loud_words:
+        return "loud-stop" if all(w in text for w in cell.loud_words) else "unclear-stop"
     names_table = any(table in text for _, table in cell.tables)
     names_column = cell.column is None or cell.column in text
-    return names_table and names_column
+    return "loud-stop" if names_table and names_column and _GTID.search(text) else (
+        "unclear-stop")
 
 
 # ---- phase 1: cells ------------------------------------------------------------------------
@@ -153,40 +195,84 @@ def run_cell(cluster: Cluster, spark: Any, cell: Cell, root: Path, index: int) -
 
     started = time.monotonic()
     start = cluster.primary.gtid_position()
+    source = cluster.plain_replica() if cell.source == "no_log_slave_updates" else (
+        cluster.replica1)
+    compressed_before = cluster.compressed_events(cluster.replica1) if cell.compressed else 0
     try:
         if cell.compressed:
             cluster.set_compression(True)
         for database in cell.databases:
             run_statements(cluster.primary, [f"CREATE DATABASE IF NOT EXISTS {quote(database)}"])
         run_statements(cluster.primary, cell.statements)
+        # (applied, and logged compressed, before the replicas' compression is turned off)
+        cluster.wait_replicated()
     except pymysql.MySQLError as error:
         return CellResult(cell.id, "setup-error", _one_line(error),
                           seconds=time.monotonic() - started)
     finally:
         if cell.compressed:
             cluster.set_compression(False)
-    cluster.replica1.wait_caught_up(cluster.primary)
+    if cell.compressed and cluster.compressed_events(cluster.replica1) <= compressed_before:
+        return CellResult(cell.id, "setup-error", "replica 1 logged no compressed row event",
+                          seconds=time.monotonic() - started)
+    if source is not cluster.replica1:
+        source.wait_caught_up(cluster.primary, logged=False)
     server_name = f"cell{index:03d}"
-    data = config_dict(cluster.replica1, server_name, root / server_name,
-                       cell.include_patterns(), start)
+    data = config_dict(source, server_name, root / server_name, cell.include_patterns(), start)
     settings = parse_settings(data, f"torture cell {cell.id}")
+    (root / server_name).mkdir(parents=True, exist_ok=True)
+    (root / server_name / "config.yaml").write_text(yaml.safe_dump(data, allow_unicode=True))
     landing = LandingZone(settings.landing_zone.url, server_name)
     try:
         CaptureEngine(EngineOptions.from_settings(settings), landing).run(
             stop_when_caught_up=True)
         _run_requested_snapshots(settings, landing)
     except Exception as error:  # noqa: BLE001 - the cell's verdict
-        status = "loud-stop" if is_loud_stop(error, cell) else "crash"
+        status = stop_kind(error, cell)
         detail = _one_line(error)
-        if status == "crash":
+        if status != "loud-stop":
             frames = traceback.extract_tb(error.__traceback__)[-1:]
             detail += "".join(f" [at {f.filename.rsplit('/', 1)[-1]}:{f.lineno}]" for f in frames)
         return CellResult(cell.id, status, detail, seconds=time.monotonic() - started)
     verdicts = materialise_and_compare(spark, settings, cluster.primary, list(cell.tables))
-    ok = all(v.ok for v in verdicts)
-    detail = " | ".join(v.summary() for v in verdicts if not v.ok) or "all rows equal"
-    return CellResult(cell.id, "pass" if ok else "fail", detail,
+    problems = [v.summary() for v in verdicts if not v.ok]
+    if cell.loud_words:
+        problems.insert(0, f"the engine did not stop naming {', '.join(cell.loud_words)}")
+    if cell.dagster:
+        problems += dagster_problems(settings)
+    detail = " | ".join(problems) or "all rows equal"
+    return CellResult(cell.id, "fail" if problems else "pass", detail,
                       [v.to_dict() for v in verdicts], time.monotonic() - started)
+
+
+def dagster_problems(settings: Any) -> list[str]:
+    """The cell's tables must not break the Dagster code location (every table's assets)."""
+    if "cdc_platform.definitions" not in sys.modules:
+        # Its import builds the definitions of $CDC_PLATFORM_CONFIG (else the demo's, whose
+        # source is not running): give it this source with no table, then build the cell's.
+        quiet = Path(settings.landing_zone.url).parent / "import-config.yaml"
+        data = config_dict(_Source(settings.source), "import", quiet.parent / "import", ["^$"],
+                           "")
+        quiet.write_text(yaml.safe_dump(data))
+        saved = os.environ.get("CDC_PLATFORM_CONFIG")
+        os.environ["CDC_PLATFORM_CONFIG"] = str(quiet)
+        try:
+            import cdc_platform.definitions  # noqa: F401
+        finally:
+            from cdc_platform.config import settings as process_settings
+
+            process_settings.cache_clear()  # later readers load their own config again
+            if saved is None:
+                os.environ.pop("CDC_PLATFORM_CONFIG", None)
+            else:
+                os.environ["CDC_PLATFORM_CONFIG"] = saved
+    from cdc_platform.definitions import build_definitions
+
+    try:
+        build_definitions(settings).get_repository_def()
+    except Exception as error:  # noqa: BLE001 - the cell's verdict
+        return [f"Dagster definitions do not load: {_one_line(error)}"]
+    return []
 
 
 def _run_requested_snapshots(settings: Any, landing: Any) -> None:
