@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 export PYSPARK_PYTHON := $(abspath .venv/bin/python)
 
-.PHONY: bootstrap demo ui test lint unit bench stream clean
+.PHONY: bootstrap demo ui test torture lint unit bench stream clean
 
 bootstrap:  ## Debian packages if missing, .venv with the package installed (idempotent)
 	@bash scripts/bootstrap.sh
@@ -14,8 +14,11 @@ demo: bootstrap  ## the zero-configuration demo: stream, materialise, reconcile,
 ui: bootstrap  ## Dagster UI (dagster dev) on the demo config and its services
 	$(PY) -m cdc_platform ui
 
-test: bootstrap lint  ## everything CI runs: unit, integration and the `dagster job execute` run
-	$(PY) -m pytest -q -p no:cacheprovider cdc_platform_tests
+test: bootstrap lint  ## unit, integration and the `dagster job execute` run (not the torture)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not torture" cdc_platform_tests
+
+torture: bootstrap  ## acceptance: every type/name/feature cell, kill -9s and a failover (~10 min)
+	$(PY) -m pytest -q -p no:cacheprovider -m torture cdc_platform_tests/torture
 
 lint: bootstrap
 	.venv/bin/ruff check cdc_platform cdc_platform_tests bench

@@ -12,6 +12,10 @@ Layout of ``base_dir``::
     mariadbd.err     server error log        mariadbd.out  stdout/stderr of the process
     mariadbd.pid     server pid file         mariadbd.sock unix socket (if the path is short)
     state.json       pid/port/socket of the running server, read by other processes
+
+A server can also run as a GTID replica of another one (``replica=True``, then
+:meth:`MariaDBServer.replicate_from`): read-only, with a parallel applier and
+``log_slave_updates``, like the read replicas the platform streams from in production.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,11 +39,15 @@ from cdc_platform.devservices._process import (
     find_processes,
 )
 
-__all__ = ["MariaDBServer", "REPLICATION_GRANTS"]
+__all__ = ["MariaDBServer", "REPLICATION_GRANTS", "gtid_position_covers"]
 
 #: What the CDC account gets. On MariaDB >= 10.5 ``REPLICATION CLIENT`` is an alias of
 #: ``BINLOG MONITOR`` (SHOW MASTER/BINLOG STATUS, SHOW BINARY LOGS), so nothing else is needed.
 REPLICATION_GRANTS = "SELECT, REPLICATION SLAVE, REPLICATION CLIENT"
+
+#: The account a replica's IO thread uses on its primary (only ``REPLICATION SLAVE``).
+REPLICATION_USER = "repl"
+REPLICATION_PASSWORD = "repl"
 
 _ER_NO_SUCH_THREAD = 1094
 _MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux; keep a margin
@@ -61,6 +70,31 @@ def _find_binary(explicit: str | None, name: str, candidates: Sequence[str]) -> 
     )
 
 
+def _gtid_seqnos(position: str) -> dict[tuple[int, int], int]:
+    """``"0-1-42,1-2-7"`` -> ``{(0, 1): 42, (1, 2): 7}`` (MariaDB GTID position text)."""
+    seqnos: dict[tuple[int, int], int] = {}
+    for part in (position or "").replace("\n", "").split(","):
+        part = part.strip()
+        if part:
+            domain, server, seqno = (int(x) for x in part.split("-"))
+            seqnos[(domain, server)] = seqno
+    return seqnos
+
+
+def gtid_position_covers(position: str, target: str) -> bool:
+    """True when MariaDB GTID ``position`` has reached ``target`` in every replication domain.
+
+    A position holds the last GTID per domain; a domain's sequence numbers grow monotonically
+    across server ids (gtid_strict_mode), so "reached" is: for each domain of ``target``,
+    ``position`` holds a sequence number at least as high.
+    """
+    reached: dict[int, int] = {}
+    for (domain, _server), seqno in _gtid_seqnos(position).items():
+        reached[domain] = max(reached.get(domain, 0), seqno)
+    return all(reached.get(domain, -1) >= seqno
+               for (domain, _server), seqno in _gtid_seqnos(target).items())
+
+
 @dataclass(eq=False)
 class MariaDBServer(ManagedService):
     """A private ``mariadbd`` with GTIDs and a FULL row-based binlog, for tests and the demo.
@@ -70,6 +104,10 @@ class MariaDBServer(ManagedService):
     (re)creates the ``cdc_user`` account with exactly :data:`REPLICATION_GRANTS`. User setup is
     not binlogged, so a fresh server's ``@@gtid_binlog_pos`` stays empty until the first write.
     Root connects over TCP with an empty password (test data only).
+
+    ``replica=True`` starts it as a read replica: ``--read-only``, a parallel applier
+    (``slave_parallel_threads`` workers in ``slave_parallel_mode``) and, like every server here,
+    ``--log-slave-updates``; :meth:`replicate_from` then points it at its primary over GTIDs.
     """
 
     executable_name = "mariadbd"
@@ -84,6 +122,9 @@ class MariaDBServer(ManagedService):
     innodb_buffer_pool_size: str = "256M"
     extra_args: Sequence[str] = ()
     start_timeout: float = 60.0
+    replica: bool = False
+    slave_parallel_threads: int = 4
+    slave_parallel_mode: str = "optimistic"
     mariadbd: str | None = field(default=None, repr=False)
     install_db: str | None = field(default=None, repr=False)
     _socket: Path | None = field(default=None, init=False, repr=False)
@@ -143,7 +184,8 @@ class MariaDBServer(ManagedService):
         return find_processes(self.executable_name, self._marker(0))
 
     def _state_extra(self) -> dict[str, Any]:
-        return {"socket": self.socket, "datadir": str(self.datadir), "server_id": self.server_id}
+        return {"socket": self.socket, "datadir": str(self.datadir), "server_id": self.server_id,
+                "replica": self.replica}
 
     def _load_state_extra(self, state: dict[str, Any]) -> None:
         if state.get("socket"):
@@ -180,7 +222,18 @@ class MariaDBServer(ManagedService):
             "--character-set-server=utf8mb4",
             "--collation-server=utf8mb4_unicode_ci",
             "--default-time-zone=+00:00",
+            *self._replica_args(),
             *self.extra_args,
+        ]
+
+    def _replica_args(self) -> list[str]:
+        if not self.replica:
+            return []
+        return [
+            "--read-only=ON",
+            f"--slave-parallel-threads={self.slave_parallel_threads}",
+            f"--slave-parallel-mode={self.slave_parallel_mode}",
+            f"--relay-log={self.binlog_dir / 'relay'}",
         ]
 
     def _prepare(self) -> None:
@@ -248,6 +301,103 @@ class MariaDBServer(ManagedService):
             cur.execute("ALTER USER %s@'%%' IDENTIFIED BY %s", (*account, self.cdc_password))
             cur.execute("REVOKE ALL PRIVILEGES, GRANT OPTION FROM %s@'%%'", account)
             cur.execute(f"GRANT {REPLICATION_GRANTS} ON *.* TO %s@'%%'", account)
+
+    # ---- replication ---------------------------------------------------------------------
+
+    def create_replication_account(self) -> tuple[str, str]:
+        """(Re)create the account replicas of this server log in with; returns (user, password).
+
+        Not binlogged, like the CDC account: replicas keep their own accounts.
+        """
+        with self.root_connect() as conn, conn.cursor() as cur:
+            cur.execute("SET SESSION sql_log_bin = 0")
+            account = (REPLICATION_USER,)
+            cur.execute("CREATE USER IF NOT EXISTS %s@'%%' IDENTIFIED BY %s",
+                        (*account, REPLICATION_PASSWORD))
+            cur.execute("ALTER USER %s@'%%' IDENTIFIED BY %s", (*account, REPLICATION_PASSWORD))
+            cur.execute("GRANT REPLICATION SLAVE ON *.* TO %s@'%%'", account)
+        return REPLICATION_USER, REPLICATION_PASSWORD
+
+    def replicate_from(self, primary: MariaDBServer, timeout: float = 60.0) -> None:
+        """Replicate ``primary`` over GTIDs (``MASTER_USE_GTID=slave_pos``) and wait until both
+        replication threads run. Idempotent: a running replica is re-pointed."""
+        if not self.replica:
+            raise DevServiceError(
+                f"MariaDB server in {self.base_dir} was not started as a replica "
+                f"(replica=True): it has no read-only / parallel-applier settings"
+            )
+        user, password = primary.create_replication_account()
+        with self.root_connect() as conn, conn.cursor() as cur:
+            cur.execute("STOP SLAVE")
+            cur.execute(
+                "CHANGE MASTER TO MASTER_HOST=%s, MASTER_PORT=%s, MASTER_USER=%s, "
+                "MASTER_PASSWORD=%s, MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1",
+                (primary.host, primary._require_port(), user, password),
+            )
+            cur.execute("START SLAVE")
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.replica_status()
+            if status.get("Slave_IO_Running") == "Yes" and status.get("Slave_SQL_Running") == "Yes":
+                return
+            self._raise_on_replication_error(status)
+            if time.monotonic() > deadline:
+                raise DevServiceError(
+                    f"replica {self.base_dir} did not start replicating from "
+                    f"{primary.host}:{primary.port} within {timeout:.0f} s: "
+                    f"IO {status.get('Slave_IO_Running')}, SQL {status.get('Slave_SQL_Running')}"
+                )
+            time.sleep(0.1)
+
+    def replica_status(self) -> dict[str, Any]:
+        """``SHOW SLAVE STATUS`` as a dict ({} when this server replicates from nobody)."""
+        dict_rows = pymysql.cursors.DictCursor
+        with self.root_connect(cursorclass=dict_rows) as conn, conn.cursor() as cur:
+            cur.execute("SHOW SLAVE STATUS")
+            row = cur.fetchone()
+        return dict(row) if row else {}
+
+    def _raise_on_replication_error(self, status: dict[str, Any]) -> None:
+        for thread in ("IO", "SQL"):
+            error = status.get(f"Last_{thread}_Error")
+            if error:
+                raise DevServiceError(
+                    f"replica {self.base_dir}: {thread} thread error "
+                    f"{status.get(f'Last_{thread}_Errno')}: {error}"
+                )
+
+    def gtid_position(self, variable: str = "gtid_binlog_pos") -> str:
+        """``@@GLOBAL.<variable>`` (gtid_binlog_pos, gtid_slave_pos, gtid_current_pos)."""
+        if variable not in ("gtid_binlog_pos", "gtid_slave_pos", "gtid_current_pos"):
+            raise ValueError(f"not a GTID position variable: {variable}")
+        return str(self.query(f"SELECT @@GLOBAL.{variable}")[0][0] or "")
+
+    def wait_caught_up(self, primary: MariaDBServer, timeout: float = 120.0,
+                       logged: bool = True) -> str:
+        """Wait until this replica applied, and logged, everything ``primary`` has binlogged.
+
+        Compares the primary's ``gtid_binlog_pos`` with this replica's ``gtid_slave_pos``
+        (applied) and ``gtid_binlog_pos`` (written to its own binlog: what a CDC reader of the
+        replica sees, thanks to ``log_slave_updates``; ``logged=False`` for a replica without
+        it). Returns the primary's position.
+        """
+        target = primary.gtid_position()
+        deadline = time.monotonic() + timeout
+        while True:
+            applied = self.gtid_position("gtid_slave_pos")
+            written = self.gtid_position() if logged else target
+            if gtid_position_covers(applied, target) and gtid_position_covers(written, target):
+                return target
+            status = self.replica_status()
+            self._raise_on_replication_error(status)
+            if not status:
+                raise DevServiceError(f"{self.base_dir} is not replicating (no slave status)")
+            if time.monotonic() > deadline:
+                raise DevServiceError(
+                    f"replica {self.base_dir} not caught up with {target!r} within "
+                    f"{timeout:.0f} s: applied {applied!r}, logged {written!r}"
+                )
+            time.sleep(0.05)
 
     # ---- clients -------------------------------------------------------------------------
 

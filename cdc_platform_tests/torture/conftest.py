@@ -1,0 +1,83 @@
+"""The torture suite's servers (a primary and two GTID replicas) and its report.
+
+Run it with ``make torture``. Knobs (environment): ``TORTURE_KILLS`` (SIGKILLs of the engine,
+default 10), ``TORTURE_SEED`` (kill points and workload, default 13),
+``TORTURE_WORKLOAD_SECONDS`` (default 45), ``TORTURE_CELLS`` (a regular expression: only the
+cells whose id matches, e.g. ``types/.*latin1``), ``TORTURE_REPORT`` (also write the JSON report
+there).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdc_platform.devservices.mariadb import MariaDBServer
+from cdc_platform_tests.torture.cells import SETUP
+from cdc_platform_tests.torture.harness import PASSWORD_ENV, REPORT, Cluster, run_statements
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A primary and two read replicas (parallel applier, log_slave_updates, read-only)."""
+    base = tmp_path_factory.mktemp("torture-servers")
+    primary = MariaDBServer(base / "primary", server_id=1)
+    replicas = [MariaDBServer(base / f"replica{n}", server_id=1 + n, replica=True,
+                              slave_parallel_threads=4, slave_parallel_mode="optimistic")
+                for n in (1, 2)]
+    os.environ[PASSWORD_ENV] = primary.cdc_password
+    with primary, replicas[0], replicas[1]:
+        for replica in replicas:
+            replica.replicate_from(primary)
+        run_statements(primary, SETUP)
+        cluster = Cluster(primary, *replicas, base)
+        cluster.wait_replicated()
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
+
+
+def report_path(config: pytest.Config) -> Path | None:
+    factory = getattr(config, "_tmp_path_factory", None)
+    if factory is None:
+        return None
+    return factory.getbasetemp() / "torture-report.json"
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config
+                            ) -> None:
+    if not REPORT["cells"] and REPORT["faults"] is None:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section("torture report")
+    by_matrix: dict[str, list[dict[str, Any]]] = {}
+    for cell_id, result in REPORT["cells"].items():
+        by_matrix.setdefault(cell_id.split("/", 1)[0], []).append(result)
+    for matrix, results in by_matrix.items():
+        good = sum(r["status"] in ("pass", "loud-stop") for r in results)
+        write(f"{matrix}: {good}/{len(results)} cells pass or stop loudly")
+        for r in results:
+            line = f"  {r['status']:<11} {r['cell']}"
+            if r["status"] != "pass":
+                line += f"  {r['detail'][:300]}"
+            write(line)
+    faults = REPORT["faults"]
+    if faults is not None:
+        bad = [t["summary"] for t in faults["tables"] if not t["ok"]]
+        write(f"faults: {faults['kills_survived']}/{faults['kills']} kills survived, failover "
+              f"{faults['failover']}, {faults['transactions']} transactions "
+              f"({faults['rollbacks']} rolled back), {len(faults['tables'])} targets compared, "
+              f"{len(bad)} differ, {len(faults['cells_included'])} cells included")
+        for line in faults["engine_exits"] + bad:
+            write(f"  {line[:400]}")
+    text = json.dumps(REPORT, indent=2, default=str, ensure_ascii=False)
+    for path in filter(None, (report_path(config), os.environ.get("TORTURE_REPORT"))):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text)
+        write(f"report written to {path}")

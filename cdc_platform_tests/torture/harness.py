@@ -1,0 +1,566 @@
+"""Running the torture: a primary and two replicas, cells captured one by one, then faults.
+
+Phase 1 (cells): each cell's SQL runs on the primary; once replica 1 has applied it, a capture
+engine of the cell's own (own server name and landing zone, filtered to the cell's tables)
+streams it from replica 1 with the restricted account, until caught up; the targets are
+materialised and compared with the primary (``compare.py``). An engine exception is a loud stop
+when it is an ``EngineError`` whose message names the table (and the cell's column): the rule
+"never silent" allows that outcome and no other.
+
+Phase 2 (faults): one engine, ``python -m cdc_platform stream`` as a subprocess, captures every
+cell that passed phase 1 (from the start of the binlog) plus a workload that keeps writing to the
+primary; it is SIGKILLed at seeded random points and restarted, then fails over to replica 2 (same
+server name, same landing zone), catches up, and every target is compared with the primary.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pymysql
+import yaml
+
+from cdc_platform.devservices.mariadb import MariaDBServer
+from cdc_platform_tests.torture.cells import Cell, CellResult, quote
+from cdc_platform_tests.torture.compare import TableVerdict, compare_table
+
+PASSWORD_ENV = "CDC_TORTURE_SOURCE_PASSWORD"
+FAULTS_DB = "torture_faults"
+#: What the suite found, cell by cell and for the fault run (printed and written as JSON).
+REPORT: dict[str, Any] = {"cells": {}, "faults": None}
+_server_ids = iter(range(7000, 8000))
+
+
+@dataclass
+class Cluster:
+    primary: MariaDBServer
+    replica1: MariaDBServer
+    replica2: MariaDBServer
+    base_dir: Path
+    _plain_replica: MariaDBServer | None = None
+
+    def plain_replica(self) -> MariaDBServer:
+        """A third replica with MariaDB's default ``log_slave_updates=OFF`` (started lazily)."""
+        if self._plain_replica is None:
+            replica = MariaDBServer(self.base_dir / "replica-plain", server_id=9, replica=True,
+                                    extra_args=("--log-slave-updates=OFF",))
+            replica.start()
+            replica.replicate_from(self.primary)
+            self._plain_replica = replica
+        return self._plain_replica
+
+    def stop(self) -> None:
+        if self._plain_replica is not None:
+            self._plain_replica.stop()
+
+    @property
+    def replicas(self) -> tuple[MariaDBServer, MariaDBServer]:
+        return (self.replica1, self.replica2)
+
+    def wait_replicated(self, timeout: float = 120.0) -> str:
+        position = ""
+        for replica in self.replicas:
+            position = replica.wait_caught_up(self.primary, timeout)
+        return position
+
+    def compressed_events(self, server: MariaDBServer) -> int:
+        """Compressed row events in ``server``'s binlogs (SHOW BINLOG EVENTS, as root)."""
+        count = 0
+        for row in server.query("SHOW BINARY LOGS"):
+            for event in server.query(f"SHOW BINLOG EVENTS IN '{row[0]}'"):
+                count += "compressed" in str(event[2]).lower()
+        return count
+
+    def set_compression(self, on: bool) -> None:
+        """``log_bin_compress`` on the primary and on both replicas: a replica writes the
+        events it applies into its own binlog compressed only when it is set there too."""
+        for server in (self.primary, *self.replicas):
+            server.query(f"SET GLOBAL log_bin_compress = {'ON' if on else 'OFF'}")
+
+
+def config_dict(source: MariaDBServer, server_name: str, root: Path, include: list[str],
+                initial_position: str, server_id: int | None = None) -> dict[str, Any]:
+    conn = source.connection_settings()
+    return {
+        "source": {"flavour": "mariadb", "host": conn["host"], "port": conn["port"],
+                   "user": conn["user"], "password_env": PASSWORD_ENV,
+                   "server_id": server_id or next(_server_ids), "server_name": server_name},
+        "capture": {"tables": {"include": include}, "heartbeat_interval_seconds": 1,
+                    "flush_interval_seconds": 0.2, "initial_position": initial_position,
+                    "reconnect": {"initial_backoff_seconds": 0.2, "max_backoff_seconds": 2}},
+        "landing_zone": {"url": str(root / "landing")},
+        "warehouse": {"url": str(root / "warehouse")},
+        "spark": {"master": "local[2]"},
+    }
+
+
+@dataclass
+class _Source:
+    """A config's source section, shaped like the MariaDBServer that ``config_dict`` takes."""
+
+    section: Any
+
+    def connection_settings(self) -> dict[str, Any]:
+        return {"host": self.section.host, "port": self.section.port, "user": self.section.user}
+
+
+def run_statements(server: MariaDBServer, statements: tuple[str, ...] | list[str]) -> None:
+    with server.root_connect() as conn, conn.cursor() as cur:
+        for statement in statements:
+            cur.execute(statement)
+
+
+# ---- materialising and comparing -----------------------------------------------------------
+
+
+def target_rows(spark: Any, settings: Any, database: str, table: str
+                ) -> list[dict[str, Any]] | None:
+    from cdc_platform.lake.table_format import TargetTable
+
+    target = TargetTable(settings.warehouse.url, settings.source.server_name, database, table)
+    if target.current() is None:
+        return None
+    return [row.asDict() for row in target.read(spark).collect()]
+
+
+def materialise_and_compare(spark: Any, settings: Any, primary: MariaDBServer,
+                            tables: list[tuple[str, str]]) -> list[TableVerdict]:
+    from cdc_platform.lake.merge import materialise
+
+    verdicts = []
+    with primary.root_connect() as conn:
+        for database, table in tables:
+            try:
+                materialise(spark, settings.landing_zone.url, settings.warehouse.url,
+                            settings.source.server_name, None, database, table)
+                rows = target_rows(spark, settings, database, table)
+            except Exception as error:  # noqa: BLE001 - reported as the table's verdict
+                verdict = TableVerdict(f"{database}.{table}")
+                verdict.problems.append(f"materialise failed: {_one_line(error)}")
+                verdicts.append(verdict)
+                continue
+            verdicts.append(compare_table(conn, database, table, rows))
+    return verdicts
+
+
+def landed_tables(settings: Any) -> list[tuple[str, str]]:
+    from cdc_platform.capture.landing import LandingZone
+
+    landing = LandingZone(settings.landing_zone.url, settings.source.server_name)
+    return sorted((s.database, s.table) for s in landing.read_tables().values())
+
+
+def _one_line(error: BaseException, limit: int = 400) -> str:
+    text = " ".join(f"{type(error).__name__}: {error}".split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+_GTID = re.compile(r"\b\d+-\d+-\d+\b")
+
+
+def stop_kind(error: BaseException, cell: Cell) -> str:
+    """``loud-stop``: an EngineError naming the GTID, a table of the cell and its column (or,
+    for a refused setting, the setting); ``unclear-stop``: an EngineError that does not;
+    ``crash``: anything else (a crash loop once the engine is restarted)."""
+    if not any(k.__name__ == "EngineError" for k in type(error).__mro__):
+        return "crash"
+    text = str(error)
+    if cell.loud_words:
+        return "loud-stop" if all(w in text for w in cell.loud_words) else "unclear-stop"
+    names_table = any(table in text for _, table in cell.tables)
+    names_column = cell.column is None or cell.column in text
+    return "loud-stop" if names_table and names_column and _GTID.search(text) else (
+        "unclear-stop")
+
+
+# ---- phase 1: cells ------------------------------------------------------------------------
+
+
+def run_cell(cluster: Cluster, spark: Any, cell: Cell, root: Path, index: int) -> CellResult:
+    """Write the cell on the primary, capture it alone from replica 1, compare its targets."""
+    from cdc_platform.capture.engine import CaptureEngine, EngineOptions
+    from cdc_platform.capture.landing import LandingZone
+    from cdc_platform.config import parse_settings
+
+    started = time.monotonic()
+    start = cluster.primary.gtid_position()
+    source = cluster.plain_replica() if cell.source == "no_log_slave_updates" else (
+        cluster.replica1)
+    compressed_before = cluster.compressed_events(cluster.replica1) if cell.compressed else 0
+    try:
+        if cell.compressed:
+            cluster.set_compression(True)
+        for database in cell.databases:
+            run_statements(cluster.primary, [f"CREATE DATABASE IF NOT EXISTS {quote(database)}"])
+        run_statements(cluster.primary, cell.statements)
+        # (applied, and logged compressed, before the replicas' compression is turned off)
+        cluster.wait_replicated()
+    except pymysql.MySQLError as error:
+        return CellResult(cell.id, "setup-error", _one_line(error),
+                          seconds=time.monotonic() - started)
+    finally:
+        if cell.compressed:
+            cluster.set_compression(False)
+    if cell.compressed and cluster.compressed_events(cluster.replica1) <= compressed_before:
+        return CellResult(cell.id, "setup-error", "replica 1 logged no compressed row event",
+                          seconds=time.monotonic() - started)
+    if source is not cluster.replica1:
+        source.wait_caught_up(cluster.primary, logged=False)
+    server_name = f"cell{index:03d}"
+    data = config_dict(source, server_name, root / server_name, cell.include_patterns(), start)
+    settings = parse_settings(data, f"torture cell {cell.id}")
+    (root / server_name).mkdir(parents=True, exist_ok=True)
+    (root / server_name / "config.yaml").write_text(yaml.safe_dump(data, allow_unicode=True))
+    landing = LandingZone(settings.landing_zone.url, server_name)
+    try:
+        CaptureEngine(EngineOptions.from_settings(settings), landing).run(
+            stop_when_caught_up=True)
+        _run_requested_snapshots(settings, landing)
+    except Exception as error:  # noqa: BLE001 - the cell's verdict
+        status = stop_kind(error, cell)
+        detail = _one_line(error)
+        if status != "loud-stop":
+            frames = traceback.extract_tb(error.__traceback__)[-1:]
+            detail += "".join(f" [at {f.filename.rsplit('/', 1)[-1]}:{f.lineno}]" for f in frames)
+        return CellResult(cell.id, status, detail, seconds=time.monotonic() - started)
+    verdicts = materialise_and_compare(spark, settings, cluster.primary, list(cell.tables))
+    problems = [v.summary() for v in verdicts if not v.ok]
+    if cell.loud_words:
+        problems.insert(0, f"the engine did not stop naming {', '.join(cell.loud_words)}")
+    if cell.dagster:
+        problems += dagster_problems(settings)
+    detail = " | ".join(problems) or "all rows equal"
+    return CellResult(cell.id, "fail" if problems else "pass", detail,
+                      [v.to_dict() for v in verdicts], time.monotonic() - started)
+
+
+def dagster_problems(settings: Any) -> list[str]:
+    """The cell's tables must not break the Dagster code location (every table's assets)."""
+    if "cdc_platform.definitions" not in sys.modules:
+        # Its import builds the definitions of $CDC_PLATFORM_CONFIG (else the demo's, whose
+        # source is not running): give it this source with no table, then build the cell's.
+        quiet = Path(settings.landing_zone.url).parent / "import-config.yaml"
+        data = config_dict(_Source(settings.source), "import", quiet.parent / "import", ["^$"],
+                           "")
+        quiet.write_text(yaml.safe_dump(data))
+        saved = os.environ.get("CDC_PLATFORM_CONFIG")
+        os.environ["CDC_PLATFORM_CONFIG"] = str(quiet)
+        try:
+            import cdc_platform.definitions  # noqa: F401
+        finally:
+            from cdc_platform.config import settings as process_settings
+
+            process_settings.cache_clear()  # later readers load their own config again
+            if saved is None:
+                os.environ.pop("CDC_PLATFORM_CONFIG", None)
+            else:
+                os.environ["CDC_PLATFORM_CONFIG"] = saved
+    from cdc_platform.definitions import build_definitions
+
+    try:
+        build_definitions(settings).get_repository_def()
+    except Exception as error:  # noqa: BLE001 - the cell's verdict
+        return [f"Dagster definitions do not load: {_one_line(error)}"]
+    return []
+
+
+def _run_requested_snapshots(settings: Any, landing: Any) -> None:
+    """Serve snapshot requests the platform made on its own (a DDL that left the target stale
+    asks for a re-snapshot): run each requested table's reader beside a streaming engine, as
+    the snapshot asset would. The harness never requests a snapshot itself."""
+    from cdc_platform.capture.engine import CaptureEngine, EngineOptions
+    from cdc_platform.capture.snapshot import reader as snapshot_reader
+
+    snapshots = Path(landing.checkpoint_path).parent / "snapshots"
+    requested = sorted(p.parent for p in snapshots.glob("*/*/request.json"))
+    if not requested:
+        return
+    stop = threading.Event()
+    failure: list[BaseException] = []
+
+    def stream() -> None:
+        try:
+            CaptureEngine(EngineOptions.from_settings(settings), landing).run(stop)
+        except BaseException as error:  # noqa: BLE001 - re-raised below
+            failure.append(error)
+
+    engine = threading.Thread(target=stream, daemon=True)
+    engine.start()
+    try:
+        for directory in requested:
+            table_id = f"{directory.parent.name}.{directory.name}"
+            snapshot_reader.reader_from_settings(settings, table_id).run(threading.Event())
+    finally:
+        stop.set()
+        engine.join(60)
+    if failure:
+        raise failure[0]
+    CaptureEngine(EngineOptions.from_settings(settings), landing).run(stop_when_caught_up=True)
+
+
+# ---- phase 2: faults -----------------------------------------------------------------------
+
+
+FAULT_TABLES = {
+    "orders": "(id INT PRIMARY KEY, customer VARCHAR(40), amount DECIMAL(12,2), "
+              "note TEXT CHARACTER SET utf8mb4, updated DATETIME(6))",
+    "ci_key": "(code VARCHAR(20) COLLATE utf8mb4_unicode_ci PRIMARY KEY, n BIGINT)",
+    "composite": "(a INT, b VARCHAR(10), c DOUBLE, PRIMARY KEY (a, b))",
+    "unsigned_key": "(id BIGINT UNSIGNED PRIMARY KEY, v VARBINARY(16))",
+    "decimal_key": "(id DECIMAL(20,4) PRIMARY KEY, v CHAR(8))",
+}
+
+
+class Workload:
+    """Seeded random transactions on the fault tables of the primary, in a thread."""
+
+    def __init__(self, primary: MariaDBServer, seed: int, rate: float = 150.0) -> None:
+        self.primary, self.rate = primary, rate
+        self.random = random.Random(seed)
+        self.stop = threading.Event()
+        self.transactions = 0
+        self.rollbacks = 0
+        self.errors: list[str] = []
+        self._thread = threading.Thread(target=self._run, name="torture-workload", daemon=True)
+
+    def create(self) -> None:
+        run_statements(self.primary, [f"CREATE DATABASE IF NOT EXISTS {FAULTS_DB}"] + [
+            f"CREATE TABLE {FAULTS_DB}.{name} {columns}"
+            for name, columns in FAULT_TABLES.items()])
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def finish(self) -> None:
+        self.stop.set()
+        self._thread.join(60)
+
+    def _statement(self) -> tuple[str, tuple[Any, ...]]:
+        r = self.random
+        table = r.choice(list(FAULT_TABLES))
+        kind = r.choices(("insert", "update", "delete"), (5, 4, 1))[0]
+        db = FAULTS_DB
+        if table == "orders":
+            key = r.randrange(1, 3000)
+            if kind == "delete":
+                return f"DELETE FROM {db}.orders WHERE id = %s", (key,)
+            return (f"INSERT INTO {db}.orders VALUES (%s, %s, %s, %s, NOW(6)) ON DUPLICATE KEY "
+                    "UPDATE amount = VALUES(amount), note = VALUES(note), updated = NOW(6)",
+                    (key, f"customer {key % 97}", f"{r.randrange(0, 10**8) / 100:.2f}",
+                     r.choice(["", "é", "😀 note", None, "x" * r.randrange(0, 400)])))
+        if table == "ci_key":
+            code = r.choice(["a@x", "A@X", "b", "B ", "ß", "ss", "é", "e"]) + str(r.randrange(50))
+            if kind == "delete":
+                return f"DELETE FROM {db}.ci_key WHERE code = %s", (code,)
+            return (f"INSERT INTO {db}.ci_key VALUES (%s, %s) ON DUPLICATE KEY UPDATE "
+                    "n = n + 1", (code, r.randrange(-(2**63), 2**63)))
+        if table == "composite":
+            a, b = r.randrange(100), r.choice("abcdefgh")
+            if kind == "delete":
+                return f"DELETE FROM {db}.composite WHERE a = %s AND b = %s", (a, b)
+            return (f"INSERT INTO {db}.composite VALUES (%s, %s, %s) ON DUPLICATE KEY UPDATE "
+                    "c = VALUES(c)", (a, b, r.choice([0.1, -2.5e300, 1e-300, 3.0])))
+        if table == "unsigned_key":
+            key = 2**64 - 1 - r.randrange(200)
+            if kind == "delete":
+                return f"DELETE FROM {db}.unsigned_key WHERE id = %s", (key,)
+            return (f"INSERT INTO {db}.unsigned_key VALUES (%s, %s) ON DUPLICATE KEY UPDATE "
+                    "v = VALUES(v)", (key, r.randbytes(r.randrange(1, 16))))
+        key = f"{r.randrange(-500, 500)}.{r.randrange(10000):04d}"
+        if kind == "delete":
+            return f"DELETE FROM {db}.decimal_key WHERE id = %s", (key,)
+        return (f"INSERT INTO {db}.decimal_key VALUES (%s, %s) ON DUPLICATE KEY UPDATE "
+                "v = VALUES(v)", (key, r.choice(["", "a", "abcdefgh", "é"])))
+
+    def _run(self) -> None:
+        try:
+            conn = self.primary.root_connect(autocommit=False)
+        except pymysql.MySQLError as error:
+            self.errors.append(_one_line(error))
+            return
+        interval = 1.0 / self.rate
+        try:
+            with conn.cursor() as cur:
+                while not self.stop.is_set():
+                    began = time.monotonic()
+                    for _ in range(self.random.randrange(1, 6)):
+                        cur.execute(*self._statement())
+                    if self.random.random() < 0.05:
+                        conn.rollback()
+                        self.rollbacks += 1
+                    else:
+                        conn.commit()
+                        self.transactions += 1
+                    self.stop.wait(max(0.0, interval - (time.monotonic() - began)))
+        except pymysql.MySQLError as error:
+            self.errors.append(_one_line(error))
+        finally:
+            conn.close()
+
+
+@dataclass
+class FaultResult:
+    kills: int = 0
+    kills_survived: int = 0
+    failover: str = "not reached"
+    transactions: int = 0
+    rollbacks: int = 0
+    engine_exits: list[str] = field(default_factory=list)  # exits nobody asked for
+    tables: list[TableVerdict] = field(default_factory=list)
+    cells: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return (not self.engine_exits and self.failover == "ok"
+                and self.kills_survived == self.kills and all(v.ok for v in self.tables))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kills": self.kills, "kills_survived": self.kills_survived,
+                "failover": self.failover, "transactions": self.transactions,
+                "rollbacks": self.rollbacks, "engine_exits": self.engine_exits,
+                "cells_included": self.cells, "seconds": round(self.seconds, 1),
+                "tables": [v.to_dict() for v in self.tables], "ok": self.ok}
+
+
+class EngineProcess:
+    """``python -m cdc_platform stream --config <file>``: the engine as an operator runs it."""
+
+    def __init__(self, config: Path, log_dir: Path) -> None:
+        self.config, self.log_dir = config, log_dir
+        self.lives = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log: Path | None = None
+
+    def start(self, *extra: str) -> None:
+        self.lives += 1
+        self.log = self.log_dir / f"engine-{self.lives:02d}.log"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "cdc_platform", "stream", "--config", str(self.config),
+                 *extra], stdout=out, stderr=subprocess.STDOUT, env=env)
+
+    def exited(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def terminate(self, timeout: float = 60.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def tail(self, lines: int = 3) -> str:
+        if self.log is None or not self.log.exists():
+            return ""
+        text = self.log.read_text(errors="replace").strip().splitlines()
+        return " / ".join(line.strip()[:300] for line in text[-lines:])
+
+
+def run_faults(cluster: Cluster, spark: Any, cells: list[Cell], root: Path, *, kills: int,
+               seed: int, workload_seconds: float) -> FaultResult:
+    from cdc_platform.capture.landing import LandingZone
+    from cdc_platform.config import parse_settings
+
+    started = time.monotonic()
+    result = FaultResult(cells=[c.id for c in cells])
+    rng = random.Random(seed)
+    workload = Workload(cluster.primary, seed)
+    workload.create()
+    include = [rf"{re.escape(FAULTS_DB)}\..*"] + [p for c in cells for p in c.include_patterns()]
+    server_name = "torture"
+    server_id = next(_server_ids)
+    config = root / "config.yaml"
+
+    def write_config(source: MariaDBServer) -> Any:
+        # "" = from the start of the binlog: every cell's history is replayed under the faults.
+        data = config_dict(source, server_name, root, include, "", server_id)
+        config.write_text(yaml.safe_dump(data, allow_unicode=True))
+        return parse_settings(data, "torture faults")
+
+    settings = write_config(cluster.replica1)
+    landing = LandingZone(settings.landing_zone.url, server_name)
+    engine = EngineProcess(config, root)
+    workload.start()
+    deadline = time.monotonic() + workload_seconds
+    engine.start()
+    for _ in range(kills):
+        lifetime = rng.uniform(0.5, max(1.0, 0.8 * workload_seconds / (kills + 1)))
+        time.sleep(lifetime)
+        code = engine.exited()
+        if code is not None:
+            result.engine_exits.append(f"life {engine.lives} exited {code}: {engine.tail()}")
+        else:
+            engine.kill()
+            result.kills += 1
+        before = landing.read_checkpoint()
+        engine.start()
+        if _progresses(engine, landing, before, timeout=30):
+            result.kills_survived += 1
+        else:
+            result.engine_exits.append(f"life {engine.lives} made no progress after a kill: "
+                                       f"{engine.tail()}")
+    # Failover: the engine moves to replica 2 while writes continue, from its checkpoint.
+    time.sleep(max(0.0, min(3.0, deadline - time.monotonic())))
+    engine.kill()
+    settings = write_config(cluster.replica2)
+    before = landing.read_checkpoint()
+    engine.start()
+    if _progresses(engine, landing, before, timeout=30):
+        result.failover = "progressing"
+    time.sleep(max(0.0, deadline - time.monotonic()))
+    workload.finish()
+    result.transactions, result.rollbacks = workload.transactions, workload.rollbacks
+    if workload.errors:
+        result.engine_exits.append(f"workload errors: {workload.errors[:3]}")
+    cluster.wait_replicated()
+    code = engine.exited()
+    if code is not None:
+        result.engine_exits.append(f"life {engine.lives} exited {code}: {engine.tail()}")
+    else:
+        engine.terminate()
+    engine.start("--until-caught-up")
+    try:
+        code = engine.proc.wait(300) if engine.proc else -1
+    except subprocess.TimeoutExpired:
+        engine.kill()
+        code = -9
+    if code == 0 and result.failover == "progressing":
+        result.failover = "ok"
+    elif code != 0:
+        result.failover = f"catch-up on replica 2 exited {code}: {engine.tail()}"
+    tables = sorted(set(landed_tables(settings)) | {(FAULTS_DB, t) for t in FAULT_TABLES}
+                    | {t for c in cells for t in c.tables})
+    result.tables = materialise_and_compare(spark, settings, cluster.primary, tables)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _progresses(engine: EngineProcess, landing: Any, before: Any, timeout: float) -> bool:
+    """True once the restarted engine wrote a newer checkpoint (it resumed and moved on)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if engine.exited() is not None:
+            return False
+        now = landing.read_checkpoint()
+        if now is not None and (before is None or now.next_pos > before.next_pos
+                                or now.written_at != before.written_at):
+            return True
+        time.sleep(0.1)
+    return False
