@@ -557,13 +557,14 @@ class CaptureEngine:
         elif isinstance(outcome, Prepared):
             # The prepare's GTID is complete; its rows wait (persisted at the next flush) for
             # the XA COMMIT, whose GTID they land under.
-            self._processed = self._processed.add(self._flavour.parse_gtid(outcome.gtid))
+            if outcome.gtid:
+                self._processed = self._processed.add(self._flavour.parse_gtid(outcome.gtid))
             self._xa_dirty = True
             self.log.info(f"XA transaction {outcome.xid}: prepared at GTID {outcome.gtid} with "
                           f"{outcome.records} record(s); they land at its XA COMMIT")
         elif isinstance(outcome, RolledBack):
             self.stats.rolled_back += 1
-            if outcome.reason.startswith("XA ROLLBACK"):
+            if outcome.xid is not None:
                 self._xa_dirty = True
             self.log.info(f"transaction {outcome.gtid or '?'}: {outcome.records} record(s) "
                           f"dropped ({outcome.reason}); nothing emitted")

@@ -174,6 +174,7 @@ class RolledBack:
     gtid: str
     records: int
     reason: str
+    xid: str | None = None  # an XA transaction dropped at XA ROLLBACK
 
 
 @dataclass(frozen=True)
@@ -380,7 +381,7 @@ class TransactionBuffer:
         if verb == "ROLLBACK":
             if prepared is not None:
                 out.append(RolledBack(prepared.gtid, len(prepared.records),
-                                      f"XA ROLLBACK at GTID {group.gtid}"))
+                                      f"XA ROLLBACK at GTID {group.gtid}", xid))
                 prepared.records.discard()
             self._group = None
             out.append(Committed(group.gtid, event.timestamp, group.records))
