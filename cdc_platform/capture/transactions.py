@@ -127,6 +127,12 @@ class RecordLog:
         """The parts in order: lists of records, or spilled parts."""
         return iter(self.parts)
 
+    def restore(self, parts: Sequence[SpilledPart]) -> None:
+        """Take spilled parts written by an earlier engine (a prepared XA transaction)."""
+        self.parts = list(parts)
+        self._count = sum(part.count for part in parts)
+        self._memory = 0
+
     def records(self) -> Iterator[Record]:
         """Every record, for logs that never spilled (tests, small transactions)."""
         for part in self.parts:
