@@ -322,7 +322,7 @@ class BinlogStream:
                 op = ("insert" if isinstance(event, WriteRowsEvent) else
                       "update" if isinstance(event, UpdateRowsEvent) else "delete")
                 yield Rows(event.table_id, event.schema, event.table, op, event.rows,
-                           event.event_size)
+                           getattr(event, "uncompressed_size", event.event_size))
         elif isinstance(event, TableMapEvent):
             if self._wanted(event.schema, event.table):
                 yield TableMap(event.table_id, self._table_schema(event))

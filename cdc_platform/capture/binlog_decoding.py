@@ -90,6 +90,8 @@ class _CompressedRows:
         packet = self.packet  # type: ignore[attr-defined]
         rest = packet.read(event_size - packet.read_bytes)
         raw = inflate(rest, f"compressed rows event of {self.schema}.{self.table}")  # type: ignore[attr-defined]
+        # (what the rows take uncompressed: the basis of the buffer's memory estimate)
+        self.uncompressed_size = event_size - len(rest) + len(raw)
         packet.unread(raw)
 
 

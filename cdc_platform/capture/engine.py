@@ -1,5 +1,9 @@
 """The capture engine: binlog -> committed transactions -> changelog segments + checkpoint.
 
+The binlog adapter (``capture/binlog.py``) yields the project's events; the transaction buffer
+(``capture/transactions.py``) says which transactions committed (and XA, savepoints, spilling);
+this module gives their records positions, lands them and moves the checkpoint.
+
 Lifecycle (after the async embedded-engine design): CREATED -> STARTING -> STREAMING, with
 RECONNECTING between streams when the source connection drops, then STOPPING -> STOPPED, or
 FAILED. Every transition is logged. A stop request (Dagster cancel, SIGTERM) is honoured between
@@ -346,12 +350,10 @@ class CaptureEngine:
         they belong to transactions the engine reads again."""
         keep = set()
         for xid, entry in state.items():
+            parts = [self._spill.part_from_dict(data) for data in entry["parts"]]
+            keep.update(part.path for part in parts)
             log = self._new_record_log()
-            for data in entry["parts"]:
-                part = self._spill.part_from_dict(data)
-                log.parts.append(part)
-                keep.add(part.path)
-            log._count = sum(p.count for p in log.parts)  # noqa: SLF001 - restoring a log
+            log.restore(parts)
             self._buffer.prepared[xid] = PreparedXa(entry["gtid"], log, persisted=True)
         removed = self._spill.remove_unreferenced(keep)
         if removed:
@@ -558,13 +560,14 @@ class CaptureEngine:
         elif isinstance(outcome, Prepared):
             # The prepare's GTID is complete; its rows wait (persisted at the next flush) for
             # the XA COMMIT, whose GTID they land under.
-            self._processed = self._processed.add(self._flavour.parse_gtid(outcome.gtid))
+            if outcome.gtid:
+                self._processed = self._processed.add(self._flavour.parse_gtid(outcome.gtid))
             self._xa_dirty = True
             self.log.info(f"XA transaction {outcome.xid}: prepared at GTID {outcome.gtid} with "
                           f"{outcome.records} record(s); they land at its XA COMMIT")
         elif isinstance(outcome, RolledBack):
             self.stats.rolled_back += 1
-            if outcome.reason.startswith("XA ROLLBACK"):
+            if outcome.xid is not None:
                 self._xa_dirty = True
             self.log.info(f"transaction {outcome.gtid or '?'}: {outcome.records} record(s) "
                           f"dropped ({outcome.reason}); nothing emitted")
@@ -747,8 +750,14 @@ class CaptureEngine:
         if key_columns is None or gtid is None:
             return
         table = part.read()
-        columns = [table.column(c).to_pylist() for c in key_columns
-                   if c in part.schema.column_names]
+        columns = []
+        for name in key_columns:
+            if name in part.schema.column_names:
+                column = table.column(name)
+                if pa.types.is_timestamp(column.type) and column.type.tz is not None:
+                    # The binlog's form of a TIMESTAMP: naive UTC (as _row gives it).
+                    column = column.cast(pa.timestamp(column.type.unit))
+                columns.append(column.to_pylist())
         for offset, key in enumerate(zip(*columns, strict=True)):
             self._snapshots.record_touch(table_id, tuple(key), gtid, first + offset)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,8 @@ class SpillStore:
         self.directory = directory
         self._names = itertools.count()
         self._doomed: list[Path] = []
-        self._prefix = f"{os.getpid()}-{id(self):x}"
+        # Unique per engine run: a restored XA transaction's files keep their names.
+        self._prefix = uuid.uuid4().hex[:16]
 
     def write(self, schema: TableSchema, ops: list[str], rows: list[tuple[Any, ...]]
               ) -> SpilledRecords:

@@ -127,6 +127,12 @@ class RecordLog:
         """The parts in order: lists of records, or spilled parts."""
         return iter(self.parts)
 
+    def restore(self, parts: Sequence[SpilledPart]) -> None:
+        """Take spilled parts written by an earlier engine (a prepared XA transaction)."""
+        self.parts = list(parts)
+        self._count = sum(part.count for part in parts)
+        self._memory = 0
+
     def records(self) -> Iterator[Record]:
         """Every record, for logs that never spilled (tests, small transactions)."""
         for part in self.parts:
@@ -174,6 +180,7 @@ class RolledBack:
     gtid: str
     records: int
     reason: str
+    xid: str | None = None  # an XA transaction dropped at XA ROLLBACK
 
 
 @dataclass(frozen=True)
@@ -380,7 +387,7 @@ class TransactionBuffer:
         if verb == "ROLLBACK":
             if prepared is not None:
                 out.append(RolledBack(prepared.gtid, len(prepared.records),
-                                      f"XA ROLLBACK at GTID {group.gtid}"))
+                                      f"XA ROLLBACK at GTID {group.gtid}", xid))
                 prepared.records.discard()
             self._group = None
             out.append(Committed(group.gtid, event.timestamp, group.records))

@@ -148,3 +148,17 @@ def test_damaged_transaction_payloads_are_a_loud_stop():
         split_events(struct.pack("<IBIIIH", 0, 2, 1, 500, 0, 0))
     with pytest.raises(UnsupportedEvent, match="type 1"):
         transaction_payload(_packed(2) + _packed(1) + _packed(1) + _packed(0) + b"data")
+
+
+@pytest.mark.parametrize("flags", [64, 64 | 2, 128 | 1, 128 | 1 | 2])
+def test_mariadb_gtid_events_name_their_xa_transaction(flags):
+    body = struct.pack("<QIB", 42, 0, flags)
+    if flags & 2:  # FL_GROUP_COMMIT_ID: a commit id comes before the XA id
+        body += struct.pack("<Q", 99)
+    body += struct.pack("<IBB", 7, 2, 1) + b"x1" + b"b"
+    header = struct.pack("<IBIIIH", 1700000000, 0xA2, 5, 19 + len(body), 0, 0)
+    event = _parse(header + body, {}).event
+    begin = flavour_of("mariadb").begin(event)
+    assert begin.gtid == "0-5-42"
+    assert begin.xid == binlog_decoding.xa_id(7, b"x1", b"b")
+    assert begin.standalone is bool(flags & 1)

@@ -233,3 +233,60 @@ def test_committed_rows_match_a_reference_model(programs, memory):
     live = {id(p) for o in got if isinstance(o, Committed) for p in o.records
             if not isinstance(p, list)}
     assert all(p.removed for p in parts if id(p) not in live)
+
+
+# -- property: XA transactions prepared, committed and rolled back in any interleaving -------
+
+xa_step = st.tuples(st.sampled_from(["plain", "prepare", "commit", "rollback", "one_phase",
+                                     "ddl", "ctas"]),
+                    st.sampled_from(["x", "y", "z"]), st.integers(0, 3))
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps=st.lists(xa_step, max_size=25))
+def test_xa_interleavings_match_a_reference_model(steps):
+    buffer = TransactionBuffer()
+    prepared: dict[str, list[int]] = {}
+    expected: list[tuple[str, list[int]]] = []
+    got: list = []
+    counter = 0
+    for number, (kind, name, count) in enumerate(steps):
+        gtid = f"0-1-{number + 1}"
+        xid = xa_id(1, name.encode(), b"")
+        hexid = name.encode().hex()
+        rows = list(range(counter, counter + count))
+        counter += count
+        if kind == "plain":
+            got += run(buffer, Begin(gtid, standalone=False), Query("BEGIN"), rows, Xid())
+            expected.append((gtid, rows))
+        elif kind == "prepare":
+            if xid in prepared:
+                continue  # the server refuses a second XA with a prepared id
+            got += run(buffer, Begin(gtid, standalone=False, xid=xid), rows,
+                       Query(f"XA END X'{hexid}',X'',1"), XaPrepare(xid))
+            prepared[xid] = rows
+            expected.append((None, []))  # the prepare's GTID completes with no records
+        elif kind in ("commit", "rollback"):
+            if xid not in prepared:
+                continue
+            verb = "COMMIT" if kind == "commit" else "ROLLBACK"
+            got += run(buffer, Begin(gtid, standalone=True),
+                       Query(f"XA {verb} X'{hexid}',X'',1"))
+            kept = prepared.pop(xid)
+            expected.append((gtid, kept if kind == "commit" else []))
+        elif kind == "one_phase":
+            got += run(buffer, Begin(gtid), Query(f"XA START X'{hexid}',X'',1"), rows,
+                       Query(f"XA END X'{hexid}',X'',1"), XaPrepare(xid, one_phase=True))
+            expected.append((gtid, rows))
+        elif kind == "ddl":
+            got += run(buffer, Begin(gtid, standalone=True), Query("ALTER TABLE t ADD x INT"))
+            expected.append((gtid, []))
+        else:
+            got += run(buffer, Begin(gtid, standalone=False), Query("CREATE TABLE c (a INT)"),
+                       rows, Xid())
+            expected.append((gtid, rows))
+    completed = [(o.gtid, all_records(o.records)) if isinstance(o, Committed) else (None, [])
+                 for o in got if isinstance(o, Committed | Prepared)]
+    assert completed == expected
+    assert set(buffer.prepared) == set(prepared)
+    assert {x: all_records(p.records) for x, p in buffer.prepared.items()} == prepared

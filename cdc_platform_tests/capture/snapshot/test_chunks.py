@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pymysqlreplication.row_event import TableMapEvent
 
-from cdc_platform.capture.binlog import BinlogStream, schema_from_table_map
+from cdc_platform.capture.binlog import BinlogStream
+from cdc_platform.capture.events import TableMap
+from cdc_platform.capture.flavours import flavour_of
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.snapshot.chunks import (
     Chunk,
@@ -317,10 +318,10 @@ def test_chunk_schema_fingerprint_matches_the_binlog_schema(mariadb: Any,
         vc VARCHAR(20), tx TEXT, bn BINARY(4), vb VARBINARY(10), bl BLOB, e ENUM('a','b'),
         st SET('x','y'), j JSON, b1 BIT(1), b64 BIT(64), g GEOMETRY)""")
     mariadb.query(f"INSERT INTO `{db}`.all_kinds (id) VALUES (1)")
-    stream = BinlogStream(mariadb.connection_settings(), 8765, "mariadb", start, 1)
+    stream = BinlogStream(mariadb.connection_settings(), 8765, flavour_of("mariadb"), start, 1)
     try:
-        binlog_schema = next(schema_from_table_map(event) for event in stream
-                             if isinstance(event, TableMapEvent) and event.table == "all_kinds")
+        binlog_schema = next(event.schema for event in stream
+                             if isinstance(event, TableMap) and event.schema.table == "all_kinds")
     finally:
         stream.close()
     selected = _chunked(conn, db, "all_kinds").schema
