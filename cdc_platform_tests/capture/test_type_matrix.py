@@ -16,7 +16,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from cdc_platform.capture import source as source_sql
-from cdc_platform.capture.charsets import _SINGLE_BYTE, _UNDEFINED
+from cdc_platform.capture.charsets import (
+    _CODECS,
+    _SINGLE_BYTE,
+    _UNDEFINED,
+    UndecodableText,
+    is_supported,
+    text_decoder,
+)
 from cdc_platform.capture.engine import EngineError
 from cdc_platform.capture.schema import landing_arrays
 from cdc_platform.capture.snapshot.chunks import ChunkedTable, ChunkKey, read_table_in_chunks
@@ -267,3 +274,42 @@ def test_a_value_that_cannot_land_exactly_stops_the_engine_loudly(cdc_env, colum
     print(f"\nloud cell {column_type} {value}: {message}")
     assert f"{env.db}.loud" in message and "column v" in message and "GTID" in message
     assert not _landed(env, "loud")
+
+
+def test_the_charset_decoders_agree_with_the_server_on_every_code(mariadb):
+    """Every charset of the server is decoded by the binlog side exactly as the server converts
+    it for SELECTs, over each charset's whole one- and two-byte code space (and EUC's three-byte
+    one): the same text, or a loud UndecodableText where the server has no character ('?' or
+    U+FFFD); never a different text."""
+    with mariadb.root_connect() as conn, conn.cursor() as cur:
+        cur.execute("SHOW CHARACTER SET")
+        charsets = sorted(str(row[0]) for row in cur.fetchall() if row[0] != "binary")
+        assert all(is_supported(c) for c in charsets if c != "eucjpms"), charsets
+        one = [bytes([b]) for b in range(256)]
+        two = [bytes([a, b]) for a in range(0x81, 0xFF) for b in range(0x40, 0xFF)]
+        three = [bytes([0x8F, a, b]) for a in range(0xA1, 0xFF) for b in range(0xA1, 0xFF)]
+        wrong: list[tuple[str, str, str, str]] = []
+        checked = 0
+        for charset in charsets:
+            if charset == "eucjpms":
+                continue
+            codes = one + (two if charset in _CODECS else []) + (
+                three if charset in ("ujis",) else [])
+            decode = text_decoder(charset)
+            for start in range(0, len(codes), 2000):
+                batch = codes[start:start + 2000]
+                cur.execute("SELECT " + ", ".join(
+                    f"HEX(CONVERT(CONVERT(UNHEX('{code.hex()}') USING {charset}) USING utf8mb4))"
+                    for code in batch))
+                for code, server_hex in zip(batch, cur.fetchone(), strict=True):
+                    checked += 1
+                    # (the server's utf8mb4 of a lone UTF-16 surrogate is not UTF-8: no text)
+                    server = bytes.fromhex(server_hex).decode(errors="replace")
+                    try:
+                        ours = decode(code)
+                    except UndecodableText:
+                        continue  # loud: fine whatever the server shows
+                    if ours != server:
+                        wrong.append((charset, code.hex(), repr(server), repr(ours)))
+    print(f"\ncharset codes checked: {checked} over {len(charsets) - 1} charsets")
+    assert not wrong, f"{len(wrong)} codes decode differently: {wrong[:60]}"
