@@ -32,9 +32,14 @@ _CODECS = {
     "big5": "big5", "cp932": "cp932", "euckr": "cp949", "gb2312": "gb2312", "gbk": "gbk",
     "sjis": "shift_jis", "ujis": "euc_jp",
 }
-# ... and what differs after decoding: sjis 0x815F is U+005C on the server, U+FF3C in Python
-# (no other sjis code decodes to U+FF3C, so the mend is exact).
-_MENDS = {"sjis": str.maketrans({"\uff3c": "\\"})}
+# ... and what differs after decoding. sjis 0x815F and ujis 0xA1C0 are U+005C on the server,
+# U+FF3C in Python (no other code of theirs decodes to U+FF3C, so the mend is exact).
+_MENDS = {"sjis": str.maketrans({"\uff3c": "\\"}), "ujis": str.maketrans({"\uff3c": "\\"})}
+# Characters Python decodes from codes the server does not define (it shows '?' or U+FFFD);
+# each comes from that code only. big5 also has codes that decode to a character whose own
+# code is another one (0xA2CC and 0xA451 both give U+5341): only a round trip tells them.
+_UNDEFINED_CHARS = {"big5": "\u2574\uffe3\u02cd", "cp932": "\x80\uf8f0\uf8f1\uf8f2\uf8f3"}
+_ROUND_TRIP = frozenset({"big5"})
 
 
 class UndecodableText(ValueError):
@@ -85,6 +90,17 @@ def text_decoder(charset: str) -> Callable[[bytes], str]:
     elif mend is not None:
         def decode(data: bytes) -> str:
             return data.decode(codec).translate(mend)
+    elif charset in _UNDEFINED_CHARS:
+        undefined = frozenset(_UNDEFINED_CHARS[charset])
+        round_trip = charset in _ROUND_TRIP
+
+        def decode(data: bytes) -> str:
+            text = data.decode(codec)
+            if not text.isascii() and (not undefined.isdisjoint(text) or (
+                    round_trip and text.encode(codec) != data)):
+                raise UnicodeDecodeError(charset, data, 0, len(data),
+                                         "a code the server does not define")
+            return text
     else:
         def decode(data: bytes) -> str:
             return data.decode(codec)

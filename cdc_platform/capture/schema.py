@@ -55,6 +55,10 @@ class ColumnSpec:
     # Text charset when not UTF-8 (``charsets.landing_charset``): the binlog carries such text
     # as bytes, decoded the way the server converts it for SELECTs.
     charset: str | None = None
+    # information_schema.DATA_TYPE where the spec was read from there. Not part of the column's
+    # identity (the binlog does not carry it): chunks use it where the landing form sorts
+    # differently from the source (MariaDB's UUID orders by swapped segments, not bytes).
+    source_type: str | None = field(default=None, compare=False)
 
     def arrow_type(self) -> pa.DataType:
         """The Arrow type this column lands as (docs/landing-zone.md has the table)."""
@@ -87,6 +91,7 @@ class ColumnSpec:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["values"] = list(self.values)
+        del data["source_type"]
         if self.charset is None:  # the form written before charsets were recorded
             del data["charset"]
         return data
@@ -247,7 +252,8 @@ def column_from_information_schema(row: dict[str, Any]) -> ColumnSpec:
     charset = None
     if kind in ("string", "enum", "set"):
         charset = landing_charset(row.get("CHARACTER_SET_NAME"))
-    return ColumnSpec(str(row["COLUMN_NAME"]), kind, precision, scale, values, charset)
+    return ColumnSpec(str(row["COLUMN_NAME"]), kind, precision, scale, values, charset,
+                      source_type=data_type)
 
 
 def _parse_enum_members(column_type: str) -> tuple[str, ...]:

@@ -104,11 +104,22 @@ def datetime_from_text(value: str | bytes) -> Any:
         return pymysql.converters.convert_datetime(value)
 
 
-# The decoders of source sessions: pymysql's, with the faster DATETIME/TIMESTAMP decoder.
+def time_from_text(value: str | bytes) -> str:
+    """TIME as the server's own text (``[-]HH:MM:SS[.f]``), which is its landing form.
+
+    pymysql's timedelta cannot be a parameter again: it escapes a negative timedelta wrongly
+    (-838:59:59 becomes '-839:00:01'), so a keyset scan on a TIME key never advanced.
+    """
+    return value.decode("ascii") if isinstance(value, bytes | bytearray) else value
+
+
+# The decoders of source sessions: pymysql's, with the faster DATETIME/TIMESTAMP decoder and
+# TIME kept as text.
 SOURCE_DECODERS: dict[Any, Any] = {
     **pymysql.converters.conversions,
     FIELD_TYPE.DATETIME: datetime_from_text,
     FIELD_TYPE.TIMESTAMP: datetime_from_text,
+    FIELD_TYPE.TIME: time_from_text,
 }
 
 
@@ -117,6 +128,10 @@ def connect(settings: dict[str, Any], dict_cursor: bool = False) -> pymysql.Conn
     conn = pymysql.connect(
         **settings,
         autocommit=True,
+        # bytes parameters (binary chunk keys) as _binary'...': without the prefix they are text
+        # literals in the connection charset, which INET6/UUID/INET4 parse as text (no match)
+        # and which carry non-UTF-8 bytes wrongly.
+        binary_prefix=True,
         cursorclass=pymysql.cursors.DictCursor if dict_cursor else pymysql.cursors.Cursor,
         conv=SOURCE_DECODERS,
     )

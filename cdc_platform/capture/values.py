@@ -165,14 +165,17 @@ def _set_converter(members: Sequence[str], decode: Callable[[bytes], str] | None
     return from_binlog if decode is not None else from_select
 
 
-def _text_converter(decode: Callable[[bytes], str]) -> Converter:
+def _text_converter(column: ColumnSpec, decode: Callable[[bytes], str]) -> Converter:
     """Binlog text kept as bytes (non-UTF-8 charsets, ENUM members) -> the SELECT's text.
 
     An empty value arrives as ``''`` (mysql-replication decodes b'' with any codec)."""
     def convert(value: Any) -> str | None:
         if value is None or isinstance(value, str):
             return value
-        return decode(value)
+        try:
+            return decode(value)
+        except UndecodableText as error:
+            raise ColumnValueError(column, error, converting=True) from error
 
     return convert
 
@@ -239,19 +242,22 @@ def _time_converter(fsp: int, from_binlog: bool) -> Converter:
     return convert
 
 
-def _binlog_binary(length: int | None) -> Converter:
+def _binlog_binary(column: ColumnSpec) -> Converter:
     """BINARY(n) arrives with its 0x00 padding stripped (restore it: the server pads), and an
     empty value arrives as ``''`` (mysql-replication decodes b'' with any codec)."""
+    length = column.precision
+
     def convert(value: Any) -> bytes | None:
         if value is None:
             return None
         if isinstance(value, str):
             if value:
-                raise ValueError(f"binary value arrived as text {value[:40]!r}")
+                raise ColumnValueError(
+                    column, ValueError(f"binary value arrived as text {value[:40]!r}"),
+                    converting=True)
             value = b""
-        value = bytes(value)
         if length and len(value) < length:
-            return value + b"\x00" * (length - len(value))
+            return bytes(value) + b"\x00" * (length - len(value))
         return value
 
     return convert
@@ -294,7 +300,7 @@ def converter_for(column: ColumnSpec, from_binlog: bool) -> Converter | None:
         return _set_converter(column.values, None) if kind == "set" else None
     # The binlog side: text it keeps as bytes, and the library's own quirks.
     if kind == "binary":
-        return _loudly(column, _binlog_binary(column.precision))
+        return _binlog_binary(column)
     if kind == "year":
         return _binlog_year
     if kind in ("string", "enum", "set"):
@@ -304,7 +310,7 @@ def converter_for(column: ColumnSpec, from_binlog: bool) -> Converter | None:
         decode = text_decoder(column.charset or "utf8mb4")
         if kind == "set":
             return _loudly(column, _set_converter(column.values, decode))
-        return _loudly(column, _text_converter(decode))
+        return _text_converter(column, decode)
     return None
 
 

@@ -5,17 +5,19 @@ from __future__ import annotations
 import datetime as dt
 from decimal import Decimal
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pymysql.constants import FIELD_TYPE
 from pymysql.converters import convert_datetime
 
-from cdc_platform.capture.schema import ColumnSpec
+from cdc_platform.capture.schema import ColumnSpec, ColumnValueError
 from cdc_platform.capture.source import SOURCE_DECODERS, datetime_from_text
 from cdc_platform.capture.values import (
     _fix_binlog_negative_time,
     converter_for,
     format_time,
+    json_opaque_text,
     row_hash,
 )
 
@@ -96,3 +98,136 @@ def test_source_sessions_use_the_fast_decoder():
     assert SOURCE_DECODERS[FIELD_TYPE.TIMESTAMP] is datetime_from_text
     assert datetime_from_text("2025-01-02 03:04:05.5") == dt.datetime(2025, 1, 2, 3, 4, 5, 500000)
     assert datetime_from_text("0000-00-00 00:00:00") == "0000-00-00 00:00:00"
+
+
+# ---- binlog quirks and charsets (issue 13) ------------------------------------------------------
+
+
+def _both(column: ColumnSpec, from_binlog, from_select):
+    binlog = converter_for(column, from_binlog=True)
+    select = converter_for(column, from_binlog=False)
+    return (binlog(from_binlog) if binlog else from_binlog,
+            select(from_select) if select else from_select)
+
+
+def test_empty_binary_values_arrive_as_empty_text_and_land_as_bytes():
+    """mysql-replication decodes b'' with any codec, so an empty (all-padding) BINARY(n) or an
+    empty VARBINARY is '' (the TypeError of issue 13 in an UPDATE's before image)."""
+    assert _both(ColumnSpec("b", "binary", precision=4), "", b"\x00" * 4) == (b"\x00" * 4,) * 2
+    assert _both(ColumnSpec("b", "binary", precision=4), b"a", b"a\x00\x00\x00") == (
+        b"a\x00\x00\x00",) * 2
+    assert _both(ColumnSpec("v", "binary"), "", b"") == (b"", b"")
+
+
+def test_zero_timestamp_and_year_zero_land_as_the_select_reads_them():
+    ts = ColumnSpec("t", "timestamp", scale=0)
+    assert _both(ts, dt.datetime(1970, 1, 1), "0000-00-00 00:00:00") == (None, None)
+    assert _both(ts, dt.datetime(1970, 1, 1, 0, 0, 1), dt.datetime(1970, 1, 1, 0, 0, 1)) == (
+        dt.datetime(1970, 1, 1, 0, 0, 1),) * 2
+    year = ColumnSpec("y", "year")
+    assert _both(year, 1900, 0) == (0, 0)
+    assert _both(year, 1901, 1901) == (1901, 1901)
+    assert _both(year, 2155, 2155) == (2155, 2155)
+
+
+def test_text_in_other_charsets_decodes_as_the_server_converts_it():
+    cases = [
+        ("latin1", bytes.fromhex("C3814C"), "Ã\x81L"),  # 0x81: not in Python's cp1252
+        ("latin1", bytes([0x81, 0x8D, 0x8F, 0x90, 0x9D, 0x80]), "\x81\x8d\x8f\x90\x9d€"),
+        ("utf16", "é😀".encode("utf-16-be"), "é😀"),  # big-endian, no BOM
+        ("utf16le", "é😀".encode("utf-16-le"), "é😀"),
+        ("utf32", "é😀".encode("utf-32-be"), "é😀"),
+        ("ucs2", "é中".encode("utf-16-be"), "é中"),
+        ("euckr", "갂".encode("cp949"), "갂"),  # MySQL's euckr is Windows' cp949
+        ("sjis", bytes.fromhex("815F"), "\\"),
+        ("cp1251", "Привет".encode("cp1251"), "Привет"),
+    ]
+    for charset, data, text in cases:
+        column = ColumnSpec("s", "string", charset=charset)
+        assert _both(column, data, text) == (text, text), charset
+    assert _both(ColumnSpec("s", "string", charset="latin1"), "", "") == ("", "")
+
+
+@pytest.mark.parametrize(("charset", "data"), [
+    ("cp1250", b"\x81"), ("ascii", b"\x80"), ("ucs2", "😀".encode("utf-16-be")),
+    ("utf16", b"\xd8\x00"), ("eucjpms", b"abc"),
+])
+def test_text_a_charset_cannot_decode_is_a_loud_column_error(charset, data):
+    convert = converter_for(ColumnSpec("s", "string", charset=charset), from_binlog=True)
+    with pytest.raises(ColumnValueError, match=f"column s \\(string, charset {charset}\\)"):
+        convert(data)
+
+
+def test_enum_and_set_members_in_any_charset():
+    enum = ColumnSpec("e", "enum", values=("é", "b"), charset="latin1")
+    assert _both(enum, "é".encode("latin1"), "é") == ("é", "é")
+    assert _both(enum, "", "") == ("", "")  # the invalid value (index 0)
+    members = ("?", "b", "é")  # information_schema shows 😀 as ?
+    binlog_set = ColumnSpec("s", "set", values=members)
+    assert _both(binlog_set, {"é".encode(), "😀".encode(), b"b"}, "😀,b,é") == ("😀,b,é",) * 2
+    assert _both(binlog_set, None, "") == (None, None)
+    ambiguous = converter_for(ColumnSpec("s", "set", values=("?", "?")), from_binlog=True)
+    with pytest.raises(ColumnValueError, match="ambiguous"):
+        ambiguous({"😀".encode(), "😁".encode()})
+
+
+def test_column_specs_read_back_from_metadata_written_before_charsets():
+    old = {"name": "c", "kind": "string", "precision": None, "scale": None, "values": []}
+    assert ColumnSpec.from_dict(old) == ColumnSpec("c", "string")
+    assert ColumnSpec("c", "string").to_dict() == old  # utf8 columns: metadata unchanged
+    latin1 = ColumnSpec("c", "string", charset="latin1")
+    assert ColumnSpec.from_dict(latin1.to_dict()) == latin1
+    assert ColumnSpec("u", "binary", 16, source_type="uuid").to_dict()["precision"] == 16
+    assert "source_type" not in ColumnSpec("u", "binary", 16, source_type="uuid").to_dict()
+
+
+# MySQL's binary JSON: what the decoder hands over (json_binary with the platform's
+# parse_opaque) and the text the server prints for the same document (SELECT side).
+_PACKED_DATETIME = ((((2024 * 13 + 2) << 5 | 29) << 17 | (13 << 12 | 5 << 6 | 9)) << 24) | 123
+_PACKED_TIME = -((((838 << 12) | (59 << 6) | 58) << 24) | 999_999)
+
+
+def test_json_typed_scalars_land_as_mysql_prints_them():
+    date = json_opaque_text(10, (_PACKED_DATETIME - 123 - ((13 << 12 | 5 << 6 | 9) << 24))
+                            .to_bytes(8, "little", signed=True))
+    datetime = json_opaque_text(12, _PACKED_DATETIME.to_bytes(8, "little", signed=True))
+    time = json_opaque_text(11, _PACKED_TIME.to_bytes(8, "little", signed=True))
+    blob = json_opaque_text(252, b"\x00\xff")
+    assert (date, datetime, time, blob) == (
+        "2024-02-29", "2024-02-29 13:05:09.000123", "-838:59:58.999999", "base64:type252:AP8=")
+    from_binlog = {b"d": Decimal("1.50"), b"n": Decimal("-12345678901234567890"),
+                   b"when": [date, datetime, time], b"blob": blob, b"f": 0.1, b"s": b"\xc3\xa9"}
+    from_select = ('{"d": 1.50, "n": -12345678901234567890, "when": ["2024-02-29", '
+                   '"2024-02-29 13:05:09.000123", "-838:59:58.999999"], '
+                   '"blob": "base64:type252:AP8=", "f": 0.1, "s": "é"}')
+    json_column = ColumnSpec("j", "json")
+    binlog, select = _both(json_column, from_binlog, from_select)
+    assert binlog == select
+    # Python's own temporal values (the library's decoder without the platform's) too:
+    assert _both(json_column, [dt.date(2024, 2, 29), dt.datetime(2024, 2, 29, 1, 2, 3)],
+                 '["2024-02-29", "2024-02-29 01:02:03.000000"]')[0] == \
+        '["2024-02-29","2024-02-29 01:02:03.000000"]'
+
+
+def test_a_partial_json_update_is_a_loud_column_error():
+    from pymysqlreplication.json_binary import JsonDiff, JsonDiffOperation
+
+    convert = converter_for(ColumnSpec("j", "json"), from_binlog=True)
+    with pytest.raises(ColumnValueError, match="binlog_row_value_options"):
+        convert(JsonDiff(JsonDiffOperation.Replace, b"$.a", b"1"))
+
+
+def test_the_binlog_adapter_installs_its_decoders_into_mysql_replication():
+    """The adapter's fixes live in mysql-replication's internals: an upgrade that renames them
+    must fail here, not silently decode text and JSON the old way."""
+    from pymysqlreplication import json_binary
+    from pymysqlreplication.row_event import RowsEvent, TableMapEvent
+
+    from cdc_platform.capture import binlog
+
+    assert RowsEvent.charset_to_encoding("cp1252") == "cdc-platform-keeps-bytes"
+    assert RowsEvent.charset_to_encoding("utf8") == "utf8"
+    assert TableMapEvent._read_type_values is binlog._type_values_as_bytes
+    assert json_binary.parse_opaque is binlog._json_opaque
+    assert binlog._json_opaque(bytes([12, 8]) + _PACKED_DATETIME.to_bytes(8, "little")) == \
+        "2024-02-29 13:05:09.000123"

@@ -40,6 +40,7 @@ import pyarrow as pa
 import pymysql
 import pymysql.cursors
 
+from cdc_platform.capture.charsets import as_information_schema_shows
 from cdc_platform.capture.gtid import GtidSet
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.snapshot.conditions import validate_condition
@@ -80,6 +81,8 @@ _RANGE_ORDERED_TYPES: tuple[Callable[[pa.DataType], bool], ...] = (
 def range_ordered(column: ColumnSpec) -> bool:
     """Whether the lake orders ``column``'s landed values as the source orders the column."""
     arrow_type = column.arrow_type()
+    if column.source_type == "uuid":  # lands as bytes, sorts by swapped segments
+        return False
     return any(test(arrow_type) for test in _RANGE_ORDERED_TYPES)
 
 
@@ -227,10 +230,12 @@ def _param(column: ColumnSpec, value: Any) -> Any:
     BIT arrives as bytes from SELECTs; compare as an integer.
     """
     if column.kind == "enum" and isinstance(value, str):
+        value = as_information_schema_shows(value)  # as column.values holds member names
         return column.values.index(value) + 1 if value in column.values else 0
     if column.kind == "set" and isinstance(value, str):
         members = {m: 1 << i for i, m in enumerate(column.values)}
-        return sum(members.get(m, 0) for m in value.split(",") if m)
+        return sum(members.get(as_information_schema_shows(m), 0)
+                   for m in value.split(",") if m)
     if column.kind == "bit" and isinstance(value, bytes | bytearray):
         return int.from_bytes(value, "big")
     return value
