@@ -205,3 +205,20 @@ def test_streaming_job_fails_with_the_line(cdc_env: CdcEnv, case: str,
     error = failures[0].step_failure_data.error
     assert expected in error.message, error.message
     assert failures[0].step_failure_data.user_failure_data.description.count("\n") == 0
+
+
+def test_snapshot_asset_fails_with_the_line(cdc_env: CdcEnv,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from cdc_platform.definitions import build_definitions
+
+    cdc_env.execute("CREATE TABLE items (id INT PRIMARY KEY)")
+    expected = _configure(cdc_env, "no-binlog-monitor", monkeypatch)
+    defs = build_definitions(cdc_env.settings)
+    asset = defs.resolve_assets_def(
+        dg.AssetKey([cdc_env.server_name, "snapshot", cdc_env.db, "items"]))
+    with dg.instance_for_test() as instance:
+        result = dg.materialize([asset], instance=instance, raise_on_error=False)
+    assert not result.success
+    [failure] = result.get_step_failure_events()
+    description = failure.step_failure_data.user_failure_data.description
+    assert expected in description and "\n" not in description
