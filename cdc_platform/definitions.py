@@ -15,6 +15,7 @@ from dagster_pyspark import LazyPySparkResource
 
 from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.names import table_id
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.source import selector_from_settings
 from cdc_platform.config import Settings, settings
@@ -37,10 +38,9 @@ def discover_tables(config: Settings) -> list[TableSchema]:
         connection = dict(config.source.connection_settings(), connect_timeout=3)
         with source_sql.source_connection(connection) as conn:
             for database, table in source_sql.list_tables(conn, selector):
-                table_id = f"{database}.{table}"
-                if table_id not in tables:
+                if table_id(database, table) not in tables:
                     schema = source_sql.read_table_schema(conn, database, table)
-                    tables[table_id] = selector.shape(schema)
+                    tables[schema.table_id] = selector.shape(schema)
     except Exception as error:  # noqa: BLE001 - an unreachable source must not break loading
         log.warning(f"source {server!r} unreachable while loading definitions ({error}); "
                     f"target assets come from the landing zone only ({len(tables)} tables)")

@@ -41,6 +41,7 @@ from pymysqlreplication.row_event import (
     WriteRowsEvent,
 )
 
+from cdc_platform.capture import names
 from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.binlog import (
     BinlogStream,
@@ -336,7 +337,7 @@ class CaptureEngine:
     def _record_discovered_tables(self) -> None:
         """Note every captured table's schema, so empty tables still get a target."""
         for database, table in source_sql.list_tables(self._control, self.options.selector):
-            if f"{database}.{table}" not in self._schemas:
+            if names.table_id(database, table) not in self._schemas:
                 self._read_source_schema(database, table)
 
     def _read_source_schema(self, database: str, table: str) -> TableSchema | None:
@@ -377,7 +378,7 @@ class CaptureEngine:
 
     def _schema_for_snapshot(self, table_id: str) -> TableSchema | None:
         """``SnapshotCoordinator``'s way to the source schema (``_read_source_schema``)."""
-        database, table = table_id.split(".", 1)
+        database, table = names.split_table_id(table_id)
         return self._read_source_schema(database, table)
 
     def _close_control(self) -> None:
@@ -632,7 +633,7 @@ class CaptureEngine:
         self.stats.ddl_statements += 1
         gtid = self._txn.gtid if self._txn else "?"
         for database, table in captured:
-            table_id = f"{database}.{table}"
+            table_id = names.table_id(database, table)
             if self._txn is not None and self._txn.gtid and self._snapshots.record_ddl(
                     table_id, parse_gtid(self.options.flavour, self._txn.gtid)):
                 self._snapshots_dirty = True  # the session ends for a restart

@@ -18,6 +18,7 @@ import pymysql.converters
 import pymysql.cursors
 from pymysql.constants import FIELD_TYPE
 
+from cdc_platform.capture import names
 from cdc_platform.capture.schema import TableSchema, column_from_information_schema
 
 if TYPE_CHECKING:
@@ -47,11 +48,12 @@ class TableSelector:
         object.__setattr__(self, "_cache", {})
 
     def captures(self, database: str, table: str) -> bool:
-        """True when ``database.table`` passes the include/exclude patterns (memoised: hot path)."""
+        """True when the table id (``db.table``, `` `my.db`.table ``: ``names.table_id``)
+        passes the include/exclude patterns (memoised: hot path)."""
         key = (database, table)
         cache: dict[tuple[str, str], bool] = self._cache  # type: ignore[attr-defined]
         if key not in cache:
-            table_id = f"{database}.{table}"
+            table_id = names.table_id(database, table)
             cache[key] = (
                 database not in self.system_databases
                 and any(p.fullmatch(table_id) for p in self._include)  # type: ignore[attr-defined]
@@ -60,8 +62,12 @@ class TableSelector:
         return cache[key]
 
     def surrogate_key_of(self, table_id: str) -> tuple[str, ...]:
-        """The configured surrogate key of ``db.table`` (empty: none)."""
-        return dict(self.surrogate_keys).get(table_id, ())
+        """The configured surrogate key of a table id (empty: none), configured under its
+        table id, another quoting of it, or its plain ``db.table`` text."""
+        for configured, key in self.surrogate_keys:
+            if names.resolve_table_id(configured, [table_id]) is not None:
+                return key
+        return ()
 
     def shape(self, schema: TableSchema) -> TableSchema:
         """The schema as it lands: excluded columns removed; a table without a primary key
@@ -80,10 +86,10 @@ class TableSelector:
             self.excluded_columns_of(schema.database, schema.table, schema.column_names))
 
     def excluded_columns_of(self, database: str, table: str, columns: Iterable[str]) -> set[str]:
-        prefix = f"{database}.{table}."
         return {
             c for c in columns
-            if any(p.fullmatch(prefix + c) for p in self._columns)  # type: ignore[attr-defined]
+            if any(p.fullmatch(names.qualified_name(database, table, c))
+                   for p in self._columns)  # type: ignore[attr-defined]
         }
 
 
@@ -169,7 +175,8 @@ def read_table_schema(conn: pymysql.Connection, database: str, table: str) -> Ta
         )
         columns = tuple(column_from_information_schema(r) for r in cur.fetchall())
         if not columns:
-            raise LookupError(f"table {database}.{table} does not exist on the source")
+            raise LookupError(f"table {names.table_id(database, table)} does not exist on the "
+                              "source")
         cur.execute(
             "SELECT COLUMN_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = %s "
             "AND TABLE_NAME = %s AND INDEX_NAME = 'PRIMARY' ORDER BY SEQ_IN_INDEX",

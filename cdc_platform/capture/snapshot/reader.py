@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pymysql
 
+from cdc_platform.capture import names
 from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.binlog import is_retriable
 from cdc_platform.capture.landing import Checkpoint, LandingZone, write_atomically
@@ -187,7 +188,7 @@ def _now() -> str:
 
 
 def snapshot_dir(landing: LandingZone, database: str, table: str) -> Path:
-    return landing.root / "snapshots" / database / table
+    return landing.snapshot_dir(database, table)
 
 
 def request_path(landing: LandingZone, database: str, table: str) -> Path:
@@ -325,7 +326,7 @@ def session_live(landing: LandingZone, database: str, table: str,
     session's request stays behind with its last action."""
     if request is None or request.session_id == NO_SESSION or request.action == "stop":
         return False
-    state = read_session_state(landing.read_checkpoint(), f"{database}.{table}")
+    state = read_session_state(landing.read_checkpoint(), names.table_id(database, table))
     if state is not None and state.get("session_id") == request.session_id:
         return state.get("state") in ("open", "paused")
     return reader_alive(landing, database, table)
@@ -371,7 +372,7 @@ def signal_action(landing: LandingZone, database: str, table: str, action: str,
     if action not in ("pause", "resume", "stop"):
         raise ValueError(f"signal action {action!r}: want pause, resume or stop")
     current = read_request(landing, database, table)
-    table_id = f"{database}.{table}"
+    table_id = names.table_id(database, table)
     if current is not None and current.signal is not None and not signal.newer_than(
             current.signal):
         if current.signal == signal:

@@ -15,6 +15,7 @@ from pydantic import Field
 
 from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.names import joined_name
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.conditions import UnsafeConditionError, validate_condition
 from cdc_platform.capture.snapshot.reader import (
@@ -114,17 +115,21 @@ def _snapshot_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinit
     server = settings.source.server_name
     key_text = ", ".join(schema.primary_key) or "(none: set capture.surrogate_keys)"
 
-    @dg.asset(
-        key=snapshot_key(settings, schema),
-        group_name=f"{server}_snapshots",
-        kinds={"mariadb" if settings.source.flavour == "mariadb" else "mysql", "parquet"},
-        description=f"Incremental snapshot of {schema.table_id} on {server!r}: reads the table "
-        "in keyset chunks between GTID watermarks, without locks or writes on the source, while "
-        "the stream_changes job runs; that job commits each chunk into the changelog. "
-        "Finishes when the whole table is committed. A snapshot that is stopped or skipped "
-        "records an observation with its status, not a materialisation.",
-        metadata={"chunk_key": key_text},
-        output_required=False,
+    @dg.multi_asset(
+        # The op needs a valid Dagster name, which the asset key's real names may not give.
+        name=joined_name(server, "snapshot", schema.database, schema.table),
+        specs=[dg.AssetSpec(
+            key=snapshot_key(settings, schema),
+            group_name=f"{server}_snapshots",
+            kinds={"mariadb" if settings.source.flavour == "mariadb" else "mysql", "parquet"},
+            description=f"Incremental snapshot of {schema.table_id} on {server!r}: reads the "
+            "table in keyset chunks between GTID watermarks, without locks or writes on the "
+            "source, while the stream_changes job runs; that job commits each chunk into the "
+            "changelog. Finishes when the whole table is committed. A snapshot that is stopped "
+            "or skipped records an observation with its status, not a materialisation.",
+            metadata={"chunk_key": key_text},
+            skippable=True,
+        )],
     )
     def snapshot(context: dg.AssetExecutionContext, config: SnapshotConfig
                  ) -> Iterator[dg.MaterializeResult | dg.AssetObservation]:
