@@ -24,7 +24,7 @@ from cdc_platform.defs.lake import definitions as lake_defs
 from cdc_platform.defs.signals import definitions as signals_defs
 from cdc_platform.defs.snapshots import definitions as snapshots_defs
 from cdc_platform.defs.streaming import definitions as streaming_defs
-from cdc_platform.lake.spark import DEFAULT_CONF
+from cdc_platform.lake.spark import DEFAULT_CONF, prepare_python_workers
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,15 @@ def spark_config(config: Settings) -> dict[str, str]:
     }
 
 
+class LakeSparkResource(LazyPySparkResource):
+    """The lazy PySpark resource, with Python workers that run this interpreter and import this
+    cdc_platform from any working directory (``lake.spark.prepare_python_workers``)."""
+
+    def _init_session(self) -> None:
+        prepare_python_workers()
+        super()._init_session()
+
+
 def build_definitions(config: Settings) -> dg.Definitions:
     tables = discover_tables(config)
     snapshot_assets = snapshots_defs.snapshot_assets(config, tables)
@@ -68,7 +77,7 @@ def build_definitions(config: Settings) -> dg.Definitions:
         signals_defs.build(config, snapshot_assets),
         dbt_defs.build(config, tables),
         dg.Definitions(
-            resources={"pyspark": LazyPySparkResource(spark_config=spark_config(config))},
+            resources={"pyspark": LakeSparkResource(spark_config=spark_config(config))},
             executor=dg.in_process_executor,
         ),
     )
