@@ -9,6 +9,7 @@ from cdc_platform.capture.names import joined_name, valid_name
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.source import selector_from_settings
 from cdc_platform.config import Settings
+from cdc_platform.defs.names import single_asset, single_asset_check
 from cdc_platform.defs.snapshots.definitions import snapshot_key
 from cdc_platform.defs.streaming.runner import changelog_key
 from cdc_platform.lake.merge import materialise
@@ -28,13 +29,9 @@ def target_group(settings: Settings, schema: TableSchema) -> str:
 def _target_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinition:
     server = settings.source.server_name
 
-    @dg.multi_asset(
-        # The op needs a valid Dagster name, which the asset key's real names may not give.
-        name=joined_name(server, schema.database, schema.table),
-        specs=[dg.AssetSpec(
+    @single_asset(
+        dg.AssetSpec(
             key=target_key(settings, schema),
-            # Stream records and committed snapshot chunks both arrive through the changelog.
-            deps=[changelog_key(settings), snapshot_key(settings, schema)],
             group_name=target_group(settings, schema),
             kinds={"spark", "parquet"},
             description=f"Lake table for {schema.table_id} on {server!r}: the landed changes "
@@ -42,7 +39,10 @@ def _target_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinitio
             "snapshot range assertions applied), committed atomically with the changelog mark "
             "it consumed.",
             metadata={"primary_key": ", ".join(schema.primary_key) or "(none)"},
-        )],
+        ),
+        op_name=joined_name(server, schema.database, schema.table),
+        # Stream records and committed snapshot chunks both arrive through the changelog.
+        deps=[changelog_key(settings), snapshot_key(settings, schema)],
         # Another run committed this table's next version first (ConcurrentCommitError):
         # running again builds on that version.
         retry_policy=dg.RetryPolicy(max_retries=2, delay=1.0),
@@ -85,18 +85,17 @@ def _target_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinitio
 def _reconcile_check(settings: Settings, schema: TableSchema) -> dg.AssetChecksDefinition:
     server = settings.source.server_name
 
-    @dg.multi_asset_check(
-        # Unlike the target's and snapshot's op names, never a join of three names: a table
-        # named `orders_reconcile` must not take the op name of the check of `orders`.
-        name=joined_name("reconcile", server, schema.database, schema.table),
-        specs=[dg.AssetCheckSpec(
+    @single_asset_check(
+        dg.AssetCheckSpec(
             "reconcile",
             asset=target_key(settings, schema),
             blocking=True,
             description=f"Compares {schema.table_id} on the source with its lake table by "
             "key-range checksums, drilling into mismatching ranges; fails on any missing, extra "
             "or different row. Run it when the target has caught up with the source.",
-        )],
+        ),
+        # Not "<target op>_reconcile": a table named `orders_reconcile` has that op name.
+        op_name=joined_name("reconcile", server, schema.database, schema.table),
     )
     def reconcile(context: dg.AssetCheckExecutionContext, pyspark: LazyPySparkResource
                   ) -> dg.AssetCheckResult:

@@ -30,6 +30,7 @@ from cdc_platform.capture.snapshot.reader import (
 )
 from cdc_platform.capture.source import selector_from_settings
 from cdc_platform.config import Settings
+from cdc_platform.defs.names import single_asset
 from cdc_platform.defs.snapshots.runner import notify_skipped, result_metadata, run_reader
 
 
@@ -115,10 +116,8 @@ def _snapshot_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinit
     server = settings.source.server_name
     key_text = ", ".join(schema.primary_key) or "(none: set capture.surrogate_keys)"
 
-    @dg.multi_asset(
-        # The op needs a valid Dagster name, which the asset key's real names may not give.
-        name=joined_name(server, "snapshot", schema.database, schema.table),
-        specs=[dg.AssetSpec(
+    @single_asset(
+        dg.AssetSpec(
             key=snapshot_key(settings, schema),
             group_name=f"{server}_snapshots",
             kinds={"mariadb" if settings.source.flavour == "mariadb" else "mysql", "parquet"},
@@ -128,8 +127,9 @@ def _snapshot_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinit
             "changelog. Finishes when the whole table is committed. A snapshot that is stopped "
             "or skipped records an observation with its status, not a materialisation.",
             metadata={"chunk_key": key_text},
-            skippable=True,
-        )],
+        ),
+        op_name=joined_name(server, "snapshot", schema.database, schema.table),
+        required=False,
     )
     def snapshot(context: dg.AssetExecutionContext, config: SnapshotConfig
                  ) -> Iterator[dg.MaterializeResult | dg.AssetObservation]:
