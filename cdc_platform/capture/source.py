@@ -156,6 +156,16 @@ def list_tables(conn: pymysql.Connection, selector: TableSelector) -> list[tuple
     return [(db, t) for db, t in (_pair(r) for r in rows) if selector.captures(db, t)]
 
 
+def resolve_table(conn: pymysql.Connection, selector: TableSelector, text: str
+                  ) -> tuple[str, str] | None:
+    """``(database, table)`` of the captured table that user input names (``db.table``, quoted
+    `` `my.db`.table `` or plain ``my.db.table``: ``names.resolve_table_id``); None when it names
+    none. AmbiguousTableError when the plain form names two tables."""
+    found = names.resolve_table_id(
+        text, [names.table_id(d, t) for d, t in list_tables(conn, selector)])
+    return None if found is None else names.split_table_id(found)
+
+
 def _pair(row: Any) -> tuple[str, str]:
     if isinstance(row, dict):
         return row["TABLE_SCHEMA"], row["TABLE_NAME"]

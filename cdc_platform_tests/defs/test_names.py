@@ -196,3 +196,35 @@ def test_materialise_targets_runs_from_another_directory_without_spark_variables
     commit = TargetTable(s.warehouse.url, env.server_name, AWKWARD_DB, AWKWARD_TABLE).current()
     assert commit is not None and commit.rows == 2
     assert os.listdir(elsewhere) == []
+
+
+def test_snapshot_of_awkward_names_lands_rows_the_binlog_never_saw(cdc_env, awkward_db, spark):
+    """Chunk queries, watermarks and snapshot files of a table whose database, table and key
+    columns hold dots, slashes, backticks and spaces; keyset continuation over a composite key
+    of such columns (chunks of 2 rows)."""
+    from cdc_platform_tests.defs.test_snapshot_assets import streaming
+
+    env = cdc_env
+    _awkward_settings(env)
+    table = f"{q(AWKWARD_DB)}.{q(AWKWARD_TABLE)}"
+    id_col, name_col, space_col = (q(c) for c in COLUMNS[:3])
+    _source(env, f"CREATE TABLE {table} ({id_col} INT, {name_col} VARCHAR(20), "
+                 f"{space_col} INT, PRIMARY KEY ({id_col}, {name_col}))")
+    _source(env, "SET SESSION sql_log_bin = 0",
+            *[f"INSERT INTO {table} VALUES ({i % 3}, 'k`{i}', {i})" for i in range(7)])
+    key = dg.AssetKey([env.server_name, "snapshot", AWKWARD_DB, AWKWARD_TABLE])
+    with dg.instance_for_test() as instance, streaming(env):
+        asset = build_definitions(env.settings).resolve_assets_def(key)
+        result = dg.materialize([asset], instance=instance, run_config={"ops": {
+            asset.op.name: {"config": {"chunk_size": 2, "progress_seconds": 0.2}}}})
+        assert result.success
+        metadata = instance.get_latest_materialization_event(key).asset_materialization.metadata
+        assert (metadata["status"].value, metadata["rows"].value) == ("done", 7)
+    assert not any(p.is_file() for p in (env.root / "landing").rglob("*")
+                   if env.landing.root not in p.parents)
+    env.catch_up()
+    s = env.settings
+    assert materialise(spark, s.landing_zone.url, s.warehouse.url, env.server_name, None,
+                       AWKWARD_DB, AWKWARD_TABLE).rows == 7
+    check = _reconcile(env, spark)
+    assert (check.missing, check.extra, check.different, check.target_rows) == (0, 0, 0, 7)

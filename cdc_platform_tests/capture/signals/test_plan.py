@@ -314,3 +314,16 @@ def test_no_message_content_crashes_the_planner(key: bytes | None, value: bytes)
         assert isinstance(action, StartSnapshot | ControlSnapshots | LogMessage | Skipped)
     # ... and none went through the last line of defence: every skip has its own reason.
     assert not any("planning it failed" in reason for reason in reasons(actions))
+
+
+def test_tables_with_dots_in_their_names_are_named_plainly_or_quoted() -> None:
+    """Debezium's plain `db.table` resolves against the captured tables; where a dot makes it
+    name two tables, the entry is refused with how to quote it, and nothing else starts."""
+    captured = ["`my.db`.orders", "shop.a.b", "`shop.a`.b", "shop.x"]
+    assert match_collections(["my.db.orders"], captured) == (["`my.db`.orders"], [])
+    assert match_collections(["`my.db`.`orders`"], captured) == (["`my.db`.orders"], [])
+    assert match_collections(["shop.`a.b`", "`shop.a`.b"], captured) == (
+        ["shop.a.b", "`shop.a`.b"], [])
+    tables, [problem] = match_collections(["shop.a.b"], captured)
+    assert tables == [] and "names 2 tables" in problem and "backticks" in problem
+    assert match_collections([r"shop\.x"], captured) == (["shop.x"], [])
