@@ -97,8 +97,17 @@ def table_id(database: str, table: str) -> str:
 
 
 def split_table_id(text: str) -> tuple[str, str]:
-    """``(database, table)`` of a ``table_id``; ValueError when ``text`` is not one."""
-    database, table = split_qualified_name(text, 2)
+    """``(database, table)`` of a ``table_id``; ValueError when ``text`` is not one.
+
+    Text that is not a quoted id but was written before quoting existed (``f"{db}.{table}"``,
+    e.g. for a table named ```x``) reads as it was written: split at the first dot.
+    """
+    try:
+        database, table = split_qualified_name(text, 2)
+    except ValueError:
+        database, _, table = text.partition(".")
+        if not database or not table:
+            raise
     return database, table
 
 

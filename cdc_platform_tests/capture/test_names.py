@@ -67,9 +67,12 @@ def test_a_dot_in_the_database_is_quoted():
     assert split_table_id("`my.db`.t") == ("my.db", "t")
     assert split_table_id("`my``db`.`t`") == ("my`db", "t")
     assert table_id("a`b", "`c") == "a`b.```c`"
-    for bad in ("nodot", "`open.t", "a.", ".t", "`a`b.t", "`a`.`b`c"):
+    for bad in ("nodot", "a.", ".t", "`a`.", "``"):
         with pytest.raises(ValueError):
             split_table_id(bad)
+    # Not quoted ids: ids written before quoting existed, split at the first dot as then.
+    assert split_table_id("db.`x") == ("db", "`x")
+    assert split_table_id("`a`b.t") == ("`a`b", "t")
 
 
 def test_plain_user_input_resolves_against_the_known_tables():
