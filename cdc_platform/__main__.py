@@ -76,6 +76,7 @@ def _snapshot(args: argparse.Namespace) -> int:
     """Snapshot one table in the foreground (the snapshot asset does the same in Dagster), or
     pause/resume/stop its session. The capture engine (``stream``) must be running."""
     from cdc_platform.capture.landing import LandingZone
+    from cdc_platform.capture.names import resolve_table_id, split_table_id
     from cdc_platform.capture.snapshot import reader as snapshot_reader
     from cdc_platform.capture.snapshot.actions import request_action
     from cdc_platform.capture.snapshot.errors import SnapshotError
@@ -88,8 +89,13 @@ def _snapshot(args: argparse.Namespace) -> int:
         check_source(settings)  # before any log line: a start failure is one line on stderr
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if args.action != "run":
-        database, _, table = args.table.partition(".")
         landing = LandingZone(settings.landing_zone.url, settings.source.server_name)
+        try:  # db.table, `my.db`.table or plain my.db.table, as the engine recorded them
+            database, table = split_table_id(
+                resolve_table_id(args.table, landing.read_tables()) or args.table)
+        except ValueError as error:
+            logging.error(f"snapshot {args.action}: {error}")
+            return 1
         request = request_action(landing, database, table, args.action)
         logging.info(f"snapshot of {args.table}: {args.action} requested for session "
                      f"{request.session_id}")

@@ -76,7 +76,8 @@ class SourceSettings(_Section):
 class TableFilter(_Section):
     include: tuple[str, ...] = Field(
         default=(".*",),
-        description="Regular expressions matched (fully) against `database.table`; a table is "
+        description="Regular expressions matched (fully) against `database.table` (the table id: "
+        "a database name with a dot is backtick-quoted, `` `my.db`.orders ``); a table is "
         "captured when one matches and no `exclude` pattern does.",
     )
     exclude: tuple[str, ...] = Field(
@@ -113,7 +114,8 @@ class CaptureSettings(_Section):
     tables: TableFilter = Field(default_factory=TableFilter, description="Table filter.")
     excluded_columns: tuple[str, ...] = Field(
         default=(),
-        description="Regular expressions matched against `database.table.column`; matching "
+        description="Regular expressions matched against `database.table.column` (a database or "
+        "table name with a dot backtick-quoted); matching "
         "columns never leave the engine (e.g. personal data).",
     )
     surrogate_keys: dict[str, list[str]] = Field(

@@ -15,6 +15,7 @@ from dagster_pyspark import LazyPySparkResource
 
 from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.names import table_id
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.source import selector_from_settings
 from cdc_platform.config import Settings, settings
@@ -24,7 +25,7 @@ from cdc_platform.defs.signals import definitions as signals_defs
 from cdc_platform.defs.snapshots import definitions as snapshots_defs
 from cdc_platform.defs.snapshots import sensors as snapshots_sensors
 from cdc_platform.defs.streaming import definitions as streaming_defs
-from cdc_platform.lake.spark import DEFAULT_CONF
+from cdc_platform.lake.spark import DEFAULT_CONF, prepare_python_workers
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +39,9 @@ def discover_tables(config: Settings) -> list[TableSchema]:
         connection = dict(config.source.connection_settings(), connect_timeout=3)
         with source_sql.source_connection(connection) as conn:
             for database, table in source_sql.list_tables(conn, selector):
-                table_id = f"{database}.{table}"
-                if table_id not in tables:
+                if table_id(database, table) not in tables:
                     schema = source_sql.read_table_schema(conn, database, table)
-                    tables[table_id] = selector.shape(schema)
+                    tables[schema.table_id] = selector.shape(schema)
     except Exception as error:  # noqa: BLE001 - an unreachable source must not break loading
         log.warning(f"source {server!r} unreachable while loading definitions ({error}); "
                     f"target assets come from the landing zone only ({len(tables)} tables)")
@@ -59,6 +59,15 @@ def spark_config(config: Settings) -> dict[str, str]:
     }
 
 
+class LakeSparkResource(LazyPySparkResource):
+    """The lazy PySpark resource, with Python workers that run this interpreter and import this
+    cdc_platform from any working directory (``lake.spark.prepare_python_workers``)."""
+
+    def _init_session(self) -> None:
+        prepare_python_workers()
+        super()._init_session()
+
+
 def build_definitions(config: Settings) -> dg.Definitions:
     tables = discover_tables(config)
     snapshot_assets = snapshots_defs.snapshot_assets(config, tables)
@@ -70,7 +79,7 @@ def build_definitions(config: Settings) -> dg.Definitions:
         signals_defs.build(config, snapshot_assets),
         dbt_defs.build(config, tables),
         dg.Definitions(
-            resources={"pyspark": LazyPySparkResource(spark_config=spark_config(config))},
+            resources={"pyspark": LakeSparkResource(spark_config=spark_config(config))},
             executor=dg.in_process_executor,
         ),
     )

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pymysql
 
+from cdc_platform.capture import names
 from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.binlog import (
     BinlogStream,
@@ -393,7 +394,7 @@ class CaptureEngine:
     def _record_discovered_tables(self) -> None:
         """Note every captured table's schema, so empty tables still get a target."""
         for database, table in source_sql.list_tables(self._control, self.options.selector):
-            if f"{database}.{table}" not in self._schemas:
+            if names.table_id(database, table) not in self._schemas:
                 self._read_source_schema(database, table)
 
     def _read_source_schema(self, database: str, table: str) -> TableSchema | None:
@@ -434,7 +435,7 @@ class CaptureEngine:
 
     def _schema_for_snapshot(self, table_id: str) -> TableSchema | None:
         """``SnapshotCoordinator``'s way to the source schema (``_read_source_schema``)."""
-        database, table = table_id.split(".", 1)
+        database, table = names.split_table_id(table_id)
         return self._read_source_schema(database, table)
 
     def _close_control(self) -> None:
@@ -672,7 +673,7 @@ class CaptureEngine:
                                            self._schemas, self.options.selector.captures):
             self.log.warning(marker.describe())
         for database, table in captured:
-            table_id = f"{database}.{table}"
+            table_id = names.table_id(database, table)
             if gtid and self._snapshots.record_ddl(table_id, self._flavour.parse_gtid(gtid)):
                 self._snapshots_dirty = True  # the session ends for a restart
             self.log.info(f"table {table_id}: {ddl.verb} at GTID {gtid or '?'} (tracked, not "

@@ -22,9 +22,54 @@ from urllib.parse import urlparse
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from cdc_platform.capture.names import name_of_path_component, path_component
 from cdc_platform.capture.schema import TableSchema
 
+# ---- the layout (docs/landing-zone.md), one definition for the engine and the lake ---------------
+
+CHECKPOINT_FILE = "checkpoint.json"
+TABLES_FILE = "tables.json"
+CHANGELOG_DIR = "changelog"
+SNAPSHOTS_DIR = "snapshots"
 SEGMENT_NAME = re.compile(r"^(\d{20})-(\d{20})\.parquet$")
+
+
+def table_parts(database: str, table: str) -> tuple[str, str]:
+    """A table's two directory names (``<db>/<table>``) below ``changelog/`` and ``snapshots/``,
+    and in the warehouse: escaped by ``names.path_component`` (plain names stay as they are)."""
+    return path_component(database), path_component(table)
+
+
+def table_of_parts(database_dir: str, table_dir: str) -> tuple[str, str]:
+    """``(database, table)`` of the directory names ``table_parts`` gave."""
+    return name_of_path_component(database_dir), name_of_path_component(table_dir)
+
+
+def changelog_parts(database: str, table: str) -> tuple[str, ...]:
+    """The path of a table's changelog directory below the server's folder."""
+    return (CHANGELOG_DIR, *table_parts(database, table))
+
+
+def snapshot_parts(database: str, table: str) -> tuple[str, ...]:
+    """The path of a table's snapshot directory (request, control, chunks) below the server's
+    folder."""
+    return (SNAPSHOTS_DIR, *table_parts(database, table))
+
+
+def segment_name(first_pos: int, last_pos: int) -> str:
+    return f"{first_pos:020d}-{last_pos:020d}.parquet"
+
+
+def tables_from_json(data: bytes | str) -> dict[str, TableSchema]:
+    """``tables.json``: table id -> schema. Keyed by the ids of the schemas' own names, so a
+    file written with another table-id form (before ids were quoted) reads the same."""
+    schemas = [TableSchema.from_dict(v) for v in json.loads(data).get("tables", {}).values()]
+    return {s.table_id: s for s in schemas}
+
+
+def tables_to_json(tables: dict[str, TableSchema]) -> bytes:
+    data = {"tables": {s.table_id: s.to_dict() for _, s in sorted(tables.items())}}
+    return json.dumps(data, indent=1).encode()
 
 
 def local_path(url: str) -> Path:
@@ -111,14 +156,17 @@ class LandingZone:
 
     @property
     def checkpoint_path(self) -> Path:
-        return self.root / "checkpoint.json"
+        return self.root / CHECKPOINT_FILE
 
     @property
     def tables_path(self) -> Path:
-        return self.root / "tables.json"
+        return self.root / TABLES_FILE
 
     def table_dir(self, database: str, table: str) -> Path:
-        return self.root / "changelog" / database / table
+        return self.root.joinpath(*changelog_parts(database, table))
+
+    def snapshot_dir(self, database: str, table: str) -> Path:
+        return self.root.joinpath(*snapshot_parts(database, table))
 
     @contextlib.contextmanager
     def engine_lock(self) -> Iterator[None]:
@@ -158,17 +206,15 @@ class LandingZone:
     def read_tables(self) -> dict[str, TableSchema]:
         """The captured tables' newest schemas, as the engine last recorded them."""
         try:
-            data = json.loads(self.tables_path.read_bytes())
+            return tables_from_json(self.tables_path.read_bytes())
         except FileNotFoundError:
             return {}
-        return {k: TableSchema.from_dict(v) for k, v in data.get("tables", {}).items()}
 
     def write_tables(self, tables: dict[str, TableSchema]) -> None:
-        data = {"tables": {k: v.to_dict() for k, v in sorted(tables.items())}}
-        write_atomically(self.tables_path, json.dumps(data, indent=1).encode())
+        write_atomically(self.tables_path, tables_to_json(tables))
 
     def segment_path(self, database: str, table: str, first_pos: int, last_pos: int) -> Path:
-        return self.table_dir(database, table) / f"{first_pos:020d}-{last_pos:020d}.parquet"
+        return self.table_dir(database, table) / segment_name(first_pos, last_pos)
 
     def write_segment(self, schema: TableSchema, table: pa.Table, first_pos: int,
                       last_pos: int) -> Path:
@@ -204,7 +250,7 @@ class LandingZone:
         never read past the checkpoint, so nobody has seen them.
         """
         removed: list[Path] = []
-        changelog = self.root / "changelog"
+        changelog = self.root / CHANGELOG_DIR
         if not changelog.is_dir():
             return removed
         for path in changelog.glob("*/*/*"):

@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from cdc_platform.capture.charsets import landing_charset
+from cdc_platform.capture.names import split_table_id, table_id
 
 # The kinds a source column is reduced to. One landing type per kind.
 KINDS = (
@@ -119,7 +120,8 @@ class TableSchema:
 
     @property
     def table_id(self) -> str:
-        return f"{self.database}.{self.table}"
+        """``db.table``, quoted where a name holds a dot (``capture.names.table_id``)."""
+        return table_id(self.database, self.table)
 
     @property
     def column_names(self) -> tuple[str, ...]:
@@ -158,6 +160,8 @@ class TableSchema:
     def parquet_metadata(self) -> dict[bytes, bytes]:
         return {
             b"cdc.table": self.table_id.encode(),
+            b"cdc.database": self.database.encode(),
+            b"cdc.table_name": self.table.encode(),
             b"cdc.primary_key": json.dumps(list(self.primary_key)).encode(),
             b"cdc.columns": json.dumps([c.to_dict() for c in self.columns]).encode(),
         }
@@ -181,7 +185,11 @@ class TableSchema:
 
     @staticmethod
     def from_parquet_metadata(metadata: dict[bytes, bytes]) -> TableSchema:
-        database, table = metadata[b"cdc.table"].decode().split(".", 1)
+        if b"cdc.database" in metadata and b"cdc.table_name" in metadata:
+            database = metadata[b"cdc.database"].decode()
+            table = metadata[b"cdc.table_name"].decode()
+        else:  # segments written before the names were stored apart
+            database, table = split_table_id(metadata[b"cdc.table"].decode())
         return TableSchema(
             database=database,
             table=table,

@@ -18,6 +18,7 @@ import pymysql.converters
 import pymysql.cursors
 from pymysql.constants import FIELD_TYPE
 
+from cdc_platform.capture import names
 from cdc_platform.capture.flavours import flavour_of
 from cdc_platform.capture.schema import TableSchema, column_from_information_schema
 
@@ -48,11 +49,12 @@ class TableSelector:
         object.__setattr__(self, "_cache", {})
 
     def captures(self, database: str, table: str) -> bool:
-        """True when ``database.table`` passes the include/exclude patterns (memoised: hot path)."""
+        """True when the table id (``db.table``, `` `my.db`.table ``: ``names.table_id``)
+        passes the include/exclude patterns (memoised: hot path)."""
         key = (database, table)
         cache: dict[tuple[str, str], bool] = self._cache  # type: ignore[attr-defined]
         if key not in cache:
-            table_id = f"{database}.{table}"
+            table_id = names.table_id(database, table)
             cache[key] = (
                 database not in self.system_databases
                 and any(p.fullmatch(table_id) for p in self._include)  # type: ignore[attr-defined]
@@ -61,8 +63,12 @@ class TableSelector:
         return cache[key]
 
     def surrogate_key_of(self, table_id: str) -> tuple[str, ...]:
-        """The configured surrogate key of ``db.table`` (empty: none)."""
-        return dict(self.surrogate_keys).get(table_id, ())
+        """The configured surrogate key of a table id (empty: none), configured under its
+        table id, another quoting of it, or its plain ``db.table`` text."""
+        for configured, key in self.surrogate_keys:
+            if names.resolve_table_id(configured, [table_id]) is not None:
+                return key
+        return ()
 
     def shape(self, schema: TableSchema) -> TableSchema:
         """The schema as it lands: excluded columns removed; a table without a primary key
@@ -81,10 +87,10 @@ class TableSelector:
             self.excluded_columns_of(schema.database, schema.table, schema.column_names))
 
     def excluded_columns_of(self, database: str, table: str, columns: Iterable[str]) -> set[str]:
-        prefix = f"{database}.{table}."
         return {
             c for c in columns
-            if any(p.fullmatch(prefix + c) for p in self._columns)  # type: ignore[attr-defined]
+            if any(p.fullmatch(names.qualified_name(database, table, c))
+                   for p in self._columns)  # type: ignore[attr-defined]
         }
 
 
@@ -166,6 +172,16 @@ def list_tables(conn: pymysql.Connection, selector: TableSelector) -> list[tuple
     return [(db, t) for db, t in (_pair(r) for r in rows) if selector.captures(db, t)]
 
 
+def resolve_table(conn: pymysql.Connection, selector: TableSelector, text: str
+                  ) -> tuple[str, str] | None:
+    """``(database, table)`` of the captured table that user input names (``db.table``, quoted
+    `` `my.db`.table `` or plain ``my.db.table``: ``names.resolve_table_id``); None when it names
+    none. AmbiguousTableError when the plain form names two tables."""
+    found = names.resolve_table_id(
+        text, [names.table_id(d, t) for d, t in list_tables(conn, selector)])
+    return None if found is None else names.split_table_id(found)
+
+
 def _pair(row: Any) -> tuple[str, str]:
     if isinstance(row, dict):
         return row["TABLE_SCHEMA"], row["TABLE_NAME"]
@@ -185,7 +201,8 @@ def read_table_schema(conn: pymysql.Connection, database: str, table: str) -> Ta
         )
         columns = tuple(column_from_information_schema(r) for r in cur.fetchall())
         if not columns:
-            raise LookupError(f"table {database}.{table} does not exist on the source")
+            raise LookupError(f"table {names.table_id(database, table)} does not exist on the "
+                              "source")
         cur.execute(
             "SELECT COLUMN_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = %s "
             "AND TABLE_NAME = %s AND INDEX_NAME = 'PRIMARY' ORDER BY SEQ_IN_INDEX",

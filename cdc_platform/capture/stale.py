@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cdc_platform.capture import names
 from cdc_platform.capture.ddl import TableDdl, statement_tokens
 from cdc_platform.capture.gtid import parse_gtid, parse_position
 from cdc_platform.capture.landing import LandingZone, write_atomically
@@ -79,7 +80,7 @@ class StaleTable:
 
     @property
     def table_id(self) -> str:
-        return f"{self.database}.{self.table}"
+        return names.table_id(self.database, self.table)
 
 
 def _word(token: Token | None) -> str | None:
@@ -308,7 +309,7 @@ def _renamed(renames: Sequence[tuple[TableName, TableName]]
 
 
 def _qualified(name: TableName) -> str:
-    return f"{name[0]}.{name[1]}"
+    return names.table_id(name[0], name[1])
 
 
 def stale_tables(ddl: TableDdl, schemas: Mapping[str, TableSchema] | None = None
@@ -406,7 +407,7 @@ class StaleMarker:
 
     @property
     def table_id(self) -> str:
-        return f"{self.database}.{self.table}"
+        return names.table_id(self.database, self.table)
 
     @property
     def resolved(self) -> bool:
@@ -472,7 +473,7 @@ def record_stale_targets(landing: LandingZone, ddl: TableDdl, gtid: str, positio
     if ddl.verb == "CREATE" and not verdicts:
         pending = {m.table_id for m in read_markers(landing) if not m.resolved}
         for database, table in ddl.tables[:1]:
-            if f"{database}.{table}" in pending and captures(database, table):
+            if names.table_id(database, table) in pending and captures(database, table):
                 verdicts.append(StaleTable(database, table, "created again under the name of "
                                            "a table that is gone: the target still holds the "
                                            "old table's rows"))

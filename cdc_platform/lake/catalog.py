@@ -19,18 +19,16 @@ newest versions; see ``TargetTable.collect_garbage``).
 
 from __future__ import annotations
 
-import hashlib
 import posixpath
-import re
 from dataclasses import replace
 
 from pyspark.sql.types import StructType
 
+from cdc_platform.capture.names import valid_name
 from cdc_platform.lake.columns import OP, POS, table_struct
 from cdc_platform.lake.table_format import BROADCAST_MAX_DELTA_ROWS, Commit, DataFile, TargetTable
 
 FILES_DATABASE = "cdc_lake_files"
-_INVALID_NAME_CHARS = re.compile(r"[^A-Za-z0-9_]")
 
 
 def quote(identifier: str) -> str:
@@ -44,15 +42,13 @@ def string_literal(value: str) -> str:
 
 
 def catalog_name(name: str) -> str:
-    """A name Spark's session catalog accepts (letters, digits, underscores only).
+    """A name Spark's session catalog accepts and tells apart (``names.valid_name``).
 
-    Names that are already valid stay as they are; others get their invalid characters replaced
-    by ``_`` and a short hash of the original appended, so that ``a-b`` and ``a_b`` differ.
+    Names of lower-case letters, digits and underscores stay as they are; others become a slug
+    plus a short hash of the original, so that ``a-b`` and ``a_b`` differ, and (the catalog
+    ignores case) ``A`` and ``a`` too.
     """
-    if not _INVALID_NAME_CHARS.search(name):
-        return name
-    digest = hashlib.sha1(name.encode()).hexdigest()[:8]
-    return f"{_INVALID_NAME_CHARS.sub('_', name)}_{digest}"
+    return valid_name(name, case_sensitive=False)
 
 
 def catalog_database(server_name: str, database: str) -> str:

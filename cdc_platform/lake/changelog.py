@@ -10,7 +10,6 @@ the newest segment's columns by name.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from functools import reduce
 from typing import Any
@@ -20,6 +19,14 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
+from cdc_platform.capture.landing import (
+    CHECKPOINT_FILE,
+    SEGMENT_NAME,
+    TABLES_FILE,
+    changelog_parts,
+    tables_from_json,
+)
+from cdc_platform.capture.names import table_id
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.lake.columns import (
     CHANGELOG_META,
@@ -32,8 +39,6 @@ from cdc_platform.lake.columns import (
     user_struct,
 )
 from cdc_platform.lake.paths import Location, resolve
-
-SEGMENT_NAME = re.compile(r"^(\d{20})-(\d{20})\.parquet$")
 
 
 @dataclass(frozen=True)
@@ -51,7 +56,7 @@ def _server(landing_url: str, server_name: str) -> Location:
 
 def read_checkpoint(landing_url: str, server_name: str) -> dict[str, Any] | None:
     """The engine's checkpoint (``gtid``, ``next_pos``...), or None before its first one."""
-    location = _server(landing_url, server_name).join("checkpoint.json")
+    location = _server(landing_url, server_name).join(CHECKPOINT_FILE)
     data = location.read_bytes()
     if data is None:
         return None
@@ -71,12 +76,11 @@ def read_table_schemas(landing_url: str, server_name: str) -> dict[str, TableSch
 
     Used only as a fallback schema for a table that has no changelog yet.
     """
-    data = _server(landing_url, server_name).join("tables.json").read_bytes()
+    data = _server(landing_url, server_name).join(TABLES_FILE).read_bytes()
     if data is None:
         return {}
     try:
-        tables = json.loads(data).get("tables", {})
-        return {k: TableSchema.from_dict(v) for k, v in tables.items()}
+        return tables_from_json(data)
     except (ValueError, KeyError, TypeError, AttributeError):
         return {}
 
@@ -93,7 +97,7 @@ def list_segments(
 
     Temporary files (written before a rename) and anything not named like a segment are ignored.
     """
-    directory = _server(landing_url, server_name).join("changelog", database, table)
+    directory = _server(landing_url, server_name).join(*changelog_parts(database, table))
     segments = []
     for name in directory.list_names():
         match = SEGMENT_NAME.match(name)
@@ -160,10 +164,10 @@ def changelog_batch(
         else:
             groups.append((plain, [segment.location.spark_uri]))
     newest = _schema_from_metadata(newest_metadata, segments[-1])
-    if newest.table_id != f"{database}.{table}":
+    if (newest.database, newest.table) != (database, table):
         raise ValueError(
             f"segment {segments[-1].location.spark_uri} says it belongs to {newest.table_id}, "
-            f"not {database}.{table}; the landing zone's changelog directory is inconsistent"
+            f"not {table_id(database, table)}; the landing zone's changelog directory is inconsistent"
         )
     target = StructType(CHANGELOG_META.fields + user_struct(newest.columns).fields)
     if snapshot_columns and any(THRESHOLD in schema.names for schema, _ in groups):

@@ -46,6 +46,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from cdc_platform.capture.names import table_id
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.lake.changelog import changelog_batch, read_checkpoint, read_table_schemas
 from cdc_platform.lake.columns import (
@@ -638,10 +639,10 @@ def _fallback_schema(
 ) -> TableSchema:
     if schema_hint is not None:
         return schema_hint
-    schema = read_table_schemas(landing_url, server_name).get(f"{database}.{table}")
+    schema = read_table_schemas(landing_url, server_name).get(table_id(database, table))
     if schema is None:
         raise LookupError(
-            f"{database}.{table} has no changelog yet and no schema to create an empty target "
+            f"{table_id(database, table)} has no changelog yet and no schema to create an empty target "
             "from: pass schema_hint, or let the capture engine record it in tables.json first"
         )
     return schema

@@ -32,7 +32,16 @@ class Location:
     path: str
 
     def join(self, *parts: str) -> Location:
-        """A location below this one (``parts`` are plain names, never URLs)."""
+        """A location below this one (``parts`` are relative paths, never URLs).
+
+        A source name is a part only once escaped (``capture.landing.table_parts``); a part
+        that could leave this directory (absolute, or with a ``.`` or ``..`` segment) is
+        refused, never joined.
+        """
+        for part in parts:
+            if not part or part.startswith("/") or {".", ".."} & set(part.split("/")):
+                raise ValueError(f"{part!r} is not a relative path below {self.spark_uri}; "
+                                 "escape source names with capture.names.path_component")
         return Location(
             spark_uri=posixpath.join(self.spark_uri, *parts),
             fs=self.fs,

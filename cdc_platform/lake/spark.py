@@ -9,10 +9,18 @@ timestamps in the proleptic Gregorian calendar (MySQL's DATETIME goes back to ye
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
+from pathlib import Path
 
 from pyspark.sql import SparkSession
+
+import cdc_platform
+
+# The directory holding the ``cdc_platform`` package this process runs (a checkout, an editable
+# install's source tree or site-packages): Python workers import the same code from it.
+PACKAGE_PARENT = str(Path(cdc_platform.__file__).resolve().parents[1])
 
 # Runtime SQL settings the lake's values depend on; ``ensure_lake_conf`` applies them to a session
 # built elsewhere (e.g. by a Dagster resource) before the lake reads or writes with it.
@@ -27,9 +35,11 @@ LAKE_SQL_CONF: dict[str, str] = {
 # Runtime and static settings; callers may override any of them through ``conf``.
 DEFAULT_CONF: dict[str, str] = {
     **LAKE_SQL_CONF,
-    # Python workers (reconciliation's mapInArrow) must run this interpreter, which has pyarrow;
-    # on a cluster, override with the executors' interpreter via spark.conf.
+    # Python workers (reconciliation's mapInArrow) must run this interpreter, which has pyarrow,
+    # and import this cdc_platform (see prepare_python_workers); on a cluster, override both
+    # with the executors' interpreter and path via spark.conf.
     "spark.pyspark.python": sys.executable,
+    "spark.executorEnv.PYTHONPATH": PACKAGE_PARENT,
     "spark.sql.catalogImplementation": "in-memory",
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.shuffle.partitions": "4",
@@ -54,6 +64,7 @@ def build_spark_session(
     the catalog only take effect for the first one). The SQL warehouse directory goes to a fresh
     temporary directory so that nothing lands in the working directory.
     """
+    prepare_python_workers()
     settings = dict(DEFAULT_CONF)
     if SparkSession.getActiveSession() is None and "spark.sql.warehouse.dir" not in (conf or {}):
         settings["spark.sql.warehouse.dir"] = tempfile.mkdtemp(prefix="cdc-spark-warehouse-")
@@ -62,6 +73,19 @@ def build_spark_session(
     for key, value in settings.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def prepare_python_workers() -> None:
+    """Make the Python workers of a session created after this call run this interpreter.
+
+    PySpark starts its workers with the interpreter named by the environment variable
+    ``PYSPARK_PYTHON`` when the session is created (``spark.pyspark.python`` in the session's
+    conf does not reach them); without it they run the system ``python3``, which fails on
+    ``import pyarrow`` or ``cdc_platform`` (a user's own ``dagster job execute`` from another
+    directory). A value the user set is kept. The workers' PYTHONPATH gets the package's
+    directory through ``spark.executorEnv.PYTHONPATH`` (DEFAULT_CONF).
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 
 def ensure_lake_conf(spark: SparkSession) -> None:

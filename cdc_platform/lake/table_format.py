@@ -35,6 +35,8 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from cdc_platform.capture.landing import table_parts
+from cdc_platform.capture.names import table_id
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.lake.columns import OP, POS, col, conform, key_join, table_struct
 from cdc_platform.lake.paths import Location, create_exclusive, resolve
@@ -149,11 +151,11 @@ class TargetTable:
         self.server_name = server_name
         self.database = database
         self.table = table
-        self.root = resolve(warehouse_url).join(server_name, database, table)
+        self.root = resolve(warehouse_url).join(server_name, *table_parts(database, table))
 
     @property
     def table_id(self) -> str:
-        return f"{self.database}.{self.table}"
+        return table_id(self.database, self.table)
 
     def __repr__(self) -> str:
         return f"TargetTable({self.root.spark_uri!r})"

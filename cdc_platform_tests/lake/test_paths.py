@@ -63,3 +63,12 @@ def test_exclusive_create_has_one_winner_and_leaves_no_temporary_files(tmp_path:
 def test_exclusive_create_on_object_storage_is_an_explicit_seam():
     with pytest.raises(NotImplementedError, match="conditional-put"):
         create_exclusive(resolve("mock://bucket/x.json"), b"{}")
+
+
+@pytest.mark.parametrize("part", ["..", ".", "/etc", "data/../../x", ""])
+def test_join_refuses_parts_that_leave_the_directory(tmp_path: Path, part: str):
+    """Source names reach paths only escaped (capture.names.path_component); a raw one that
+    could climb out of the landing zone or warehouse is refused, never joined."""
+    with pytest.raises(ValueError, match="path_component"):
+        resolve(str(tmp_path)).join("server", part)
+    assert resolve(str(tmp_path)).join("data/1-base-x").path == f"{tmp_path}/data/1-base-x"

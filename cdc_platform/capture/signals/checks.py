@@ -21,6 +21,7 @@ from typing import Any
 
 import pymysql
 
+from cdc_platform.capture import names
 from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.binlog import is_retriable
 from cdc_platform.capture.schema import TableSchema
@@ -66,7 +67,7 @@ class SourceChecks:
 
     def _schema(self, table_id: str) -> TableSchema | str:
         if table_id not in self._schemas:
-            database, _, table = table_id.partition(".")
+            database, table = names.split_table_id(table_id)
             conn = self._connection()
             try:
                 self._schemas[table_id] = self.selector.shape(

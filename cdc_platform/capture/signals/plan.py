@@ -38,6 +38,7 @@ from typing import Any
 
 import regex
 
+from cdc_platform.capture.names import AmbiguousTableError, resolve_table_id, split_table_id
 from cdc_platform.capture.signals.checks import SnapshotCheck
 from cdc_platform.capture.signals.messages import (
     EXECUTE_SNAPSHOT,
@@ -119,8 +120,13 @@ def match_collections(entries: Iterable[str], captured: Sequence[str],
     matched: dict[str, None] = {}
     problems: list[str] = []
     for entry in entries:
-        if entry in captured:
-            matched[entry] = None
+        try:  # a table id, a backtick-quoted or a plain db.table naming one captured table
+            named = resolve_table_id(entry, captured)
+        except AmbiguousTableError as error:
+            problems.append(str(error))
+            continue
+        if named is not None:
+            matched[named] = None
             continue
         try:
             found = _fullmatches(_compile(entry), entry, captured, budget)
@@ -130,7 +136,7 @@ def match_collections(entries: Iterable[str], captured: Sequence[str],
         if found:
             matched.update(dict.fromkeys(found))
         elif _PLAIN_NAME.match(entry) and selector is not None and \
-                not selector.captures(*entry.split(".", 1)):
+                not selector.captures(*split_table_id(entry)):
             problems.append(f"{entry} is not captured (excluded by capture.tables or a system "
                             "database): only captured tables can be snapshotted")
         else:

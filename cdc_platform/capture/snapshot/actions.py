@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from cdc_platform.capture import names
 from cdc_platform.capture.landing import LandingZone
 from cdc_platform.capture.snapshot.errors import SnapshotError
 from cdc_platform.capture.snapshot.protocol import (
@@ -54,7 +55,7 @@ def session_live(landing: LandingZone, database: str, table: str,
     session's request stays behind with its last action."""
     if request is None or request.session_id == NO_SESSION or request.action == Action.STOP:
         return False
-    state = read_session_state(landing.read_checkpoint(), f"{database}.{table}")
+    state = read_session_state(landing.read_checkpoint(), names.table_id(database, table))
     if state is not None and state.get("session_id") == request.session_id:
         return state.get("state") in (SessionState.OPEN, SessionState.PAUSED)
     return reader_alive(landing, database, table)
@@ -79,7 +80,7 @@ def signal_action(landing: LandingZone, database: str, table: str, action: str,
     if action not in ("pause", "resume", "stop"):
         raise ValueError(f"signal action {action!r}: want pause, resume or stop")
     current = read_request(landing, database, table)
-    table_id = f"{database}.{table}"
+    table_id = names.table_id(database, table)
     if current is not None and current.signal is not None and not signal.newer_than(
             current.signal):
         if current.signal == signal:

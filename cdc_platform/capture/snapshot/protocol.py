@@ -156,7 +156,7 @@ def timestamp_now() -> str:
 
 
 def snapshot_dir(landing: LandingZone, database: str, table: str) -> Path:
-    return landing.root / "snapshots" / database / table
+    return landing.snapshot_dir(database, table)
 
 
 def request_path(landing: LandingZone, database: str, table: str) -> Path:

@@ -32,6 +32,7 @@ from typing import Any
 
 import pymysql
 
+from cdc_platform.capture import names
 from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.binlog import is_retriable
 from cdc_platform.capture.landing import Checkpoint, LandingZone, write_atomically
@@ -853,16 +854,16 @@ def reader_from_settings(settings: Any, table_id: str, **options: Any) -> Snapsh
     Raises SnapshotError when the table is not captured or does not exist.
     """
 
-    database, _, table = table_id.partition(".")
     server = settings.source.server_name
     selector = selector_from_settings(settings)
-    if not table or not selector.captures(database, table):
-        raise SnapshotError(f"snapshot of {table_id!r} on {server!r}: not a captured table "
-                            "(want database.table, matching capture.tables)")
     with source_sql.source_connection(settings.source.connection_settings()) as conn:
         try:
-            schema = source_sql.read_table_schema(conn, database, table)
-        except LookupError as error:
+            named = source_sql.resolve_table(conn, selector, table_id)
+            if named is None:
+                raise SnapshotError(f"snapshot of {table_id!r} on {server!r}: not a captured "
+                                    "table (want database.table, matching capture.tables)")
+            schema = source_sql.read_table_schema(conn, *named)
+        except (LookupError, names.AmbiguousTableError) as error:
             raise SnapshotError(f"snapshot of {table_id} on {server!r}: {error}") from None
     options.setdefault("selector", selector)
     return SnapshotReader(LandingZone(settings.landing_zone.url, server),

@@ -21,8 +21,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from cdc_platform.capture import names
 from cdc_platform.capture.gtid import Gtid, GtidSet, parse_position
-from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.landing import SNAPSHOTS_DIR, LandingZone, table_of_parts
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.snapshot.chunks import (
     Chunk,
@@ -187,7 +188,7 @@ class SnapshotCoordinator:
     def readers_alive(self) -> bool:
         """Whether a snapshot reader of an open or paused session is running (it holds its
         table's ``reader.lock``; a dead reader's lock is released with its process)."""
-        return any(reader_alive(self.landing, *s.table_id.split(".", 1))
+        return any(reader_alive(self.landing, *names.split_table_id(s.table_id))
                    for s in self.sessions.values() if s.state in ("open", "paused"))
 
     # -- the engine's hot path -------------------------------------------------------------
@@ -297,19 +298,19 @@ class SnapshotCoordinator:
         return None
 
     def _snapshot_dir(self, table_id: str) -> Path:
-        database, table = table_id.split(".", 1)
-        return self.landing.root / "snapshots" / database / table
+        return self.landing.snapshot_dir(*names.split_table_id(table_id))
 
     def _poll_requests(self, processed: GtidSet, next_pos: int) -> bool:
         changed = False
-        base = self.landing.root / "snapshots"
+        base = self.landing.root / SNAPSHOTS_DIR
         if not base.is_dir():
             return False
         for path in base.glob("*/*/request.json"):
-            database, table = path.parent.parent.name, path.parent.name
+            database, table = table_of_parts(path.parent.parent.name, path.parent.name)
             request = read_request(self.landing, database, table)
             if request is not None:  # (an unreadable one is logged by read_request)
-                changed |= self._apply(f"{database}.{table}", request, processed, next_pos)
+                changed |= self._apply(names.table_id(database, table), request, processed,
+                                      next_pos)
         return changed
 
     def _apply(self, table_id: str, request: SnapshotRequest, processed: GtidSet,

@@ -7,9 +7,11 @@ from dagster_pyspark import LazyPySparkResource
 from cdc_platform.capture import source as source_sql
 from cdc_platform.capture import stale
 from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.names import joined_name, valid_name
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.source import selector_from_settings
 from cdc_platform.config import Settings
+from cdc_platform.defs.names import single_asset, single_asset_check
 from cdc_platform.defs.snapshots.definitions import snapshot_key
 from cdc_platform.defs.streaming.runner import changelog_key
 from cdc_platform.lake.merge import materialise
@@ -18,22 +20,31 @@ from cdc_platform.lake.table_format import TargetTable
 
 
 def target_key(settings: Settings, schema: TableSchema) -> dg.AssetKey:
+    """``<server>/<db>/<table>``: the real names, whatever characters they hold."""
     return dg.AssetKey([settings.source.server_name, schema.database, schema.table])
+
+
+def target_group(settings: Settings, schema: TableSchema) -> str:
+    return f"{settings.source.server_name}_{valid_name(schema.database)}"
 
 
 def _target_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinition:
     server = settings.source.server_name
 
-    @dg.asset(
-        key=target_key(settings, schema),
+    @single_asset(
+        dg.AssetSpec(
+            key=target_key(settings, schema),
+            group_name=target_group(settings, schema),
+            kinds={"spark", "parquet"},
+            description=f"Lake table for {schema.table_id} on {server!r}: the landed changes "
+            "and committed snapshot chunks folded by highest position per key (deletes and "
+            "snapshot range assertions applied), committed atomically with the changelog mark "
+            "it consumed.",
+            metadata={"primary_key": ", ".join(schema.primary_key) or "(none)"},
+        ),
+        op_name=joined_name(server, schema.database, schema.table),
         # Stream records and committed snapshot chunks both arrive through the changelog.
         deps=[changelog_key(settings), snapshot_key(settings, schema)],
-        group_name=f"{server}_{schema.database}",
-        kinds={"spark", "parquet"},
-        description=f"Lake table for {schema.table_id} on {server!r}: the landed changes and "
-        "committed snapshot chunks folded by highest position per key (deletes and snapshot "
-        "range assertions applied), committed atomically with the changelog mark it consumed.",
-        metadata={"primary_key": ", ".join(schema.primary_key) or "(none)"},
         # Another run committed this table's next version first (ConcurrentCommitError):
         # running again builds on that version.
         retry_policy=dg.RetryPolicy(max_retries=2, delay=1.0),
@@ -116,13 +127,17 @@ def _not_stale_check(settings: Settings, schema: TableSchema) -> dg.AssetChecksD
 def _reconcile_check(settings: Settings, schema: TableSchema) -> dg.AssetChecksDefinition:
     server = settings.source.server_name
 
-    @dg.asset_check(
-        asset=target_key(settings, schema),
-        name="reconcile",
-        blocking=True,
-        description=f"Compares {schema.table_id} on the source with its lake table by key-range "
-        "checksums, drilling into mismatching ranges; fails on any missing, extra or different "
-        "row. Run it when the target has caught up with the source.",
+    @single_asset_check(
+        dg.AssetCheckSpec(
+            "reconcile",
+            asset=target_key(settings, schema),
+            blocking=True,
+            description=f"Compares {schema.table_id} on the source with its lake table by "
+            "key-range checksums, drilling into mismatching ranges; fails on any missing, extra "
+            "or different row. Run it when the target has caught up with the source.",
+        ),
+        # Not "<target op>_reconcile": a table named `orders_reconcile` has that op name.
+        op_name=joined_name("reconcile", server, schema.database, schema.table),
     )
     def reconcile(context: dg.AssetCheckExecutionContext, pyspark: LazyPySparkResource
                   ) -> dg.AssetCheckResult:

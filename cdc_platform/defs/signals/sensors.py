@@ -16,6 +16,7 @@ from typing import Any
 import dagster as dg
 
 from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.names import split_table_id
 from cdc_platform.capture.signals.checks import SourceChecks
 from cdc_platform.capture.signals.kafka import KafkaChannelError, KafkaTopics, SignalCursor
 from cdc_platform.capture.signals.messages import Skipped
@@ -102,7 +103,7 @@ def busy_tables(instance: dg.DagsterInstance, landing: LandingZone,
                 continue
             table_id = snapshot_keys[key]
             if table_id not in requests:
-                requests[table_id] = read_request(landing, *table_id.split(".", 1))
+                requests[table_id] = read_request(landing, *split_table_id(table_id))
             if not told_to_stop(run, requests[table_id]):
                 busy[table_id] = f"run {run.run_id[:8]}, {run.status.value.lower()}"
     checkpoint = landing.read_checkpoint()
@@ -110,7 +111,7 @@ def busy_tables(instance: dg.DagsterInstance, landing: LandingZone,
         state = read_session_state(checkpoint, table_id)
         if table_id in busy or state is None or state.get("state") not in ("open", "paused"):
             continue
-        if reader_alive(landing, *table_id.split(".", 1)):
+        if reader_alive(landing, *split_table_id(table_id)):
             busy[table_id] = f"session {state.get('session_id')}, {state.get('state')}"
     return busy
 
@@ -140,11 +141,11 @@ def _control(context: dg.SensorEvaluationContext, landing: LandingZone,
     tables = action.tables
     if action.every:  # all snapshots: runs in progress, sessions the engine or readers hold
         tables = tuple(t for t in tables if t in pending or session_live(
-            landing, *t.split(".", 1), read_request(landing, *t.split(".", 1))))
+            landing, *split_table_id(t), read_request(landing, *split_table_id(t))))
     if not tables:
         context.log.info(f"{signal.describe()}: no snapshot to {action.action}")
     for table_id in tables:
-        database, table = table_id.split(".", 1)
+        database, table = split_table_id(table_id)
         outcome = signal_action(landing, database, table, action.action, ref,
                                 run_pending=table_id in pending)
         context.log.info(f"{signal.describe()}: {outcome}")

@@ -15,6 +15,7 @@ from pydantic import Field
 
 from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.names import joined_name
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.chunks import DEFAULT_CHUNK_MAX_BYTES, snapshot_key_problem
 from cdc_platform.capture.snapshot.conditions import UnsafeConditionError, validate_condition
@@ -36,6 +37,7 @@ from cdc_platform.capture.source import selector_from_settings
 from cdc_platform.capture.start_errors import check_source
 from cdc_platform.config import Settings
 from cdc_platform.defs.failures import start_errors_fail_the_run
+from cdc_platform.defs.names import single_asset
 from cdc_platform.defs.snapshots.runner import notify_skipped, result_metadata, run_reader
 
 
@@ -126,17 +128,20 @@ def _snapshot_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinit
     server = settings.source.server_name
     key_text = ", ".join(schema.primary_key) or "(none: set capture.surrogate_keys)"
 
-    @dg.asset(
-        key=snapshot_key(settings, schema),
-        group_name=f"{server}_snapshots",
-        kinds={"mariadb" if settings.source.flavour == "mariadb" else "mysql", "parquet"},
-        description=f"Incremental snapshot of {schema.table_id} on {server!r}: reads the table "
-        "in keyset chunks between GTID watermarks, without locks or writes on the source, while "
-        "the stream_changes job runs; that job commits each chunk into the changelog. "
-        "Finishes when the whole table is committed. A snapshot that is stopped or skipped "
-        "records an observation with its status, not a materialisation.",
-        metadata={"chunk_key": key_text},
-        output_required=False,
+    @single_asset(
+        dg.AssetSpec(
+            key=snapshot_key(settings, schema),
+            group_name=f"{server}_snapshots",
+            kinds={"mariadb" if settings.source.flavour == "mariadb" else "mysql", "parquet"},
+            description=f"Incremental snapshot of {schema.table_id} on {server!r}: reads the "
+            "table in keyset chunks between GTID watermarks, without locks or writes on the "
+            "source, while the stream_changes job runs; that job commits each chunk into the "
+            "changelog. Finishes when the whole table is committed. A snapshot that is stopped "
+            "or skipped records an observation with its status, not a materialisation.",
+            metadata={"chunk_key": key_text},
+        ),
+        op_name=joined_name(server, "snapshot", schema.database, schema.table),
+        required=False,
     )
     def snapshot(context: dg.AssetExecutionContext, config: SnapshotConfig
                  ) -> Iterator[dg.MaterializeResult | dg.AssetObservation]:

@@ -334,3 +334,16 @@ def test_a_table_the_run_would_refuse_is_skipped_and_only_tables_to_start_are_ch
                             "column 'x' does not exist") for r in reasons(actions))
     # (the busy table is refused for that, without asking the source)
     assert asked == [("inv.orders", ("x",), None), ("inv.products", ("x",), "id > 1")]
+
+
+def test_tables_with_dots_in_their_names_are_named_plainly_or_quoted() -> None:
+    """Debezium's plain `db.table` resolves against the captured tables; where a dot makes it
+    name two tables, the entry is refused with how to quote it, and nothing else starts."""
+    captured = ["`my.db`.orders", "shop.a.b", "`shop.a`.b", "shop.x"]
+    assert match_collections(["my.db.orders"], captured) == (["`my.db`.orders"], [])
+    assert match_collections(["`my.db`.`orders`"], captured) == (["`my.db`.orders"], [])
+    assert match_collections(["shop.`a.b`", "`shop.a`.b"], captured) == (
+        ["shop.a.b", "`shop.a`.b"], [])
+    tables, [problem] = match_collections(["shop.a.b"], captured)
+    assert tables == [] and "names 2 tables" in problem and "backticks" in problem
+    assert match_collections([r"shop\.x"], captured) == (["shop.x"], [])

@@ -1,0 +1,48 @@
+"""Assets and asset checks of tables with any name: the op, input and output names are ours.
+
+Dagster derives op, input and output names from asset keys (``server__db__table``), and those
+must match ``^[A-Za-z0-9_]+$``, which a real table name need not (``ünï``, ``order-items``,
+``2024 sales``): one such table made the whole code location fail to load. The asset keys keep
+the real names (the UI shows them); the op names come from ``capture.names.joined_name``
+(injective, and Dagster's own names for plain tables), inputs and outputs get fixed names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import dagster as dg
+
+
+def single_asset(spec: dg.AssetSpec, *, op_name: str, deps: Sequence[dg.AssetKey] = (),
+                 required: bool = True, **kwargs: Any
+                 ) -> Callable[[Callable[..., Any]], dg.AssetsDefinition]:
+    """``@dg.asset`` for ``spec`` with op ``op_name`` (``required=False``: it may record no
+    materialisation); ``kwargs`` go to ``dg.multi_asset`` (retry_policy...)."""
+    return dg.multi_asset(
+        name=op_name,
+        outs={"result": dg.AssetOut.from_spec(spec, is_required=required)},
+        ins={f"dep_{i}": dg.AssetIn(key=key, dagster_type=dg.Nothing)
+             for i, key in enumerate(deps)},
+        **kwargs,
+    )
+
+
+def single_asset_check(spec: dg.AssetCheckSpec, *, op_name: str
+                       ) -> Callable[[Callable[..., Any]], dg.AssetChecksDefinition]:
+    """``@dg.asset_check`` for ``spec`` with op ``op_name``; the function returns its
+    ``dg.AssetCheckResult``."""
+
+    def decorate(fn: Callable[..., Any]) -> dg.AssetChecksDefinition:
+        op = dg.op(name=op_name, description=spec.description,
+                   ins={"asset": dg.In(dg.Nothing)},
+                   out={"result": dg.Out(None)})(fn)
+        return dg.AssetChecksDefinition.create(
+            keys_by_input_name={"asset": spec.asset_key},
+            node_def=op,
+            check_specs_by_output_name={"result": spec},
+            can_subset=False,
+        )
+
+    return decorate
