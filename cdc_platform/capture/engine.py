@@ -632,8 +632,8 @@ class CaptureEngine:
         self.stats.ddl_statements += 1
         gtid = self._txn.gtid if self._txn else "?"
         # Rows the DDL changed without row events: mark those targets stale, durably, before
-        # the checkpoint passes the DDL (capture/stale.py; a re-snapshot resolves the marker).
-        from cdc_platform.capture.stale import record_stale_targets
+        # the checkpoint passes the DDL (capture/stale_markers.py; a re-snapshot resolves it).
+        from cdc_platform.capture.stale_markers import record_stale_targets
 
         for marker in record_stale_targets(self.landing, ddl, gtid, self._next_pos,
                                            self._schemas, self.options.selector.captures):

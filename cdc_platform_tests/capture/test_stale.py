@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 from cdc_platform.capture.ddl import parse_table_ddl
 from cdc_platform.capture.landing import Checkpoint, LandingZone
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
-from cdc_platform.capture.stale import (
+from cdc_platform.capture.stale import stale_tables
+from cdc_platform.capture.stale_markers import (
     StaleMarker,
     read_markers,
     record_stale_targets,
     resolve_markers,
     snapshots_wanted,
-    stale_tables,
     target_staleness,
 )
 
