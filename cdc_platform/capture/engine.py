@@ -58,7 +58,7 @@ from cdc_platform.capture.schema import (
 from cdc_platform.capture.snapshot.sessions import SnapshotCoordinator
 from cdc_platform.capture.source import TableSelector, selector_from_settings
 from cdc_platform.capture.spill import OP_COLUMN, SpilledRecords, SpillStore
-from cdc_platform.capture.stale import record_stale_targets
+from cdc_platform.capture.stale_markers import record_stale_targets
 from cdc_platform.capture.transactions import (
     Committed,
     Outcome,
@@ -668,7 +668,7 @@ class CaptureEngine:
             return
         self.stats.ddl_statements += 1
         # Rows the DDL changed without row events: mark those targets stale, durably, before
-        # the checkpoint passes the DDL (capture/stale.py; a re-snapshot resolves the marker).
+        # the checkpoint passes the DDL (capture/stale_markers.py; a re-snapshot resolves it).
         for marker in record_stale_targets(self.landing, ddl, gtid or "?", self._next_pos,
                                            self._schemas, self.options.selector.captures):
             self.log.warning(marker.describe())

@@ -1,4 +1,4 @@
-"""Which DDL leaves a captured table's target stale, and the durable markers that say so.
+"""Which DDL leaves a captured table's target stale, and why (pure, from the statement).
 
 The binlog carries a DDL as its text, without row events. Most DDL changes no row value
 (an index, a table option, a nullable column without a default), but some change rows or
@@ -9,30 +9,20 @@ CHARACTER SET, a primary-key change. A target folded from the changelog would ke
 or values silently. So the engine writes a **marker** per table such a DDL makes stale, in the
 landing zone, before its checkpoint moves past the DDL; Dagster shows the markers (target
 metadata, the ``not_stale`` asset check) and re-snapshots the table (``capture.resnapshot_on_ddl``).
-A marker is **resolved** once a snapshot of the whole table that opened after the DDL is done,
-and forgotten once the target has applied that snapshot.
+A marker is resolved by a snapshot of the whole table that opened after the DDL
+(``capture.stale_markers``).
 
 Deciding from the statement text is conservative: a clause this module does not know counts as
 changing rows (a needless re-snapshot costs time; a missed one leaves the target wrong).
-
-Markers live in ``<landing>/<server>/stale/<position:020d>-<gtid>-<n>.json`` (docs/landing-zone.md).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import datetime as dt
-import json
-import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 from cdc_platform.capture import names
 from cdc_platform.capture.ddl import TableDdl, statement_tokens
-from cdc_platform.capture.gtid import parse_gtid, parse_position
-from cdc_platform.capture.landing import LandingZone, write_atomically
 from cdc_platform.capture.schema import TableSchema
 
 Token = tuple[str, str]
@@ -378,186 +368,3 @@ def stale_tables(ddl: TableDdl, schemas: Mapping[str, TableSchema] | None = None
             for reason in reasons:
                 mark(table, f"ALTER TABLE {_NO_ROW_EVENTS}: {reason}")
     return list(out.values())
-
-
-# ---- markers in the landing zone ---------------------------------------------------------------
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-
-
-@dataclass(frozen=True)
-class StaleMarker:
-    """A target made stale by a DDL: written by the engine before its checkpoint passes the
-    DDL, resolved by a whole-table snapshot that opened after it, forgotten once the target
-    applied that snapshot."""
-
-    database: str
-    table: str
-    gtid: str  # the DDL's GTID
-    verb: str  # ALTER | CREATE | DROP | RENAME | TRUNCATE
-    reason: str
-    position: int  # the changelog position at the DDL: records before it precede it
-    gone: bool = False  # no source table under this name any more: nothing to snapshot
-    index: int = 0  # of the marker among its DDL's markers (part of the file name)
-    recorded_at: str = ""
-    resolved_by: str | None = None  # the snapshot session that made the target exact again
-    resolved_pos: int | None = None  # the table's changelog holds that snapshot up to here
-
-    @property
-    def table_id(self) -> str:
-        return names.table_id(self.database, self.table)
-
-    @property
-    def resolved(self) -> bool:
-        return self.resolved_by is not None
-
-    @property
-    def file_name(self) -> str:
-        """Sorts in DDL order: by changelog position, then (DDLs with no record between) by
-        the GTID's sequence number."""
-        sequence = re.search(r"(\d+)$", self.gtid)
-        gtid = re.sub(r"[^0-9A-Za-z-]", "_", self.gtid)
-        return (f"{self.position:020d}-{int(sequence.group(1)) if sequence else 0:020d}-"
-                f"{gtid}-{self.index}.json")
-
-    def describe(self) -> str:
-        return (f"table {self.table_id}: target stale after {self.verb} at GTID {self.gtid} "
-                f"(changelog position {self.position}): {self.reason}")
-
-    def to_json(self) -> bytes:
-        return json.dumps(dataclasses.asdict(self), indent=1).encode()
-
-    @staticmethod
-    def from_json(text: bytes | str) -> StaleMarker:
-        data = json.loads(text)
-        known = {f.name for f in dataclasses.fields(StaleMarker)}
-        return StaleMarker(**{k: v for k, v in data.items() if k in known})
-
-
-def markers_dir(landing: LandingZone) -> Path:
-    return landing.root / "stale"
-
-
-def read_markers(landing: LandingZone) -> list[StaleMarker]:
-    """Every marker, in DDL order (unreadable files are skipped: written atomically, a
-    half-written one cannot exist; a foreign file is not ours)."""
-    directory = markers_dir(landing)
-    if not directory.is_dir():
-        return []
-    markers = []
-    for path in sorted(directory.glob("*.json")):
-        try:
-            markers.append(StaleMarker.from_json(path.read_bytes()))
-        except (OSError, ValueError, TypeError):
-            continue
-    return markers
-
-
-def _write(landing: LandingZone, markers: Sequence[StaleMarker]) -> None:
-    for marker in markers:  # (DDL is rare: a durable write each is cheap)
-        write_atomically(markers_dir(landing) / marker.file_name, marker.to_json())
-
-
-def record_stale_targets(landing: LandingZone, ddl: TableDdl, gtid: str, position: int,
-                         schemas: Mapping[str, TableSchema],
-                         captures: Callable[[str, str], bool]) -> list[StaleMarker]:
-    """Write a marker for every captured table ``ddl`` leaves stale (durably: the engine
-    calls this before its checkpoint passes the DDL; a replay writes the same files again).
-
-    A CREATE TABLE of a name with an open marker (the table was dropped or renamed away, and
-    its target still holds the old rows) marks the new table stale too.
-    """
-    verdicts = [v for v in stale_tables(ddl, schemas) if captures(v.database, v.table)]
-    if ddl.verb == "CREATE" and not verdicts:
-        pending = {m.table_id for m in read_markers(landing) if not m.resolved}
-        for database, table in ddl.tables[:1]:
-            if names.table_id(database, table) in pending and captures(database, table):
-                verdicts.append(StaleTable(database, table, "created again under the name of "
-                                           "a table that is gone: the target still holds the "
-                                           "old table's rows"))
-    now = _now()
-    markers = [StaleMarker(v.database, v.table, gtid, ddl.verb, v.reason, position, v.gone,
-                           index, now) for index, v in enumerate(verdicts)]
-    _write(landing, markers)
-    return markers
-
-
-def _opened_after(session: Mapping[str, Any], marker: StaleMarker, flavour: str) -> bool:
-    """Whether a snapshot session opened after the marker's DDL was processed."""
-    try:
-        opening = parse_position(flavour, str(session.get("opening") or ""))
-        return opening.contains_gtid(parse_gtid(flavour, marker.gtid))
-    except ValueError:  # (no GTID known for the DDL): by changelog position
-        return int(session.get("opening_pos") or 0) > marker.position
-
-
-def resolve_markers(landing: LandingZone) -> list[StaleMarker]:
-    """Every marker, resolving (on disk too) those whose table has a finished whole-table
-    snapshot that opened after the DDL (the checkpoint's snapshot sessions). The resolved
-    position is where the table's changelog ends at that checkpoint: a target that consumed
-    up to it has applied the snapshot."""
-    markers = read_markers(landing)
-    if not any(not m.resolved for m in markers):
-        return markers
-    checkpoint = landing.read_checkpoint()
-    if checkpoint is None:
-        return markers
-    sessions: Mapping[str, Any] = checkpoint.extra.get("snapshots") or {}
-    out, changed = [], []
-    for marker in markers:
-        session = sessions.get(marker.table_id)
-        if not marker.resolved and session is not None and session.get("state") == "done" and (
-                not session.get("condition")) and _opened_after(session, marker,
-                                                                 checkpoint.flavour):
-            ends = [last for _, last, _ in landing.segments(marker.database, marker.table)
-                    if last < checkpoint.next_pos]
-            marker = dataclasses.replace(
-                marker, resolved_by=str(session.get("session_id")),
-                resolved_pos=max(ends, default=int(session.get("opening_pos") or 0)))
-            changed.append(marker)
-        out.append(marker)
-    _write(landing, changed)
-    return out
-
-
-def target_staleness(markers: Sequence[StaleMarker], table_id: str,
-                     consumed_pos: int | None) -> str | None:
-    """Why a target that consumed the changelog up to ``consumed_pos`` is stale, or None.
-
-    Stale: an unresolved marker, or a resolved one whose snapshot the target has not consumed
-    yet (materialise again)."""
-    reasons = []
-    for marker in markers:
-        if marker.table_id != table_id:
-            continue
-        if not marker.resolved:
-            fix = ("the source table is gone: drop the lake table, or re-create the source "
-                   "table and snapshot it" if marker.gone else
-                   f"re-snapshot {table_id} (automatic with capture.resnapshot_on_ddl)")
-            reasons.append(f"{marker.verb} at GTID {marker.gtid}: {marker.reason}; {fix}")
-        elif (consumed_pos or 0) < (marker.resolved_pos or 0):
-            reasons.append(f"{marker.verb} at GTID {marker.gtid}: re-snapshotted (session "
-                           f"{marker.resolved_by}); materialise the target to apply it")
-    return " | ".join(reasons) or None
-
-
-def forget_applied(landing: LandingZone, markers: Sequence[StaleMarker], table_id: str,
-                   consumed_pos: int | None) -> None:
-    """Delete the table's resolved markers whose snapshot the target has applied."""
-    for marker in markers:
-        if marker.table_id == table_id and marker.resolved and (
-                (consumed_pos or 0) >= (marker.resolved_pos or 0)):
-            (markers_dir(landing) / marker.file_name).unlink(missing_ok=True)
-
-
-def snapshots_wanted(markers: Sequence[StaleMarker]) -> dict[str, StaleMarker]:
-    """Tables to re-snapshot -> the marker the request answers (the table's newest open one).
-    A table whose newest open marker says it is gone is left alone: there is nothing to read.
-    """
-    newest: dict[str, StaleMarker] = {}
-    for marker in markers:
-        if not marker.resolved:
-            newest[marker.table_id] = marker
-    return {t: m for t, m in newest.items() if not m.gone}

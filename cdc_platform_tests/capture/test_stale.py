@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 from cdc_platform.capture.ddl import parse_table_ddl
 from cdc_platform.capture.landing import Checkpoint, LandingZone
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
-from cdc_platform.capture.stale import (
+from cdc_platform.capture.stale import stale_tables
+from cdc_platform.capture.stale_markers import (
     StaleMarker,
     read_markers,
     record_stale_targets,
     resolve_markers,
     snapshots_wanted,
-    stale_tables,
     target_staleness,
 )
 
@@ -247,3 +247,14 @@ def test_markers_sort_in_ddl_order_with_no_record_between(tmp_path: Path) -> Non
     for sequence in (9, 10, 100):
         _record(landing, "TRUNCATE t", f"0-1-{sequence}", 40)
     assert [m.gtid for m in read_markers(landing)] == ["0-1-9", "0-1-10", "0-1-100"]
+
+
+def test_a_mysql_marker_is_resolved_by_gtid_set_containment(tmp_path: Path) -> None:
+    landing = _landing(tmp_path)
+    uuid = "3e11fa47-71ca-11e1-9e33-c80aa9429562"
+    [marker] = _record(landing, "ALTER TABLE t MODIFY a DATE", f"{uuid}:7", 30)
+    session = {"session_id": "m1", "state": "done", "opening_pos": 30, "condition": None}
+    for opening, resolved in ((f"{uuid}:1-6", False), (f"{uuid}:1-7", True)):
+        landing.write_checkpoint(Checkpoint("srv", "mysql", f"{uuid}:1-9", 60, extra={
+            "snapshots": {"s.t": {**session, "opening": opening}}}))
+        assert resolve_markers(landing)[0].resolved is resolved

@@ -5,7 +5,7 @@ import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 
 from cdc_platform.capture import source as source_sql
-from cdc_platform.capture import stale
+from cdc_platform.capture import stale_markers
 from cdc_platform.capture.landing import LandingZone
 from cdc_platform.capture.names import joined_name, valid_name
 from cdc_platform.capture.schema import TableSchema
@@ -91,11 +91,11 @@ def _target_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinitio
 
 def _staleness(settings: Settings, schema: TableSchema, consumed_pos: int | None) -> str | None:
     """Why the target (consumed up to ``consumed_pos``) is stale after a DDL, or None; markers
-    whose re-snapshot the target has applied are forgotten (``capture.stale``)."""
+    whose re-snapshot the target has applied are forgotten (``capture.stale_markers``)."""
     landing = LandingZone(settings.landing_zone.url, settings.source.server_name)
-    markers = stale.resolve_markers(landing)
-    stale.forget_applied(landing, markers, schema.table_id, consumed_pos)
-    return stale.target_staleness(markers, schema.table_id, consumed_pos)
+    markers = stale_markers.resolve_markers(landing)
+    stale_markers.forget_applied(landing, markers, schema.table_id, consumed_pos)
+    return stale_markers.target_staleness(markers, schema.table_id, consumed_pos)
 
 
 def _not_stale_check(settings: Settings, schema: TableSchema) -> dg.AssetChecksDefinition:

@@ -1,6 +1,6 @@
 """The re-snapshot sensor: a DDL that left a target stale -> a run of the table's snapshot asset.
 
-The engine writes a stale marker per table such a DDL changes (``capture.stale``). Each tick
+The engine writes a stale marker per table such a DDL changes (``capture.stale_markers``). Each tick
 resolves the markers a finished snapshot answered and asks for one snapshot run per table whose
 newest marker is open, keyed by that marker (``resnapshot:<table>:<gtid>:<position>``), so a
 marker launches at most one run whatever the ticks; a table a run or a live reader is already
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from cdc_platform.capture import stale
+from cdc_platform.capture import stale_markers
 from cdc_platform.capture.landing import LandingZone
 from cdc_platform.config import Settings
 from cdc_platform.defs.signals.sensors import SNAPSHOT_TABLE_TAG, busy_tables
@@ -24,7 +24,7 @@ def sensor_name(settings: Settings) -> str:
     return f"{settings.source.server_name}_resnapshot_after_ddl"
 
 
-def run_key(marker: stale.StaleMarker) -> str:
+def run_key(marker: stale_markers.StaleMarker) -> str:
     return f"resnapshot:{marker.table_id}:{marker.gtid}:{marker.position}"
 
 
@@ -45,7 +45,7 @@ def build_sensor(settings: Settings, assets: dict[str, dg.AssetsDefinition]
     )
     def resnapshot_after_ddl(context: dg.SensorEvaluationContext
                              ) -> dg.SensorResult | dg.SkipReason:
-        wanted = stale.snapshots_wanted(stale.resolve_markers(landing))
+        wanted = stale_markers.snapshots_wanted(stale_markers.resolve_markers(landing))
         if not wanted:
             return dg.SkipReason("no table is stale after a DDL")
         busy = busy_tables(context.instance, landing, {v: k for k, v in keys.items()})
