@@ -115,6 +115,10 @@ def write_atomically(path: Path, data: bytes, *, durable: bool = True,
         _fsync_dir(path.parent)
 
 
+class EngineLockedError(RuntimeError):
+    """Another engine holds the server's landing folder: a start failure, not a crash."""
+
+
 @dataclass
 class Checkpoint:
     """The engine's commit point: everything before ``next_pos`` is durable and covered."""
@@ -182,7 +186,7 @@ class LandingZone:
             except BlockingIOError:
                 handle.seek(0)
                 holder = handle.read().strip() or "unknown"
-                raise RuntimeError(
+                raise EngineLockedError(
                     f"another capture engine is already streaming {self.server_name!r} into "
                     f"{self.root} ({holder}); stop it first: one engine per source server"
                 ) from None

@@ -15,6 +15,7 @@ import pymysql
 import pytest
 
 from cdc_platform.capture.engine import EngineError
+from cdc_platform.capture.landing import EngineLockedError
 from cdc_platform.capture.source import PrerequisiteError
 from cdc_platform.capture.start_errors import (
     SourceAccount,
@@ -93,6 +94,9 @@ def test_missing_grants_names_mysql_privileges_as_mysql_does() -> None:
                  "missing"), ["cfg.yaml: invalid configuration; source.port: too big; "
                               "source.host: missing"]),
     (StartError("source 'acc': the account 'cdc' lacks SELECT"), ["lacks SELECT"]),
+    (EngineLockedError("another capture engine is already streaming 'acc' into /lz/acc (pid "
+                       "7); stop it first: one engine per source server"),
+     ["already streaming 'acc'", "stop it first"]),
 ])
 def test_each_known_start_error_is_one_line_naming_the_fix(error: BaseException,
                                                           expected: list[str]) -> None:
