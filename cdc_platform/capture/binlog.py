@@ -158,8 +158,10 @@ def _charset_of(column: Any) -> str | None:
     if charset is None:
         # mysql-replication falls back to decoding as UTF-8 for a collation id it does not
         # know: that would land wrong text silently.
-        raise ValueError(f"column {column.name!r}: collation {collation or '(unknown id)'} is "
-                         "not known to mysql-replication; its text cannot be decoded exactly")
+        raise ValueError(f"column {column.name!r}: its collation id is not known to "
+                         "mysql-replication, so its charset (and text) cannot be decoded "
+                         "exactly; give the column a collation listed by mysql-replication's "
+                         "CHARSET table, or exclude it (capture.excluded_columns)")
     return landing_charset(charset)
 
 
@@ -221,7 +223,10 @@ json_binary.parse_opaque = _json_opaque
 
 def schema_from_table_map(event: TableMapEvent) -> TableSchema:
     """The table's schema as the binlog describes it at this event (key in index order)."""
-    columns = tuple(column_from_binlog(c) for c in event.columns)
+    try:
+        columns = tuple(column_from_binlog(c) for c in event.columns)
+    except ValueError as error:
+        raise ValueError(f"table {event.schema}.{event.table}: {error}") from error
     key_indexes = list(getattr(event.optional_metadata, "simple_primary_key_list", None) or [])
     if not key_indexes:
         key_indexes = [i for i, c in enumerate(event.columns) if getattr(c, "is_primary", False)]

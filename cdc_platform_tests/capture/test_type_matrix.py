@@ -1,11 +1,16 @@
 """The type matrix on the real server: every column type and edge value lands identically
 from the binlog (INSERT, UPDATE before/after image, DELETE) and from a SELECT, or stops loudly.
 
-Each cell is one (column type, value): a row of its own table, inserted, updated (another
-column, so the before image converts too), and deleted. The landed insert and update records
-must equal the value read back the way snapshot chunks and reconciliation read it
-(``select_expression`` + ``converter_for(from_binlog=False)``), to the bit (``canonical_value``:
--0.0 is not 0.0). The list of cells and their results is printed (``-s``) so it can be quoted.
+* Values: each cell (column type, value) is a row of its own table, inserted, updated (another
+  column, so the before image converts too) and deleted. The landed insert and update records
+  must equal the value a snapshot reads (``read_table_in_chunks``: ``select_expression`` and
+  ``converter_for(from_binlog=False)``), to the bit (``canonical_value``: -0.0 is not 0.0), and
+  the column spec from the table map must equal the one from information_schema.
+* Keys: the same cells as primary keys, read by a keyset scan one row per chunk.
+* Charsets: the binlog-side decoders against the server's own conversion over every code.
+* Loud cells: values that cannot land exactly stop the engine, naming table, GTID and column.
+
+Run with ``-s`` to print every cell and its verdict (the counts are quoted in reports).
 """
 
 from __future__ import annotations

@@ -98,6 +98,9 @@ def test_source_sessions_use_the_fast_decoder():
     assert SOURCE_DECODERS[FIELD_TYPE.TIMESTAMP] is datetime_from_text
     assert datetime_from_text("2025-01-02 03:04:05.5") == dt.datetime(2025, 1, 2, 3, 4, 5, 500000)
     assert datetime_from_text("0000-00-00 00:00:00") == "0000-00-00 00:00:00"
+    # TIME stays the server's text: its landing form, and a key parameter pymysql cannot
+    # mangle (it escapes a negative timedelta wrongly).
+    assert SOURCE_DECODERS[FIELD_TYPE.TIME](b"-838:59:59.50") == "-838:59:59.50"
 
 
 # ---- binlog quirks and charsets (issue 13) ------------------------------------------------------
@@ -231,3 +234,32 @@ def test_the_binlog_adapter_installs_its_decoders_into_mysql_replication():
     assert json_binary.parse_opaque is binlog._json_opaque
     assert binlog._json_opaque(bytes([12, 8]) + _PACKED_DATETIME.to_bytes(8, "little")) == \
         "2024-02-29 13:05:09.000123"
+
+
+def test_column_specs_from_table_maps_record_charsets_and_member_names():
+    from types import SimpleNamespace
+
+    from pymysqlreplication.constants import FIELD_TYPE as BINLOG_TYPE
+
+    from cdc_platform.capture.binlog import column_from_binlog
+
+    def column(ftype, **attrs):
+        return SimpleNamespace(type=ftype, name="c", **attrs)
+
+    latin1 = column(BINLOG_TYPE.VARCHAR, character_set_name="cp1252",
+                    collation_name="latin1_swedish_ci")
+    assert column_from_binlog(latin1) == ColumnSpec("c", "string", charset="latin1")
+    utf8 = column(BINLOG_TYPE.VARCHAR, character_set_name="utf8",
+                  collation_name="utf8mb4_unicode_ci")
+    assert column_from_binlog(utf8) == ColumnSpec("c", "string")
+    enum = column(BINLOG_TYPE.ENUM, character_set_name="cp1252",
+                  collation_name="latin1_swedish_ci", enum_values=["", b"\xe9", b"b"])
+    assert column_from_binlog(enum) == ColumnSpec("c", "enum", values=("é", "b"),
+                                                  charset="latin1")
+    emoji = column(BINLOG_TYPE.SET, character_set_name="utf8",
+                   collation_name="utf8mb4_bin", set_values=["😀".encode(), b"b"])
+    assert column_from_binlog(emoji).values == ("?", "b")  # as information_schema shows it
+    assert column_from_binlog(column(BINLOG_TYPE.YEAR)) == ColumnSpec("c", "year")
+    unknown = column(BINLOG_TYPE.VARCHAR, character_set_name="utf8", collation_name=None)
+    with pytest.raises(ValueError, match="collation id is not known"):
+        column_from_binlog(unknown)
