@@ -622,7 +622,7 @@ class CaptureEngine:
                 row[index] = convert(row[index])
         except ColumnValueError as error:
             raise EngineError(
-                f"table {state.schema.table_id} at GTID {self._txn.gtid if self._txn else '?'}: "
+                f"table {state.schema.table_id} at GTID {self._buffer.open_gtid or '?'}: "
                 f"{error}. Capture stops here rather than land a wrong value") from error
         return tuple(row)
 
