@@ -641,12 +641,11 @@ def _size_of(rows: Sequence[Sequence[Any]], variable: Sequence[int], fixed: int)
     characters), ``fixed`` per row for the rest."""
     total = fixed * len(rows)
     for i in variable:
-        values = [v for v in map(operator.itemgetter(i), rows) if v is not None]
-        try:
-            total += sum(map(len, values))
+        try:  # (C-level iteration: this runs for every row read)
+            total += sum(map(len, filter(None, map(operator.itemgetter(i), rows))))
         except TypeError:  # (a value the SELECT returned as a number)
             total += sum(len(v) if hasattr(v, "__len__") else _FIXED_VALUE_BYTES
-                         for v in values)
+                         for v in map(operator.itemgetter(i), rows) if v is not None)
     return total
 
 
