@@ -50,6 +50,7 @@ from cdc_platform.capture.snapshot.chunks import (
     read_max_key,
     read_nullable_columns,
     schema_fingerprint,
+    with_row_bound,
 )
 from cdc_platform.capture.snapshot.conditions import UnsafeConditionError, validate_condition
 from cdc_platform.capture.snapshot.errors import (
@@ -226,7 +227,9 @@ class SnapshotReader:
             self._lock = ReaderLock(lock_path(self.landing, self.schema.database,
                                               self.schema.table))
             self._lock.try_acquire()
-            self._table = ChunkedTable(self.schema, key, self.condition)
+            self._table = self._with_connection(
+                "reading the column widths", lambda conn: with_row_bound(
+                    conn, ChunkedTable(self.schema, key, self.condition)))
             self._begin_run(stop_event, on_progress, started)
             try:
                 return self._run_session()
@@ -352,7 +355,7 @@ class SnapshotReader:
         self.log.info(f"{self._where()}: columns changed to "
                       f"{', '.join(current.column_names)}; reading with them from now on")
         self.schema = current
-        self._table = ChunkedTable(current, key, self.condition)
+        self._table = with_row_bound(conn, ChunkedTable(current, key, self.condition))
         return True
 
     # -- one run: open or adopt the session, read and publish chunks, follow the engine ---
