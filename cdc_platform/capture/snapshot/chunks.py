@@ -33,7 +33,7 @@ import hashlib
 import json
 import operator
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -328,6 +328,10 @@ class ChunkedTable:
     schema: TableSchema
     key: ChunkKey
     condition: str | None = None
+    # The most a row can count against a chunk's byte budget, by the columns' declared widths
+    # (None: unbounded or unknown). A SELECT whose rows cannot pass the budget is read
+    # buffered, which pymysql does some 10 % faster than streamed (see with_row_bound).
+    max_row_bytes: int | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.condition is not None:
@@ -414,6 +418,28 @@ class ChunkedTable:
         """
         return self.condition is None and all(
             range_ordered(self.schema.column(name)) for name in self.key.columns)
+
+
+def with_row_bound(conn: pymysql.Connection, table: ChunkedTable) -> ChunkedTable:
+    """``table`` with its ``max_row_bytes`` from the declared column widths
+    (``information_schema.COLUMNS.CHARACTER_OCTET_LENGTH``; a value of another kind counts
+    ``_FIXED_VALUE_BYTES``, as the budget counts it). Columns without a declared width (JSON
+    on MySQL, geometry) leave it unbounded."""
+    with conn.cursor(pymysql.cursors.Cursor) as cur:
+        cur.execute("SELECT COLUMN_NAME, CHARACTER_OCTET_LENGTH FROM information_schema.COLUMNS "
+                    "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s",
+                    (table.schema.database, table.schema.table))
+        widths = {str(name): octets for name, octets in cur.fetchall()}
+        conn.commit()
+    total = 0
+    for index, column in enumerate(table.schema.columns):
+        if index not in table.variable_indexes:
+            total += _FIXED_VALUE_BYTES
+        elif widths.get(column.name) is None:
+            return replace(table, max_row_bytes=None)
+        else:
+            total += int(widths[column.name])
+    return replace(table, max_row_bytes=total)
 
 
 def read_max_key(conn: pymysql.Connection, table: ChunkedTable) -> Key | None:
@@ -572,8 +598,12 @@ def _read_keyset(conn: pymysql.Connection, table: ChunkedTable, chunk_size: int,
                 _rows_fitting(max_bytes, row_bytes_hint))
     while True:
         sql, params = table.chunk_query(after, max_key, limit)
-        rows, size, cut = _read_bounded(conn, table, sql, params, max_bytes - read.bytes,
-                                        take_one=not read.rows)
+        if table.max_row_bytes is not None and \
+                limit * table.max_row_bytes <= max_bytes - read.bytes:
+            rows, size, cut = _read_buffered(conn, table, sql, params)
+        else:
+            rows, size, cut = _read_bounded(conn, table, sql, params, max_bytes - read.bytes,
+                                            take_one=not read.rows)
         read.rows += rows
         read.bytes += size
         if not cut and len(rows) < limit:
@@ -612,6 +642,17 @@ def _rows_fitting(budget: float, row_bytes: float) -> int:
     return max(1, int(budget / max(row_bytes, 1.0)))
 
 
+def _read_buffered(conn: pymysql.Connection, table: ChunkedTable, sql: str,
+                   params: Sequence[Any]) -> tuple[list[tuple[Any, ...]], int, bool]:
+    """The rows of one SELECT that cannot pass the budget (by declared widths), read whole."""
+    with conn.cursor(pymysql.cursors.Cursor) as cur:
+        cur.execute(sql, tuple(params))
+        rows = list(cur.fetchall())
+    variable = table.variable_indexes
+    fixed = _FIXED_VALUE_BYTES * (len(table.schema.columns) - len(variable))
+    return rows, _size_of(rows, variable, fixed), False
+
+
 def _read_bounded(conn: pymysql.Connection, table: ChunkedTable, sql: str,
                   params: Sequence[Any], max_bytes: int, take_one: bool,
                   ) -> tuple[list[tuple[Any, ...]], int, bool]:
@@ -646,12 +687,11 @@ def _size_of(rows: Sequence[Sequence[Any]], variable: Sequence[int], fixed: int)
     characters), ``fixed`` per row for the rest."""
     total = fixed * len(rows)
     for i in variable:
-        values = [v for v in map(operator.itemgetter(i), rows) if v is not None]
-        try:
-            total += sum(map(len, values))
+        try:  # (C-level iteration: this runs for every row read)
+            total += sum(map(len, filter(None, map(operator.itemgetter(i), rows))))
         except TypeError:  # (a value the SELECT returned as a number)
             total += sum(len(v) if hasattr(v, "__len__") else _FIXED_VALUE_BYTES
-                         for v in values)
+                         for v in map(operator.itemgetter(i), rows) if v is not None)
     return total
 
 
@@ -665,6 +705,7 @@ def read_table_in_chunks(
     chunks: list[Chunk] = []
     if max_key is None:
         return chunks  # nothing existed at the start: rows inserted since come by the stream
+    table = with_row_bound(conn, table)
     after_key: Key | None = None
     hint: float | None = None
     while True:

@@ -5,6 +5,7 @@ reader resumes the session of one that died (docs/snapshots.md)."""
 from __future__ import annotations
 
 import datetime as dt
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
@@ -15,13 +16,22 @@ from cdc_platform.capture.snapshot.chunks import Key
 # ---- progress and result -----------------------------------------------------------------------
 
 
+class ReaderState(enum.StrEnum):
+    """Where a reader's session is, as its progress reports it."""
+
+    WAITING = "waiting"  # for the capture engine to acknowledge the session
+    OPEN = "open"
+    PAUSED = "paused"
+    DONE = "done"
+
+
 @dataclass(frozen=True)
 class SnapshotProgress:
     """Where a running snapshot is; handed to ``on_progress`` after every change."""
 
     table_id: str
     session_id: str
-    state: str  # waiting | open | paused | done
+    state: ReaderState
     rows: int  # rows of committed chunks, as read
     chunks: int  # committed chunks
     pending: int  # chunks written, not yet decided
@@ -34,7 +44,7 @@ class SnapshotProgress:
 
 def describe_progress(progress: SnapshotProgress) -> str:
     """One line for a log: where the snapshot is."""
-    if progress.state == "waiting":
+    if progress.state == ReaderState.WAITING:
         return (f"snapshot of {progress.table_id}: waiting for the capture engine (the "
                 f"stream_changes job) to acknowledge session {progress.session_id}; "
                 f"{progress.elapsed_seconds:.0f}s")

@@ -63,90 +63,6 @@ class SessionState(enum.StrEnum):
     DONE = "done"
     RESTART = "restart"  # ended for a DDL: the reader reads the table again in a new session
 
-    @property
-    def live(self) -> bool:
-        return self in (SessionState.OPEN, SessionState.PAUSED)
-
-
-# ---- key values in manifests -------------------------------------------------------------------
-
-
-def _spec(column: ColumnSpec | str) -> ColumnSpec:
-    """A column spec from a spec or a bare kind (the engine may only know kinds)."""
-    return column if isinstance(column, ColumnSpec) else ColumnSpec("?", column)
-
-
-def encode_key_value(column: ColumnSpec | str, value: Any) -> Any:
-    """One landing-form key value as JSON, by column kind (docs/snapshots.md).
-
-    Integers as numbers; decimals (also unsigned BIGINT and BIT(64), which land as decimals) as
-    plain strings, so no JSON reader rounds them; dates and datetimes in ISO form (an aware
-    timestamp keeps its offset); binary as hex; text kinds as they are.
-    """
-    if value is None:
-        return None
-    spec = _spec(column)
-    arrow_type = spec.arrow_type()
-    if pa.types.is_integer(arrow_type) and not isinstance(value, bool | Decimal):
-        return int(value)
-    if pa.types.is_decimal(arrow_type) or isinstance(value, Decimal):
-        return format(Decimal(value), "f")
-    if pa.types.is_floating(arrow_type):
-        return float(value)
-    if isinstance(value, dt.date | dt.datetime):
-        return value.isoformat()
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value).hex()
-    if isinstance(value, str):
-        return value
-    raise ValueError(f"key column {spec.name!r} ({spec.kind}): cannot encode {value!r} "
-                     f"({type(value).__name__}) for a chunk manifest")
-
-
-def decode_key_value(column: ColumnSpec | str, value: Any) -> Any:
-    """The inverse of :func:`encode_key_value`: the landing-form value back."""
-    if value is None:
-        return None
-    spec = _spec(column)
-    arrow_type = spec.arrow_type()
-    if pa.types.is_integer(arrow_type):
-        # A bare "bit" kind cannot tell BIT(64) (a decimal, encoded as a string) from BIT(n).
-        return Decimal(value) if isinstance(value, str) else int(value)
-    if pa.types.is_decimal(arrow_type):
-        return Decimal(value)
-    if pa.types.is_floating(arrow_type):
-        return float(value)
-    if pa.types.is_date(arrow_type):
-        return dt.date.fromisoformat(value)
-    if pa.types.is_timestamp(arrow_type):
-        return dt.datetime.fromisoformat(value)
-    if pa.types.is_binary(arrow_type):
-        return bytes.fromhex(value)
-    return str(value)
-
-
-def encode_key(key: Key | None, columns: Sequence[ColumnSpec | str]) -> list[Any] | None:
-    """A landing-form key (chunk-key order) as a JSON list; None (an open side) stays None."""
-    if key is None:
-        return None
-    if len(key) != len(columns):
-        raise ValueError(f"key {key!r} has {len(key)} values for {len(columns)} key columns")
-    return [encode_key_value(c, v) for c, v in zip(columns, key, strict=True)]
-
-
-def decode_key(values: Sequence[Any] | None, columns: Sequence[ColumnSpec | str]) -> Key | None:
-    """A manifest's ``range_low``/``range_high`` back to a landing-form key (None if open).
-
-    Pass the key's ColumnSpecs where known: a bare kind cannot tell a DECIMAL wider than 38
-    digits (landed as text) from a narrower one (landed as a decimal).
-    """
-    if values is None:
-        return None
-    if len(values) != len(columns):
-        raise ValueError(f"key {values!r} has {len(values)} values for {len(columns)} key "
-                         "columns")
-    return tuple(decode_key_value(c, v) for c, v in zip(columns, values, strict=True))
-
 
 # ---- the layout ----------------------------------------------------------------------------------
 
@@ -312,6 +228,86 @@ def write_control(landing: LandingZone, database: str, table: str, action: str,
     write_atomically(control_path(landing, database, table), json.dumps(
         {"action": str(Action(action)), "signal": signal.to_dict(),
          "requested_at": timestamp_now()}).encode())
+
+
+# ---- key values in manifests -------------------------------------------------------------------
+
+
+def _spec(column: ColumnSpec | str) -> ColumnSpec:
+    """A column spec from a spec or a bare kind (the engine may only know kinds)."""
+    return column if isinstance(column, ColumnSpec) else ColumnSpec("?", column)
+
+
+def encode_key_value(column: ColumnSpec | str, value: Any) -> Any:
+    """One landing-form key value as JSON, by column kind (docs/snapshots.md).
+
+    Integers as numbers; decimals (also unsigned BIGINT and BIT(64), which land as decimals) as
+    plain strings, so no JSON reader rounds them; dates and datetimes in ISO form (an aware
+    timestamp keeps its offset); binary as hex; text kinds as they are.
+    """
+    if value is None:
+        return None
+    spec = _spec(column)
+    arrow_type = spec.arrow_type()
+    if pa.types.is_integer(arrow_type) and not isinstance(value, bool | Decimal):
+        return int(value)
+    if pa.types.is_decimal(arrow_type) or isinstance(value, Decimal):
+        return format(Decimal(value), "f")
+    if pa.types.is_floating(arrow_type):
+        return float(value)
+    if isinstance(value, dt.date | dt.datetime):
+        return value.isoformat()
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).hex()
+    if isinstance(value, str):
+        return value
+    raise ValueError(f"key column {spec.name!r} ({spec.kind}): cannot encode {value!r} "
+                     f"({type(value).__name__}) for a chunk manifest")
+
+
+def decode_key_value(column: ColumnSpec | str, value: Any) -> Any:
+    """The inverse of :func:`encode_key_value`: the landing-form value back."""
+    if value is None:
+        return None
+    spec = _spec(column)
+    arrow_type = spec.arrow_type()
+    if pa.types.is_integer(arrow_type):
+        # A bare "bit" kind cannot tell BIT(64) (a decimal, encoded as a string) from BIT(n).
+        return Decimal(value) if isinstance(value, str) else int(value)
+    if pa.types.is_decimal(arrow_type):
+        return Decimal(value)
+    if pa.types.is_floating(arrow_type):
+        return float(value)
+    if pa.types.is_date(arrow_type):
+        return dt.date.fromisoformat(value)
+    if pa.types.is_timestamp(arrow_type):
+        return dt.datetime.fromisoformat(value)
+    if pa.types.is_binary(arrow_type):
+        return bytes.fromhex(value)
+    return str(value)
+
+
+def encode_key(key: Key | None, columns: Sequence[ColumnSpec | str]) -> list[Any] | None:
+    """A landing-form key (chunk-key order) as a JSON list; None (an open side) stays None."""
+    if key is None:
+        return None
+    if len(key) != len(columns):
+        raise ValueError(f"key {key!r} has {len(key)} values for {len(columns)} key columns")
+    return [encode_key_value(c, v) for c, v in zip(columns, key, strict=True)]
+
+
+def decode_key(values: Sequence[Any] | None, columns: Sequence[ColumnSpec | str]) -> Key | None:
+    """A manifest's ``range_low``/``range_high`` back to a landing-form key (None if open).
+
+    Pass the key's ColumnSpecs where known: a bare kind cannot tell a DECIMAL wider than 38
+    digits (landed as text) from a narrower one (landed as a decimal).
+    """
+    if values is None:
+        return None
+    if len(values) != len(columns):
+        raise ValueError(f"key {values!r} has {len(values)} values for {len(columns)} key "
+                         "columns")
+    return tuple(decode_key_value(c, v) for c, v in zip(columns, values, strict=True))
 
 
 # ---- chunk files (reader -> engine) ------------------------------------------------------------

@@ -51,6 +51,7 @@ from cdc_platform.capture.snapshot.chunks import (
     read_max_key,
     read_nullable_columns,
     schema_fingerprint,
+    with_row_bound,
 )
 from cdc_platform.capture.snapshot.conditions import UnsafeConditionError, validate_condition
 from cdc_platform.capture.snapshot.errors import (
@@ -60,6 +61,7 @@ from cdc_platform.capture.snapshot.errors import (
 )
 from cdc_platform.capture.snapshot.progress import (
     KeyRange,
+    ReaderState,
     SnapshotProgress,
     SnapshotResult,
     WrittenChunk,
@@ -226,7 +228,9 @@ class SnapshotReader:
             self._lock = ReaderLock(lock_path(self.landing, self.schema.database,
                                               self.schema.table))
             self._lock.try_acquire()
-            self._table = ChunkedTable(self.schema, key, self.condition)
+            self._table = self._with_connection(
+                "reading the column widths", lambda conn: with_row_bound(
+                    conn, ChunkedTable(self.schema, key, self.condition)))
             self._begin_run(stop_event, on_progress, started)
             try:
                 return self._run_session()
@@ -352,7 +356,7 @@ class SnapshotReader:
         self.log.info(f"{self._where()}: columns changed to "
                       f"{', '.join(current.column_names)}; reading with them from now on")
         self.schema = current
-        self._table = ChunkedTable(current, key, self.condition)
+        self._table = with_row_bound(conn, ChunkedTable(current, key, self.condition))
         return True
 
     # -- one run: open or adopt the session, read and publish chunks, follow the engine ---
@@ -373,7 +377,7 @@ class SnapshotReader:
         self._last_key: list[Any] | None = None
         self._maximum_key: list[str] | None = None
         self._final_seq: int | None = None
-        self._state = "waiting"
+        self._state = ReaderState.WAITING
         self._engine_rows: int | None = None
         self._restarts = 0
         self._restart_requested = False
@@ -439,7 +443,7 @@ class SnapshotReader:
                                  f"run's signal {self.signal.id if self.signal else '-'}; nothing "
                                  "was read")
         if self._lock.held and self.adopt_open_session and self._resume_session():
-            self._state = "open"
+            self._state = ReaderState.OPEN
             self._progress()
         else:
             stopped = self._open_session()
@@ -473,7 +477,7 @@ class SnapshotReader:
     def _open_session(self, restart: bool = False) -> SnapshotResult | None:
         """Request a session (a new one after a restart, paused if the run was paused), wait
         for the engine's acknowledgement, read the maximum key; a result if it was stopped."""
-        paused = self._state == "paused"
+        paused = self._state == ReaderState.PAUSED
         if restart:
             self._check_writes(wait=True)  # the old session's files, before it is removed
             current = read_request(self.landing, self.schema.database, self.schema.table)
@@ -503,7 +507,7 @@ class SnapshotReader:
                                         lambda conn: read_max_key(conn, self._chunked))
         self._todo.append(KeyRange(None, max_key, True))
         self._maximum_key = None if max_key is None else [str(v) for v in max_key]
-        self._state = "paused" if paused else "open"
+        self._state = ReaderState.PAUSED if paused else ReaderState.OPEN
         self._progress()
         return None
 
@@ -596,7 +600,7 @@ class SnapshotReader:
     def _wait_for_acknowledgement(self) -> bool:
         deadline = time.monotonic() + self.ack_timeout_seconds
         while True:
-            if self._state == "waiting":
+            if self._state == ReaderState.WAITING:
                 self._progress()  # (how long it has waited: the run's progress lines say)
             if self._stop_event.is_set():
                 self._request(Action.STOP)
@@ -659,12 +663,14 @@ class SnapshotReader:
                 raise SnapshotError(f"{self._where()}: replaced by session {request.session_id} "
                                     "(another snapshot of the table started); this one ends")
             if request is not None and request.action == Action.STOP:
-                return self._stopped("a stop request")
+                # (the chunks the engine committed before it saw the stop count too)
+                outcome = self._absorb_engine_state()
+                return outcome if outcome is not None else self._stopped("a stop request")
             # (no readable request: keep the state; read_request logged why)
             paused = request.action == Action.PAUSE if request is not None else \
-                self._state == "paused"
-            if paused != (self._state == "paused"):
-                self._state = "paused" if paused else "open"
+                self._state == ReaderState.PAUSED
+            if paused != (self._state == ReaderState.PAUSED):
+                self._state = ReaderState.PAUSED if paused else ReaderState.OPEN
                 self.log.info(f"{self._where()}: {'paused' if paused else 'resumed'}")
                 self._progress()
             if paused:
@@ -758,7 +764,7 @@ class SnapshotReader:
         """Apply what the engine decided since the last look; a result when the run ends."""
         state = read_session_state(self._poll_checkpoint(), self.table_id)
         if state is None or state.get("session_id") != self.session_id:
-            if state is not None and self._state != "waiting":
+            if state is not None and self._state != ReaderState.WAITING:
                 raise SnapshotError(f"{self._where()}: replaced by session "
                                     f"{state.get('session_id')} (another snapshot of the table "
                                     "started); this one ends")
@@ -813,7 +819,7 @@ class SnapshotReader:
                 raise SnapshotError(f"{self._where()}: the engine committed the complete chunk "
                                     f"{self._final_seq} but reports state "
                                     f"{state.get('state')!r}, not 'done'")
-            self._state = "done"
+            self._state = ReaderState.DONE
             self._progress()
             self._check_writes(wait=True)  # nothing recreates the directory removed next
             if not self.keep_chunks:

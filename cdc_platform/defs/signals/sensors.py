@@ -31,6 +31,8 @@ from cdc_platform.capture.snapshot.actions import (
     signal_action,
 )
 from cdc_platform.capture.snapshot.protocol import (
+    Action,
+    SessionState,
     SignalRef,
     SnapshotRequest,
     read_request,
@@ -83,7 +85,7 @@ def told_to_stop(run: dg.DagsterRun, request: SnapshotRequest | None) -> bool:
     """Whether the table's request.json stops this run: a stop of its own session, or a stop
     signal that came after the run's signal. Such a run is ending, however long its status
     takes to say so (a pod shutting down), and no longer counts as snapshotting the table."""
-    if request is None or request.action != "stop":
+    if request is None or request.action != Action.STOP:
         return False
     if request.session_id.startswith(f"{run_session_prefix(run.run_id)}-"):
         return True
@@ -109,7 +111,8 @@ def busy_tables(instance: dg.DagsterInstance, landing: LandingZone,
     checkpoint = landing.read_checkpoint()
     for table_id in snapshot_keys.values():
         state = read_session_state(checkpoint, table_id)
-        if table_id in busy or state is None or state.get("state") not in ("open", "paused"):
+        if table_id in busy or state is None or state.get("state") not in (
+                SessionState.OPEN, SessionState.PAUSED):
             continue
         if reader_alive(landing, *split_table_id(table_id)):
             busy[table_id] = f"session {state.get('session_id')}, {state.get('state')}"

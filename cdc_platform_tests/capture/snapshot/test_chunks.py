@@ -27,6 +27,7 @@ from cdc_platform.capture.snapshot.chunks import (
     read_nullable_columns,
     read_table_in_chunks,
     schema_fingerprint,
+    with_row_bound,
 )
 from cdc_platform.capture.snapshot.conditions import UnsafeConditionError
 from cdc_platform.capture.source import connect, read_table_schema
@@ -418,3 +419,20 @@ def test_chunks_never_skip_keys_their_collation_holds_equal(
     assert sorted(read, key=repr) == sorted(((e, n, i) for i, (e, n) in enumerate(rows)),
                                             key=repr)
     assert [c.complete for c in chunks] == [False] * (len(chunks) - 1) + [True] * bool(chunks)
+
+
+def test_the_row_bound_comes_from_declared_widths(mariadb: Any,
+                                                  chunk_db: tuple[Any, str]) -> None:
+    """Rows that cannot pass the budget are read buffered: the bound must never be below what
+    the budget counts for a row (text counted in characters, at most its octets)."""
+    conn, db = chunk_db
+    mariadb.query(f"CREATE TABLE IF NOT EXISTS `{db}`.narrow (id INT PRIMARY KEY, "
+                  "c VARCHAR(10) CHARACTER SET utf8mb4, b VARBINARY(7), e ENUM('ab', 'cde'))")
+    narrow = with_row_bound(conn, _chunked(conn, db, "narrow"))
+    assert narrow.max_row_bytes == 8 + 40 + 7 + 3 * 4
+    rows = [(1, "é" * 10, b"x" * 7, "cde")]
+    _reload(mariadb, db, "narrow", rows)
+    [chunk] = read_table_in_chunks(conn, "mariadb", narrow, 10)
+    assert chunk.rows == tuple(rows) and chunk.bytes_read <= narrow.max_row_bytes
+    mariadb.query(f"CREATE TABLE IF NOT EXISTS `{db}`.shapes (id INT PRIMARY KEY, g GEOMETRY)")
+    assert with_row_bound(conn, _chunked(conn, db, "shapes")).max_row_bytes is None
