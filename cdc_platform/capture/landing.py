@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import re
 import threading
@@ -33,6 +34,8 @@ CHANGELOG_DIR = "changelog"
 SNAPSHOTS_DIR = "snapshots"
 SEGMENT_NAME = re.compile(r"^(\d{20})-(\d{20})\.parquet$")
 
+log = logging.getLogger(__name__)
+
 
 def table_parts(database: str, table: str) -> tuple[str, str]:
     """A table's two directory names (``<db>/<table>``) below ``changelog/`` and ``snapshots/``,
@@ -43,6 +46,18 @@ def table_parts(database: str, table: str) -> tuple[str, str]:
 def table_of_parts(database_dir: str, table_dir: str) -> tuple[str, str]:
     """``(database, table)`` of the directory names ``table_parts`` gave."""
     return name_of_path_component(database_dir), name_of_path_component(table_dir)
+
+
+def _written_name(directory: str) -> str:
+    """The name a directory was written for: decoded when it is in escaped form, else the name
+    itself (written before names were escaped)."""
+    try:
+        name = name_of_path_component(directory)
+        if path_component(name) == directory:
+            return name
+    except ValueError:  # invalid %-escapes (UnicodeDecodeError), or too long
+        pass
+    return directory
 
 
 def changelog_parts(database: str, table: str) -> tuple[str, ...]:
@@ -194,9 +209,40 @@ class LandingZone:
             handle.truncate()
             handle.write(f"pid {os.getpid()}")
             handle.flush()
+            self.escape_legacy_dirs()
             yield
         finally:
             handle.close()
+
+    def escape_legacy_dirs(self) -> list[tuple[Path, Path]]:
+        """Move table directories written before names were escaped (``changelog/db/2024
+        sales`` by an earlier engine) to their escaped names, so no landed change or snapshot
+        file is left where the lake no longer looks. Runs under the engine lock; returns the
+        moves. A name is taken as escaped when it is the escape of its own decoding."""
+        moved: list[tuple[Path, Path]] = []
+        for top in (CHANGELOG_DIR, SNAPSHOTS_DIR):
+            base = self.root / top
+            pairs = [(d, t) for d in base.iterdir() if d.is_dir() for t in d.iterdir()
+                     if t.is_dir()] if base.is_dir() else []
+            for db_dir, table_dir in pairs:
+                target = base.joinpath(*table_parts(_written_name(db_dir.name),
+                                                    _written_name(table_dir.name)))
+                if target == table_dir:
+                    continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if target.exists():  # both: move the files (segment names never clash)
+                    for entry in table_dir.iterdir():
+                        os.replace(entry, target / entry.name)
+                    table_dir.rmdir()
+                else:
+                    os.replace(table_dir, target)
+                _fsync_dir(target.parent)
+                with contextlib.suppress(OSError):  # another table may still live there
+                    db_dir.rmdir()
+                moved.append((table_dir, target))
+                log.warning(f"landing zone: moved {table_dir} to {target} (names are escaped "
+                            "since this version; docs/landing-zone.md)")
+        return moved
 
     def read_checkpoint(self) -> Checkpoint | None:
         try:

@@ -34,6 +34,7 @@ from cdc_platform.lake.columns import (
     THRESHOLD,
     col,
     conform,
+    refuse_reserved_columns,
     snapshot_struct,
     struct_from_arrow,
     user_struct,
@@ -167,8 +168,10 @@ def changelog_batch(
     if (newest.database, newest.table) != (database, table):
         raise ValueError(
             f"segment {segments[-1].location.spark_uri} says it belongs to {newest.table_id}, "
-            f"not {table_id(database, table)}; the landing zone's changelog directory is inconsistent"
+            f"not {table_id(database, table)}; the landing zone's changelog directory is "
+            "inconsistent"
         )
+    refuse_reserved_columns(newest)
     target = StructType(CHANGELOG_META.fields + user_struct(newest.columns).fields)
     if snapshot_columns and any(THRESHOLD in schema.names for schema, _ in groups):
         target = StructType(target.fields + snapshot_struct(newest).fields)

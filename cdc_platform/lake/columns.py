@@ -53,6 +53,20 @@ THRESHOLD = "__cdc_threshold"  # int64: keys whose latest record position is bel
 LO_OPEN = "__cdc_lo_open"  # bool: the range has no low bound (else: the key columns, exclusive)
 HI_OPEN = "__cdc_hi_open"  # bool: the range has no high bound (else: __cdc_hi__<key>, inclusive)
 HI_PREFIX = "__cdc_hi__"
+# Every column the changelog and the lake add (above, and the lake's working columns) starts
+# with this; Spark matches column names ignoring case.
+RESERVED_PREFIX = "__cdc_"
+
+
+def refuse_reserved_columns(schema: TableSchema) -> None:
+    """A source column named like the lake's own columns would be confused with them: stop
+    with the table, the column and the fix, instead of merging the wrong values."""
+    reserved = [c for c in schema.column_names if c.lower().startswith(RESERVED_PREFIX)]
+    if reserved:
+        raise ValueError(
+            f"{schema.table_id}: column(s) {', '.join(map(repr, reserved))} start with "
+            f"{RESERVED_PREFIX!r}, which the changelog and the lake reserve for their own "
+            "columns; exclude them (capture.excluded_columns) or rename them on the source")
 
 
 def spark_type(arrow_type: pa.DataType) -> DataType:

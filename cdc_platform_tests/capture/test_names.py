@@ -156,3 +156,31 @@ def test_parquet_metadata_keeps_database_and_table_apart():
     legacy = {k: v for k, v in metadata.items() if k not in (b"cdc.database", b"cdc.table_name")}
     legacy[b"cdc.table"] = b"shop.a.b"  # written before: database without a dot
     assert TableSchema.from_parquet_metadata(legacy).table == "a.b"
+
+
+def test_the_engine_moves_directories_written_before_names_were_escaped(tmp_path):
+    """A table `2024 sales` landed by an earlier engine (raw directory names) is moved to its
+    escaped directory when the next engine takes the landing zone; plain names stay."""
+    from cdc_platform.capture.landing import LandingZone
+    from cdc_platform.lake.changelog import list_segments
+
+    landing = LandingZone(str(tmp_path), "s1")
+    legacy = landing.root / "changelog" / "shop" / "2024 sales"
+    legacy.mkdir(parents=True)
+    (legacy / "00000000000000000001-00000000000000000002.parquet").write_bytes(b"old")
+    plain = landing.root / "changelog" / "shop" / "orders"
+    plain.mkdir()
+    (landing.root / "snapshots" / "my db" / "t").mkdir(parents=True)
+    new = landing.table_dir("shop", "2024 sales")
+    new.mkdir()
+    (new / "00000000000000000003-00000000000000000003.parquet").write_bytes(b"new")
+    with landing.engine_lock():
+        pass
+    assert not legacy.exists() and plain.is_dir()
+    assert sorted(p.name[:20] for p in new.iterdir()) == ["0" * 19 + "1", "0" * 19 + "3"]
+    assert [s.first_pos for s in list_segments(str(tmp_path), "s1", "shop", "2024 sales")] == [
+        1, 3]
+    assert landing.snapshot_dir("my db", "t").is_dir()
+    assert not (landing.root / "snapshots" / "my db").exists()
+    with landing.engine_lock():  # nothing left to move
+        assert landing.escape_legacy_dirs() == []

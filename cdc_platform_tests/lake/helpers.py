@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from cdc_platform.capture.landing import changelog_parts
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.lake.columns import snapshot_arrow_fields
 
@@ -78,8 +79,8 @@ class Landing:
             data[name] = [row.get(name) for row in rows]
         table = pa.Table.from_pydict(data, schema=arrow_schema)
         first, last = min(positions), max(positions)
-        directory = (self.root / self.server / "changelog" / table_schema.database
-                     / table_schema.table)
+        directory = (self.root / self.server).joinpath(
+            *changelog_parts(table_schema.database, table_schema.table))
         directory.mkdir(parents=True, exist_ok=True)
         final = directory / f"{first:020d}-{last:020d}.parquet"
         tmp = directory / f".{final.name}.tmp-{os.getpid()}"

@@ -79,3 +79,12 @@ def test_table_schemas_fallback(tmp_path: Path):
         json.dumps({"tables": {"shop.items": S.to_dict()}})
     )
     assert read_table_schemas(str(tmp_path), SERVER) == {"shop.items": S}
+
+
+def test_a_source_column_named_like_the_lakes_own_is_refused_by_name(spark, tmp_path: Path):
+    landing = Landing(tmp_path)
+    odd = schema("items", ColumnSpec("__CDC_note", "string"))
+    landing.segment(odd, [("c", {"id": 1, "__CDC_note": "x"})])
+    with pytest.raises(ValueError, match=r"shop.items: column\(s\) '__CDC_note' start with "
+                                         r"'__cdc_'.*capture.excluded_columns"):
+        changelog_batch(spark, landing.url, SERVER, "shop", "items", None, 100)
