@@ -47,6 +47,7 @@ from cdc_platform.capture.binlog_decoding import (
     IGNORABLE_EVENT_TYPES,
     TransactionPayloadEvent,
     event_type_name,
+    read_mariadb_xa_id,
 )
 from cdc_platform.capture.events import (
     Event,
@@ -234,6 +235,8 @@ class BinlogStream:
             if self._wanted(event.schema, event.table):
                 yield TableMap(event.table_id, self._table_schema(event))
         elif isinstance(event, MariadbGtidEvent | GtidEvent):
+            if isinstance(event, MariadbGtidEvent):
+                read_mariadb_xa_id(event)
             begin = self._flavour.begin(event)
             self._gtid = begin.gtid
             yield begin
