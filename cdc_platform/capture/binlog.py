@@ -49,6 +49,7 @@ from cdc_platform.capture.binlog_decoding import (
     IGNORABLE_EVENT_TYPES,
     TransactionPayloadEvent,
     event_type_name,
+    read_mariadb_xa_id,
 )
 from cdc_platform.capture.charsets import (
     UTF8_CHARSETS,
@@ -332,6 +333,8 @@ class BinlogStream:
             if self._wanted(event.schema, event.table):
                 yield TableMap(event.table_id, self._table_schema(event))
         elif isinstance(event, MariadbGtidEvent | GtidEvent):
+            if isinstance(event, MariadbGtidEvent):
+                read_mariadb_xa_id(event)
             begin = self._flavour.begin(event)
             self._gtid = begin.gtid
             yield begin

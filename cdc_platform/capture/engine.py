@@ -704,31 +704,18 @@ class CaptureEngine:
                     _SpilledChunk(part, position, gtid, ts_ms))
                 position += part.count
                 self._buffered_rows += part.count
+                if self._buffered_rows >= limit:
+                    self._land_chunks()
             else:
-                for state, op, row in part:
-                    table_id = state.schema.table_id
-                    key_columns = self._snapshots.key_columns(table_id)
-                    if key_columns is not None and gtid_value is not None:
-                        names = state.schema.column_names
-                        key = tuple(row[names.index(c)] for c in key_columns if c in names)
-                        self._snapshots.record_touch(table_id, key, gtid_value, position)
-                    chunks = self._chunks.setdefault(table_id, [])
-                    last = chunks[-1] if chunks else None
-                    if not isinstance(last, _Chunk) or last.schema is not state.schema or (
-                            last.landed is not None):
-                        last = _Chunk(state.schema)
-                        chunks.append(last)
-                    last.positions.append(position)
-                    last.gtids.append(gtid)
-                    last.ops.append(op)
-                    last.timestamps.append(ts_ms)
-                    last.rows.append(row)
-                    position += 1
-                    self._buffered_rows += 1
+                offset = 0
+                while offset < len(part):
+                    # At most up to the next landing: a large transaction lands in batches.
+                    piece = part[offset:offset + max(1, limit - self._buffered_rows)]
+                    position = self._queue(piece, gtid, gtid_value, ts_ms, position)
+                    offset += len(piece)
+                    self._buffered_rows += len(piece)
                     if self._buffered_rows >= limit:
                         self._land_chunks()
-            if self._buffered_rows >= limit:
-                self._land_chunks()
         count = position - first
         self._next_pos = position
         if gtid_value is not None:
@@ -743,6 +730,30 @@ class CaptureEngine:
         self.stats.caught_up = False
         if self._buffered_rows >= self.options.flush_max_rows:
             self.flush()
+
+    def _queue(self, records: list[tuple[_TableState, str, tuple[Any, ...]]], gtid: str,
+               gtid_value: Any, ts_ms: int, position: int) -> int:
+        """Queue committed records for landing from ``position``; returns the next one."""
+        for state, op, row in records:
+            table_id = state.schema.table_id
+            key_columns = self._snapshots.key_columns(table_id)
+            if key_columns is not None and gtid_value is not None:
+                names = state.schema.column_names
+                key = tuple(row[names.index(c)] for c in key_columns if c in names)
+                self._snapshots.record_touch(table_id, key, gtid_value, position)
+            chunks = self._chunks.setdefault(table_id, [])
+            last = chunks[-1] if chunks else None
+            if not isinstance(last, _Chunk) or last.schema is not state.schema or (
+                    last.landed is not None):
+                last = _Chunk(state.schema)
+                chunks.append(last)
+            last.positions.append(position)
+            last.gtids.append(gtid)
+            last.ops.append(op)
+            last.timestamps.append(ts_ms)
+            last.rows.append(row)
+            position += 1
+        return position
 
     def _record_spilled_touches(self, part: SpilledRecords, gtid: Any, first: int) -> None:
         """Touched keys of spilled records, for tables under a snapshot session."""

@@ -152,13 +152,27 @@ def test_damaged_transaction_payloads_are_a_loud_stop():
 
 @pytest.mark.parametrize("flags", [64, 64 | 2, 128 | 1, 128 | 1 | 2])
 def test_mariadb_gtid_events_name_their_xa_transaction(flags):
+    """(Read by the adapter: the library's own GTID class stays what every user gets.)"""
     body = struct.pack("<QIB", 42, 0, flags)
     if flags & 2:  # FL_GROUP_COMMIT_ID: a commit id comes before the XA id
         body += struct.pack("<Q", 99)
     body += struct.pack("<IBB", 7, 2, 1) + b"x1" + b"b"
     header = struct.pack("<IBIIIH", 1700000000, 0xA2, 5, 19 + len(body), 0, 0)
-    event = _parse(header + body, {}).event
-    begin = flavour_of("mariadb").begin(event)
+    stream = _stream()
+    stream._flavour = flavour_of("mariadb")
+    [begin] = stream._convert(_parse(header + body, {}).event)
     assert begin.gtid == "0-5-42"
     assert begin.xid == binlog_decoding.xa_id(7, b"x1", b"b")
     assert begin.standalone is bool(flags & 1)
+
+
+def test_registration_adds_event_types_and_replaces_none_the_library_maps():
+    from pymysqlreplication import constants
+    from pymysqlreplication.event import MariadbGtidEvent, QueryEvent
+
+    event_map = BinLogPacketWrapper._BinLogPacketWrapper__event_map
+    assert event_map[constants.MARIADB_GTID_EVENT] is MariadbGtidEvent
+    assert event_map[constants.QUERY_EVENT] is QueryEvent
+    assert event_map[TRANSACTION_PAYLOAD_EVENT] is TransactionPayloadEvent
+    assert event_map[binlog_decoding.QUERY_COMPRESSED_EVENT] is (
+        binlog_decoding.CompressedQueryEvent)
