@@ -112,6 +112,44 @@ _COLLATION_CHARSETS = {
 }
 
 
+def learn_server_collations(conn: pymysql.Connection, dbms: str) -> list[str]:
+    """Teach mysql-replication the collation ids of this server that its table lacks.
+
+    Table maps carry collation ids; for an id mysql-replication does not list it would decode
+    the column as UTF-8, and :func:`_charset_of` refuses such a column. The server knows its
+    own ids (MariaDB 10.10+ adds uca1400 collations, MySQL adds ids between releases), so they
+    are read from it at start: every collation the server has is decodable. Returns the names
+    of the collations learnt. ``dbms`` is mysql-replication's flavour name (mysql/mariadb).
+    """
+    queries = (
+        # MariaDB 10.10+: a collation applicable to several charsets has an id per charset.
+        "SELECT ID, FULL_COLLATION_NAME, CHARACTER_SET_NAME FROM "
+        "information_schema.COLLATION_CHARACTER_SET_APPLICABILITY WHERE ID IS NOT NULL",
+        "SELECT ID, COLLATION_NAME, CHARACTER_SET_NAME FROM information_schema.COLLATIONS "
+        "WHERE ID IS NOT NULL",
+    )
+    rows: list[Any] = []
+    with conn.cursor() as cur:
+        for query in queries:
+            try:
+                cur.execute(query)
+            except pymysql.MySQLError as error:
+                if error.args and error.args[0] in (1054, 1109):  # (an older server)
+                    continue
+                raise
+            rows = list(cur.fetchall())
+            break
+    learnt = []
+    for collation_id, collation, charset in rows:
+        if CHARSET.charset_by_id(int(collation_id), dbms) is not None:
+            continue
+        CHARSET.charsets.add(CHARSET.Charset(int(collation_id), str(charset), str(collation),
+                                             False, dbms))
+        _COLLATION_CHARSETS[str(collation)] = str(charset)
+        learnt.append(str(collation))
+    return learnt
+
+
 def column_from_binlog(column: Any) -> ColumnSpec:
     """ColumnSpec from a mysql-replication table-map column (needs binlog_row_metadata=FULL).
 

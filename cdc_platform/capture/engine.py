@@ -36,6 +36,7 @@ from cdc_platform.capture.binlog import (
     BinlogStream,
     SourceDisconnected,
     is_retriable,
+    learn_server_collations,
 )
 from cdc_platform.capture.ddl import TableDdl, parse_table_ddl
 from cdc_platform.capture.events import (
@@ -321,6 +322,10 @@ class CaptureEngine:
         self._schemas = self.landing.read_tables()
         self._control = source_sql.connect(opts.connection_settings)
         source_sql.require_prerequisites(self._control, opts.flavour, opts.server_name)
+        learnt = learn_server_collations(self._control, opts.flavour)
+        if learnt:
+            self.log.info(f"capture engine {opts.server_name}: collations of the source that "
+                          f"mysql-replication does not list, read from the server: {learnt}")
         if checkpoint is None:
             self._processed = self._initial_position()
         self._record_discovered_tables()

@@ -318,3 +318,25 @@ def test_the_charset_decoders_agree_with_the_server_on_every_code(mariadb):
                         wrong.append((charset, code.hex(), repr(server), repr(ours)))
     print(f"\ncharset codes checked: {checked} over {len(charsets) - 1} charsets")
     assert not wrong, f"{len(wrong)} codes decode differently: {wrong[:60]}"
+
+
+def test_a_collation_mysql_replication_does_not_list_is_learnt_from_the_server(
+        cdc_env: CdcEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A collation id missing from mysql-replication's table (MariaDB 10.10+'s uca1400 ones,
+    say) would be decoded as UTF-8; the engine reads the server's ids at start instead. Here
+    the library forgets latin1_german2_ci, and its column still lands exact latin1 text."""
+    from pymysqlreplication.constants import CHARSET
+
+    from cdc_platform.capture import binlog
+
+    known = CHARSET.charsets._by_id["mariadb"]  # noqa: SLF001 - the library's only table
+    forgotten = next(i for i, c in known.items() if c.collation == "latin1_german2_ci")
+    monkeypatch.delitem(known, forgotten)
+    monkeypatch.delitem(binlog._COLLATION_CHARSETS, "latin1_german2_ci")
+    cdc_env.execute("CREATE TABLE g (id INT PRIMARY KEY, v VARCHAR(20) CHARACTER SET latin1 "
+                    "COLLATE latin1_german2_ci)",
+                    "INSERT INTO g VALUES (1, UNHEX('E4F6FC81'))")
+    cdc_env.catch_up()
+    [row] = _landed(cdc_env, "g")
+    assert row["v"] == "äöü\x81"
+    assert CHARSET.charset_by_id(forgotten, "mariadb").name == "latin1"
