@@ -101,14 +101,17 @@ def _staleness(settings: Settings, schema: TableSchema, consumed_pos: int | None
 def _not_stale_check(settings: Settings, schema: TableSchema) -> dg.AssetChecksDefinition:
     server = settings.source.server_name
 
-    @dg.asset_check(
-        asset=target_key(settings, schema),
-        name="not_stale",
-        description=f"Fails while a DDL on {schema.table_id} left its lake table with rows or "
-        "values the changelog cannot correct (TRUNCATE, RENAME TABLE, partition DROP/EXCHANGE, "
-        "ADD COLUMN with a default, column renames and type changes, ...), until a snapshot "
-        "of the table that opened after the DDL is done and materialised "
-        "(capture.resnapshot_on_ddl requests it).",
+    @single_asset_check(
+        dg.AssetCheckSpec(
+            "not_stale",
+            asset=target_key(settings, schema),
+            description=f"Fails while a DDL on {schema.table_id} left its lake table with rows "
+            "or values the changelog cannot correct (TRUNCATE, RENAME TABLE, partition "
+            "DROP/EXCHANGE, ADD COLUMN with a default, column renames and type changes, ...), "
+            "until a snapshot of the table that opened after the DDL is done and materialised "
+            "(capture.resnapshot_on_ddl requests it).",
+        ),
+        op_name=joined_name("not_stale", server, schema.database, schema.table),
     )
     def not_stale(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
         commit = TargetTable(settings.warehouse.url, server, schema.database,
