@@ -59,6 +59,7 @@ from cdc_platform.capture.snapshot.sessions import SnapshotCoordinator
 from cdc_platform.capture.source import TableSelector, selector_from_settings
 from cdc_platform.capture.spill import OP_COLUMN, SpilledRecords, SpillStore
 from cdc_platform.capture.stale_markers import record_stale_targets
+from cdc_platform.capture.statement_dml import parse_statement_dml
 from cdc_platform.capture.transactions import (
     Committed,
     Outcome,
@@ -558,6 +559,8 @@ class CaptureEngine:
             ddl = parse_table_ddl(outcome.text, outcome.database)
             if ddl is not None:
                 self._on_ddl(ddl, outcome.gtid)
+            else:
+                self._check_statement_dml(outcome)
         elif isinstance(outcome, Prepared):
             # The prepare's GTID is complete; its rows wait (persisted at the next flush) for
             # the XA COMMIT, whose GTID they land under.
@@ -572,6 +575,32 @@ class CaptureEngine:
                 self._xa_dirty = True
             self.log.info(f"transaction {outcome.gtid or '?'}: {outcome.records} record(s) "
                           f"dropped ({outcome.reason}); nothing emitted")
+
+    def _check_statement_dml(self, statement: Statement) -> None:
+        """A row change logged as a statement (binlog_format STATEMENT or MIXED, MariaDB's
+        DELETE of a MEMORY table emptied by a restart) carries no rows: if it writes a
+        captured table, or may (its target is unclear and it names a database holding
+        captured tables), capture stops rather than skip it. Other tables' are ignored."""
+        dml = parse_statement_dml(statement.text, statement.database)
+        if dml is None:
+            return
+        captures = self.options.selector.captures
+        if dml.exact:
+            touched = [t for t in dml.tables if t[1] and captures(*t)]
+        else:
+            captured_dbs = {s.database for s in self._schemas.values()}
+            touched = [(d, t or "?") for d, t in dml.tables if d in captured_dbs]
+        if not touched:
+            return
+        tables = ", ".join(names.table_id(d, t) if t != "?" else f"a table of {d}"
+                           for d, t in touched)
+        text = statement.text if len(statement.text) <= 200 else statement.text[:200] + "..."
+        raise EngineError(
+            f"GTID {statement.gtid or '?'}: {tables} changed by a statement logged as SQL "
+            f"({dml.verb}: {text!r}), not as row events, so its rows cannot be captured. "
+            "Fix: set binlog_format=ROW on the replica (globally, and for sessions that set "
+            "it), then re-snapshot the table(s) and move the checkpoint past this GTID (or "
+            "start from a fresh landing zone with capture.initial_position)")
 
     def _on_table_map(self, event: TableMap) -> None:
         if event.table_id in self._table_ids:

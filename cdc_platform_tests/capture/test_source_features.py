@@ -12,6 +12,7 @@ import pymysql
 import pytest
 
 from cdc_platform.capture.engine import CaptureEngine, EngineOptions
+from cdc_platform.capture.events import EngineError
 from cdc_platform.capture.source import PrerequisiteError
 from cdc_platform.capture.transactions import Statement
 from cdc_platform.devservices.mariadb import MariaDBServer
@@ -249,3 +250,37 @@ def test_a_crash_while_a_large_transaction_lands_in_batches_replays_it_once(cdc_
     assert [r["id"] for r in landed] == list(range(1, 3001))
     assert [r["__cdc_pos"] for r in landed] == list(range(1, 3001))
     assert spill_files(env) == []
+
+
+def test_a_row_change_logged_as_a_statement_stops_loudly_unless_the_table_is_excluded(cdc_env):
+    env = cdc_env
+    env.overrides["capture"] = {"tables": {"include": [rf"{env.db}\..*"],
+                                           "exclude": [rf"{env.db}\.skipped"]}}
+    env.execute("CREATE TABLE t (id INT PRIMARY KEY)")
+    env.execute("CREATE TABLE skipped (id INT PRIMARY KEY)")
+    env.execute("INSERT INTO t VALUES (1)")
+    env.catch_up()
+
+    def statement_logged(sql: str) -> None:
+        with env.mariadb.root_connect(database=env.db) as conn, conn.cursor() as cur:
+            cur.execute("SET SESSION binlog_format = 'STATEMENT'")
+            cur.execute(sql)
+            conn.commit()
+
+    since = master_pos(env)
+    statement_logged("INSERT INTO skipped VALUES (1)")  # not captured: ignored
+    env.catch_up()
+    assert any(kind == "Query" and info.endswith("INSERT INTO skipped VALUES (1)")
+               for kind, info in binlog_events(env, since))
+    position = env.landing.read_checkpoint().gtid
+
+    statement_logged("/* app */ INSERT INTO t VALUES (2)")
+    gtid = env.mariadb.query("SELECT @@GLOBAL.gtid_binlog_pos")[0][0]
+    with pytest.raises(EngineError, match=rf"GTID {gtid}: {env.db}\.t changed by a statement "
+                                          r"logged as SQL.*binlog_format=ROW.*re-snapshot"):
+        env.catch_up()
+    # Nothing of it landed, and its GTID is not processed: a restart stops again.
+    assert [r["id"] for r in records(env, "t")] == [1]
+    assert env.landing.read_checkpoint().gtid == position
+    with pytest.raises(EngineError, match="logged as SQL"):
+        env.catch_up()
