@@ -243,6 +243,7 @@ class CaptureEngine:
         self._last_activity = time.monotonic()
         self._control: Any = None
         self._started = False
+        self._applying = False
         self._snapshots = SnapshotCoordinator(landing, options.flavour, self.log)
         self._snapshots_dirty = False
 
@@ -289,8 +290,13 @@ class CaptureEngine:
         Not before the checkpoint was read, though: flushing then would overwrite it.
         """
         self._discard_open_transaction("engine failing")
+        if self._applying:
+            # Half a commit is applied: a checkpoint now could drop a prepared XA transaction
+            # or give positions twice. The last checkpoint is safe to replay from.
+            self.log.warning("capture engine: failed while applying a commit; no final flush "
+                             "(the next start replays from the last checkpoint)")
         try:
-            if self._started:
+            if self._started and not self._applying:
                 self.flush(force=True)
         except Exception:  # noqa: BLE001 - the original error matters more
             self.log.error("capture engine: final flush failed", exc_info=True)
@@ -548,8 +554,12 @@ class CaptureEngine:
         elif isinstance(event, Rotate):
             self._table_ids.clear()
         else:
+            # Until every outcome is applied, the engine's state may hold half a commit (some
+            # records queued or landed, its GTID not processed): ``_fail`` must not write it.
+            self._applying = True
             for outcome in self._buffer.feed(event):
                 self._apply(outcome)
+            self._applying = False
         return False
 
     def _apply(self, outcome: Outcome) -> None:
@@ -750,6 +760,7 @@ class CaptureEngine:
         if gtid_value is not None:
             self._processed = self._processed.add(gtid_value)
         if txn.xid is not None:
+            self._buffer.forget_prepared(txn)
             self._xa_dirty = True
         self.stats.transactions += 1
         self.stats.records += count

@@ -372,6 +372,13 @@ class TransactionBuffer:
         self.prepared[event.xid] = PreparedXa(group.gtid, group.records)
         return [Prepared(group.gtid, event.xid, len(group.records))]
 
+    def forget_prepared(self, txn: Committed) -> None:
+        """The engine applied ``txn``: when it is the XA COMMIT of a prepared transaction (its
+        records are queued under the commit's GTID), that one is no longer prepared."""
+        prepared = self.prepared.get(txn.xid) if txn.xid is not None else None
+        if prepared is not None and prepared.records is txn.records:
+            del self.prepared[txn.xid]
+
     def _xa_finish(self, event: Query) -> list[Outcome]:
         parsed = parse_xa_finish(event.text)
         group = self._ensure_group(event.timestamp)
@@ -382,7 +389,9 @@ class TransactionBuffer:
         verb, xid, one_phase = parsed
         if one_phase:  # a one-phase commit logged as a statement: its rows are in this group
             return self._commit(event.timestamp, xid)
-        prepared = self.prepared.pop(xid, None)
+        # An XA COMMIT's transaction stays prepared until the engine applied its records
+        # (``forget_prepared``): a checkpoint written in between must still name it.
+        prepared = self.prepared.pop(xid, None) if verb == "ROLLBACK" else self.prepared.get(xid)
         out: list[Outcome] = []
         if verb == "ROLLBACK":
             if prepared is not None:

@@ -51,13 +51,18 @@ def committed(outcomes) -> list[tuple[str, list]]:
 
 
 def run(buffer: TransactionBuffer, *steps) -> list:
-    """Steps are events, or lists of records (one rows event each)."""
+    """Steps are events, or lists of records (one rows event each). Committed XA
+    transactions are forgotten once "applied", as the engine does."""
     out: list = []
     for step in steps:
         if isinstance(step, list):
             buffer.add(step, 10 * len(step))
         else:
-            out += buffer.feed(step)
+            outcomes = buffer.feed(step)
+            for outcome in outcomes:
+                if isinstance(outcome, Committed):
+                    buffer.forget_prepared(outcome)
+            out += outcomes
     return out
 
 
@@ -122,6 +127,17 @@ def test_xa_rows_are_emitted_at_xa_commit_under_the_commit_gtid():
     assert set(buffer.prepared) == {XID}
     out = run(buffer, Begin("0-1-4", standalone=True), Query("XA COMMIT X'7831',X'',1"))
     assert committed(out) == [("0-1-4", [1, 2])]
+    assert buffer.prepared == {}
+
+
+def test_an_xa_commit_stays_prepared_until_the_engine_applied_it():
+    """A checkpoint written while the commit is half applied must still name the XA."""
+    buffer = TransactionBuffer()
+    run(buffer, Begin("0-1-3", standalone=False, xid=XID), [1], XaPrepare(XID))
+    out = buffer.feed(Begin("0-1-4", standalone=True)) + buffer.feed(
+        Query("XA COMMIT X'7831',X'',1"))
+    assert committed(out) == [("0-1-4", [1])] and set(buffer.prepared) == {XID}
+    buffer.forget_prepared(out[-1])
     assert buffer.prepared == {}
 
 
