@@ -47,6 +47,7 @@ from cdc_platform.capture import binlog_decoding
 from cdc_platform.capture.binlog_decoding import (
     HEARTBEAT_EVENT_TYPES,
     IGNORABLE_EVENT_TYPES,
+    PayloadError,
     TransactionPayloadEvent,
     event_type_name,
     read_mariadb_xa_id,
@@ -315,8 +316,15 @@ class BinlogStream:
             if event is None:  # the server ended the stream (non-blocking only)
                 raise SourceDisconnected("binlog stream ended by the server")
             if isinstance(event, TransactionPayloadEvent):
-                for inner in event.events:
-                    yield from self._convert(inner)
+                try:
+                    for inner in event.events():
+                        yield from self._convert(inner)
+                except PayloadError as error:
+                    raise UnsupportedEvent(
+                        f"GTID {self._gtid or '?'}: {error}. Its rows cannot be read exactly, "
+                        "so the engine stops. Check the source's binlog with mysqlbinlog; if "
+                        "it is damaged, re-snapshot the captured tables and move the "
+                        "checkpoint past this GTID") from None
             else:
                 yield from self._convert(event)
 

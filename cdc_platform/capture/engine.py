@@ -583,8 +583,11 @@ class CaptureEngine:
             self.stats.rolled_back += 1
             if outcome.xid is not None:
                 self._xa_dirty = True
-            self.log.info(f"transaction {outcome.gtid or '?'}: {outcome.records} record(s) "
-                          f"dropped ({outcome.reason}); nothing emitted")
+            # A group abandoned with rows is unusual (a binlog cut short by a server crash,
+            # or a stream the engine misread): visible, though nothing committed.
+            log = self.log.warning if outcome.abandoned and outcome.records else self.log.info
+            log(f"transaction {outcome.gtid or '?'}: {outcome.records} record(s) dropped "
+                f"({outcome.reason}); nothing emitted")
 
     def _check_statement_dml(self, statement: Statement) -> None:
         """A row change logged as a statement (binlog_format STATEMENT or MIXED, MariaDB's

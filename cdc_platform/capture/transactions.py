@@ -181,6 +181,7 @@ class RolledBack:
     records: int
     reason: str
     xid: str | None = None  # an XA transaction dropped at XA ROLLBACK
+    abandoned: bool = False  # a GTID event came before its end (it cannot have committed)
 
 
 @dataclass(frozen=True)
@@ -296,7 +297,7 @@ class TransactionBuffer:
         if self._group is not None:
             group = self._group
             out.append(RolledBack(group.gtid, len(group.records),
-                                  f"no commit before GTID {event.gtid}"))
+                                  f"no commit before GTID {event.gtid}", abandoned=True))
             group.records.discard()
         self._group = _Group(event.gtid, event.timestamp, event.standalone, self._new_log())
         return out

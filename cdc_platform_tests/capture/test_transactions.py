@@ -79,8 +79,8 @@ def test_rollback_and_abandoned_groups_emit_nothing():
     out = run(buffer, Begin("0-1-1"), Query("BEGIN"), [1], Query("ROLLBACK"),
               Begin("0-1-2"), Query("BEGIN"), [2], Begin("0-1-3"), Query("BEGIN"), [3], Xid())
     assert committed(out) == [("0-1-3", [3])]
-    assert [(o.gtid, o.records) for o in out if isinstance(o, RolledBack)] == [
-        ("0-1-1", 1), ("0-1-2", 1)]
+    assert [(o.gtid, o.records, o.abandoned) for o in out if isinstance(o, RolledBack)] == [
+        ("0-1-1", 1, False), ("0-1-2", 1, True)]  # (the engine warns of abandoned rows)
 
 
 def test_savepoints_drop_only_the_rows_after_them():
