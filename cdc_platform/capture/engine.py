@@ -232,6 +232,7 @@ class CaptureEngine:
         self._schemas_dirty = False
         self._chunks: dict[str, list[_Chunk | _SpilledChunk]] = {}
         self._buffered_rows = 0
+        self._buffered_bytes = 0  # their estimated memory (RecordLog's estimate)
         self._spill = SpillStore(landing.root / "spill")
         self._buffer = TransactionBuffer(self._new_record_log)
         self._xa_dirty = False
@@ -738,25 +739,34 @@ class CaptureEngine:
         gtid = txn.gtid
         ts_ms = int(txn.timestamp) * 1000
         gtid_value = self._flavour.parse_gtid(gtid) if gtid else None
-        limit = self.options.flush_max_rows
-        for part in txn.records:
+        rows_limit = self.options.flush_max_rows
+        bytes_limit = self.options.transaction_memory_bytes
+        records = txn.records
+        for part, part_bytes in zip(records.parts, records.part_bytes, strict=True):
             if isinstance(part, SpilledRecords):
                 self._record_spilled_touches(part, gtid_value, position)
                 self._chunks.setdefault(part.schema.table_id, []).append(
                     _SpilledChunk(part, position, gtid, ts_ms))
                 position += part.count
                 self._buffered_rows += part.count
-                if self._buffered_rows >= limit:
+                if self._landing_due():
                     self._land_chunks()
             else:
+                # What a record of this part takes in memory (RecordLog's estimate).
+                each = part_bytes / len(part) if part else 0.0
                 offset = 0
                 while offset < len(part):
-                    # At most up to the next landing: a large transaction lands in batches.
-                    piece = part[offset:offset + max(1, limit - self._buffered_rows)]
+                    # At most up to the next landing (by rows or bytes): a large transaction
+                    # lands in batches.
+                    room = rows_limit - self._buffered_rows
+                    if each and bytes_limit:
+                        room = min(room, int((bytes_limit - self._buffered_bytes) / each))
+                    piece = part[offset:offset + max(1, room)]
                     position = self._queue(piece, gtid, gtid_value, ts_ms, position)
                     offset += len(piece)
                     self._buffered_rows += len(piece)
-                    if self._buffered_rows >= limit:
+                    self._buffered_bytes += int(each * len(piece))
+                    if self._landing_due():
                         self._land_chunks()
         count = position - first
         self._next_pos = position
@@ -771,8 +781,16 @@ class CaptureEngine:
         self._last_activity = time.monotonic()
         self.stats.lag_seconds = max(0.0, time.time() - float(txn.timestamp))
         self.stats.caught_up = False
-        if self._buffered_rows >= self.options.flush_max_rows:
+        if self._landing_due():
             self.flush()
+
+    def _landing_due(self) -> bool:
+        """Committed records waiting to land reached ``flush_max_rows`` rows, or
+        ``transaction_memory_bytes`` of (estimated) memory: many transactions of big rows
+        must not pile up between flushes."""
+        budget = self.options.transaction_memory_bytes
+        return self._buffered_rows >= self.options.flush_max_rows or bool(
+            budget and self._buffered_bytes >= budget)
 
     def _queue(self, records: list[tuple[_TableState, str, tuple[Any, ...]]], gtid: str,
                gtid_value: Any, ts_ms: int, position: int) -> int:
@@ -908,6 +926,7 @@ class CaptureEngine:
         self.stats.segments_written += len(written)
         self._chunks = {}
         self._buffered_rows = 0
+        self._buffered_bytes = 0
 
     def _persist_prepared_xa(self) -> dict[str, Any]:
         """Prepared XA transactions as the checkpoint names them: every record in a spill
@@ -956,6 +975,7 @@ class CaptureEngine:
         self._next_pos += count
         self._chunks.setdefault(schema.table_id, []).append(chunk)
         self._buffered_rows += count
+        self._buffered_bytes += chunk.landed.nbytes
         self.stats.records += count
         return first
 

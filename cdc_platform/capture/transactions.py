@@ -65,6 +65,8 @@ class RecordLog:
         self.memory_bytes = memory_bytes
         self._spill = spill
         self.parts: list[list[Record] | SpilledPart] = []
+        # The estimated bytes of each part in memory (0 for spilled parts), as ``parts``.
+        self.part_bytes: list[int] = []
         self._count = 0
         self._memory = 0
 
@@ -81,9 +83,11 @@ class RecordLog:
             return
         if not self.parts or not isinstance(self.parts[-1], list):
             self.parts.append([])
+            self.part_bytes.append(0)
         tail = self.parts[-1]
         assert isinstance(tail, list)
         tail.extend(records)
+        self.part_bytes[-1] += size
         self._count += len(records)
         self._memory += size
         if self._spill is not None and self.memory_bytes and self._memory > self.memory_bytes:
@@ -94,8 +98,11 @@ class RecordLog:
         if self._spill is None or not self.parts or not isinstance(self.parts[-1], list):
             return
         tail = self.parts.pop()
+        self.part_bytes.pop()
         assert isinstance(tail, list)
-        self.parts.extend(self._spill(tail))
+        spilled = self._spill(tail)
+        self.parts.extend(spilled)
+        self.part_bytes.extend(0 for _ in spilled)
         self._memory = 0
 
     def truncate(self, keep: int) -> None:
@@ -103,24 +110,29 @@ class RecordLog:
         if keep >= self._count:
             return
         kept: list[list[Record] | SpilledPart] = []
+        kept_bytes: list[int] = []
         seen = 0
-        for part in self.parts:
+        for part, part_bytes in zip(self.parts, self.part_bytes, strict=True):
             size = len(part) if isinstance(part, list) else part.count
             if seen + size <= keep:
                 kept.append(part)
+                kept_bytes.append(part_bytes)
             elif seen >= keep:
                 if not isinstance(part, list):
                     part.remove()
             elif isinstance(part, list):
                 share = (keep - seen) / size
                 kept.append(part[:keep - seen])
+                kept_bytes.append(int(part_bytes * share))
                 self._memory = int(self._memory * share)
             else:
                 kept.append(part.truncate(keep - seen))
+                kept_bytes.append(0)
             seen += size
         if not kept or not isinstance(kept[-1], list):
             self._memory = 0
         self.parts = kept
+        self.part_bytes = kept_bytes
         self._count = keep
 
     def __iter__(self) -> Iterator[list[Record] | SpilledPart]:
@@ -130,6 +142,7 @@ class RecordLog:
     def restore(self, parts: Sequence[SpilledPart]) -> None:
         """Take spilled parts written by an earlier engine (a prepared XA transaction)."""
         self.parts = list(parts)
+        self.part_bytes = [0] * len(self.parts)
         self._count = sum(part.count for part in parts)
         self._memory = 0
 
@@ -146,6 +159,7 @@ class RecordLog:
             if not isinstance(part, list):
                 part.remove()
         self.parts = []
+        self.part_bytes = []
         self._count = 0
         self._memory = 0
 

@@ -340,3 +340,26 @@ def test_a_failure_inside_a_commit_writes_no_checkpoint_of_half_of_it(cdc_env):
     landed = records(env, "t")
     assert sorted(r["id"] for r in landed) == list(range(11))
     assert sorted(r["__cdc_pos"] for r in landed) == list(range(1, 12))
+
+
+@pytest.mark.cdc_config(capture={"transaction_memory_bytes": 64 * 1024,
+                                 "flush_max_rows": 1_000_000, "flush_interval_seconds": 60})
+def test_committed_records_waiting_to_land_are_bounded_by_bytes(cdc_env):
+    env = cdc_env
+    env.execute("CREATE TABLE t (id INT PRIMARY KEY, v TEXT)")
+    for i in range(30):  # small transactions of big rows: none spills, together 300 KB
+        env.execute(f"INSERT INTO t VALUES ({i}, REPEAT('x', 10000))")
+    engine = env.engine()
+    land = engine._land_chunks
+    waiting = []
+
+    def measured_land():
+        waiting.append(engine._buffered_bytes)
+        land()
+
+    engine._land_chunks = measured_land
+    stats = engine.run(stop_when_caught_up=True)
+    assert stats.segments_written >= 4  # landed in batches, not all at the end
+    assert max(waiting) < 64 * 1024 + 12_000  # the budget, and at most one record past it
+    assert [r["id"] for r in records(env, "t")] == list(range(30))
+    assert spill_files(env) == []
