@@ -359,6 +359,15 @@ class CaptureEngine:
         they belong to transactions the engine reads again."""
         keep = set()
         for xid, entry in state.items():
+            missing = [data["file"] for data in entry["parts"]
+                       if not (self._spill.directory / data["file"]).is_file()]
+            if missing:
+                raise EngineError(
+                    f"XA transaction {xid} (prepared at GTID {entry['gtid']}): the checkpoint "
+                    f"names spill file(s) {', '.join(missing)} that are missing from "
+                    f"{self._spill.directory}, so its rows cannot land at its XA COMMIT. "
+                    "Re-snapshot the tables it wrote, and move the checkpoint away (the engine "
+                    "then starts from capture.initial_position)")
             parts = [self._spill.part_from_dict(data) for data in entry["parts"]]
             keep.update(part.path for part in parts)
             log = self._new_record_log()
@@ -874,6 +883,7 @@ class CaptureEngine:
             extra["snapshots"] = self._snapshots.state()
         if self._buffer.prepared:
             extra[_XA_CHECKPOINT_KEY] = self._persist_prepared_xa()
+            self._spill.sync_directory()  # the files the checkpoint names
         self.landing.write_checkpoint(Checkpoint(
             server_name=self.options.server_name,
             flavour=self.options.flavour,

@@ -363,3 +363,26 @@ def test_committed_records_waiting_to_land_are_bounded_by_bytes(cdc_env):
     assert max(waiting) < 64 * 1024 + 12_000  # the budget, and at most one record past it
     assert [r["id"] for r in records(env, "t")] == list(range(30))
     assert spill_files(env) == []
+
+
+def test_a_prepared_xa_spill_file_is_durable_before_the_checkpoint_and_missing_is_loud(cdc_env):
+    env = cdc_env
+    env.execute("CREATE TABLE t (id INT PRIMARY KEY)")
+    xa(env, "kept", "INSERT INTO t VALUES (1)")
+    engine = env.engine()
+    calls = []
+    sync, write = engine._spill.sync_directory, engine.landing.write_checkpoint
+    engine._spill.sync_directory = lambda: (calls.append("sync"), sync())[1]
+    engine.landing.write_checkpoint = lambda c: (calls.append(
+        "checkpoint" + (" naming the XA" if "xa_prepared" in c.extra else "")), write(c))[1]
+    engine.run(stop_when_caught_up=True)
+    first_named = calls.index("checkpoint naming the XA")
+    assert "sync" in calls[:first_named]
+    prepared = env.landing.read_checkpoint().extra["xa_prepared"]
+    [(xid, entry)] = prepared.items()
+    for path in spill_files(env):
+        path.unlink()
+    with pytest.raises(EngineError, match=rf"XA transaction {xid} \(prepared at GTID "
+                                          rf"{entry['gtid']}\).*missing.*Re-snapshot"):
+        env.catch_up()
+    env.mariadb.query("XA ROLLBACK 'kept'")
