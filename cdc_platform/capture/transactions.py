@@ -249,7 +249,10 @@ _OPENS_TRANSACTION = re.compile(r"\bSTART\s+TRANSACTION\s*$", re.I)
 
 
 def _savepoint_name(text: str) -> str:
-    return text.strip("`").replace("``", "`")
+    """A savepoint's name as the server compares it: unquoted, case-insensitive."""
+    if text.startswith("`") and text.endswith("`") and len(text) > 1:
+        text = text[1:-1].replace("``", "`")
+    return text.casefold()
 
 
 def parse_xa_finish(text: str) -> tuple[str, str, bool] | None:
@@ -346,11 +349,17 @@ class TransactionBuffer:
         if rollback_to:
             group = self._ensure_group(event.timestamp)
             name = _savepoint_name(rollback_to.group(3))
-            if name in group.savepoints:
-                keep = group.savepoints[name]
-                group.records.truncate(keep)
-                # Savepoints set after this one are gone with the rows.
-                group.savepoints = {k: v for k, v in group.savepoints.items() if v <= keep}
+            if name not in group.savepoints:
+                raise EngineError(
+                    f"GTID {group.gtid or '?'}: {text.strip()!r} names a savepoint this "
+                    "transaction never set in the binlog, so which of its rows were rolled "
+                    "back is unknown; the engine stops rather than emit them. Report this "
+                    "binlog (mysqlbinlog of the GTID); to go on, re-snapshot the tables the "
+                    "transaction wrote and move the checkpoint past this GTID")
+            keep = group.savepoints[name]
+            group.records.truncate(keep)
+            # Savepoints set after this one are gone with the rows.
+            group.savepoints = {k: v for k, v in group.savepoints.items() if v <= keep}
             return []
         release = _RELEASE.match(text)
         if release:

@@ -86,10 +86,28 @@ def test_rollback_and_abandoned_groups_emit_nothing():
 def test_savepoints_drop_only_the_rows_after_them():
     buffer = TransactionBuffer()
     out = run(buffer, Begin("0-1-1"), Query("BEGIN"), [1], Query("SAVEPOINT `a b`"), [2],
-              Query("SAVEPOINT s2"), [3], Query("ROLLBACK TO `a b`"), [4],
-              Query("ROLLBACK TO SAVEPOINT s2"),  # gone with the rollback to `a b`
-              Xid())
+              Query("SAVEPOINT s2"), [3], Query("ROLLBACK TO `a b`"), [4], Xid())
     assert committed(out) == [("0-1-1", [1, 4])]
+
+
+def test_savepoint_names_compare_case_insensitively_quoted_or_not():
+    buffer = TransactionBuffer()
+    out = run(buffer, Begin("0-1-1"), Query("BEGIN"), [1], Query("SAVEPOINT Sp"), [2],
+              Query("ROLLBACK TO sp"), [3], Query("SAVEPOINT `Ä x`"), [4],
+              Query("ROLLBACK WORK TO SAVEPOINT `ä X`"), Xid())
+    assert committed(out) == [("0-1-1", [1, 3])]
+
+
+@pytest.mark.parametrize("unknown", [
+    "ROLLBACK TO s2",  # gone with the rollback to `a`
+    "ROLLBACK TO SAVEPOINT never_set",
+])
+def test_a_rollback_to_an_unknown_savepoint_is_a_loud_stop(unknown):
+    buffer = TransactionBuffer()
+    run(buffer, Begin("0-1-1"), Query("BEGIN"), [1], Query("SAVEPOINT a"), [2],
+        Query("SAVEPOINT s2"), [3], Query("ROLLBACK TO a"))
+    with pytest.raises(EngineError, match=r"GTID 0-1-1: .*never set.*re-snapshot"):
+        run(buffer, Query(unknown))
 
 
 def test_standalone_ddl_completes_its_gtid_and_is_reported_first():
@@ -228,10 +246,12 @@ def test_committed_rows_match_a_reference_model(programs, memory):
                 marks[arg] = len(rows)
                 got += run(buffer, Query(f"SAVEPOINT {arg}"))
             elif kind == "rollback_to":
-                if arg in marks:
-                    del rows[marks[arg]:]
-                    marks = {k: v for k, v in marks.items() if v <= marks[arg]}
-                got += run(buffer, Query(f"ROLLBACK TO SAVEPOINT {arg}"))
+                if arg not in marks:
+                    continue  # the server refuses it: never in the binlog
+                del rows[marks[arg]:]
+                marks = {k: v for k, v in marks.items() if v <= marks[arg]}
+                # (names compare case-insensitively, quoted or not)
+                got += run(buffer, Query(f"ROLLBACK TO SAVEPOINT `{arg.upper()}`"))
             else:
                 marks.pop(arg, None)
                 got += run(buffer, Query(f"RELEASE SAVEPOINT {arg}"))
