@@ -379,9 +379,13 @@ class BinlogStream:
     def _table_schema(self, event: TableMapEvent) -> TableSchema:
         try:
             return schema_from_table_map(event)
-        except NotImplementedError as error:
+        except (NotImplementedError, ValueError) as error:
+            # (a ValueError is an unknown charset or an undecodable ENUM/SET member, already
+            # prefixed with the table by schema_from_table_map: its cause says what)
+            detail = error.__cause__ if isinstance(error, ValueError) and (
+                error.__cause__ is not None) else error
             raise TableMapError(
-                f"table {event.schema}.{event.table} at GTID {self._gtid or '?'}: {error}; "
+                f"table {event.schema}.{event.table} at GTID {self._gtid or '?'}: {detail}; "
                 "exclude the column (capture.excluded_columns) or the table (capture.tables)"
             ) from None
 

@@ -951,18 +951,26 @@ class CaptureEngine:
         return state
 
     def _spilled_table(self, chunk: _SpilledChunk) -> pa.Table:
-        """A spilled part in changelog form."""
-        records = chunk.part.read()
-        count = records.num_rows
+        """A spilled part in changelog form; EngineError (table, GTID, file) when its file
+        does not read back as the schema it was written with."""
         schema = chunk.schema
-        arrays = [
-            pa.array(range(chunk.first_pos, chunk.first_pos + count), pa.int64()),
-            pa.array([chunk.gtid] * count, pa.string()),
-            records.column(OP_COLUMN),
-            pa.array([chunk.timestamp_ms] * count, pa.int64()),
-        ]
-        arrays += [records.column(column.name) for column in schema.columns]
-        return pa.Table.from_arrays(arrays, schema=schema.arrow_schema())
+        try:
+            records = chunk.part.read()
+            count = records.num_rows
+            arrays = [
+                pa.array(range(chunk.first_pos, chunk.first_pos + count), pa.int64()),
+                pa.array([chunk.gtid] * count, pa.string()),
+                records.column(OP_COLUMN),
+                pa.array([chunk.timestamp_ms] * count, pa.int64()),
+            ]
+            arrays += [records.column(column.name) for column in schema.columns]
+            return pa.Table.from_arrays(arrays, schema=schema.arrow_schema())
+        except (pa.ArrowException, KeyError, OSError) as error:
+            raise EngineError(
+                f"table {schema.table_id} at GTID {chunk.gtid or '?'}: the spilled records of "
+                f"{chunk.part.path} do not read back as the table's schema ({error}). Fix: "
+                "restart the engine; if it stops here again, re-snapshot the table and move "
+                "the checkpoint past this GTID") from error
 
     def _emit_snapshot(self, schema: TableSchema, op: str,
                        rows: list[tuple[Any, ...]] | pa.Table,

@@ -228,3 +228,22 @@ def test_registration_adds_event_types_and_replaces_none_the_library_maps():
     assert event_map[TRANSACTION_PAYLOAD_EVENT] is TransactionPayloadEvent
     assert event_map[binlog_decoding.QUERY_COMPRESSED_EVENT] is (
         binlog_decoding.CompressedQueryEvent)
+
+
+def test_an_undecodable_table_map_column_is_a_loud_stop_naming_the_gtid(monkeypatch):
+    """A charset or ENUM member the adapter cannot decode (ValueError) stops like an
+    unsupported type (NotImplementedError): with the table, the GTID and the fix."""
+    from cdc_platform.capture import binlog
+    from cdc_platform.capture.binlog import TableMapError
+
+    def undecodable(event):
+        try:
+            raise ValueError("column c: unknown collation 999")
+        except ValueError as error:
+            raise ValueError(f"table {event.schema}.{event.table}: {error}") from error
+
+    monkeypatch.setattr(binlog, "schema_from_table_map", undecodable)
+    event = SimpleNamespace(schema="db", table="t")
+    with pytest.raises(TableMapError, match=r"table db\.t at GTID .*c80aa9429562:23: column c: "
+                                            r"unknown collation 999; exclude the column"):
+        _stream()._table_schema(event)

@@ -401,3 +401,25 @@ def test_rollback_to_a_savepoint_named_in_another_case_drops_the_rows(cdc_env):
     assert any("ROLLBACK TO" in i and "sp" in i for i in infos), infos
     env.catch_up()
     assert [r["id"] for r in records(env, "t")] == [1, 3]
+
+
+@pytest.mark.cdc_config(capture={"transaction_memory_bytes": 1024})
+def test_a_spilled_file_that_does_not_read_back_is_a_loud_stop(cdc_env):
+    env = cdc_env
+    env.execute("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(40))")
+    env.execute("INSERT INTO t SELECT seq, 'v' FROM seq_1_to_200")
+    engine = env.engine()
+    spill = engine._spill_records
+
+    def damaged_spill(records_):
+        parts = spill(records_)
+        for part in parts:
+            part.path.write_bytes(b"not an arrow file")
+        return parts
+
+    engine._spill_records = damaged_spill
+    with pytest.raises(EngineError, match=rf"table {env.db}\.t at GTID 0-1-\d+: the spilled "
+                                          r"records of .* do not read back.*re-snapshot"):
+        engine.run(stop_when_caught_up=True)
+    env.catch_up()  # read again from the binlog
+    assert [r["id"] for r in records(env, "t")] == list(range(1, 201))
