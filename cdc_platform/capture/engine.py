@@ -513,7 +513,9 @@ class CaptureEngine:
                         "continue exactly: keep binlogs longer, and re-snapshot the tables (or "
                         "move the checkpoint away and start with capture.initial_position)"
                     ) from error
-                if not is_retriable(error):
+                if not is_retriable(error) or self._applying:
+                    # (mid-commit, the engine's state holds half of it: only a new run, from
+                    # the last checkpoint, may go on)
                     raise
                 failures += 1
                 self.stats.reconnects += 1

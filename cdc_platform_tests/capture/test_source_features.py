@@ -287,7 +287,8 @@ def test_a_row_change_logged_as_a_statement_stops_loudly_unless_the_table_is_exc
         env.catch_up()
 
 
-def fail_on_call(engine: CaptureEngine, method: str, n: int) -> None:
+def fail_on_call(engine: CaptureEngine, method: str, n: int,
+                 error: type[Exception] = OSError) -> None:
     """Make ``engine.<method>`` raise on its ``n``-th call (an I/O error mid-commit)."""
     original = getattr(engine, method)
     calls = []
@@ -295,7 +296,7 @@ def fail_on_call(engine: CaptureEngine, method: str, n: int) -> None:
     def failing(*args, **kwargs):
         calls.append(1)
         if len(calls) == n:
-            raise OSError(f"simulated failure in {method}")
+            raise error(f"simulated failure in {method}")
         return original(*args, **kwargs)
 
     setattr(engine, method, failing)
@@ -324,7 +325,8 @@ def test_a_failure_inside_an_xa_commit_keeps_the_prepared_transaction(cdc_env):
 
 
 @pytest.mark.cdc_config(capture={"flush_max_rows": 4, "flush_interval_seconds": 60})
-def test_a_failure_inside_a_commit_writes_no_checkpoint_of_half_of_it(cdc_env):
+@pytest.mark.parametrize("error", [OSError, ConnectionError])  # (the second is retriable)
+def test_a_failure_inside_a_commit_writes_no_checkpoint_of_half_of_it(cdc_env, error):
     env = cdc_env
     env.execute("CREATE TABLE t (id INT PRIMARY KEY)")
     env.catch_up()
@@ -333,8 +335,8 @@ def test_a_failure_inside_a_commit_writes_no_checkpoint_of_half_of_it(cdc_env):
     engine = env.engine()
     # Call 1 queues the first transaction, call 2 the big one's first piece (landed with it
     # in one segment), call 3 fails.
-    fail_on_call(engine, "_queue", 3)
-    with pytest.raises(OSError, match="simulated"):
+    fail_on_call(engine, "_queue", 3, error)
+    with pytest.raises(error, match="simulated"):
         engine.run(stop_when_caught_up=True)
     env.catch_up()
     landed = records(env, "t")
