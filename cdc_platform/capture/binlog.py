@@ -47,6 +47,7 @@ from cdc_platform.capture import binlog_decoding
 from cdc_platform.capture.binlog_decoding import (
     HEARTBEAT_EVENT_TYPES,
     IGNORABLE_EVENT_TYPES,
+    PayloadError,
     TransactionPayloadEvent,
     event_type_name,
     read_mariadb_xa_id,
@@ -353,8 +354,15 @@ class BinlogStream:
             if event is None:  # the server ended the stream (non-blocking only)
                 raise SourceDisconnected("binlog stream ended by the server")
             if isinstance(event, TransactionPayloadEvent):
-                for inner in event.events:
-                    yield from self._convert(inner)
+                try:
+                    for inner in event.events():
+                        yield from self._convert(inner)
+                except PayloadError as error:
+                    raise UnsupportedEvent(
+                        f"GTID {self._gtid or '?'}: {error}. Its rows cannot be read exactly, "
+                        "so the engine stops. Check the source's binlog with mysqlbinlog; if "
+                        "it is damaged, re-snapshot the captured tables and move the "
+                        "checkpoint past this GTID") from None
             else:
                 yield from self._convert(event)
 
@@ -409,9 +417,13 @@ class BinlogStream:
     def _table_schema(self, event: TableMapEvent) -> TableSchema:
         try:
             return schema_from_table_map(event)
-        except NotImplementedError as error:
+        except (NotImplementedError, ValueError) as error:
+            # (a ValueError is an unknown charset or an undecodable ENUM/SET member, already
+            # prefixed with the table by schema_from_table_map: its cause says what)
+            detail = error.__cause__ if isinstance(error, ValueError) and (
+                error.__cause__ is not None) else error
             raise TableMapError(
-                f"table {event.schema}.{event.table} at GTID {self._gtid or '?'}: {error}; "
+                f"table {event.schema}.{event.table} at GTID {self._gtid or '?'}: {detail}; "
                 "exclude the column (capture.excluded_columns) or the table (capture.tables)"
             ) from None
 

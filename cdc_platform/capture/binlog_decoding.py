@@ -8,8 +8,8 @@
 * MariaDB's GTID event (0xA2): the library stops after the flags; an XA group's GTID event also
   names the XA transaction (``read_mariadb_xa_id``).
 * MySQL ``binlog_transaction_compression=ON``: TRANSACTION_PAYLOAD_EVENT (40) holds a whole
-  transaction's events, zstd-compressed, without checksums. They are parsed with the library's
-  own classes and handed on in order (``events``).
+  transaction's events, zstd-compressed, without checksums. They are decompressed as a
+  stream and parsed with the library's own classes one at a time, in order (``events()``).
 
 Without this the library turns these into ``NotImplementedEvent`` and the rows are lost
 silently. New event types are registered into the library's packet event map (``register``,
@@ -19,8 +19,11 @@ of the library in the same process (e.g. a bare benchmark loop) are unaffected.
 
 from __future__ import annotations
 
+import io
 import struct
 import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pymysql.protocol
@@ -171,9 +174,24 @@ def _packed_int(data: bytes, at: int) -> tuple[int, int]:
     return int.from_bytes(data[at + 1:at + 1 + width], "little"), at + 1 + width
 
 
-def transaction_payload(body: bytes) -> bytes:
-    """A TRANSACTION_PAYLOAD_EVENT body -> the embedded events' bytes (uncompressed)."""
-    at, size, compression = 0, None, _ZSTD
+class PayloadError(UnsupportedEvent):
+    """A TRANSACTION_PAYLOAD_EVENT whose content does not check out (the adapter adds the
+    GTID and the fix)."""
+
+
+@dataclass(frozen=True)
+class PayloadHeader:
+    """A TRANSACTION_PAYLOAD_EVENT's fields: where its data starts, and what it declares."""
+
+    offset: int
+    size: int | None
+    compression: int
+    uncompressed_size: int | None
+
+
+def payload_header(body: bytes) -> PayloadHeader:
+    """The fields before a TRANSACTION_PAYLOAD_EVENT body's data."""
+    at, size, compression, uncompressed = 0, None, _ZSTD, None
     while at < len(body):
         field, at = _packed_int(body, at)
         if field == _PAYLOAD_END:
@@ -185,49 +203,100 @@ def transaction_payload(body: bytes) -> bytes:
                 size = value
             elif field == _PAYLOAD_COMPRESSION:
                 compression = value
+            else:
+                uncompressed = value
         else:
             at += length
-    payload = body[at:at + size] if size is not None else body[at:]
-    if compression == _NONE:
-        return payload
-    if compression != _ZSTD:
-        raise UnsupportedEvent(f"transaction payload compressed with type {compression}, "
+    return PayloadHeader(at, size, compression, uncompressed)
+
+
+class _Stream:
+    """The payload's uncompressed bytes, read as needed (zstd decompressed as a stream)."""
+
+    def __init__(self, data: bytes | memoryview, compression: int) -> None:
+        if compression == _NONE:
+            self._reader: Any = io.BytesIO(data)
+        elif compression == _ZSTD:
+            self._reader = zstandard.ZstdDecompressor().stream_reader(
+                data, read_across_frames=False)
+        else:
+            raise PayloadError(f"transaction payload compressed with type {compression}, "
                                "which the engine does not know (zstd is 0)")
-    try:
-        return zstandard.ZstdDecompressor().decompressobj().decompress(payload)
-    except zstandard.ZstdError as error:
-        raise UnsupportedEvent(f"transaction payload does not decompress ({error})") from None
+        self.read_bytes = 0
+
+    def read(self, count: int) -> bytes:
+        """Up to ``count`` bytes (fewer only at the end of the payload)."""
+        out = b""
+        try:
+            while len(out) < count:
+                more = self._reader.read(count - len(out))
+                if not more:
+                    break
+                out += more
+        except zstandard.ZstdError as error:
+            raise PayloadError(f"transaction payload does not decompress ({error})") from None
+        self.read_bytes += len(out)
+        return out
 
 
-def split_events(payload: bytes) -> list[bytes]:
-    """Embedded events (19-byte header each, no checksum) -> one bytes object per event."""
-    events, at = [], 0
-    while at + 19 <= len(payload):
-        size = struct.unpack_from("<I", payload, at + 9)[0]
-        if size < 19 or at + size > len(payload):
-            raise UnsupportedEvent(f"transaction payload: event of {size} bytes at offset {at} "
-                                   f"does not fit the {len(payload)}-byte payload")
-        events.append(payload[at:at + size])
-        at += size
-    if at != len(payload):
-        raise UnsupportedEvent(f"transaction payload: {len(payload) - at} trailing bytes")
-    return events
+def payload_events(body: bytes) -> Iterator[bytes]:
+    """A TRANSACTION_PAYLOAD_EVENT body -> its embedded events' bytes (19-byte header each,
+    no checksum), one at a time, decompressed as they are read: memory holds one event.
+
+    The payload must end exactly after its last event, with exactly the uncompressed size it
+    declares and no data after its frame: a truncated frame (which zstd decompresses to
+    nothing) or extra bytes are a ``PayloadError``, never fewer events.
+    """
+    header = payload_header(body)
+    end = len(body) if header.size is None else header.offset + header.size
+    if end > len(body):
+        raise PayloadError(f"transaction payload declares {header.size} bytes of data, the "
+                           f"event holds {len(body) - header.offset}")
+    if end < len(body):
+        raise PayloadError(f"transaction payload: {len(body) - end} bytes after its data")
+    stream = _Stream(memoryview(body)[header.offset:end], header.compression)
+    while True:
+        event_header = stream.read(19)
+        if not event_header:
+            break
+        size = struct.unpack_from("<I", event_header, 9)[0] if len(event_header) == 19 else 0
+        if size < 19:
+            raise PayloadError(f"transaction payload: a truncated event at offset "
+                               f"{stream.read_bytes - len(event_header)}")
+        rest = stream.read(size - 19)
+        if len(rest) != size - 19:
+            raise PayloadError(f"transaction payload: event of {size} bytes at offset "
+                               f"{stream.read_bytes - len(rest) - 19} does not fit the payload")
+        yield event_header + rest
+    if header.uncompressed_size is not None and stream.read_bytes != header.uncompressed_size:
+        raise PayloadError(f"transaction payload decompressed to {stream.read_bytes} bytes, "
+                           f"it declares {header.uncompressed_size}")
+    if header.uncompressed_size is None and header.compression == _ZSTD and (
+            stream.read_bytes == 0):
+        raise PayloadError("transaction payload decompressed to nothing (a truncated frame?)")
 
 
 class TransactionPayloadEvent(BinLogEvent):
-    """MySQL's compressed transaction: its events, parsed, in ``events``."""
+    """MySQL's compressed transaction: its events, parsed one at a time by ``events()``."""
 
     def __init__(self, from_packet: Any, event_size: int, table_map: Any, ctl_connection: Any,
                  **kwargs: Any) -> None:
         super().__init__(from_packet, event_size, table_map, ctl_connection, **kwargs)
-        body = self.packet.read(event_size)
-        self.events: list[Any] = []
-        for raw in split_events(transaction_payload(body)):
+        self._body = self.packet.read(event_size)
+        self._table_map = table_map
+        self._ctl_connection = ctl_connection
+        self._kwargs = kwargs
+
+    def events(self) -> Iterator[Any]:
+        """The embedded events, parsed in order as they are consumed (a table map is known
+        to the rows events after it). ``PayloadError`` when the payload does not check out."""
+        table_map, kwargs = self._table_map, self._kwargs
+        for raw in payload_events(self._body):
             wrapper = BinLogPacketWrapper(
                 # (the OK byte a packet starts with; and 4 bytes where the library expects a
                 # checksum: it reads a table map's optional metadata up to them)
                 pymysql.protocol.MysqlPacket(b"\x00" + raw + _NO_CHECKSUM, "utf8"), table_map,
-                ctl_connection,
+                self._ctl_connection,
                 kwargs.get("mysql_version", (0, 0, 0)), False, ALLOWED_EVENTS, None, None,
                 None, None, False, False, False, True, False, False,
                 kwargs.get("post_header_lengths"))
@@ -240,7 +309,7 @@ class TransactionPayloadEvent(BinLogEvent):
                 continue
             if wrapper.event_type == constants.TABLE_MAP_EVENT:
                 table_map[event.table_id] = event.get_table()
-            self.events.append(event)
+            yield event
 
 
 # -- the registry ----------------------------------------------------------------------------

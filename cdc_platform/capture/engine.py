@@ -60,6 +60,7 @@ from cdc_platform.capture.snapshot.sessions import SnapshotCoordinator
 from cdc_platform.capture.source import TableSelector, selector_from_settings
 from cdc_platform.capture.spill import OP_COLUMN, SpilledRecords, SpillStore
 from cdc_platform.capture.stale_markers import record_stale_targets
+from cdc_platform.capture.statement_dml import parse_statement_dml
 from cdc_platform.capture.transactions import (
     Committed,
     Outcome,
@@ -232,6 +233,7 @@ class CaptureEngine:
         self._schemas_dirty = False
         self._chunks: dict[str, list[_Chunk | _SpilledChunk]] = {}
         self._buffered_rows = 0
+        self._buffered_bytes = 0  # their estimated memory (RecordLog's estimate)
         self._spill = SpillStore(landing.root / "spill")
         self._buffer = TransactionBuffer(self._new_record_log)
         self._xa_dirty = False
@@ -243,6 +245,7 @@ class CaptureEngine:
         self._last_activity = time.monotonic()
         self._control: Any = None
         self._started = False
+        self._applying = False
         self._snapshots = SnapshotCoordinator(landing, options.flavour, self.log)
         self._snapshots_dirty = False
 
@@ -289,8 +292,13 @@ class CaptureEngine:
         Not before the checkpoint was read, though: flushing then would overwrite it.
         """
         self._discard_open_transaction("engine failing")
+        if self._applying:
+            # Half a commit is applied: a checkpoint now could drop a prepared XA transaction
+            # or give positions twice. The last checkpoint is safe to replay from.
+            self.log.warning("capture engine: failed while applying a commit; no final flush "
+                             "(the next start replays from the last checkpoint)")
         try:
-            if self._started:
+            if self._started and not self._applying:
                 self.flush(force=True)
         except Exception:  # noqa: BLE001 - the original error matters more
             self.log.error("capture engine: final flush failed", exc_info=True)
@@ -356,6 +364,15 @@ class CaptureEngine:
         they belong to transactions the engine reads again."""
         keep = set()
         for xid, entry in state.items():
+            missing = [data["file"] for data in entry["parts"]
+                       if not (self._spill.directory / data["file"]).is_file()]
+            if missing:
+                raise EngineError(
+                    f"XA transaction {xid} (prepared at GTID {entry['gtid']}): the checkpoint "
+                    f"names spill file(s) {', '.join(missing)} that are missing from "
+                    f"{self._spill.directory}, so its rows cannot land at its XA COMMIT. "
+                    "Re-snapshot the tables it wrote, and move the checkpoint away (the engine "
+                    "then starts from capture.initial_position)")
             parts = [self._spill.part_from_dict(data) for data in entry["parts"]]
             keep.update(part.path for part in parts)
             log = self._new_record_log()
@@ -501,7 +518,9 @@ class CaptureEngine:
                         "continue exactly: keep binlogs longer, and re-snapshot the tables (or "
                         "move the checkpoint away and start with capture.initial_position)"
                     ) from error
-                if not is_retriable(error):
+                if not is_retriable(error) or self._applying:
+                    # (mid-commit, the engine's state holds half of it: only a new run, from
+                    # the last checkpoint, may go on)
                     raise
                 failures += 1
                 self.stats.reconnects += 1
@@ -552,8 +571,12 @@ class CaptureEngine:
         elif isinstance(event, Rotate):
             self._table_ids.clear()
         else:
+            # Until every outcome is applied, the engine's state may hold half a commit (some
+            # records queued or landed, its GTID not processed): ``_fail`` must not write it.
+            self._applying = True
             for outcome in self._buffer.feed(event):
                 self._apply(outcome)
+            self._applying = False
         return False
 
     def _apply(self, outcome: Outcome) -> None:
@@ -563,6 +586,8 @@ class CaptureEngine:
             ddl = parse_table_ddl(outcome.text, outcome.database)
             if ddl is not None:
                 self._on_ddl(ddl, outcome.gtid)
+            else:
+                self._check_statement_dml(outcome)
         elif isinstance(outcome, Prepared):
             # The prepare's GTID is complete; its rows wait (persisted at the next flush) for
             # the XA COMMIT, whose GTID they land under.
@@ -575,8 +600,37 @@ class CaptureEngine:
             self.stats.rolled_back += 1
             if outcome.xid is not None:
                 self._xa_dirty = True
-            self.log.info(f"transaction {outcome.gtid or '?'}: {outcome.records} record(s) "
-                          f"dropped ({outcome.reason}); nothing emitted")
+            # A group abandoned with rows is unusual (a binlog cut short by a server crash,
+            # or a stream the engine misread): visible, though nothing committed.
+            log = self.log.warning if outcome.abandoned and outcome.records else self.log.info
+            log(f"transaction {outcome.gtid or '?'}: {outcome.records} record(s) dropped "
+                f"({outcome.reason}); nothing emitted")
+
+    def _check_statement_dml(self, statement: Statement) -> None:
+        """A row change logged as a statement (binlog_format STATEMENT or MIXED, MariaDB's
+        DELETE of a MEMORY table emptied by a restart) carries no rows: if it writes a
+        captured table, or may (its target is unclear and it names a database holding
+        captured tables), capture stops rather than skip it. Other tables' are ignored."""
+        dml = parse_statement_dml(statement.text, statement.database)
+        if dml is None:
+            return
+        captures = self.options.selector.captures
+        if dml.exact:
+            touched = [t for t in dml.tables if t[1] and captures(*t)]
+        else:
+            captured_dbs = {s.database for s in self._schemas.values()}
+            touched = [(d, t or "?") for d, t in dml.tables if d in captured_dbs]
+        if not touched:
+            return
+        tables = ", ".join(names.table_id(d, t) if t != "?" else f"a table of {d}"
+                           for d, t in touched)
+        text = statement.text if len(statement.text) <= 200 else statement.text[:200] + "..."
+        raise EngineError(
+            f"GTID {statement.gtid or '?'}: {tables} changed by a statement logged as SQL "
+            f"({dml.verb}: {text!r}), not as row events, so its rows cannot be captured. "
+            "Fix: set binlog_format=ROW on the replica (globally, and for sessions that set "
+            "it), then re-snapshot the table(s) and move the checkpoint past this GTID (or "
+            "start from a fresh landing zone with capture.initial_position)")
 
     def _on_table_map(self, event: TableMap) -> None:
         if event.table_id in self._table_ids:
@@ -701,31 +755,41 @@ class CaptureEngine:
         gtid = txn.gtid
         ts_ms = int(txn.timestamp) * 1000
         gtid_value = self._flavour.parse_gtid(gtid) if gtid else None
-        limit = self.options.flush_max_rows
-        for part in txn.records:
+        rows_limit = self.options.flush_max_rows
+        bytes_limit = self.options.transaction_memory_bytes
+        records = txn.records
+        for part, part_bytes in zip(records.parts, records.part_bytes, strict=True):
             if isinstance(part, SpilledRecords):
                 self._record_spilled_touches(part, gtid_value, position)
                 self._chunks.setdefault(part.schema.table_id, []).append(
                     _SpilledChunk(part, position, gtid, ts_ms))
                 position += part.count
                 self._buffered_rows += part.count
-                if self._buffered_rows >= limit:
+                if self._landing_due():
                     self._land_chunks()
             else:
+                # What a record of this part takes in memory (RecordLog's estimate).
+                each = part_bytes / len(part) if part else 0.0
                 offset = 0
                 while offset < len(part):
-                    # At most up to the next landing: a large transaction lands in batches.
-                    piece = part[offset:offset + max(1, limit - self._buffered_rows)]
+                    # At most up to the next landing (by rows or bytes): a large transaction
+                    # lands in batches.
+                    room = rows_limit - self._buffered_rows
+                    if each and bytes_limit:
+                        room = min(room, int((bytes_limit - self._buffered_bytes) / each))
+                    piece = part[offset:offset + max(1, room)]
                     position = self._queue(piece, gtid, gtid_value, ts_ms, position)
                     offset += len(piece)
                     self._buffered_rows += len(piece)
-                    if self._buffered_rows >= limit:
+                    self._buffered_bytes += int(each * len(piece))
+                    if self._landing_due():
                         self._land_chunks()
         count = position - first
         self._next_pos = position
         if gtid_value is not None:
             self._processed = self._processed.add(gtid_value)
         if txn.xid is not None:
+            self._buffer.forget_prepared(txn)
             self._xa_dirty = True
         self.stats.transactions += 1
         self.stats.records += count
@@ -733,8 +797,16 @@ class CaptureEngine:
         self._last_activity = time.monotonic()
         self.stats.lag_seconds = max(0.0, time.time() - float(txn.timestamp))
         self.stats.caught_up = False
-        if self._buffered_rows >= self.options.flush_max_rows:
+        if self._landing_due():
             self.flush()
+
+    def _landing_due(self) -> bool:
+        """Committed records waiting to land reached ``flush_max_rows`` rows, or
+        ``transaction_memory_bytes`` of (estimated) memory: many transactions of big rows
+        must not pile up between flushes."""
+        budget = self.options.transaction_memory_bytes
+        return self._buffered_rows >= self.options.flush_max_rows or bool(
+            budget and self._buffered_bytes >= budget)
 
     def _queue(self, records: list[tuple[_TableState, str, tuple[Any, ...]]], gtid: str,
                gtid_value: Any, ts_ms: int, position: int) -> int:
@@ -818,6 +890,7 @@ class CaptureEngine:
             extra["snapshots"] = self._snapshots.state()
         if self._buffer.prepared:
             extra[_XA_CHECKPOINT_KEY] = self._persist_prepared_xa()
+            self._spill.sync_directory()  # the files the checkpoint names
         self.landing.write_checkpoint(Checkpoint(
             server_name=self.options.server_name,
             flavour=self.options.flavour,
@@ -870,6 +943,7 @@ class CaptureEngine:
         self.stats.segments_written += len(written)
         self._chunks = {}
         self._buffered_rows = 0
+        self._buffered_bytes = 0
 
     def _persist_prepared_xa(self) -> dict[str, Any]:
         """Prepared XA transactions as the checkpoint names them: every record in a spill
@@ -884,18 +958,26 @@ class CaptureEngine:
         return state
 
     def _spilled_table(self, chunk: _SpilledChunk) -> pa.Table:
-        """A spilled part in changelog form."""
-        records = chunk.part.read()
-        count = records.num_rows
+        """A spilled part in changelog form; EngineError (table, GTID, file) when its file
+        does not read back as the schema it was written with."""
         schema = chunk.schema
-        arrays = [
-            pa.array(range(chunk.first_pos, chunk.first_pos + count), pa.int64()),
-            pa.array([chunk.gtid] * count, pa.string()),
-            records.column(OP_COLUMN),
-            pa.array([chunk.timestamp_ms] * count, pa.int64()),
-        ]
-        arrays += [records.column(column.name) for column in schema.columns]
-        return pa.Table.from_arrays(arrays, schema=schema.arrow_schema())
+        try:
+            records = chunk.part.read()
+            count = records.num_rows
+            arrays = [
+                pa.array(range(chunk.first_pos, chunk.first_pos + count), pa.int64()),
+                pa.array([chunk.gtid] * count, pa.string()),
+                records.column(OP_COLUMN),
+                pa.array([chunk.timestamp_ms] * count, pa.int64()),
+            ]
+            arrays += [records.column(column.name) for column in schema.columns]
+            return pa.Table.from_arrays(arrays, schema=schema.arrow_schema())
+        except (pa.ArrowException, KeyError, OSError) as error:
+            raise EngineError(
+                f"table {schema.table_id} at GTID {chunk.gtid or '?'}: the spilled records of "
+                f"{chunk.part.path} do not read back as the table's schema ({error}). Fix: "
+                "restart the engine; if it stops here again, re-snapshot the table and move "
+                "the checkpoint past this GTID") from error
 
     def _emit_snapshot(self, schema: TableSchema, op: str,
                        rows: list[tuple[Any, ...]] | pa.Table,
@@ -918,6 +1000,7 @@ class CaptureEngine:
         self._next_pos += count
         self._chunks.setdefault(schema.table_id, []).append(chunk)
         self._buffered_rows += count
+        self._buffered_bytes += chunk.landed.nbytes
         self.stats.records += count
         return first
 

@@ -46,6 +46,16 @@ class SpillStore:
         _write(path, table)
         return SpilledRecords(self, path, schema, table.num_rows)
 
+    def sync_directory(self) -> None:
+        """Make the names of written files durable (before a checkpoint names them): a file
+        fsynced and renamed can still vanish in a crash until its directory is synced."""
+        if self.directory.is_dir():
+            fd = os.open(self.directory, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
     def remove_later(self, path: Path) -> None:
         self._doomed.append(path)
 

@@ -65,6 +65,8 @@ class RecordLog:
         self.memory_bytes = memory_bytes
         self._spill = spill
         self.parts: list[list[Record] | SpilledPart] = []
+        # The estimated bytes of each part in memory (0 for spilled parts), as ``parts``.
+        self.part_bytes: list[int] = []
         self._count = 0
         self._memory = 0
 
@@ -81,9 +83,11 @@ class RecordLog:
             return
         if not self.parts or not isinstance(self.parts[-1], list):
             self.parts.append([])
+            self.part_bytes.append(0)
         tail = self.parts[-1]
         assert isinstance(tail, list)
         tail.extend(records)
+        self.part_bytes[-1] += size
         self._count += len(records)
         self._memory += size
         if self._spill is not None and self.memory_bytes and self._memory > self.memory_bytes:
@@ -94,8 +98,11 @@ class RecordLog:
         if self._spill is None or not self.parts or not isinstance(self.parts[-1], list):
             return
         tail = self.parts.pop()
+        self.part_bytes.pop()
         assert isinstance(tail, list)
-        self.parts.extend(self._spill(tail))
+        spilled = self._spill(tail)
+        self.parts.extend(spilled)
+        self.part_bytes.extend(0 for _ in spilled)
         self._memory = 0
 
     def truncate(self, keep: int) -> None:
@@ -103,24 +110,29 @@ class RecordLog:
         if keep >= self._count:
             return
         kept: list[list[Record] | SpilledPart] = []
+        kept_bytes: list[int] = []
         seen = 0
-        for part in self.parts:
+        for part, part_bytes in zip(self.parts, self.part_bytes, strict=True):
             size = len(part) if isinstance(part, list) else part.count
             if seen + size <= keep:
                 kept.append(part)
+                kept_bytes.append(part_bytes)
             elif seen >= keep:
                 if not isinstance(part, list):
                     part.remove()
             elif isinstance(part, list):
                 share = (keep - seen) / size
                 kept.append(part[:keep - seen])
+                kept_bytes.append(int(part_bytes * share))
                 self._memory = int(self._memory * share)
             else:
                 kept.append(part.truncate(keep - seen))
+                kept_bytes.append(0)
             seen += size
         if not kept or not isinstance(kept[-1], list):
             self._memory = 0
         self.parts = kept
+        self.part_bytes = kept_bytes
         self._count = keep
 
     def __iter__(self) -> Iterator[list[Record] | SpilledPart]:
@@ -130,6 +142,7 @@ class RecordLog:
     def restore(self, parts: Sequence[SpilledPart]) -> None:
         """Take spilled parts written by an earlier engine (a prepared XA transaction)."""
         self.parts = list(parts)
+        self.part_bytes = [0] * len(self.parts)
         self._count = sum(part.count for part in parts)
         self._memory = 0
 
@@ -146,6 +159,7 @@ class RecordLog:
             if not isinstance(part, list):
                 part.remove()
         self.parts = []
+        self.part_bytes = []
         self._count = 0
         self._memory = 0
 
@@ -181,6 +195,7 @@ class RolledBack:
     records: int
     reason: str
     xid: str | None = None  # an XA transaction dropped at XA ROLLBACK
+    abandoned: bool = False  # a GTID event came before its end (it cannot have committed)
 
 
 @dataclass(frozen=True)
@@ -234,7 +249,10 @@ _OPENS_TRANSACTION = re.compile(r"\bSTART\s+TRANSACTION\s*$", re.I)
 
 
 def _savepoint_name(text: str) -> str:
-    return text.strip("`").replace("``", "`")
+    """A savepoint's name as the server compares it: unquoted, case-insensitive."""
+    if text.startswith("`") and text.endswith("`") and len(text) > 1:
+        text = text[1:-1].replace("``", "`")
+    return text.casefold()
 
 
 def parse_xa_finish(text: str) -> tuple[str, str, bool] | None:
@@ -296,7 +314,7 @@ class TransactionBuffer:
         if self._group is not None:
             group = self._group
             out.append(RolledBack(group.gtid, len(group.records),
-                                  f"no commit before GTID {event.gtid}"))
+                                  f"no commit before GTID {event.gtid}", abandoned=True))
             group.records.discard()
         self._group = _Group(event.gtid, event.timestamp, event.standalone, self._new_log())
         return out
@@ -331,11 +349,17 @@ class TransactionBuffer:
         if rollback_to:
             group = self._ensure_group(event.timestamp)
             name = _savepoint_name(rollback_to.group(3))
-            if name in group.savepoints:
-                keep = group.savepoints[name]
-                group.records.truncate(keep)
-                # Savepoints set after this one are gone with the rows.
-                group.savepoints = {k: v for k, v in group.savepoints.items() if v <= keep}
+            if name not in group.savepoints:
+                raise EngineError(
+                    f"GTID {group.gtid or '?'}: {text.strip()!r} names a savepoint this "
+                    "transaction never set in the binlog, so which of its rows were rolled "
+                    "back is unknown; the engine stops rather than emit them. Report this "
+                    "binlog (mysqlbinlog of the GTID); to go on, re-snapshot the tables the "
+                    "transaction wrote and move the checkpoint past this GTID")
+            keep = group.savepoints[name]
+            group.records.truncate(keep)
+            # Savepoints set after this one are gone with the rows.
+            group.savepoints = {k: v for k, v in group.savepoints.items() if v <= keep}
             return []
         release = _RELEASE.match(text)
         if release:
@@ -372,6 +396,13 @@ class TransactionBuffer:
         self.prepared[event.xid] = PreparedXa(group.gtid, group.records)
         return [Prepared(group.gtid, event.xid, len(group.records))]
 
+    def forget_prepared(self, txn: Committed) -> None:
+        """The engine applied ``txn``: when it is the XA COMMIT of a prepared transaction (its
+        records are queued under the commit's GTID), that one is no longer prepared."""
+        prepared = self.prepared.get(txn.xid) if txn.xid is not None else None
+        if prepared is not None and prepared.records is txn.records:
+            del self.prepared[txn.xid]
+
     def _xa_finish(self, event: Query) -> list[Outcome]:
         parsed = parse_xa_finish(event.text)
         group = self._ensure_group(event.timestamp)
@@ -382,7 +413,9 @@ class TransactionBuffer:
         verb, xid, one_phase = parsed
         if one_phase:  # a one-phase commit logged as a statement: its rows are in this group
             return self._commit(event.timestamp, xid)
-        prepared = self.prepared.pop(xid, None)
+        # An XA COMMIT's transaction stays prepared until the engine applied its records
+        # (``forget_prepared``): a checkpoint written in between must still name it.
+        prepared = self.prepared.pop(xid, None) if verb == "ROLLBACK" else self.prepared.get(xid)
         out: list[Outcome] = []
         if verb == "ROLLBACK":
             if prepared is not None:

@@ -18,11 +18,11 @@ from cdc_platform.capture import binlog_decoding
 from cdc_platform.capture.binlog import BinlogStream
 from cdc_platform.capture.binlog_decoding import (
     TRANSACTION_PAYLOAD_EVENT,
+    PayloadError,
     TransactionPayloadEvent,
     deflate,
     inflate,
-    split_events,
-    transaction_payload,
+    payload_events,
 )
 from cdc_platform.capture.events import Heartbeat, Rows, TableMap, UnsupportedEvent, Xid
 from cdc_platform.capture.flavours import flavour_of
@@ -82,17 +82,29 @@ def _packed(value: int) -> bytes:
     return b"\xfe" + value.to_bytes(8, "little")
 
 
+def _payload_body(raw: bytes, data: bytes, compression: int = 0,
+                  declared: int | None = None) -> bytes:
+    """A TRANSACTION_PAYLOAD_EVENT body holding ``data`` (``raw`` compressed), as MySQL
+    writes it; ``declared``: the uncompressed size it claims (default: ``len(raw)``)."""
+    body = b""
+    fields = ((2, compression), (3, len(raw) if declared is None else declared), (1, len(data)))
+    for field, value in fields:
+        encoded = _packed(value)
+        body += _packed(field) + _packed(len(encoded)) + encoded
+    return body + _packed(0) + data
+
+
 def _payload_event(inner: list[bytes], compression: int = 0) -> bytes:
     """A TRANSACTION_PAYLOAD_EVENT (header + body) around ``inner`` events, as MySQL writes it."""
     raw = b"".join(inner)
     data = zstandard.ZstdCompressor().compress(raw) if compression == 0 else raw
-    body = b""
-    for field, value in ((2, compression), (3, len(raw)), (1, len(data))):
-        encoded = _packed(value)
-        body += _packed(field) + _packed(len(encoded)) + encoded
-    body += _packed(0) + data
+    body = _payload_body(raw, data, compression)
     header = struct.pack("<IBIIIH", 0, TRANSACTION_PAYLOAD_EVENT, 1, 19 + len(body), 0, 0)
     return header + body
+
+
+def _fake_event(number: int, size: int = 60) -> bytes:
+    return struct.pack("<IBIIIH", number, 2, 1, size, 0, 0) + bytes([number]) * (size - 19)
 
 
 def _events_of_one_transaction(mariadb, table: str) -> list[bytes]:
@@ -131,9 +143,9 @@ def test_a_transaction_payload_yields_its_rows(mariadb, compression):
     inner = _events_of_one_transaction(mariadb, f"{db}.t")
     wrapper = _parse(_payload_event(inner, compression), {})
     assert isinstance(wrapper.event, TransactionPayloadEvent)
-    assert [type(e) for e in wrapper.event.events][:2] == [TableMapEvent, WriteRowsEvent]
-    converted = [e for inner_event in wrapper.event.events
-                 for e in _stream()._convert(inner_event)]
+    parsed = list(wrapper.event.events())
+    assert [type(e) for e in parsed][:2] == [TableMapEvent, WriteRowsEvent]
+    converted = [e for inner_event in parsed for e in _stream()._convert(inner_event)]
     assert isinstance(converted[0], TableMap) and converted[0].schema.table == "t"
     assert isinstance(converted[1], Rows) and converted[1].op == "insert"
     assert [r["values"] for r in converted[1].rows] == [{"id": 7, "v": "seven"},
@@ -141,13 +153,53 @@ def test_a_transaction_payload_yields_its_rows(mariadb, compression):
     assert isinstance(converted[2], Xid)
 
 
-def test_damaged_transaction_payloads_are_a_loud_stop():
-    with pytest.raises(UnsupportedEvent, match="does not decompress"):
-        transaction_payload(_payload_event([b"x" * 40])[19:-5] + b"\x00" * 5)
-    with pytest.raises(UnsupportedEvent, match="does not fit"):
-        split_events(struct.pack("<IBIIIH", 0, 2, 1, 500, 0, 0))
-    with pytest.raises(UnsupportedEvent, match="type 1"):
-        transaction_payload(_packed(2) + _packed(1) + _packed(1) + _packed(0) + b"data")
+def test_payload_events_come_one_at_a_time_from_a_stream():
+    raw = b"".join(_fake_event(n) for n in range(5))
+    body = _payload_body(raw, zstandard.ZstdCompressor().compress(raw))
+    events = payload_events(body)
+    assert next(events) == _fake_event(0)  # (a generator: nothing after it is read yet)
+    assert list(events) == [_fake_event(n) for n in range(1, 5)]
+
+
+def _damaged_payloads() -> dict[str, bytes]:
+    raw = b"".join(_fake_event(n) for n in range(20))
+    frame = zstandard.ZstdCompressor().compress(raw)
+    return {
+        "a truncated frame": _payload_body(raw, frame[:-4]),
+        "a frame cut in half": _payload_body(raw, frame[:len(frame) // 2]),
+        "trailing bytes after the frame": _payload_body(raw, frame + b"junk"),
+        "a second frame": _payload_body(raw, frame + frame),
+        "more declared than decompressed": _payload_body(raw, frame, declared=len(raw) + 60),
+        "less declared than decompressed": _payload_body(raw, frame, declared=len(raw) - 60),
+        "a damaged frame": _payload_body(raw, frame[:20] + bytes(len(frame) - 20)),
+        "an event cut short": _payload_body(raw[:-10], zstandard.ZstdCompressor().compress(
+            raw[:-10])),
+        "bytes after the data": _payload_body(raw, frame) + b"xx",
+        "an unknown compression": _payload_body(raw, raw, compression=1),
+        "an impossible event size": _payload_body(
+            b"x" * 40, zstandard.ZstdCompressor().compress(
+                struct.pack("<IBIIIH", 0, 2, 1, 5, 0, 0) + b"x" * 21)),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_damaged_payloads()))
+def test_damaged_transaction_payloads_are_a_loud_stop(case):
+    with pytest.raises(PayloadError):
+        list(payload_events(_damaged_payloads()[case]))
+
+
+def test_a_damaged_payload_stops_the_stream_naming_the_gtid(mariadb):
+    mariadb.query("CREATE DATABASE IF NOT EXISTS payload_damaged")
+    inner = _events_of_one_transaction(mariadb, "payload_damaged.t")
+    raw = b"".join(inner)
+    body = _payload_body(raw, zstandard.ZstdCompressor().compress(raw)[:-4])
+    damaged = struct.pack("<IBIIIH", 0, TRANSACTION_PAYLOAD_EVENT, 1, 19 + len(body), 0,
+                          0) + body
+    stream = _stream()
+    stream._reader = SimpleNamespace(fetchone=lambda: _parse(damaged, {}).event)
+    with pytest.raises(UnsupportedEvent, match=r"GTID 3e11fa47-71ca-11e1-9e33-c80aa9429562:23:"
+                                               r".*re-snapshot"):
+        list(stream)
 
 
 @pytest.mark.parametrize("flags", [64, 64 | 2, 128 | 1, 128 | 1 | 2])
@@ -176,3 +228,22 @@ def test_registration_adds_event_types_and_replaces_none_the_library_maps():
     assert event_map[TRANSACTION_PAYLOAD_EVENT] is TransactionPayloadEvent
     assert event_map[binlog_decoding.QUERY_COMPRESSED_EVENT] is (
         binlog_decoding.CompressedQueryEvent)
+
+
+def test_an_undecodable_table_map_column_is_a_loud_stop_naming_the_gtid(monkeypatch):
+    """A charset or ENUM member the adapter cannot decode (ValueError) stops like an
+    unsupported type (NotImplementedError): with the table, the GTID and the fix."""
+    from cdc_platform.capture import binlog
+    from cdc_platform.capture.binlog import TableMapError
+
+    def undecodable(event):
+        try:
+            raise ValueError("column c: unknown collation 999")
+        except ValueError as error:
+            raise ValueError(f"table {event.schema}.{event.table}: {error}") from error
+
+    monkeypatch.setattr(binlog, "schema_from_table_map", undecodable)
+    event = SimpleNamespace(schema="db", table="t")
+    with pytest.raises(TableMapError, match=r"table db\.t at GTID .*c80aa9429562:23: column c: "
+                                            r"unknown collation 999; exclude the column"):
+        _stream()._table_schema(event)

@@ -12,6 +12,7 @@ import pymysql
 import pytest
 
 from cdc_platform.capture.engine import CaptureEngine, EngineOptions
+from cdc_platform.capture.events import EngineError
 from cdc_platform.capture.source import PrerequisiteError
 from cdc_platform.capture.transactions import Statement
 from cdc_platform.devservices.mariadb import MariaDBServer
@@ -243,9 +244,184 @@ def test_a_crash_while_a_large_transaction_lands_in_batches_replays_it_once(cdc_
     with pytest.raises(RuntimeError, match="simulated crash"):
         engine.run(stop_when_caught_up=True)
     assert env.landing.segments(env.db, "big")  # batches landed past the checkpoint...
-    assert env.landing.read_checkpoint().next_pos == 1  # ...which did not move
+    checkpoint = env.landing.read_checkpoint()
+    assert checkpoint is None or checkpoint.next_pos == 1  # ...which did not move
     env.catch_up()
     landed = records(env, "big")
     assert [r["id"] for r in landed] == list(range(1, 3001))
     assert [r["__cdc_pos"] for r in landed] == list(range(1, 3001))
     assert spill_files(env) == []
+
+
+def test_a_row_change_logged_as_a_statement_stops_loudly_unless_the_table_is_excluded(cdc_env):
+    env = cdc_env
+    env.overrides["capture"] = {"tables": {"include": [rf"{env.db}\..*"],
+                                           "exclude": [rf"{env.db}\.skipped"]}}
+    env.execute("CREATE TABLE t (id INT PRIMARY KEY)")
+    env.execute("CREATE TABLE skipped (id INT PRIMARY KEY)")
+    env.execute("INSERT INTO t VALUES (1)")
+    env.catch_up()
+
+    def statement_logged(sql: str) -> None:
+        with env.mariadb.root_connect(database=env.db) as conn, conn.cursor() as cur:
+            cur.execute("SET SESSION binlog_format = 'STATEMENT'")
+            cur.execute(sql)
+            conn.commit()
+
+    since = master_pos(env)
+    statement_logged("INSERT INTO skipped VALUES (1)")  # not captured: ignored
+    env.catch_up()
+    assert any(kind == "Query" and info.endswith("INSERT INTO skipped VALUES (1)")
+               for kind, info in binlog_events(env, since))
+    position = env.landing.read_checkpoint().gtid
+
+    statement_logged("/* app */ INSERT INTO t VALUES (2)")
+    gtid = env.mariadb.query("SELECT @@GLOBAL.gtid_binlog_pos")[0][0]
+    with pytest.raises(EngineError, match=rf"GTID {gtid}: {env.db}\.t changed by a statement "
+                                          r"logged as SQL.*binlog_format=ROW.*re-snapshot"):
+        env.catch_up()
+    # Nothing of it landed, and its GTID is not processed: a restart stops again.
+    assert [r["id"] for r in records(env, "t")] == [1]
+    assert env.landing.read_checkpoint().gtid == position
+    with pytest.raises(EngineError, match="logged as SQL"):
+        env.catch_up()
+
+
+def fail_on_call(engine: CaptureEngine, method: str, n: int,
+                 error: type[Exception] = OSError) -> None:
+    """Make ``engine.<method>`` raise on its ``n``-th call (an I/O error mid-commit)."""
+    original = getattr(engine, method)
+    calls = []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == n:
+            raise error(f"simulated failure in {method}")
+        return original(*args, **kwargs)
+
+    setattr(engine, method, failing)
+
+
+@pytest.mark.cdc_config(capture={"flush_max_rows": 2})
+def test_a_failure_inside_an_xa_commit_keeps_the_prepared_transaction(cdc_env):
+    env = cdc_env
+    env.execute("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(20))")
+    xa(env, "x", *(f"INSERT INTO t VALUES ({i}, 'v')" for i in range(1, 6)))
+    env.catch_up()  # prepared and persisted (spilled, in parts of flush_max_rows records)
+    assert len(spill_files(env)) > 1
+    env.mariadb.query("XA COMMIT 'x'")
+    env.execute("INSERT INTO t VALUES (6, 'after')")
+    engine = env.engine()
+    fail_on_call(engine, "_record_spilled_touches", 2)  # the second part of the commit
+    with pytest.raises(OSError, match="simulated"):
+        engine.run(stop_when_caught_up=True)
+    assert "xa_prepared" in env.landing.read_checkpoint().extra
+    env.catch_up()
+    landed = records(env, "t")
+    assert [r["id"] for r in landed] == [1, 2, 3, 4, 5, 6]
+    assert len({r["__cdc_pos"] for r in landed}) == 6
+    assert "xa_prepared" not in env.landing.read_checkpoint().extra
+    assert spill_files(env) == []
+
+
+@pytest.mark.cdc_config(capture={"flush_max_rows": 4, "flush_interval_seconds": 60})
+@pytest.mark.parametrize("error", [OSError, ConnectionError])  # (the second is retriable)
+def test_a_failure_inside_a_commit_writes_no_checkpoint_of_half_of_it(cdc_env, error):
+    env = cdc_env
+    env.execute("CREATE TABLE t (id INT PRIMARY KEY)")
+    env.catch_up()
+    env.execute("INSERT INTO t VALUES (0)")
+    env.execute("INSERT INTO t SELECT seq FROM seq_1_to_10")
+    engine = env.engine()
+    # Call 1 queues the first transaction, call 2 the big one's first piece (landed with it
+    # in one segment), call 3 fails.
+    fail_on_call(engine, "_queue", 3, error)
+    with pytest.raises(error, match="simulated"):
+        engine.run(stop_when_caught_up=True)
+    env.catch_up()
+    landed = records(env, "t")
+    assert sorted(r["id"] for r in landed) == list(range(11))
+    assert sorted(r["__cdc_pos"] for r in landed) == list(range(1, 12))
+
+
+@pytest.mark.cdc_config(capture={"transaction_memory_bytes": 64 * 1024,
+                                 "flush_max_rows": 1_000_000, "flush_interval_seconds": 60})
+def test_committed_records_waiting_to_land_are_bounded_by_bytes(cdc_env):
+    env = cdc_env
+    env.execute("CREATE TABLE t (id INT PRIMARY KEY, v TEXT)")
+    for i in range(30):  # small transactions of big rows: none spills, together 300 KB
+        env.execute(f"INSERT INTO t VALUES ({i}, REPEAT('x', 10000))")
+    engine = env.engine()
+    land = engine._land_chunks
+    waiting = []
+
+    def measured_land():
+        waiting.append(engine._buffered_bytes)
+        land()
+
+    engine._land_chunks = measured_land
+    stats = engine.run(stop_when_caught_up=True)
+    assert stats.segments_written >= 4  # landed in batches, not all at the end
+    assert max(waiting) < 64 * 1024 + 12_000  # the budget, and at most one record past it
+    assert [r["id"] for r in records(env, "t")] == list(range(30))
+    assert spill_files(env) == []
+
+
+def test_a_prepared_xa_spill_file_is_durable_before_the_checkpoint_and_missing_is_loud(cdc_env):
+    env = cdc_env
+    env.execute("CREATE TABLE t (id INT PRIMARY KEY)")
+    xa(env, "kept", "INSERT INTO t VALUES (1)")
+    engine = env.engine()
+    calls = []
+    sync, write = engine._spill.sync_directory, engine.landing.write_checkpoint
+    engine._spill.sync_directory = lambda: (calls.append("sync"), sync())[1]
+    engine.landing.write_checkpoint = lambda c: (calls.append(
+        "checkpoint" + (" naming the XA" if "xa_prepared" in c.extra else "")), write(c))[1]
+    engine.run(stop_when_caught_up=True)
+    first_named = calls.index("checkpoint naming the XA")
+    assert "sync" in calls[:first_named]
+    prepared = env.landing.read_checkpoint().extra["xa_prepared"]
+    [(xid, entry)] = prepared.items()
+    for path in spill_files(env):
+        path.unlink()
+    with pytest.raises(EngineError, match=rf"XA transaction {xid} \(prepared at GTID "
+                                          rf"{entry['gtid']}\).*missing.*Re-snapshot"):
+        env.catch_up()
+    env.mariadb.query("XA ROLLBACK 'kept'")
+
+
+def test_rollback_to_a_savepoint_named_in_another_case_drops_the_rows(cdc_env):
+    env = cdc_env
+    env.execute("CREATE TABLE t (id INT PRIMARY KEY)")
+    env.execute("CREATE TABLE log_t (id INT) ENGINE=MyISAM")
+    since = master_pos(env)
+    # The non-transactional write makes the server log the ROLLBACK TO (with InnoDB alone it
+    # cuts the rolled-back rows from the binlog cache instead).
+    env.execute("INSERT INTO t VALUES (1)", "SAVEPOINT Sp", "INSERT INTO t VALUES (2)",
+                "INSERT INTO log_t VALUES (2)", "ROLLBACK TO sp", "INSERT INTO t VALUES (3)")
+    infos = [info for _, info in binlog_events(env, since)]
+    assert any("ROLLBACK TO" in i and "sp" in i for i in infos), infos
+    env.catch_up()
+    assert [r["id"] for r in records(env, "t")] == [1, 3]
+
+
+@pytest.mark.cdc_config(capture={"transaction_memory_bytes": 1024})
+def test_a_spilled_file_that_does_not_read_back_is_a_loud_stop(cdc_env):
+    env = cdc_env
+    env.execute("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(40))")
+    env.execute("INSERT INTO t SELECT seq, 'v' FROM seq_1_to_200")
+    engine = env.engine()
+    spill = engine._spill_records
+
+    def damaged_spill(records_):
+        parts = spill(records_)
+        for part in parts:
+            part.path.write_bytes(b"not an arrow file")
+        return parts
+
+    engine._spill_records = damaged_spill
+    with pytest.raises(EngineError, match=rf"table {env.db}\.t at GTID 0-1-\d+: the spilled "
+                                          r"records of .* do not read back.*re-snapshot"):
+        engine.run(stop_when_caught_up=True)
+    env.catch_up()  # read again from the binlog
+    assert [r["id"] for r in records(env, "t")] == list(range(1, 201))

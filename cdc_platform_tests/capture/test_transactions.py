@@ -51,13 +51,18 @@ def committed(outcomes) -> list[tuple[str, list]]:
 
 
 def run(buffer: TransactionBuffer, *steps) -> list:
-    """Steps are events, or lists of records (one rows event each)."""
+    """Steps are events, or lists of records (one rows event each). Committed XA
+    transactions are forgotten once "applied", as the engine does."""
     out: list = []
     for step in steps:
         if isinstance(step, list):
             buffer.add(step, 10 * len(step))
         else:
-            out += buffer.feed(step)
+            outcomes = buffer.feed(step)
+            for outcome in outcomes:
+                if isinstance(outcome, Committed):
+                    buffer.forget_prepared(outcome)
+            out += outcomes
     return out
 
 
@@ -74,17 +79,35 @@ def test_rollback_and_abandoned_groups_emit_nothing():
     out = run(buffer, Begin("0-1-1"), Query("BEGIN"), [1], Query("ROLLBACK"),
               Begin("0-1-2"), Query("BEGIN"), [2], Begin("0-1-3"), Query("BEGIN"), [3], Xid())
     assert committed(out) == [("0-1-3", [3])]
-    assert [(o.gtid, o.records) for o in out if isinstance(o, RolledBack)] == [
-        ("0-1-1", 1), ("0-1-2", 1)]
+    assert [(o.gtid, o.records, o.abandoned) for o in out if isinstance(o, RolledBack)] == [
+        ("0-1-1", 1, False), ("0-1-2", 1, True)]  # (the engine warns of abandoned rows)
 
 
 def test_savepoints_drop_only_the_rows_after_them():
     buffer = TransactionBuffer()
     out = run(buffer, Begin("0-1-1"), Query("BEGIN"), [1], Query("SAVEPOINT `a b`"), [2],
-              Query("SAVEPOINT s2"), [3], Query("ROLLBACK TO `a b`"), [4],
-              Query("ROLLBACK TO SAVEPOINT s2"),  # gone with the rollback to `a b`
-              Xid())
+              Query("SAVEPOINT s2"), [3], Query("ROLLBACK TO `a b`"), [4], Xid())
     assert committed(out) == [("0-1-1", [1, 4])]
+
+
+def test_savepoint_names_compare_case_insensitively_quoted_or_not():
+    buffer = TransactionBuffer()
+    out = run(buffer, Begin("0-1-1"), Query("BEGIN"), [1], Query("SAVEPOINT Sp"), [2],
+              Query("ROLLBACK TO sp"), [3], Query("SAVEPOINT `Ä x`"), [4],
+              Query("ROLLBACK WORK TO SAVEPOINT `ä X`"), Xid())
+    assert committed(out) == [("0-1-1", [1, 3])]
+
+
+@pytest.mark.parametrize("unknown", [
+    "ROLLBACK TO s2",  # gone with the rollback to `a`
+    "ROLLBACK TO SAVEPOINT never_set",
+])
+def test_a_rollback_to_an_unknown_savepoint_is_a_loud_stop(unknown):
+    buffer = TransactionBuffer()
+    run(buffer, Begin("0-1-1"), Query("BEGIN"), [1], Query("SAVEPOINT a"), [2],
+        Query("SAVEPOINT s2"), [3], Query("ROLLBACK TO a"))
+    with pytest.raises(EngineError, match=r"GTID 0-1-1: .*never set.*re-snapshot"):
+        run(buffer, Query(unknown))
 
 
 def test_standalone_ddl_completes_its_gtid_and_is_reported_first():
@@ -122,6 +145,17 @@ def test_xa_rows_are_emitted_at_xa_commit_under_the_commit_gtid():
     assert set(buffer.prepared) == {XID}
     out = run(buffer, Begin("0-1-4", standalone=True), Query("XA COMMIT X'7831',X'',1"))
     assert committed(out) == [("0-1-4", [1, 2])]
+    assert buffer.prepared == {}
+
+
+def test_an_xa_commit_stays_prepared_until_the_engine_applied_it():
+    """A checkpoint written while the commit is half applied must still name the XA."""
+    buffer = TransactionBuffer()
+    run(buffer, Begin("0-1-3", standalone=False, xid=XID), [1], XaPrepare(XID))
+    out = buffer.feed(Begin("0-1-4", standalone=True)) + buffer.feed(
+        Query("XA COMMIT X'7831',X'',1"))
+    assert committed(out) == [("0-1-4", [1])] and set(buffer.prepared) == {XID}
+    buffer.forget_prepared(out[-1])
     assert buffer.prepared == {}
 
 
@@ -212,10 +246,12 @@ def test_committed_rows_match_a_reference_model(programs, memory):
                 marks[arg] = len(rows)
                 got += run(buffer, Query(f"SAVEPOINT {arg}"))
             elif kind == "rollback_to":
-                if arg in marks:
-                    del rows[marks[arg]:]
-                    marks = {k: v for k, v in marks.items() if v <= marks[arg]}
-                got += run(buffer, Query(f"ROLLBACK TO SAVEPOINT {arg}"))
+                if arg not in marks:
+                    continue  # the server refuses it: never in the binlog
+                del rows[marks[arg]:]
+                marks = {k: v for k, v in marks.items() if v <= marks[arg]}
+                # (names compare case-insensitively, quoted or not)
+                got += run(buffer, Query(f"ROLLBACK TO SAVEPOINT `{arg.upper()}`"))
             else:
                 marks.pop(arg, None)
                 got += run(buffer, Query(f"RELEASE SAVEPOINT {arg}"))

@@ -4,12 +4,14 @@ Everything the capture engine and the binlog adapter do differently per server f
 method here: GTID syntax, how a binlog stream is positioned, what a GTID event says about its
 group, which server settings capture needs, how the server shows it is a replica. Callers ask
 ``flavour_of(name)`` instead of comparing flavour strings. (The snapshot watermark,
-``capture/snapshot/watermark.py``, still has its own branches; they belong here next.)
+``capture/snapshot/watermark.py``, still has its own branches for how it reads a watermark
+and MySQL's commit-order setting; they belong here next.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import pymysql
@@ -60,6 +62,23 @@ def flavour_of(name: str) -> Flavour:
 def error_code(error: BaseException) -> int | None:
     code = error.args[0] if error.args else None
     return code if isinstance(code, int) else None
+
+
+@contextlib.contextmanager
+def undecoded(conn: pymysql.Connection) -> Iterator[None]:
+    """Text columns arrive as bytes inside this block.
+
+    Some result columns hold statement text with whatever bytes the statement had (binary
+    literals, a UUID in a BINARY(16), another charset): SHOW BINLOG EVENTS' Info, the error
+    columns of SHOW REPLICA / ALL SLAVES STATUS. Decoded as the connection's charset they
+    raise UnicodeDecodeError; read as bytes, only what the caller parses is decoded.
+    """
+    previous = conn.use_unicode
+    conn.use_unicode = False
+    try:
+        yield
+    finally:
+        conn.use_unicode = previous
 
 
 def global_variable(conn: pymysql.Connection, name: str) -> str | None:

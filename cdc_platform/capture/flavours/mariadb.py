@@ -8,7 +8,7 @@ from typing import Any
 import pymysql
 
 from cdc_platform.capture.events import Begin
-from cdc_platform.capture.flavours import error_code, log_updates_problem
+from cdc_platform.capture.flavours import error_code, log_updates_problem, undecoded
 from cdc_platform.capture.gtid import Gtid, GtidSet, parse_gtid, parse_position
 
 # Gtid_log_event flags2 (MariaDB sql/log_event.h).
@@ -71,8 +71,11 @@ class MariadbFlavour:
         """
         with conn.cursor(pymysql.cursors.Cursor) as cur:
             try:
-                cur.execute("SHOW ALL SLAVES STATUS")
-                return (True, "SHOW ALL SLAVES STATUS") if cur.fetchall() else (False, "")
+                # (the status rows' error columns quote statements: bytes, see undecoded)
+                with undecoded(conn):
+                    cur.execute("SHOW ALL SLAVES STATUS")
+                    replicating = bool(cur.fetchall())
+                return (True, "SHOW ALL SLAVES STATUS") if replicating else (False, "")
             except pymysql.MySQLError as error:
                 if error_code(error) != ER_SPECIFIC_ACCESS_DENIED:
                     raise

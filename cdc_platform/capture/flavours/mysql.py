@@ -8,7 +8,7 @@ from typing import Any
 import pymysql
 
 from cdc_platform.capture.events import Begin, EngineError
-from cdc_platform.capture.flavours import error_code, log_updates_problem
+from cdc_platform.capture.flavours import error_code, log_updates_problem, undecoded
 from cdc_platform.capture.gtid import Gtid, GtidSet, parse_gtid, parse_position
 
 ER_PARSE_ERROR = 1064
@@ -62,7 +62,8 @@ class MysqlFlavour:
             return str(cur.fetchone()[0] or "").replace("\n", "")
 
     def replica_problems(self, conn: pymysql.Connection) -> list[str]:
-        with conn.cursor(pymysql.cursors.Cursor) as cur:
+        # (the status row's error columns quote statements: bytes, see undecoded)
+        with conn.cursor(pymysql.cursors.Cursor) as cur, undecoded(conn):
             try:
                 cur.execute("SHOW REPLICA STATUS")  # MySQL >= 8.0.22
             except pymysql.MySQLError as error:

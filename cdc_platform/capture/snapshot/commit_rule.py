@@ -32,6 +32,12 @@ from dataclasses import dataclass
 from cdc_platform.capture.gtid import Gtid, GtidSet
 from cdc_platform.capture.snapshot.chunks import Chunk, Key
 
+# One transaction's touches of one table beyond this many are logged as one table-wide touch
+# (``ALL_KEYS``): a 5M-row UPDATE of a table under snapshot keeps one entry, not 5M.
+TABLE_WIDE_TOUCHES = 100_000
+# The key a table-wide touch is logged under (no real key is empty): every key was touched.
+ALL_KEYS: Key = ()
+
 
 @dataclass(frozen=True, slots=True)
 class Touch:
@@ -58,19 +64,41 @@ class TouchedKeyLog:
     *previous* pruning point: only chunks read before that older point are rejected (and read
     again), and a chunk survives at least one whole generation. The log then holds about the
     touches of the last generation: bounded by how often the caller prunes.
+
+    Why table-wide touches: a transaction that writes more than ``table_wide_after`` keys
+    of the table is logged once under ``ALL_KEYS`` (at its first position) instead of per key,
+    so the log's size does not grow with a transaction's. ``decide_chunk_commit`` rejects a
+    chunk whose low watermark lacks such a transaction (the chunk is read again after it);
+    the keys it logged before passing the bound stay, and decide nothing more.
     """
 
-    __slots__ = ("horizon", "mark", "touches", "size", "generation_started")
+    __slots__ = ("horizon", "mark", "touches", "size", "generation_started",
+                 "table_wide_after", "_gtid", "_count", "_first")
 
-    def __init__(self, horizon: GtidSet, now: float = 0.0) -> None:
+    def __init__(self, horizon: GtidSet, now: float = 0.0,
+                 table_wide_after: int = TABLE_WIDE_TOUCHES) -> None:
         self.horizon = horizon
         self.mark = horizon  # processed at the last pruning point (the opening at first)
         self.touches: dict[Key, list[Touch]] = {}
         self.size = 0  # touches held
         self.generation_started = now
+        self.table_wide_after = table_wide_after
+        self._gtid: Gtid | None = None  # the transaction being recorded, and its touches
+        self._count = 0
+        self._first = 0
 
     def record(self, key: Key, gtid: Gtid, position: int) -> None:
         """A processed transaction wrote ``key`` (the engine's hot path)."""
+        if gtid is not self._gtid and gtid != self._gtid:
+            self._gtid, self._count, self._first = gtid, 0, position
+        self._count += 1
+        if self._count > self.table_wide_after:
+            if self._count == self.table_wide_after + 1:
+                self._add(ALL_KEYS, gtid, self._first)
+            return
+        self._add(key, gtid, position)
+
+    def _add(self, key: Key, gtid: Gtid, position: int) -> None:
         touches = self.touches.get(key)
         if touches is None:
             self.touches[key] = [Touch(gtid, position)]
@@ -212,6 +240,12 @@ def decide_chunk_commit(
     if late_ddl:
         return Reject(f"{where}: DDL at GTID {late_ddl[0]} changed the table after the chunk's "
                       "read view; re-select it")
+    # A table-wide touch outside lw: any row may be stale, and dropping them all would leave
+    # keys it did not write unemitted (and the range assertion would delete them).
+    wide = [t.gtid for t in touched.get(ALL_KEYS, ()) if not lw.contains_gtid(t.gtid)]
+    if wide:
+        return Reject(f"{where}: transaction {wide[0]} wrote too many keys of the table to log "
+                      "each (a table-wide touch) after the chunk's read view; re-select it")
     if not processed.issuperset(chunk.after):
         return Wait(f"{where}: processed {processed} does not yet contain {chunk.after}")
     if chunk.schema_fingerprint != binlog_schema_fingerprint:

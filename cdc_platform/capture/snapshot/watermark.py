@@ -27,20 +27,20 @@ import contextlib
 import logging
 import re
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
 import pymysql
 import pymysql.cursors
 
+from cdc_platform.capture.flavours import undecoded
 from cdc_platform.capture.gtid import GtidSet, MariadbGtid, MariadbPosition, parse_position
 from cdc_platform.capture.source import PrerequisiteError, check_prerequisites, server_variables
 
 T = TypeVar("T")
 
 ER_PARSE_ERROR = 1064
-ER_SPECIFIC_ACCESS_DENIED = 1227
 
 _BINARY_LOG_STATUS = "SHOW BINARY LOG STATUS"  # MySQL >= 8.2
 _MASTER_STATUS = "SHOW MASTER STATUS"  # MySQL < 8.2 (removed in 8.4)
@@ -201,7 +201,7 @@ def _apply_events(cur: Any, file: str, start: int, end: int,
     at = start
     while at < end:
         try:
-            with _undecoded(cur.connection):
+            with undecoded(cur.connection):
                 cur.execute("SHOW BINLOG EVENTS IN %s FROM %s LIMIT %s",
                             (file, at, _EVENTS_PAGE))
                 events = cur.fetchall()
@@ -226,23 +226,6 @@ def _apply_events(cur: Any, file: str, start: int, end: int,
     if at != end:
         return None
     return MariadbPosition(domains.values())
-
-
-@contextlib.contextmanager
-def _undecoded(conn: pymysql.Connection) -> Iterator[None]:
-    """Text columns arrive as bytes inside this block.
-
-    SHOW BINLOG EVENTS' Info column holds statement text (MariaDB's annotate-rows events, the
-    statements of Query events) with whatever bytes the statement had: binary literals, a UUID
-    in a BINARY(16), text in another charset. Decoded as the connection's charset it raises
-    UnicodeDecodeError; read as bytes, only what we parse (a GTID) is decoded, leniently.
-    """
-    previous = conn.use_unicode
-    conn.use_unicode = False
-    try:
-        yield
-    finally:
-        conn.use_unicode = previous
 
 
 def _mariadb_snapshot_offset(cur: Any) -> tuple[str, int]:
@@ -316,20 +299,20 @@ def _error_code(error: BaseException) -> int | None:
 def check_snapshot_prerequisites(conn: pymysql.Connection, flavour: str) -> list[str]:
     """Problems that make read-only snapshots inexact, each naming the setting. Empty = fine.
 
-    On top of the streaming prerequisites (GTIDs, ROW binlog, FULL row image and metadata):
-    a replica must write what it applies to its own binlog (``log_slave_updates``), and on a
-    MySQL replica parallel workers must commit in source order, as the seed requires. MariaDB
-    needs no parallel-mode setting: its parallel replication commits in order within a
-    replication domain in every ``slave_parallel_mode`` (only different domains may commit
-    out of order), and a MariaDB GTID position tracks each domain on its own; the
+    The streaming prerequisites (``source.check_prerequisites``: GTIDs, ROW binlog, FULL row
+    image and metadata, and on a replica ``log_slave_updates``), and only what is specific to
+    snapshots on top: on a MySQL replica, parallel workers must commit in source order, as the
+    seed requires. MariaDB needs no parallel-mode setting: its parallel replication commits in
+    order within a replication domain in every ``slave_parallel_mode`` (only different domains
+    may commit out of order), and a MariaDB GTID position tracks each domain on its own; the
     ``gtid_strict_mode`` the streaming checks require keeps each domain's sequence increasing.
     """
     problems = check_prerequisites(conn, flavour)
     if problems and problems[0].startswith("source.flavour"):
         return problems
     if flavour == "mysql":
-        return problems + _mysql_replica_problems(conn)
-    return problems + _mariadb_replica_problems(conn)
+        return problems + _mysql_commit_order_problems(conn)
+    return problems
 
 
 def require_snapshot_prerequisites(
@@ -353,30 +336,25 @@ def _first(values: dict[str, str], names: Iterable[str]) -> tuple[str, str | Non
     return names[0], None
 
 
-def _mysql_replica_problems(conn: pymysql.Connection) -> list[str]:
+def _mysql_commit_order_problems(conn: pymysql.Connection) -> list[str]:
     if not _mysql_is_replica(conn):
         return []
     values = server_variables(conn, [
         "replica_parallel_workers", "slave_parallel_workers", "replica_preserve_commit_order",
-        "slave_preserve_commit_order", "log_replica_updates", "log_slave_updates",
+        "slave_preserve_commit_order",
     ])
-    problems = []
-    name, updates = _first(values, ["log_replica_updates", "log_slave_updates"])
-    if (updates or "").upper() != "ON":
-        problems.append(f"the server is a replica but {name} is {updates!r}, needs 'ON' (its "
-                        "binlog must contain the replicated transactions)")
     workers_name, workers = _first(values, ["replica_parallel_workers", "slave_parallel_workers"])
     order_name, order = _first(values, ["replica_preserve_commit_order",
                                         "slave_preserve_commit_order"])
     if int(workers or 0) > 0 and (order or "").upper() != "ON":
-        problems.append(f"{workers_name} is {workers} but {order_name} is {order!r}, needs 'ON' "
-                        "(parallel workers must commit in source order)")
-    return problems
+        return [f"{workers_name} is {workers} but {order_name} is {order!r}, needs 'ON' "
+                "(parallel workers must commit in source order)"]
+    return []
 
 
 def _mysql_is_replica(conn: pymysql.Connection) -> bool:
-    # (the status row's error columns quote statements: bytes, see _undecoded)
-    with conn.cursor(pymysql.cursors.Cursor) as cur, _undecoded(conn):
+    # (the status row's error columns quote statements: bytes, see undecoded)
+    with conn.cursor(pymysql.cursors.Cursor) as cur, undecoded(conn):
         try:
             cur.execute("SHOW REPLICA STATUS")  # MySQL >= 8.0.22
         except pymysql.MySQLError as error:
@@ -384,41 +362,3 @@ def _mysql_is_replica(conn: pymysql.Connection) -> bool:
                 raise
             cur.execute("SHOW SLAVE STATUS")
         return bool(cur.fetchall())
-
-
-def _mariadb_replica_problems(conn: pymysql.Connection) -> list[str]:
-    replica, evidence = _mariadb_is_replica(conn)
-    if not replica:
-        return []
-    _, updates = _first(server_variables(conn, ["log_slave_updates"]), ["log_slave_updates"])
-    if (updates or "").upper() != "ON":
-        return [f"the server is a replica ({evidence}) but log_slave_updates is {updates!r}, "
-                "needs 'ON' (its binlog must contain the replicated transactions)"]
-    return []
-
-
-def _mariadb_is_replica(conn: pymysql.Connection) -> tuple[bool, str]:
-    """Whether the server replicates from another, and the evidence.
-
-    ``SHOW ALL SLAVES STATUS`` needs SLAVE MONITOR (MariaDB >= 10.5), which the CDC account
-    (SELECT, REPLICATION SLAVE, REPLICATION CLIENT) lacks; then running replica threads or a
-    non-empty ``gtid_slave_pos`` (it has applied replicated transactions) are the evidence.
-    """
-    with conn.cursor(pymysql.cursors.Cursor) as cur:
-        try:
-            # (the status rows' error columns quote statements: bytes, see _undecoded)
-            with _undecoded(conn):
-                cur.execute("SHOW ALL SLAVES STATUS")
-                replicating = bool(cur.fetchall())
-            return (True, "SHOW ALL SLAVES STATUS") if replicating else (False, "")
-        except pymysql.MySQLError as error:
-            if _error_code(error) != ER_SPECIFIC_ACCESS_DENIED:
-                raise
-        cur.execute("SHOW GLOBAL STATUS LIKE 'Slaves_running'")
-        row = cur.fetchone()
-        if row is not None and int(row[1] or 0) > 0:
-            return True, f"Slaves_running={row[1]}"
-        cur.execute("SELECT @@GLOBAL.gtid_slave_pos")
-        row = cur.fetchone()
-        position = str(row[0] or "") if row else ""
-        return (True, f"gtid_slave_pos={position!r}") if position else (False, "")

@@ -31,6 +31,8 @@ from cdc_platform.capture.gtid import (
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.snapshot.chunks import Chunk, ChunkedTable, ChunkKey, Key
 from cdc_platform.capture.snapshot.commit_rule import (
+    ALL_KEYS,
+    TABLE_WIDE_TOUCHES,
     Commit,
     Decision,
     RangeAssertion,
@@ -281,7 +283,7 @@ def fold_unordered(garbage: dict[int, int], records: list[Record]) -> dict[int, 
 
 
 def simulate(sc: Scenario, rule: Rule = decide_chunk_commit, watermark_ahead: bool = False,
-             prune: bool = True) -> Outcome:
+             prune: bool = True, table_wide_after: int = TABLE_WIDE_TOUCHES) -> Outcome:
     rng, n, flavour = random.Random(sc.seed), len(sc.txns), sc.flavour
     table = _table(sc.range_assertions)
     empty = _position(flavour, [])
@@ -289,9 +291,9 @@ def simulate(sc: Scenario, rule: Rule = decide_chunk_commit, watermark_ahead: bo
     next_pos = 1
     opening_pos = 0
     records: list[Record] = []
-    log = TouchedKeyLog(empty)  # the session's, from its opening
+    log = TouchedKeyLog(empty, table_wide_after=table_wide_after)  # the session's
     stats = dict.fromkeys(["commits", "waits", "rejects", "dropped", "asserted_deletes",
-                           "pruned_touches"], 0)
+                           "pruned_touches", "table_wide_touches"], 0)
     violations: list[str] = []
 
     def schedule(index: int, engine_point: int, stale_ok: bool) -> tuple[int, int, Chunk]:
@@ -374,7 +376,7 @@ def simulate(sc: Scenario, rule: Rule = decide_chunk_commit, watermark_ahead: bo
             processed = processed.add(txn.gtid)
         if point == sc.opening:
             opening, opening_pos = processed, next_pos
-            log = TouchedKeyLog(processed)
+            log = TouchedKeyLog(processed, table_wide_after=table_wide_after)
         if prune and point > sc.opening:
             maybe_prune()
         if point >= sc.opening:
@@ -398,6 +400,7 @@ def simulate(sc: Scenario, rule: Rule = decide_chunk_commit, watermark_ahead: bo
     if final != fold_unordered(sc.garbage, records):
         violations.append("folding by position and merge-on-read disagree")
     truth = sc.state_after(list(range(1, n + 1)))
+    stats["table_wide_touches"] = len(log.touches.get(ALL_KEYS, ()))
     before = fold(sc.garbage, [r for r in records if r.key is not None])
     stats["asserted_deletes"] = len(set(before) - set(final))
     return Outcome(final, truth, violations, stats)
@@ -420,6 +423,45 @@ def test_target_equals_source_on_random_histories(flavour: str, data: st.DataObj
         event(f"{name}: {'some' if count else 'none'}")
     assert not outcome.violations, outcome.violations[:3]
     assert outcome.final == outcome.truth
+
+
+@pytest.mark.parametrize("flavour", ["mysql", "mariadb"])
+@SETTINGS
+@given(data=st.data(), table_wide_after=st.integers(0, 2))
+def test_table_wide_touches_keep_the_target_equal_to_the_source(
+        flavour: str, data: st.DataObject, table_wide_after: int) -> None:
+    """With the per-transaction bound of the touched-key log set small, transactions are
+    logged table-wide: the same histories still end with the target equal to the source."""
+    sc = data.draw(scenarios(flavour))
+    outcome = simulate(sc, table_wide_after=table_wide_after)
+    event(f"table-wide touches: {'some' if outcome.stats['table_wide_touches'] else 'none'}")
+    assert not outcome.violations, outcome.violations[:3]
+    assert outcome.final == outcome.truth
+    assert outcome.final == simulate(sc).final  # the per-key log's result
+
+
+def drop_all_rows_on_a_table_wide_touch(chunk, processed, opening, horizon, touched,
+                                        *args):  # noqa: ANN001, ANN201
+    """Treats a table-wide touch as "every key touched": drops every row instead of
+    re-reading the chunk."""
+    wide = touched.get(ALL_KEYS, ())
+    if wide and any(not chunk.low_watermark.contains_gtid(t.gtid) for t in wide):
+        every = {tuple(row[i] for i in chunk.table.key_indexes): [wide[0]]
+                 for row in chunk.rows}
+        touched = {**{k: v for k, v in touched.items() if k != ALL_KEYS}, **every}
+    return decide_chunk_commit(chunk, processed, opening, horizon, touched, *args)
+
+
+@pytest.mark.parametrize("flavour", ["mysql", "mariadb"])
+def test_dropping_all_rows_on_a_table_wide_touch_is_caught(flavour: str) -> None:
+    counterexample = find(
+        scenarios(flavour),
+        lambda sc: not simulate(sc, rule=drop_all_rows_on_a_table_wide_touch,
+                                table_wide_after=0).ok,
+        settings=SEARCH,
+    )
+    assert not simulate(counterexample, rule=drop_all_rows_on_a_table_wide_touch,
+                        table_wide_after=0).ok
 
 
 # Rules a careless implementation might use; each must be caught by the same properties.

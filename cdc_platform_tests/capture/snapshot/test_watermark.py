@@ -75,6 +75,11 @@ class FakeCursor:
 
     def execute(self, sql: str, args: Any = None) -> None:
         self.conn.log.append(sql)
+        if sql == "SHOW GLOBAL VARIABLES LIKE %s":  # one of SHOW GLOBAL VARIABLES' rows
+            columns, rows = self.conn.answers.get("SHOW GLOBAL VARIABLES", ((), []))
+            self.description = tuple((c,) for c in columns) or None
+            self._rows = [r for r in rows if r[0] == args[0]]
+            return
         answer = self.conn.answers.get(sql, ((), []))
         if isinstance(answer, list):
             answer = answer.pop(0)
@@ -167,8 +172,9 @@ def _mysql_server(variables: dict[str, str], replica: bool) -> FakeMysql:
         ({"replica_parallel_workers": "4", "replica_preserve_commit_order": "OFF",
           "log_replica_updates": "ON"}, True,
          ["replica_parallel_workers is 4 but replica_preserve_commit_order is 'OFF'"]),
+        # Once, from the streaming prerequisites (the snapshot check does not repeat it).
         ({"slave_parallel_workers": "0", "log_slave_updates": "OFF"}, True,
-         ["the server is a replica but log_slave_updates is 'OFF'"]),
+         ["the server is a replica (SHOW REPLICA STATUS) but log_slave_updates is 'OFF'"]),
         ({"gtid_mode": "OFF_PERMISSIVE", "replica_parallel_workers": "0",
           "log_replica_updates": "ON"}, True, ["gtid_mode is 'OFF_PERMISSIVE', needs 'ON'"]),
     ],
@@ -183,7 +189,7 @@ def test_mysql_replica_prerequisites(variables: dict[str, str], replica: bool,
 
 def test_mysql_replica_detection_falls_back_to_show_slave_status() -> None:
     conn = _mysql_server({"log_slave_updates": "OFF"}, replica=False)
-    conn.answers["SHOW REPLICA STATUS"] = [PARSE_ERROR]
+    conn.answers["SHOW REPLICA STATUS"] = [PARSE_ERROR] * 2  # (the streaming check asks too)
     conn.answers["SHOW SLAVE STATUS"] = (("Slave_IO_State",), [("Waiting for master",)])
     with pytest.raises(PrerequisiteError, match="log_slave_updates is 'OFF'.*restart it"):
         require_snapshot_prerequisites(conn, "mysql", "shop")
