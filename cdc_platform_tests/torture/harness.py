@@ -238,11 +238,39 @@ def run_cell(cluster: Cluster, spark: Any, cell: Cell, root: Path, index: int) -
     problems = [v.summary() for v in verdicts if not v.ok]
     if cell.loud_words:
         problems.insert(0, f"the engine did not stop naming {', '.join(cell.loud_words)}")
+    problems += landing_layout_problems(settings.landing_zone.url, server_name)
     if cell.dagster:
         problems += dagster_problems(settings)
     detail = " | ".join(problems) or "all rows equal"
     return CellResult(cell.id, "fail" if problems else "pass", detail,
                       [v.to_dict() for v in verdicts], time.monotonic() - started)
+
+
+def landing_layout_problems(landing_url: str, server_name: str) -> list[str]:
+    """Every changelog segment must sit at ``changelog/<db>/<table>/`` (docs/landing-zone.md),
+    one directory per table: a name must never escape or share its table's directory.
+
+    The table a segment belongs to is read from its documented Parquet metadata (``cdc.table``).
+    """
+    import pyarrow.parquet as pq
+
+    changelog = Path(landing_url) / server_name / "changelog"
+    problems: list[str] = []
+    tables_by_dir: dict[Path, set[str]] = {}
+    for path in sorted(Path(landing_url).rglob("*.parquet")):
+        metadata = pq.read_metadata(path).metadata or {}
+        table = metadata.get(b"cdc.table", b"?").decode(errors="replace")
+        if not metadata.get(b"cdc.table"):
+            continue  # not a changelog segment (snapshot chunks live elsewhere)
+        relative = Path(os.path.relpath(path.resolve(), changelog.resolve()))
+        if relative.parts[0] == ".." or len(relative.parts) != 3:
+            problems.append(f"a segment of {table} lies at {relative}, not at "
+                            "changelog/<db>/<table>/")
+        tables_by_dir.setdefault(path.resolve().parent, set()).add(table)
+    for directory, tables in tables_by_dir.items():
+        if len(tables) > 1:
+            problems.append(f"segments of {sorted(tables)} share {directory.name}/")
+    return problems
 
 
 def dagster_problems(settings: Any) -> list[str]:
