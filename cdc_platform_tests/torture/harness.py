@@ -15,6 +15,7 @@ server name, same landing zone), catches up, and every target is compared with t
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -89,10 +90,11 @@ class Cluster:
             server.query(f"SET GLOBAL log_bin_compress = {'ON' if on else 'OFF'}")
 
 
-def config_dict(source: MariaDBServer, server_name: str, root: Path, include: list[str],
-                initial_position: str, server_id: int | None = None) -> dict[str, Any]:
+def config_dict(source: Any, server_name: str, root: Path, include: list[str],
+                initial_position: str, server_id: int | None = None,
+                surrogate_keys: dict[str, list[str]] | None = None) -> dict[str, Any]:
     conn = source.connection_settings()
-    return {
+    data = {
         "source": {"flavour": "mariadb", "host": conn["host"], "port": conn["port"],
                    "user": conn["user"], "password_env": PASSWORD_ENV,
                    "server_id": server_id or next(_server_ids), "server_name": server_name},
@@ -103,6 +105,9 @@ def config_dict(source: MariaDBServer, server_name: str, root: Path, include: li
         "warehouse": {"url": str(root / "warehouse")},
         "spark": {"master": "local[2]"},
     }
+    if surrogate_keys:
+        data["capture"]["surrogate_keys"] = surrogate_keys
+    return data
 
 
 @dataclass
@@ -115,10 +120,17 @@ class _Source:
         return {"host": self.section.host, "port": self.section.port, "user": self.section.user}
 
 
-def run_statements(server: MariaDBServer, statements: tuple[str, ...] | list[str]) -> None:
+def run_statements(server: MariaDBServer, statements: tuple[Any, ...] | list[Any],
+                   pause: float = 0.0) -> None:
+    """Run statements (or ``(statement, args)`` pairs) in order, autocommit on."""
     with server.root_connect() as conn, conn.cursor() as cur:
         for statement in statements:
-            cur.execute(statement)
+            if isinstance(statement, tuple):
+                cur.execute(*statement)
+            else:
+                cur.execute(statement)
+            if pause:
+                time.sleep(pause)
 
 
 # ---- materialising and comparing -----------------------------------------------------------
@@ -135,7 +147,9 @@ def target_rows(spark: Any, settings: Any, database: str, table: str
 
 
 def materialise_and_compare(spark: Any, settings: Any, primary: MariaDBServer,
-                            tables: list[tuple[str, str]]) -> list[TableVerdict]:
+                            tables: list[tuple[str, str]],
+                            keys: dict[str, tuple[str, ...]] | None = None
+                            ) -> list[TableVerdict]:
     from cdc_platform.lake.merge import materialise
 
     verdicts = []
@@ -150,7 +164,8 @@ def materialise_and_compare(spark: Any, settings: Any, primary: MariaDBServer,
                 verdict.problems.append(f"materialise failed: {_one_line(error)}")
                 verdicts.append(verdict)
                 continue
-            verdicts.append(compare_table(conn, database, table, rows))
+            verdicts.append(compare_table(conn, database, table, rows,
+                                          (keys or {}).get(table)))
     return verdicts
 
 
@@ -173,7 +188,7 @@ def stop_kind(error: BaseException, cell: Cell) -> str:
     """``loud-stop``: an EngineError naming the GTID, a table of the cell and its column (or,
     for a refused setting, the setting); ``unclear-stop``: an EngineError that does not;
     ``crash``: anything else (a crash loop once the engine is restarted)."""
-    if not any(k.__name__ == "EngineError" for k in type(error).__mro__):
+    if not any(k.__name__ in ("EngineError", "SnapshotError") for k in type(error).__mro__):
         return "crash"
     text = str(error)
     if cell.loud_words:
@@ -204,6 +219,8 @@ def run_cell(cluster: Cluster, spark: Any, cell: Cell, root: Path, index: int) -
         for database in cell.databases:
             run_statements(cluster.primary, [f"CREATE DATABASE IF NOT EXISTS {quote(database)}"])
         run_statements(cluster.primary, cell.statements)
+        if cell.snapshot:  # the engine starts here: the rows can only come by the snapshot
+            start = cluster.primary.gtid_position()
         # (applied, and logged compressed, before the replicas' compression is turned off)
         cluster.wait_replicated()
     except pymysql.MySQLError as error:
@@ -218,12 +235,18 @@ def run_cell(cluster: Cluster, spark: Any, cell: Cell, root: Path, index: int) -
     if source is not cluster.replica1:
         source.wait_caught_up(cluster.primary, logged=False)
     server_name = f"cell{index:03d}"
-    data = config_dict(source, server_name, root / server_name, cell.include_patterns(), start)
+    keys = dict(cell.surrogate_keys)
+    data = config_dict(source, server_name, root / server_name, cell.include_patterns(), start,
+                       surrogate_keys={f"{db}.{t}": list(keys[t]) for db, t in cell.tables
+                                       if t in keys})
     settings = parse_settings(data, f"torture cell {cell.id}")
     (root / server_name).mkdir(parents=True, exist_ok=True)
     (root / server_name / "config.yaml").write_text(yaml.safe_dump(data, allow_unicode=True))
     landing = LandingZone(settings.landing_zone.url, server_name)
     try:
+        if cell.snapshot:
+            _snapshot(cluster, settings, landing, cell)
+            cluster.wait_replicated()  # (the writes during the snapshot)
         CaptureEngine(EngineOptions.from_settings(settings), landing).run(
             stop_when_caught_up=True)
         _run_requested_snapshots(settings, landing)
@@ -234,7 +257,8 @@ def run_cell(cluster: Cluster, spark: Any, cell: Cell, root: Path, index: int) -
             frames = traceback.extract_tb(error.__traceback__)[-1:]
             detail += "".join(f" [at {f.filename.rsplit('/', 1)[-1]}:{f.lineno}]" for f in frames)
         return CellResult(cell.id, status, detail, seconds=time.monotonic() - started)
-    verdicts = materialise_and_compare(spark, settings, cluster.primary, list(cell.tables))
+    verdicts = materialise_and_compare(spark, settings, cluster.primary, list(cell.tables),
+                                       keys)
     problems = [v.summary() for v in verdicts if not v.ok]
     if cell.loud_words:
         problems.insert(0, f"the engine did not stop naming {', '.join(cell.loud_words)}")
@@ -303,6 +327,43 @@ def dagster_problems(settings: Any) -> list[str]:
     return []
 
 
+def _snapshot(cluster: Cluster, settings: Any, landing: Any, cell: Cell) -> None:
+    """Snapshot the cell's tables (small chunks) beside a streaming engine, while the cell's
+    ``during`` statements run on the primary, as the snapshot asset and a live source would."""
+    from cdc_platform.capture.engine import CaptureEngine, EngineOptions
+    from cdc_platform.capture.snapshot import reader as snapshot_reader
+
+    stop = threading.Event()
+    failure: list[BaseException] = []
+
+    def stream() -> None:
+        try:
+            CaptureEngine(EngineOptions.from_settings(settings), landing).run(stop)
+        except BaseException as error:  # noqa: BLE001 - re-raised below
+            failure.append(error)
+
+    engine = threading.Thread(target=stream, daemon=True)
+    writer = threading.Thread(target=run_statements, args=(cluster.primary, cell.during, 0.05),
+                              daemon=True)
+    engine.start()
+    writer.start()
+    keys = dict(cell.surrogate_keys)
+    try:
+        for database, table in cell.tables:
+            result = snapshot_reader.reader_from_settings(
+                settings, f"{database}.{table}", chunk_size=2, poll_seconds=0.05,
+                surrogate_key=list(keys[table]) if table in keys else None,
+            ).run(threading.Event())
+            if result.status != "done" and not failure:
+                raise AssertionError(f"snapshot of {database}.{table}: {result.status}")
+    finally:
+        writer.join(60)
+        stop.set()
+        engine.join(60)
+    if failure:
+        raise failure[0]
+
+
 def _run_requested_snapshots(settings: Any, landing: Any) -> None:
     """Serve snapshot requests the platform made on its own (a DDL that left the target stale
     asks for a re-snapshot): run each requested table's reader beside a streaming engine, as
@@ -311,7 +372,16 @@ def _run_requested_snapshots(settings: Any, landing: Any) -> None:
     from cdc_platform.capture.snapshot import reader as snapshot_reader
 
     snapshots = Path(landing.checkpoint_path).parent / "snapshots"
-    requested = sorted(p.parent for p in snapshots.glob("*/*/request.json"))
+    checkpoint = landing.read_checkpoint()
+    sessions = checkpoint.extra.get("snapshots", {}) if checkpoint else {}
+    requested = []
+    for path in sorted(snapshots.glob("*/*/request.json")):
+        request = json.loads(path.read_text())
+        session = sessions.get(f"{path.parent.parent.name}.{path.parent.name}", {})
+        ended = session.get("session_id") == request.get("session_id") and session.get(
+            "state") in ("done", "stopped")
+        if request.get("action") != "stop" and not ended:
+            requested.append(path.parent)
     if not requested:
         return
     stop = threading.Event()
