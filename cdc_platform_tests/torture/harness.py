@@ -334,6 +334,7 @@ def _snapshot(cluster: Cluster, settings: Any, landing: Any, cell: Cell) -> None
     from cdc_platform.capture.snapshot import reader as snapshot_reader
 
     stop = threading.Event()
+    reader_stop = threading.Event()  # set when the engine dies: the reader must not wait for it
     failure: list[BaseException] = []
 
     def stream() -> None:
@@ -341,6 +342,7 @@ def _snapshot(cluster: Cluster, settings: Any, landing: Any, cell: Cell) -> None
             CaptureEngine(EngineOptions.from_settings(settings), landing).run(stop)
         except BaseException as error:  # noqa: BLE001 - re-raised below
             failure.append(error)
+            reader_stop.set()
 
     engine = threading.Thread(target=stream, daemon=True)
     writer = threading.Thread(target=run_statements, args=(cluster.primary, cell.during, 0.05),
@@ -352,8 +354,9 @@ def _snapshot(cluster: Cluster, settings: Any, landing: Any, cell: Cell) -> None
         for database, table in cell.tables:
             result = snapshot_reader.reader_from_settings(
                 settings, f"{database}.{table}", chunk_size=2, poll_seconds=0.05,
+                ack_timeout_seconds=60, stall_timeout_seconds=60,
                 surrogate_key=list(keys[table]) if table in keys else None,
-            ).run(threading.Event())
+            ).run(reader_stop)
             if result.status != "done" and not failure:
                 raise AssertionError(f"snapshot of {database}.{table}: {result.status}")
     finally:
