@@ -4,6 +4,11 @@ A cell's statements run in order on the primary, as root, autocommit on (``BEGIN
 and XA statements group them); each cell has its own tables, so the engine can capture one cell
 alone (a loud stop in one cell must not hide the others' results).
 
+Matrices: ``types``, ``names``, ``features`` (XA, compression, CREATE TABLE ... SELECT, the
+DDL that changes rows without row events, a replica without log_slave_updates) and
+``snapshots`` (type values read by an incremental snapshot, awkward surrogate keys). Cells still
+failing on this branch are in :data:`KNOWN_FAILURES` (expected failures, not hidden ones).
+
 Type cells follow one pattern per column type (see :func:`type_cell`): every edge value is
 inserted, reached by an UPDATE, left by an UPDATE, deleted, and finally carried unchanged
 through an UPDATE of another column (the before image holds it too).

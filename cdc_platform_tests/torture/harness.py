@@ -4,8 +4,10 @@ Phase 1 (cells): each cell's SQL runs on the primary; once replica 1 has applied
 engine of the cell's own (own server name and landing zone, filtered to the cell's tables)
 streams it from replica 1 with the restricted account, until caught up; the targets are
 materialised and compared with the primary (``compare.py``). An engine exception is a loud stop
-when it is an ``EngineError`` whose message names the table (and the cell's column): the rule
-"never silent" allows that outcome and no other.
+when it is an ``EngineError`` whose message names the GTID, the table and the cell's column: the
+rule "never silent" allows that outcome and no other. Snapshot cells start their engine after
+the cell's SQL, so their rows arrive only through an incremental snapshot (the SELECT path).
+Every cell also checks the landing layout, and names cells the Dagster definitions.
 
 Phase 2 (faults): one engine, ``python -m cdc_platform stream`` as a subprocess, captures every
 cell that passed phase 1 (from the start of the binlog) plus a workload that keeps writing to the
