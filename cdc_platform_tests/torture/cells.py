@@ -49,6 +49,9 @@ class Cell:
     snapshot: bool = False
     surrogate_keys: tuple[tuple[str, tuple[str, ...]], ...] = ()
     during: tuple[Statement, ...] = ()
+    #: A start-up cell: the engine CLI runs with this account problem ("wrong_password",
+    #: "no_binlog_monitor") and must exit with one line naming one of ``loud_words``.
+    account: str = ""
 
     @property
     def xfail(self) -> str | None:
@@ -450,7 +453,16 @@ def _snapshot_cells() -> list[Cell]:
     return cells
 
 
-CELLS: list[Cell] = all_cells() + _snapshot_cells()
+def _startup_cells() -> list[Cell]:
+    return [
+        Cell("startup", "wrong_password", (), (), column=None, account="wrong_password",
+             loud_words=("password", "Access denied")),
+        Cell("startup", "no_binlog_monitor", (), (), column=None, account="no_binlog_monitor",
+             loud_words=("BINLOG MONITOR", "REPLICATION CLIENT")),
+    ]
+
+
+CELLS: list[Cell] = all_cells() + _snapshot_cells() + _startup_cells()
 
 _LATIN1 = "issue 13: 2 (latin1 bytes cp1252 cannot map: UnicodeDecodeError)"
 _BINARY = "issue 13: 1 (empty BINARY(n) value: TypeError in values._binary_padder)"
@@ -481,6 +493,8 @@ KNOWN_FAILURES: dict[str, str] = {
     "features/drop_partition": _STALE, "features/exchange_partition": _STALE,
     "features/add_column_default": _STALE, "features/rename_column": _STALE,
     "features/modify_temporal_time": _STALE,
+    "startup/wrong_password": "issue 13: 16 (a raw pymysql traceback, not one line)",
+    "startup/no_binlog_monitor": "issue 13: 16 (a raw pymysql traceback, not one line)",
     "snapshots/char_latin1": _LATIN1, "snapshots/binary_4": _BINARY,
     "snapshots/inet6": _FIXED_BINARY,
     "snapshots/ci_surrogate_key": ("issue 13: 12 (text surrogate key in a PAD SPACE / "

@@ -204,6 +204,58 @@ def stop_kind(error: BaseException, cell: Cell) -> str:
 # ---- phase 1: cells ------------------------------------------------------------------------
 
 
+def run_startup_cell(cluster: Cluster, cell: Cell, root: Path, index: int) -> CellResult:
+    """``python -m cdc_platform stream`` as a new user runs it (default ``initial_position``) with a
+    broken account on replica 1: it either works all the same, or exits non-zero with one line
+    (no traceback) that names the setting or grant (any of ``loud_words``)."""
+    started = time.monotonic()
+    replica = cluster.replica1
+    user, password, given = "torture_start", "right", "right"
+    grants = "SELECT, REPLICATION SLAVE, REPLICATION CLIENT"
+    if cell.account == "wrong_password":
+        given = "wrong"
+    elif cell.account == "no_binlog_monitor":
+        grants = "SELECT, REPLICATION SLAVE"
+    with replica.root_connect() as conn, conn.cursor() as cur:
+        cur.execute("SET SESSION sql_log_bin = 0")  # a replica-local GTID would break failover
+        cur.execute("DROP USER IF EXISTS %s@'%%'", (user,))
+        cur.execute("CREATE USER %s@'%%' IDENTIFIED BY %s", (user, password))
+        cur.execute(f"GRANT {grants} ON *.* TO %s@'%%'", (user,))
+    server_name = f"cell{index:03d}"
+    data = config_dict(replica, server_name, root / server_name, [r"torture_types\..*"],
+                       "earliest")
+    data["source"]["user"] = user
+    data["source"]["password_env"] = "CDC_TORTURE_START_PASSWORD"
+    config = root / server_name / "config.yaml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(yaml.safe_dump(data))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "cdc_platform", "stream", "--config", str(config),
+             "--until-caught-up"], capture_output=True, text=True, timeout=120,
+            env={**os.environ, "CDC_TORTURE_START_PASSWORD": given})
+    except subprocess.TimeoutExpired:
+        return CellResult(cell.id, "fail", "the engine neither started nor stopped in 120 s",
+                          seconds=time.monotonic() - started)
+    output = (done.stdout + done.stderr).strip()
+    lines = [line for line in output.splitlines() if line.strip()]
+    last = lines[-1] if lines else ""
+    problems = []
+    if done.returncode == 0:
+        if cell.account == "wrong_password":
+            problems.append("exit code 0")
+        return CellResult(cell.id, "fail" if problems else "pass",
+                          f"exit 0 (works without the grant): {last}"[:600],
+                          seconds=time.monotonic() - started)
+    if "Traceback" in output:
+        problems.append("a traceback")
+    if not any(word.lower() in last.lower() for word in cell.loud_words):
+        problems.append(f"a last line naming none of {list(cell.loud_words)}")
+    status = "fail" if problems else "loud-stop"
+    detail = (f"{', '.join(problems)}: " if problems else "") + f"exit {done.returncode}: {last}"
+    return CellResult(cell.id, status, detail[:600], seconds=time.monotonic() - started)
+
+
 def run_cell(cluster: Cluster, spark: Any, cell: Cell, root: Path, index: int) -> CellResult:
     """Write the cell on the primary, capture it alone from replica 1, compare its targets."""
     from cdc_platform.capture.engine import CaptureEngine, EngineOptions
