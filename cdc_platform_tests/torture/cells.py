@@ -441,7 +441,7 @@ def _snapshot_cells() -> list[Cell]:
         f"INSERT INTO {db}.ci_key VALUES " + ", ".join(
             f"({_s(code)}, {i})" for i, code in enumerate(codes)),
     ), column=None, snapshot=True, surrogate_keys=(("ci_key", ("code",)),)))
-    keys = [bytes([i + 1]) * 15 + b"\xff" for i in range(12)]
+    keys = [bytes([i + 1]) * 15 + b"\xff" for i in range(40)]
     insert = f"INSERT INTO {db}.binary_statements VALUES (%s, %s)"
     cells.append(Cell("snapshots", "binary_statement_text",
                       ((SNAPSHOTS_DB, "binary_statements"),), (
@@ -493,6 +493,10 @@ KNOWN_FAILURES: dict[str, str] = {
     "features/drop_partition": _STALE, "features/exchange_partition": _STALE,
     "features/add_column_default": _STALE, "features/rename_column": _STALE,
     "features/modify_temporal_time": _STALE,
+    "snapshots/binary_statement_text": (
+        "issue 13: 3 (the reader decodes SHOW BINLOG EVENTS' statement text as UTF-8: "
+        "UnicodeDecodeError when a chunk window spans a statement with binary literals; "
+        "intermittent)"),
     "startup/wrong_password": "issue 13: 16 (a raw pymysql traceback, not one line)",
     "startup/no_binlog_monitor": "issue 13: 16 (a raw pymysql traceback, not one line)",
     "snapshots/char_latin1": _LATIN1, "snapshots/binary_4": _BINARY,
