@@ -284,10 +284,11 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def read_primary(conn: pymysql.Connection, database: str, table: str
+def read_primary(conn: pymysql.Connection, database: str, table: str,
+                 key: tuple[str, ...] | None = None
                  ) -> tuple[list[SourceColumn], list[str], dict[tuple[Any, ...], dict[str, Any]]]:
     columns = source_columns(conn, database, table)
-    key = primary_key(conn, database, table)
+    key = list(key or primary_key(conn, database, table))
     if not key:
         raise AssertionError(f"{database}.{table} has no primary key: the torture suite "
                              "compares by key")
@@ -302,8 +303,10 @@ def read_primary(conn: pymysql.Connection, database: str, table: str
 
 
 def compare_table(conn: pymysql.Connection, database: str, table: str,
-                  target_rows: list[dict[str, Any]] | None) -> TableVerdict:
-    """Compare the primary's table with the collected target rows (None: no target table).
+                  target_rows: list[dict[str, Any]] | None,
+                  key: tuple[str, ...] | None = None) -> TableVerdict:
+    """Compare the primary's table with the collected target rows (None: no target table),
+    by primary key (or ``key``: the surrogate key of a table without one).
 
     A source table that no longer exists (renamed, dropped) expects an empty or absent target.
     """
@@ -315,7 +318,7 @@ def compare_table(conn: pymysql.Connection, database: str, table: str,
         if targets:
             verdict.problems.append("the source table no longer exists but its target has rows")
         return verdict
-    columns, key, primary = read_primary(conn, database, table)
+    columns, key_names, primary = read_primary(conn, database, table, key)
     verdict.source_rows = len(primary)
     if target_rows is None:
         verdict.problems.append("no target table")
@@ -335,9 +338,9 @@ def compare_table(conn: pymysql.Connection, database: str, table: str,
     for raw in targets:
         row = {n: _target_value(by_name[n], v) for n, v in raw.items() if n in by_name}
         try:
-            k = tuple(row.get(name) for name in key)
+            k = tuple(row.get(name) for name in key_names)
         except TypeError:
-            k = tuple(repr(row.get(name)) for name in key)
+            k = tuple(repr(row.get(name)) for name in key_names)
         expected = primary.get(k)
         if expected is None or k in seen:
             verdict.extra.append(k)

@@ -4,8 +4,10 @@ Phase 1 (cells): each cell's SQL runs on the primary; once replica 1 has applied
 engine of the cell's own (own server name and landing zone, filtered to the cell's tables)
 streams it from replica 1 with the restricted account, until caught up; the targets are
 materialised and compared with the primary (``compare.py``). An engine exception is a loud stop
-when it is an ``EngineError`` whose message names the table (and the cell's column): the rule
-"never silent" allows that outcome and no other.
+when it is an ``EngineError`` whose message names the GTID, the table and the cell's column: the
+rule "never silent" allows that outcome and no other. Snapshot cells start their engine after
+the cell's SQL, so their rows arrive only through an incremental snapshot (the SELECT path).
+Every cell also checks the landing layout, and names cells the Dagster definitions.
 
 Phase 2 (faults): one engine, ``python -m cdc_platform stream`` as a subprocess, captures every
 cell that passed phase 1 (from the start of the binlog) plus a workload that keeps writing to the
@@ -15,6 +17,7 @@ server name, same landing zone), catches up, and every target is compared with t
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -89,10 +92,11 @@ class Cluster:
             server.query(f"SET GLOBAL log_bin_compress = {'ON' if on else 'OFF'}")
 
 
-def config_dict(source: MariaDBServer, server_name: str, root: Path, include: list[str],
-                initial_position: str, server_id: int | None = None) -> dict[str, Any]:
+def config_dict(source: Any, server_name: str, root: Path, include: list[str],
+                initial_position: str, server_id: int | None = None,
+                surrogate_keys: dict[str, list[str]] | None = None) -> dict[str, Any]:
     conn = source.connection_settings()
-    return {
+    data = {
         "source": {"flavour": "mariadb", "host": conn["host"], "port": conn["port"],
                    "user": conn["user"], "password_env": PASSWORD_ENV,
                    "server_id": server_id or next(_server_ids), "server_name": server_name},
@@ -103,6 +107,9 @@ def config_dict(source: MariaDBServer, server_name: str, root: Path, include: li
         "warehouse": {"url": str(root / "warehouse")},
         "spark": {"master": "local[2]"},
     }
+    if surrogate_keys:
+        data["capture"]["surrogate_keys"] = surrogate_keys
+    return data
 
 
 @dataclass
@@ -115,10 +122,17 @@ class _Source:
         return {"host": self.section.host, "port": self.section.port, "user": self.section.user}
 
 
-def run_statements(server: MariaDBServer, statements: tuple[str, ...] | list[str]) -> None:
+def run_statements(server: MariaDBServer, statements: tuple[Any, ...] | list[Any],
+                   pause: float = 0.0) -> None:
+    """Run statements (or ``(statement, args)`` pairs) in order, autocommit on."""
     with server.root_connect() as conn, conn.cursor() as cur:
         for statement in statements:
-            cur.execute(statement)
+            if isinstance(statement, tuple):
+                cur.execute(*statement)
+            else:
+                cur.execute(statement)
+            if pause:
+                time.sleep(pause)
 
 
 # ---- materialising and comparing -----------------------------------------------------------
@@ -135,7 +149,9 @@ def target_rows(spark: Any, settings: Any, database: str, table: str
 
 
 def materialise_and_compare(spark: Any, settings: Any, primary: MariaDBServer,
-                            tables: list[tuple[str, str]]) -> list[TableVerdict]:
+                            tables: list[tuple[str, str]],
+                            keys: dict[str, tuple[str, ...]] | None = None
+                            ) -> list[TableVerdict]:
     from cdc_platform.lake.merge import materialise
 
     verdicts = []
@@ -150,7 +166,8 @@ def materialise_and_compare(spark: Any, settings: Any, primary: MariaDBServer,
                 verdict.problems.append(f"materialise failed: {_one_line(error)}")
                 verdicts.append(verdict)
                 continue
-            verdicts.append(compare_table(conn, database, table, rows))
+            verdicts.append(compare_table(conn, database, table, rows,
+                                          (keys or {}).get(table)))
     return verdicts
 
 
@@ -173,7 +190,7 @@ def stop_kind(error: BaseException, cell: Cell) -> str:
     """``loud-stop``: an EngineError naming the GTID, a table of the cell and its column (or,
     for a refused setting, the setting); ``unclear-stop``: an EngineError that does not;
     ``crash``: anything else (a crash loop once the engine is restarted)."""
-    if not any(k.__name__ == "EngineError" for k in type(error).__mro__):
+    if not any(k.__name__ in ("EngineError", "SnapshotError") for k in type(error).__mro__):
         return "crash"
     text = str(error)
     if cell.loud_words:
@@ -185,6 +202,58 @@ def stop_kind(error: BaseException, cell: Cell) -> str:
 
 
 # ---- phase 1: cells ------------------------------------------------------------------------
+
+
+def run_startup_cell(cluster: Cluster, cell: Cell, root: Path, index: int) -> CellResult:
+    """``python -m cdc_platform stream`` as a new user runs it (default ``initial_position``) with a
+    broken account on replica 1: it either works all the same, or exits non-zero with one line
+    (no traceback) that names the setting or grant (any of ``loud_words``)."""
+    started = time.monotonic()
+    replica = cluster.replica1
+    user, password, given = "torture_start", "right", "right"
+    grants = "SELECT, REPLICATION SLAVE, REPLICATION CLIENT"
+    if cell.account == "wrong_password":
+        given = "wrong"
+    elif cell.account == "no_binlog_monitor":
+        grants = "SELECT, REPLICATION SLAVE"
+    with replica.root_connect() as conn, conn.cursor() as cur:
+        cur.execute("SET SESSION sql_log_bin = 0")  # a replica-local GTID would break failover
+        cur.execute("DROP USER IF EXISTS %s@'%%'", (user,))
+        cur.execute("CREATE USER %s@'%%' IDENTIFIED BY %s", (user, password))
+        cur.execute(f"GRANT {grants} ON *.* TO %s@'%%'", (user,))
+    server_name = f"cell{index:03d}"
+    data = config_dict(replica, server_name, root / server_name, [r"torture_types\..*"],
+                       "earliest")
+    data["source"]["user"] = user
+    data["source"]["password_env"] = "CDC_TORTURE_START_PASSWORD"
+    config = root / server_name / "config.yaml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(yaml.safe_dump(data))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "cdc_platform", "stream", "--config", str(config),
+             "--until-caught-up"], capture_output=True, text=True, timeout=120,
+            env={**os.environ, "CDC_TORTURE_START_PASSWORD": given})
+    except subprocess.TimeoutExpired:
+        return CellResult(cell.id, "fail", "the engine neither started nor stopped in 120 s",
+                          seconds=time.monotonic() - started)
+    output = (done.stdout + done.stderr).strip()
+    lines = [line for line in output.splitlines() if line.strip()]
+    last = lines[-1] if lines else ""
+    problems = []
+    if done.returncode == 0:
+        if cell.account == "wrong_password":
+            problems.append("exit code 0")
+        return CellResult(cell.id, "fail" if problems else "pass",
+                          f"exit 0 (works without the grant): {last}"[:600],
+                          seconds=time.monotonic() - started)
+    if "Traceback" in output:
+        problems.append("a traceback")
+    if not any(word.lower() in last.lower() for word in cell.loud_words):
+        problems.append(f"a last line naming none of {list(cell.loud_words)}")
+    status = "fail" if problems else "loud-stop"
+    detail = (f"{', '.join(problems)}: " if problems else "") + f"exit {done.returncode}: {last}"
+    return CellResult(cell.id, status, detail[:600], seconds=time.monotonic() - started)
 
 
 def run_cell(cluster: Cluster, spark: Any, cell: Cell, root: Path, index: int) -> CellResult:
@@ -204,6 +273,8 @@ def run_cell(cluster: Cluster, spark: Any, cell: Cell, root: Path, index: int) -
         for database in cell.databases:
             run_statements(cluster.primary, [f"CREATE DATABASE IF NOT EXISTS {quote(database)}"])
         run_statements(cluster.primary, cell.statements)
+        if cell.snapshot:  # the engine starts here: the rows can only come by the snapshot
+            start = cluster.primary.gtid_position()
         # (applied, and logged compressed, before the replicas' compression is turned off)
         cluster.wait_replicated()
     except pymysql.MySQLError as error:
@@ -218,12 +289,18 @@ def run_cell(cluster: Cluster, spark: Any, cell: Cell, root: Path, index: int) -
     if source is not cluster.replica1:
         source.wait_caught_up(cluster.primary, logged=False)
     server_name = f"cell{index:03d}"
-    data = config_dict(source, server_name, root / server_name, cell.include_patterns(), start)
+    keys = dict(cell.surrogate_keys)
+    data = config_dict(source, server_name, root / server_name, cell.include_patterns(), start,
+                       surrogate_keys={f"{db}.{t}": list(keys[t]) for db, t in cell.tables
+                                       if t in keys})
     settings = parse_settings(data, f"torture cell {cell.id}")
     (root / server_name).mkdir(parents=True, exist_ok=True)
     (root / server_name / "config.yaml").write_text(yaml.safe_dump(data, allow_unicode=True))
     landing = LandingZone(settings.landing_zone.url, server_name)
     try:
+        if cell.snapshot:
+            _snapshot(cluster, settings, landing, cell)
+            cluster.wait_replicated()  # (the writes during the snapshot)
         CaptureEngine(EngineOptions.from_settings(settings), landing).run(
             stop_when_caught_up=True)
         _run_requested_snapshots(settings, landing)
@@ -234,15 +311,44 @@ def run_cell(cluster: Cluster, spark: Any, cell: Cell, root: Path, index: int) -
             frames = traceback.extract_tb(error.__traceback__)[-1:]
             detail += "".join(f" [at {f.filename.rsplit('/', 1)[-1]}:{f.lineno}]" for f in frames)
         return CellResult(cell.id, status, detail, seconds=time.monotonic() - started)
-    verdicts = materialise_and_compare(spark, settings, cluster.primary, list(cell.tables))
+    verdicts = materialise_and_compare(spark, settings, cluster.primary, list(cell.tables),
+                                       keys)
     problems = [v.summary() for v in verdicts if not v.ok]
     if cell.loud_words:
         problems.insert(0, f"the engine did not stop naming {', '.join(cell.loud_words)}")
+    problems += landing_layout_problems(settings.landing_zone.url, server_name)
     if cell.dagster:
         problems += dagster_problems(settings)
     detail = " | ".join(problems) or "all rows equal"
     return CellResult(cell.id, "fail" if problems else "pass", detail,
                       [v.to_dict() for v in verdicts], time.monotonic() - started)
+
+
+def landing_layout_problems(landing_url: str, server_name: str) -> list[str]:
+    """Every changelog segment must sit at ``changelog/<db>/<table>/`` (docs/landing-zone.md),
+    one directory per table: a name must never escape or share its table's directory.
+
+    The table a segment belongs to is read from its documented Parquet metadata (``cdc.table``).
+    """
+    import pyarrow.parquet as pq
+
+    changelog = Path(landing_url) / server_name / "changelog"
+    problems: list[str] = []
+    tables_by_dir: dict[Path, set[str]] = {}
+    for path in sorted(Path(landing_url).rglob("*.parquet")):
+        metadata = pq.read_metadata(path).metadata or {}
+        table = metadata.get(b"cdc.table", b"?").decode(errors="replace")
+        if not metadata.get(b"cdc.table"):
+            continue  # not a changelog segment (snapshot chunks live elsewhere)
+        relative = Path(os.path.relpath(path.resolve(), changelog.resolve()))
+        if relative.parts[0] == ".." or len(relative.parts) != 3:
+            problems.append(f"a segment of {table} lies at {relative}, not at "
+                            "changelog/<db>/<table>/")
+        tables_by_dir.setdefault(path.resolve().parent, set()).add(table)
+    for directory, tables in tables_by_dir.items():
+        if len(tables) > 1:
+            problems.append(f"segments of {sorted(tables)} share {directory.name}/")
+    return problems
 
 
 def dagster_problems(settings: Any) -> list[str]:
@@ -275,6 +381,46 @@ def dagster_problems(settings: Any) -> list[str]:
     return []
 
 
+def _snapshot(cluster: Cluster, settings: Any, landing: Any, cell: Cell) -> None:
+    """Snapshot the cell's tables (small chunks) beside a streaming engine, while the cell's
+    ``during`` statements run on the primary, as the snapshot asset and a live source would."""
+    from cdc_platform.capture.engine import CaptureEngine, EngineOptions
+    from cdc_platform.capture.snapshot import reader as snapshot_reader
+
+    stop = threading.Event()
+    reader_stop = threading.Event()  # set when the engine dies: the reader must not wait for it
+    failure: list[BaseException] = []
+
+    def stream() -> None:
+        try:
+            CaptureEngine(EngineOptions.from_settings(settings), landing).run(stop)
+        except BaseException as error:  # noqa: BLE001 - re-raised below
+            failure.append(error)
+            reader_stop.set()
+
+    engine = threading.Thread(target=stream, daemon=True)
+    writer = threading.Thread(target=run_statements, args=(cluster.primary, cell.during, 0.05),
+                              daemon=True)
+    engine.start()
+    writer.start()
+    keys = dict(cell.surrogate_keys)
+    try:
+        for database, table in cell.tables:
+            result = snapshot_reader.reader_from_settings(
+                settings, f"{database}.{table}", chunk_size=2, poll_seconds=0.05,
+                ack_timeout_seconds=60, stall_timeout_seconds=60,
+                surrogate_key=list(keys[table]) if table in keys else None,
+            ).run(reader_stop)
+            if result.status != "done" and not failure:
+                raise AssertionError(f"snapshot of {database}.{table}: {result.status}")
+    finally:
+        writer.join(60)
+        stop.set()
+        engine.join(60)
+    if failure:
+        raise failure[0]
+
+
 def _run_requested_snapshots(settings: Any, landing: Any) -> None:
     """Serve snapshot requests the platform made on its own (a DDL that left the target stale
     asks for a re-snapshot): run each requested table's reader beside a streaming engine, as
@@ -283,7 +429,16 @@ def _run_requested_snapshots(settings: Any, landing: Any) -> None:
     from cdc_platform.capture.snapshot import reader as snapshot_reader
 
     snapshots = Path(landing.checkpoint_path).parent / "snapshots"
-    requested = sorted(p.parent for p in snapshots.glob("*/*/request.json"))
+    checkpoint = landing.read_checkpoint()
+    sessions = checkpoint.extra.get("snapshots", {}) if checkpoint else {}
+    requested = []
+    for path in sorted(snapshots.glob("*/*/request.json")):
+        request = json.loads(path.read_text())
+        session = sessions.get(f"{path.parent.parent.name}.{path.parent.name}", {})
+        ended = session.get("session_id") == request.get("session_id") and session.get(
+            "state") in ("done", "stopped")
+        if request.get("action") != "stop" and not ended:
+            requested.append(path.parent)
     if not requested:
         return
     stop = threading.Event()
