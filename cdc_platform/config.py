@@ -76,9 +76,10 @@ class SourceSettings(_Section):
 class TableFilter(_Section):
     include: tuple[str, ...] = Field(
         default=(".*",),
-        description="Regular expressions matched (fully) against `database.table` (the table id: "
-        "a database name with a dot is backtick-quoted, `` `my.db`.orders ``); a table is "
-        "captured when one matches and no `exclude` pattern does.",
+        description="Regular expressions matched (fully) against `database.table`, written "
+        "plainly (`my.db.orders`) or as the table id (a database name with a dot "
+        "backtick-quoted, `` `my.db`.orders ``); a table is captured when one matches either "
+        "form and no `exclude` pattern matches either.",
     )
     exclude: tuple[str, ...] = Field(
         default=(), description="Regular expressions of `database.table` never captured."

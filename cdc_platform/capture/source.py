@@ -49,16 +49,22 @@ class TableSelector:
         object.__setattr__(self, "_cache", {})
 
     def captures(self, database: str, table: str) -> bool:
-        """True when the table id (``db.table``, `` `my.db`.table ``: ``names.table_id``)
-        passes the include/exclude patterns (memoised: hot path)."""
+        """True when the table passes the include/exclude patterns (memoised: hot path).
+
+        A pattern may be written against the table id (``names.table_id``: `` `my.db`.t ``
+        where a dot would mislead) or against the plain ``db.table`` text Debezium's
+        include lists use: a table is included when either form matches an include pattern,
+        and excluded when either matches an exclude pattern."""
         key = (database, table)
         cache: dict[tuple[str, str], bool] = self._cache  # type: ignore[attr-defined]
         if key not in cache:
-            table_id = names.table_id(database, table)
+            forms = {names.table_id(database, table), f"{database}.{table}"}
+            include: list[re.Pattern[str]] = self._include  # type: ignore[attr-defined]
+            exclude: list[re.Pattern[str]] = self._exclude  # type: ignore[attr-defined]
             cache[key] = (
                 database not in self.system_databases
-                and any(p.fullmatch(table_id) for p in self._include)  # type: ignore[attr-defined]
-                and not any(p.fullmatch(table_id) for p in self._exclude)  # type: ignore[attr-defined]
+                and any(p.fullmatch(f) for p in include for f in forms)
+                and not any(p.fullmatch(f) for p in exclude for f in forms)
             )
         return cache[key]
 
@@ -87,10 +93,12 @@ class TableSelector:
             self.excluded_columns_of(schema.database, schema.table, schema.column_names))
 
     def excluded_columns_of(self, database: str, table: str, columns: Iterable[str]) -> set[str]:
+        patterns: list[re.Pattern[str]] = self._columns  # type: ignore[attr-defined]
         return {
             c for c in columns
-            if any(p.fullmatch(names.qualified_name(database, table, c))
-                   for p in self._columns)  # type: ignore[attr-defined]
+            if any(p.fullmatch(form) for p in patterns
+                   for form in (names.qualified_name(database, table, c),
+                                f"{database}.{table}.{c}"))
         }
 
 

@@ -184,3 +184,17 @@ def test_the_engine_moves_directories_written_before_names_were_escaped(tmp_path
     assert not (landing.root / "snapshots" / "my db").exists()
     with landing.engine_lock():  # nothing left to move
         assert landing.escape_legacy_dirs() == []
+
+
+def test_capture_patterns_match_the_plain_text_or_the_table_id() -> None:
+    """A database with a dot: Debezium-style `db.table` patterns and id patterns both work,
+    and an exclude in either form wins."""
+    from cdc_platform.capture.source import TableSelector
+
+    plain = TableSelector(include=(r"db\.dot\.t\.dot",))
+    quoted = TableSelector(include=(r"`db\.dot`\.t\.dot",))
+    assert plain.captures("db.dot", "t.dot") and quoted.captures("db.dot", "t.dot")
+    excluded = TableSelector(include=(".*",), exclude=(r"db\.dot\..*",))
+    assert not excluded.captures("db.dot", "t.dot")
+    columns = TableSelector(excluded_columns=(r"db\.dot\.t\.dot\.secret",))
+    assert columns.excluded_columns_of("db.dot", "t.dot", ["id", "secret"]) == {"secret"}
