@@ -132,7 +132,10 @@ def _select_expression(column: SourceColumn) -> str:
         return f"HEX(CAST({q} + 0 AS CHAR))"
     if family == "float":
         return f"HEX(CAST(CAST({q} AS DOUBLE) AS CHAR))"  # widened: printed exactly
-    if family in ("int", "decimal", "double", "temporal", "time", "servertext"):
+    if family == "servertext":
+        # INET4/INET6/UUID land as their stored bytes (docs/landing-zone.md's type table).
+        return f"HEX(CAST({q} AS BINARY({4 if column.data_type == 'inet4' else 16})))"
+    if family in ("int", "decimal", "double", "temporal", "time"):
         return f"HEX(CAST({q} AS CHAR))"
     if family in ("text", "json"):
         return f"HEX(CONVERT({q} USING utf8mb4))"
@@ -144,7 +147,7 @@ def _primary_value(column: SourceColumn, hexed: str | None) -> Any:
         return None
     raw = bytes.fromhex(hexed)
     family = column.family
-    if family == "bytes":
+    if family in ("bytes", "servertext"):
         return raw
     text = raw.decode("utf-8")
     if family in ("int", "bit"):
@@ -161,7 +164,7 @@ def _primary_value(column: SourceColumn, hexed: str | None) -> Any:
         return _time_micros(text)
     if family == "json":
         return _json_value(text)
-    return text  # text, servertext
+    return text
 
 
 def _temporal_text(text: str) -> str:

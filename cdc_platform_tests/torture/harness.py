@@ -188,9 +188,13 @@ _GTID = re.compile(r"\b\d+-\d+-\d+\b")
 
 def stop_kind(error: BaseException, cell: Cell) -> str:
     """``loud-stop``: an EngineError naming the GTID, a table of the cell and its column (or,
-    for a refused setting, the setting); ``unclear-stop``: an EngineError that does not;
+    for a refused setting, an EngineError or start refusal naming the setting);
+    ``unclear-stop``: one that does not;
     ``crash``: anything else (a crash loop once the engine is restarted)."""
-    if not any(k.__name__ in ("EngineError", "SnapshotError") for k in type(error).__mro__):
+    stops = {"EngineError", "SnapshotError"}
+    if cell.loud_words:  # a refused setting is a start refusal (one line on the CLI)
+        stops |= {"PrerequisiteError", "StartError"}
+    if not any(k.__name__ in stops for k in type(error).__mro__):
         return "crash"
     text = str(error)
     if cell.loud_words:
@@ -422,23 +426,30 @@ def _snapshot(cluster: Cluster, settings: Any, landing: Any, cell: Cell) -> None
 
 
 def _run_requested_snapshots(settings: Any, landing: Any) -> None:
-    """Serve snapshot requests the platform made on its own (a DDL that left the target stale
-    asks for a re-snapshot): run each requested table's reader beside a streaming engine, as
-    the snapshot asset would. The harness never requests a snapshot itself."""
+    """Serve the snapshots the platform asks for on its own: the re-snapshot sensor's rule
+    (``stale_markers.snapshots_wanted``: a DDL left a target stale) and snapshot requests the
+    platform wrote and did not finish. Each table's reader runs beside a streaming engine, as
+    the snapshot asset would. The harness never decides to snapshot a table itself."""
+    from cdc_platform.capture import names, stale_markers
     from cdc_platform.capture.engine import CaptureEngine, EngineOptions
     from cdc_platform.capture.snapshot import reader as snapshot_reader
 
     snapshots = Path(landing.checkpoint_path).parent / "snapshots"
     checkpoint = landing.read_checkpoint()
     sessions = checkpoint.extra.get("snapshots", {}) if checkpoint else {}
-    requested = []
+    requested: list[str] = []
     for path in sorted(snapshots.glob("*/*/request.json")):
         request = json.loads(path.read_text())
-        session = sessions.get(f"{path.parent.parent.name}.{path.parent.name}", {})
+        table_id = names.table_id(names.name_of_path_component(path.parent.parent.name),
+                                  names.name_of_path_component(path.parent.name))
+        session = sessions.get(table_id, {})
         ended = session.get("session_id") == request.get("session_id") and session.get(
             "state") in ("done", "stopped")
         if request.get("action") != "stop" and not ended:
-            requested.append(path.parent)
+            requested.append(table_id)
+    if settings.capture.resnapshot_on_ddl:
+        wanted = stale_markers.snapshots_wanted(stale_markers.resolve_markers(landing))
+        requested += [t for t in sorted(wanted) if t not in requested]
     if not requested:
         return
     stop = threading.Event()
@@ -453,8 +464,7 @@ def _run_requested_snapshots(settings: Any, landing: Any) -> None:
     engine = threading.Thread(target=stream, daemon=True)
     engine.start()
     try:
-        for directory in requested:
-            table_id = f"{directory.parent.name}.{directory.name}"
+        for table_id in requested:
             snapshot_reader.reader_from_settings(settings, table_id).run(threading.Event())
     finally:
         stop.set()
