@@ -193,7 +193,7 @@ def _target_value(column: SourceColumn, value: Any) -> Any:
     if value is None:
         return None
     family = column.family
-    if family == "bytes":
+    if family in ("bytes", "servertext"):
         return bytes(value) if isinstance(value, bytes | bytearray | memoryview) else value
     if family in ("int", "bit"):
         return int(value) if isinstance(value, int | Decimal) else value
@@ -307,18 +307,23 @@ def read_primary(conn: pymysql.Connection, database: str, table: str,
 
 def compare_table(conn: pymysql.Connection, database: str, table: str,
                   target_rows: list[dict[str, Any]] | None,
-                  key: tuple[str, ...] | None = None) -> TableVerdict:
+                  key: tuple[str, ...] | None = None, marked_gone: bool = False
+                  ) -> TableVerdict:
     """Compare the primary's table with the collected target rows (None: no target table),
     by primary key (or ``key``: the surrogate key of a table without one).
 
-    A source table that no longer exists (renamed, dropped) expects an empty or absent target.
+    A source table that no longer exists (renamed, dropped) expects an empty or absent target,
+    or one the platform marked stale as gone (``marked_gone``: the documented behaviour, the
+    platform never deletes a lake table on its own; its not_stale check fails).
     """
     verdict = TableVerdict(f"{database}.{table}")
     targets = target_rows or []
     verdict.target_rows = len(targets)
     if not table_exists(conn, database, table):
-        verdict.extra = [tuple(sorted(r.items()))[:2] for r in targets]
-        if targets:
+        if targets and marked_gone:
+            verdict.documented["source gone, target marked stale"] = len(targets)
+        elif targets:
+            verdict.extra = [tuple(sorted(r.items()))[:2] for r in targets]
             verdict.problems.append("the source table no longer exists but its target has rows")
         return verdict
     columns, key_names, primary = read_primary(conn, database, table, key)

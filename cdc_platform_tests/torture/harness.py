@@ -152,8 +152,12 @@ def materialise_and_compare(spark: Any, settings: Any, primary: MariaDBServer,
                             tables: list[tuple[str, str]],
                             keys: dict[str, tuple[str, ...]] | None = None
                             ) -> list[TableVerdict]:
+    from cdc_platform.capture import names, stale_markers
+    from cdc_platform.capture.landing import LandingZone
     from cdc_platform.lake.merge import materialise
 
+    landing = LandingZone(settings.landing_zone.url, settings.source.server_name)
+    gone = {m.table_id for m in stale_markers.read_markers(landing) if m.gone}
     verdicts = []
     with primary.root_connect() as conn:
         for database, table in tables:
@@ -167,7 +171,8 @@ def materialise_and_compare(spark: Any, settings: Any, primary: MariaDBServer,
                 verdicts.append(verdict)
                 continue
             verdicts.append(compare_table(conn, database, table, rows,
-                                          (keys or {}).get(table)))
+                                          (keys or {}).get(table),
+                                          marked_gone=names.table_id(database, table) in gone))
     return verdicts
 
 
@@ -710,6 +715,9 @@ def run_faults(cluster: Cluster, spark: Any, cells: list[Cell], root: Path, *, k
         result.failover = "ok"
     elif code != 0:
         result.failover = f"catch-up on replica 2 exited {code}: {engine.tail()}"
+    # The platform re-snapshots tables a DDL left stale (the sensor's rule) after failover too.
+    _run_requested_snapshots(settings, LandingZone(settings.landing_zone.url,
+                                                   settings.source.server_name))
     tables = sorted(set(landed_tables(settings)) | {(FAULTS_DB, t) for t in FAULT_TABLES}
                     | {t for c in cells for t in c.tables})
     result.tables = materialise_and_compare(spark, settings, cluster.primary, tables)
