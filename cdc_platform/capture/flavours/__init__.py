@@ -81,6 +81,16 @@ def undecoded(conn: pymysql.Connection) -> Iterator[None]:
         conn.use_unicode = previous
 
 
+def gtid_variable_text(conn: pymysql.Connection, name: str) -> str:
+    """A GTID-set server variable (``gtid_executed``, ``gtid_binlog_pos``) as one line of text,
+    read outside any open read view (the session commits after it)."""
+    with conn.cursor(pymysql.cursors.Cursor) as cur:
+        cur.execute(f"SELECT @@GLOBAL.{name}")  # (a fixed variable name of the flavours)
+        value = cur.fetchone()[0] or ""
+    conn.commit()
+    return str(value).replace("\n", "")
+
+
 def global_variable(conn: pymysql.Connection, name: str) -> str | None:
     with conn.cursor(pymysql.cursors.Cursor) as cur:
         cur.execute("SHOW GLOBAL VARIABLES LIKE %s", (name,))

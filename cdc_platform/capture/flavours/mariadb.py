@@ -8,7 +8,12 @@ from typing import Any
 import pymysql
 
 from cdc_platform.capture.events import Begin
-from cdc_platform.capture.flavours import error_code, log_updates_problem, undecoded
+from cdc_platform.capture.flavours import (
+    error_code,
+    gtid_variable_text,
+    log_updates_problem,
+    undecoded,
+)
 from cdc_platform.capture.gtid import Gtid, GtidSet, parse_gtid, parse_position
 
 # Gtid_log_event flags2 (MariaDB sql/log_event.h).
@@ -40,11 +45,7 @@ class MariadbFlavour:
                      xid=getattr(event, "xa_id", None))
 
     def executed_gtid_text(self, conn: pymysql.Connection) -> str:
-        with conn.cursor(pymysql.cursors.Cursor) as cur:
-            cur.execute("SELECT @@GLOBAL.gtid_binlog_pos")
-            value = cur.fetchone()[0] or ""
-        conn.commit()
-        return str(value).replace("\n", "")
+        return gtid_variable_text(conn, "gtid_binlog_pos")
 
     def earliest_position(self, conn: pymysql.Connection) -> str:
         # An empty connect state is refused once older files were purged: name the state at

@@ -8,7 +8,12 @@ from typing import Any
 import pymysql
 
 from cdc_platform.capture.events import Begin, EngineError
-from cdc_platform.capture.flavours import error_code, log_updates_problem, undecoded
+from cdc_platform.capture.flavours import (
+    error_code,
+    gtid_variable_text,
+    log_updates_problem,
+    undecoded,
+)
 from cdc_platform.capture.gtid import Gtid, GtidSet, parse_gtid, parse_position
 
 ER_PARSE_ERROR = 1064
@@ -48,11 +53,7 @@ class MysqlFlavour:
         return Begin(event.gtid, event.timestamp, standalone=None)
 
     def executed_gtid_text(self, conn: pymysql.Connection) -> str:
-        with conn.cursor(pymysql.cursors.Cursor) as cur:
-            cur.execute("SELECT @@GLOBAL.gtid_executed")
-            value = cur.fetchone()[0] or ""
-        conn.commit()
-        return str(value).replace("\n", "")
+        return gtid_variable_text(conn, "gtid_executed")
 
     def earliest_position(self, conn: pymysql.Connection) -> str:
         # Auto-positioning from the purged set streams everything still in the binlogs, and
