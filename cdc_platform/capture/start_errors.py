@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 import pymysql
 
+from cdc_platform.capture.flavours import flavour_of
+
 if TYPE_CHECKING:
     from cdc_platform.config import Settings
 
@@ -68,8 +70,7 @@ def grant_name(privilege: str, flavour: str = "mariadb") -> str:
     BINLOG MONITOR since 10.5, and lists SUPER as an alternative)."""
     name = " ".join(privilege.upper().split())
     if name in ("BINLOG MONITOR", "REPLICATION CLIENT", "SUPER"):
-        return ("REPLICATION CLIENT (BINLOG MONITOR)" if flavour == "mariadb"
-                else "REPLICATION CLIENT")
+        return flavour_of(flavour).monitor_grant
     return name
 
 

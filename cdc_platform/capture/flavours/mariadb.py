@@ -8,7 +8,7 @@ from typing import Any
 import pymysql
 
 from cdc_platform.capture.events import Begin
-from cdc_platform.capture.flavours import (
+from cdc_platform.capture.flavours.common import (
     error_code,
     gtid_variable_text,
     log_updates_problem,
@@ -25,6 +25,8 @@ ER_SPECIFIC_ACCESS_DENIED = 1227
 
 class MariadbFlavour:
     name = "mariadb"
+    monitor_grant = "REPLICATION CLIENT (BINLOG MONITOR)"
+    watermark = "consistent_snapshot"
     required_variables = {"log_bin": "ON", "binlog_format": "ROW", "binlog_row_image": "FULL",
                           "binlog_row_metadata": "FULL", "gtid_strict_mode": "ON"}
 

@@ -8,7 +8,7 @@ from typing import Any
 import pymysql
 
 from cdc_platform.capture.events import Begin, EngineError
-from cdc_platform.capture.flavours import (
+from cdc_platform.capture.flavours.common import (
     error_code,
     gtid_variable_text,
     log_updates_problem,
@@ -21,6 +21,8 @@ ER_PARSE_ERROR = 1064
 
 class MysqlFlavour:
     name = "mysql"
+    monitor_grant = "REPLICATION CLIENT"
+    watermark = "executed_set"
     required_variables = {"log_bin": "ON", "binlog_format": "ROW", "binlog_row_image": "FULL",
                           "binlog_row_metadata": "FULL", "gtid_mode": "ON",
                           "enforce_gtid_consistency": "ON"}

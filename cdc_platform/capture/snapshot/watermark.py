@@ -34,7 +34,8 @@ from typing import Any, NamedTuple, TypeVar
 import pymysql
 import pymysql.cursors
 
-from cdc_platform.capture.flavours import undecoded
+from cdc_platform.capture.flavours import flavour_of
+from cdc_platform.capture.flavours.common import undecoded
 from cdc_platform.capture.gtid import GtidSet, MariadbGtid, MariadbPosition, parse_position
 from cdc_platform.capture.source import PrerequisiteError, check_prerequisites, server_variables
 
@@ -80,11 +81,7 @@ def read_with_watermarks(
     ``read`` may run several statements (the chunk SELECT, then the table's column list while
     the SELECT's metadata lock still blocks DDL); they all see the same read view.
     """
-    if flavour == "mariadb":
-        return _read_mariadb(conn, read)
-    if flavour == "mysql":
-        return _read_mysql(conn, read)
-    raise ValueError(f"unknown flavour {flavour!r} (want 'mysql' or 'mariadb')")
+    return _READERS[flavour_of(flavour).watermark](conn, read)
 
 
 def read_chunk_with_watermarks(
@@ -310,9 +307,8 @@ def check_snapshot_prerequisites(conn: pymysql.Connection, flavour: str) -> list
     problems = check_prerequisites(conn, flavour)
     if problems and problems[0].startswith("source.flavour"):
         return problems
-    if flavour == "mysql":
-        return problems + _mysql_commit_order_problems(conn)
-    return problems
+    extra = _SNAPSHOT_CHECKS.get(flavour_of(flavour).watermark)
+    return problems + extra(conn) if extra else problems
 
 
 def require_snapshot_prerequisites(
@@ -362,3 +358,14 @@ def _mysql_is_replica(conn: pymysql.Connection) -> bool:
                 raise
             cur.execute("SHOW SLAVE STATUS")
         return bool(cur.fetchall())
+
+
+# How each flavour's watermark is read (``Flavour.watermark``), and what snapshots need on top
+# of the streaming prerequisites: a MySQL replica's parallel workers must commit in order.
+_READERS: dict[str, Callable[[pymysql.Connection, Callable[[Any], Any]], Any]] = {
+    "consistent_snapshot": _read_mariadb,
+    "executed_set": _read_mysql,
+}
+_SNAPSHOT_CHECKS: dict[str, Callable[[pymysql.Connection], list[str]]] = {
+    "executed_set": _mysql_commit_order_problems,
+}
