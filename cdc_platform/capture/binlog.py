@@ -386,7 +386,13 @@ class BinlogStream:
             yield begin
         elif isinstance(event, QueryEvent):
             schema = event.schema
-            database = schema.decode(errors="replace") if isinstance(schema, bytes) else schema
+            try:  # (identifiers are UTF-8 on the server: anything else is not a real name)
+                database = schema.decode() if isinstance(schema, bytes) else schema
+            except UnicodeDecodeError as error:
+                raise UnsupportedEvent(
+                    f"statement at GTID {self._gtid or '?'}: its default database name is not "
+                    f"UTF-8 ({error}); the tables it names cannot be told exactly. Check the "
+                    "source's binlog; re-snapshot the tables it changed") from error
             yield Query(event.query, database or "", event.timestamp)
         elif isinstance(event, XidEvent):
             yield Xid(event.timestamp)

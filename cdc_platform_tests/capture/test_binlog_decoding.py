@@ -247,3 +247,18 @@ def test_an_undecodable_table_map_column_is_a_loud_stop_naming_the_gtid(monkeypa
     with pytest.raises(TableMapError, match=r"table db\.t at GTID .*c80aa9429562:23: column c: "
                                             r"unknown collation 999; exclude the column"):
         _stream()._table_schema(event)
+
+
+def test_a_statement_whose_default_database_is_not_utf8_is_a_loud_stop():
+    """The default database decides which tables a DDL or statement names: a name that does
+    not decode is never guessed at (no replacement characters)."""
+    from pymysqlreplication.event import QueryEvent
+
+    from cdc_platform.capture.events import Query
+
+    event = QueryEvent.__new__(QueryEvent)
+    event.schema, event.query, event.timestamp = b"shop", "TRUNCATE t", 7
+    assert list(_stream()._convert(event)) == [Query("TRUNCATE t", "shop", 7)]
+    event.schema = b"sh\xffop"
+    with pytest.raises(UnsupportedEvent, match=r"GTID .*c80aa9429562:23: its default database"):
+        list(_stream()._convert(event))
