@@ -17,6 +17,7 @@ server name, same landing zone), catches up, and every target is compared with t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -27,6 +28,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -393,11 +395,36 @@ def dagster_problems(settings: Any) -> list[str]:
 def _snapshot(cluster: Cluster, settings: Any, landing: Any, cell: Cell) -> None:
     """Snapshot the cell's tables (small chunks) beside a streaming engine, while the cell's
     ``during`` statements run on the primary, as the snapshot asset and a live source would."""
-    from cdc_platform.capture.engine import CaptureEngine, EngineOptions
     from cdc_platform.capture.snapshot import reader as snapshot_reader
 
+    writer = threading.Thread(target=run_statements, args=(cluster.primary, cell.during, 0.05),
+                              daemon=True)
+    keys = dict(cell.surrogate_keys)
+    with _engine_beside(settings, landing) as engine_died:
+        writer.start()
+        try:
+            for database, table in cell.tables:
+                result = snapshot_reader.reader_from_settings(
+                    settings, f"{database}.{table}", chunk_size=2, poll_seconds=0.05,
+                    ack_timeout_seconds=60, stall_timeout_seconds=60,
+                    surrogate_key=list(keys[table]) if table in keys else None,
+                ).run(engine_died)
+                if result.status != "done" and not engine_died.is_set():
+                    raise AssertionError(f"snapshot of {database}.{table}: {result.status}")
+        finally:
+            writer.join(60)
+
+
+@contextlib.contextmanager
+def _engine_beside(settings: Any, landing: Any) -> Iterator[threading.Event]:
+    """A capture engine streaming in a thread while the block reads snapshots, as the
+    stream_changes job runs beside snapshot runs. Yields an event set when the engine dies
+    (a reader given it stops instead of waiting for acknowledgements); the engine's error is
+    raised when the block ends."""
+    from cdc_platform.capture.engine import CaptureEngine, EngineOptions
+
     stop = threading.Event()
-    reader_stop = threading.Event()  # set when the engine dies: the reader must not wait for it
+    died = threading.Event()
     failure: list[BaseException] = []
 
     def stream() -> None:
@@ -405,25 +432,13 @@ def _snapshot(cluster: Cluster, settings: Any, landing: Any, cell: Cell) -> None
             CaptureEngine(EngineOptions.from_settings(settings), landing).run(stop)
         except BaseException as error:  # noqa: BLE001 - re-raised below
             failure.append(error)
-            reader_stop.set()
+            died.set()
 
     engine = threading.Thread(target=stream, daemon=True)
-    writer = threading.Thread(target=run_statements, args=(cluster.primary, cell.during, 0.05),
-                              daemon=True)
     engine.start()
-    writer.start()
-    keys = dict(cell.surrogate_keys)
     try:
-        for database, table in cell.tables:
-            result = snapshot_reader.reader_from_settings(
-                settings, f"{database}.{table}", chunk_size=2, poll_seconds=0.05,
-                ack_timeout_seconds=60, stall_timeout_seconds=60,
-                surrogate_key=list(keys[table]) if table in keys else None,
-            ).run(reader_stop)
-            if result.status != "done" and not failure:
-                raise AssertionError(f"snapshot of {database}.{table}: {result.status}")
+        yield died
     finally:
-        writer.join(60)
         stop.set()
         engine.join(60)
     if failure:
@@ -457,25 +472,9 @@ def _run_requested_snapshots(settings: Any, landing: Any) -> None:
         requested += [t for t in sorted(wanted) if t not in requested]
     if not requested:
         return
-    stop = threading.Event()
-    failure: list[BaseException] = []
-
-    def stream() -> None:
-        try:
-            CaptureEngine(EngineOptions.from_settings(settings), landing).run(stop)
-        except BaseException as error:  # noqa: BLE001 - re-raised below
-            failure.append(error)
-
-    engine = threading.Thread(target=stream, daemon=True)
-    engine.start()
-    try:
+    with _engine_beside(settings, landing) as engine_died:
         for table_id in requested:
-            snapshot_reader.reader_from_settings(settings, table_id).run(threading.Event())
-    finally:
-        stop.set()
-        engine.join(60)
-    if failure:
-        raise failure[0]
+            snapshot_reader.reader_from_settings(settings, table_id).run(engine_died)
     CaptureEngine(EngineOptions.from_settings(settings), landing).run(stop_when_caught_up=True)
 
 
