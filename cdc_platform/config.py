@@ -185,14 +185,51 @@ class SparkSettings(_Section):
     )
 
 
-class WarehouseSettings(_Section):
-    url: str = Field(description="Directory where the target (lake) tables are written.")
-    compaction_ratio: float = Field(
-        default=0.25, gt=0,
-        description="Compact a table's deltas into a new base once they hold this fraction of "
-        "the base's rows.",
+class CatalogSettings(_Section):
+    """The Iceberg catalog holding the lake tables (docs/iceberg.md has an example of each)."""
+
+    type: Literal["hadoop", "rest", "jdbc", "hive", "glue"] = Field(
+        default="hadoop",
+        description="Catalog implementation. `hadoop` (the embedded default) keeps the tables' "
+        "metadata under `warehouse.url` and needs no service; `rest`, `jdbc`, `hive` and "
+        "`glue` name a catalog service (set `uri`, and `properties` as it needs).",
     )
-    max_deltas: int = Field(default=8, ge=1, description="Compact after this many deltas.")
+    name: str = Field(
+        default="lake", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="The Spark catalog name the tables appear under, in the platform's Spark "
+        "sessions and in dbt's (`<name>.<server>_<db>.<table>`).",
+    )
+    uri: str = Field(
+        default="",
+        description="The catalog service's URI (`rest`: `http://...`, `jdbc`: a JDBC URL, "
+        "`hive`: `thrift://...`); unused by `hadoop` and `glue`.",
+    )
+    properties: dict[str, str] = Field(
+        default_factory=dict,
+        description="Further Iceberg catalog properties, passed as "
+        "`spark.sql.catalog.<name>.<key>` (credentials, `io-impl`, `jdbc.user`, ...).",
+    )
+
+
+class WarehouseSettings(_Section):
+    url: str = Field(
+        description="Where the lake's Iceberg tables keep their data and metadata files (a "
+        "local path or file:// URL, or an object-store URL with a catalog service).")
+    catalog: CatalogSettings = Field(default_factory=CatalogSettings)
+    snapshot_retention_hours: float = Field(
+        default=72.0, gt=0,
+        description="The maintenance job expires table snapshots older than this (time travel "
+        "reaches back this far; a dbt run shorter than it never loses files under it).",
+    )
+    min_snapshots_to_keep: int = Field(
+        default=10, ge=1,
+        description="Snapshots the maintenance job keeps per table, however old they are.",
+    )
+    maintenance_cron: str = Field(
+        default="0 3 * * *",
+        description="When the `lake_maintenance` schedule runs compaction and snapshot expiry "
+        "(the schedule starts stopped; turn it on in the UI or run the job by hand).",
+    )
 
 
 class ReconcileSettings(_Section):

@@ -1,36 +1,37 @@
-"""Materialising a target table from its changelog: position-aware, merge-on-read, atomic.
+"""Materialising a target table from its changelog: one Iceberg MERGE per batch, exactly once.
 
-One materialisation = read the records after the target's consumed mark and before the
-checkpoint's ``next_pos``, fold them to one record per key (highest ``__cdc_pos``), write that as a
-delta, and commit a new version together with the new consumed mark. The merge costs a Spark job
-over the batch plus a key-only scan of the table for the exact row count (both narrow for the
-table side: the batch keys are broadcast); compaction into a new base, the only job that rewrites
-the table, runs when the deltas outgrow ``compaction_ratio`` of the base or ``max_deltas``.
+One materialisation = read the records after the consumed mark stored in the table's newest
+snapshot and before the checkpoint's ``next_pos``, fold them to one record per key (highest
+``__cdc_pos``), and MERGE that into the Iceberg table by key: deletes delete, other records
+upsert (``r`` chunk rows included). The MERGE is one snapshot, merge-on-read (position delete
+files, so its cost follows the batch, not the table), and carries the new consumed mark in its
+summary; it is published only if the table has not moved since the mark was read
+(``iceberg.LakeTable.commit_merge``), and retried from the new snapshot otherwise.
 
-Snapshot records (docs/landing-zone.md, "Snapshot records"): chunk rows (``r``) fold like any
-row record. Range assertions (``a``) and sweeps (``s``) never become rows: after the fold, the
-keys they delete (live keys in their range whose latest record position is below their
-threshold) are written as tombstones at the assertion's position, in a second delta file set
-of the same version, so readers need no change. Only segments carrying the snapshot columns may
-hold them, so a batch without such a segment runs the plain fold; otherwise their count is
-observed during the fold's write, and only if there are any, one small job collects them and one
-reads the key columns and positions of the asserted ranges (a sweep: of the whole table) and
-writes the tombstones.
+Snapshot records (docs/landing-zone.md, "Snapshot records"): range assertions (``a``) and
+sweeps (``s``) never become rows. The keys they delete (live keys in their range whose latest
+record position is below their threshold, judged on the table as of the snapshot the batch
+applies to plus the batch itself) become deletes at the instruction's position in the same
+MERGE. Only segments carrying the snapshot columns may hold them.
+
+Every target row keeps ``__cdc_pos``, the position of the record that wrote it: the range
+assertions judge by it, and a MERGE never lets an older record overwrite a newer row.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import operator
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import reduce
 from typing import Any
 
-import pyarrow.dataset as pads
-from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     BinaryType,
@@ -60,22 +61,25 @@ from cdc_platform.lake.columns import (
     THRESHOLD,
     col,
     hi_column,
-    key_join,
     table_struct,
 )
-from cdc_platform.lake.spark import ensure_lake_conf
-from cdc_platform.lake.table_format import (
-    Commit,
+from cdc_platform.lake.iceberg import (
+    CONSUMED_GTID,
+    CONSUMED_POS,
     ConcurrentCommitError,
-    DataFile,
-    TargetTable,
-    fold_latest,
+    Lake,
+    LakeTable,
+    Snapshot,
+    quote,
 )
+from cdc_platform.lake.spark import ensure_lake_conf
 
 log = logging.getLogger(__name__)
 
 FIRST_OP = "__cdc_first_op"
+RECORDS = "__cdc_records"
 INSTRUCTION = "__cdc_instruction"
+PRIMARY_KEY_PROPERTY = "cdc.primary-key"
 KNOWN_OPS = ("c", "u", "d", SNAPSHOT_ROW)  # row records; "r": a snapshot chunk row, an upsert
 SNAPSHOT_OPS = (RANGE_ASSERTION, SWEEP)  # instructions to the lake, never rows
 # Key types whose Spark order is the source's (ARCHITECTURE section 4: the chunk reader only
@@ -84,6 +88,8 @@ RANGE_KEY_TYPES = (LongType, IntegerType, DecimalType, FloatType, DoubleType, Da
                    TimestampType, TimestampNTZType, BinaryType)
 # Up to this many disjoint asserted spans are pushed down as a disjunction; beyond, their hull.
 MAX_FILTER_SPANS = 32
+# A materialisation that loses the commit race to another runs again from the new snapshot.
+COMMIT_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -91,7 +97,9 @@ class MergeResult:
     """What one materialisation did (for Dagster metadata and logs)."""
 
     table_id: str
-    version: int
+    identifier: str  # the Iceberg table, as Spark SQL names it
+    snapshot: Snapshot | None  # the main branch's snapshot after the run
+    committed: bool  # this run made ``snapshot``
     rows: int
     inserts: int
     updates: int
@@ -100,10 +108,36 @@ class MergeResult:
     consumed_pos: int | None
     consumed_gtid: str | None
     duration_seconds: float
-    compacted: bool
     schema_changed: bool
     snapshot_rows: int = 0  # keys whose newest record in the batch is a chunk row (op "r")
     asserted_deletes: int = 0  # live keys deleted by range assertions and sweeps (in deletes)
+    attempts: int = 1
+
+    @property
+    def snapshot_id(self) -> int | None:
+        return self.snapshot.snapshot_id if self.snapshot is not None else None
+
+    def metadata(self) -> dict[str, Any]:
+        """Dagster metadata: what the run did and which Iceberg snapshot it made."""
+        data: dict[str, Any] = {
+            "table": self.identifier,
+            "committed": self.committed,
+            "rows": self.rows,
+            "inserts": self.inserts,
+            "updates": self.updates,
+            "deletes": self.deletes,
+            "snapshot_rows": self.snapshot_rows,
+            "asserted_deletes": self.asserted_deletes,
+            "records_read": self.records_read,
+            "consumed_position": self.consumed_pos if self.consumed_pos is not None else -1,
+            "consumed_gtid": self.consumed_gtid or "",
+            "schema_changed": self.schema_changed,
+            "commit_attempts": self.attempts,
+            "duration_seconds": round(self.duration_seconds, 3),
+        }
+        if self.snapshot is not None:
+            data.update(self.snapshot.metadata())
+        return data
 
 
 def materialise(
@@ -114,254 +148,241 @@ def materialise(
     schema_hint: TableSchema | None,
     database: str,
     table: str,
-    compaction_ratio: float = 0.25,
-    max_deltas: int = 8,
-    keep_versions: int = 3,
+    catalog: Any = None,
 ) -> MergeResult:
-    """Fold the table's new changelog records into a new target version and commit it.
+    """Fold the table's new changelog records into its Iceberg table, as one snapshot.
 
-    Idempotent: with no new committed records it returns the current version without a commit.
-    A crash before the commit leaves the previous version current; a writer that loses a race
-    for the version gets ConcurrentCommitError and can simply run again.
+    Idempotent: with no new committed records it changes nothing. A crash before the commit
+    leaves the table as it was. A writer that loses the commit race to another runs again
+    from the new snapshot, up to ``COMMIT_ATTEMPTS`` times, then raises
+    ConcurrentCommitError. ``catalog``: ``config.CatalogSettings`` (default: Hadoop on the
+    warehouse).
     """
     started = time.monotonic()
     ensure_lake_conf(spark)
-    target = TargetTable(warehouse_url, server_name, database, table)
-    previous = target.current()
+    target = Lake(spark, warehouse_url, catalog).table(server_name, database, table)
+    for attempt in range(1, COMMIT_ATTEMPTS + 1):
+        try:
+            return _materialise_once(spark, landing_url, target, schema_hint, started, attempt)
+        except ConcurrentCommitError:
+            if attempt == COMMIT_ATTEMPTS:
+                raise
+            log.warning("%s: lost the commit race (attempt %d); running again from the new "
+                        "snapshot", target.table_id, attempt)
+    raise AssertionError("unreachable")
+
+
+def _materialise_once(
+    spark: SparkSession,
+    landing_url: str,
+    target: LakeTable,
+    schema_hint: TableSchema | None,
+    started: float,
+    attempt: int,
+) -> MergeResult:
+    server_name, database, table = target.server_name, target.database, target.table
+    history = target.history()
+    base = history[0] if history else None
+    marked = LakeTable.mark_of(history)
+    after_pos = marked.consumed_pos if marked is not None else None
     checkpoint = read_checkpoint(landing_url, server_name)
 
-    if checkpoint is None:
-        if previous is not None:
-            return _unchanged(target, previous, started)
-        schema = _fallback_schema(landing_url, server_name, database, table, schema_hint)
-        return _commit_empty(target, schema, None, None, started)
+    def unchanged() -> MergeResult:
+        if not target.exists():
+            _create(target, _fallback_schema(landing_url, server_name, database, table,
+                                             schema_hint))
+        return _result(target, started, attempt)
 
+    if checkpoint is None:
+        return unchanged()
     before_pos = checkpoint["next_pos"]
     gtid = checkpoint.get("gtid")
-    after_pos = previous.consumed_pos if previous is not None else None
     if after_pos is not None and after_pos >= before_pos:
         raise RuntimeError(
             f"target {target.table_id} already consumed the changelog up to position {after_pos}, "
             f"but the checkpoint's next_pos is {before_pos}: the landing zone was reset or belongs "
-            f"to another source. Rebuild the target by removing {target.root.spark_uri}"
+            f"to another source. Rebuild the target: DROP TABLE {target.identifier}, then "
+            "materialise it again"
         )
     batch, newest = changelog_batch(
         spark, landing_url, server_name, database, table, after_pos, before_pos,
         snapshot_columns=True,
     )
     if batch is None or newest is None:
-        if previous is not None:
-            return _unchanged(target, previous, started)
-        schema = _fallback_schema(landing_url, server_name, database, table, schema_hint)
-        return _commit_empty(target, schema, None, gtid, started)
+        return unchanged()
 
-    _check_schema(target, previous, newest)
-    version = previous.version + 1 if previous is not None else 1
-    first_base = previous is None or not previous.files
-
-    kind = "base" if first_base else "delta"
-    path = target.new_data_path(version, kind)
-    written = [path]
-    counts = _fold_and_write(batch, newest, target, path, drop_tombstones=first_base)
-    if counts["records"] == 0:  # segments overlapped the range but held no record inside it
-        target.discard(written)
-        if previous is not None:
-            return _unchanged(target, previous, started)
-        return _commit_empty(target, newest, None, gtid, started)
-    unknown = counts["total"] - sum(counts[op] for op in KNOWN_OPS)
-    if unknown:
-        target.discard(written)
-        raise ValueError(
-            f"changelog of {target.table_id} has {unknown} records with an __cdc_op outside "
-            f"{KNOWN_OPS + SNAPSHOT_OPS} before position {before_pos}, or {SNAPSHOT_OPS} records "
-            f"in segments without the {THRESHOLD}... columns; the segments were not written "
-            "by a compatible capture engine"
-        )
-    records_read = int(counts["records"])
-    inserts, updates, deletes = counts["inserted"], counts["updated"], counts["deleted"]
-    consumed_pos = int(counts["max_pos"])
-    schema_changed = previous is not None and previous.schema != newest
-    compacted = False
-
-    if first_base:
-        previous_files: list[DataFile] = []
-        folded = DataFile(path, "base", inserts + updates, newest.columns)
+    _check_schema(target, newest)
+    schema_changed = False
+    if not target.exists():
+        _create(target, newest)
+        history = target.history()
+        base = history[0] if history else None
     else:
-        assert previous is not None
-        previous_files = [
-            f if f.columns is not None else replace(f, columns=previous.schema.columns)
-            for f in previous.files
-        ]
-        folded = DataFile(path, "delta", counts["total"], newest.columns)
-    files = [*previous_files, folded]
-    asserted = 0
-    if counts["assertions"]:
-        try:
-            tombstones = _apply_assertions(
-                spark, target, batch, Commit(version, tuple(files), consumed_pos, gtid, newest)
-            )
-        except Exception:
-            target.discard(written)
-            raise
-        if tombstones is not None:
-            written.append(tombstones.path)
-            files.append(tombstones)
-            asserted = tombstones.rows
-    deletes += asserted
+        _check_primary_key(target, newest)
+        schema_changed = target.evolve(newest)
 
-    if first_base:
-        rows = inserts + updates - asserted
-    else:
-        assert previous is not None
-        pending = Commit(version, tuple(files), consumed_pos, gtid, newest)
-        base_rows = sum(f.rows for f in files if f.kind == "base")
-        delta_files = [f for f in files if f.kind == "delta"]
-        if (
-            sum(f.rows for f in delta_files) > compaction_ratio * base_rows
-            or len(delta_files) > max_deltas
-        ):
-            base = _compact(spark, target, pending)
-            written.append(base.path)
-            rows, files, compacted = base.rows, [base], True
-        else:
-            # Exact row count: the previous count, corrected by the batch keys' old state and
-            # the keys the assertions deleted (each was live, and is counted once).
-            live_before = _live_before(spark, target, pending, previous_files, folded)
-            rows = previous.rows + inserts + updates - live_before - asserted
-
-    stats: dict[str, Any] = {
-        "rows": rows,
-        "records_read": records_read,
-        "inserts": inserts,
-        "updates": updates,
-        "deletes": deletes,
-        "snapshot_rows": counts[SNAPSHOT_ROW],
-        "asserted_deletes": asserted,
-        "compacted": compacted,
-        "schema_changed": schema_changed,
-        "duration_seconds": round(time.monotonic() - started, 3),
-    }
+    folded = _fold(batch, newest).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        target.commit(version, files, consumed_pos, gtid, newest, stats)
-    except ConcurrentCommitError:
-        target.discard(written)
-        raise
-    if compacted:
-        target.discard(written[:-1])  # this version's deltas, folded into the new base
-    _collect_garbage(target, keep_versions)
+        counts = _count(folded)
+        if counts["records"] == 0:  # segments overlapped the range but held no record in it
+            return unchanged()
+        unknown = counts["total"] - sum(counts[op] for op in KNOWN_OPS) - counts["instructions"]
+        if unknown:
+            raise ValueError(
+                f"changelog of {target.table_id} has {unknown} records with an __cdc_op outside "
+                f"{KNOWN_OPS + SNAPSHOT_OPS} before position {before_pos}, or {SNAPSHOT_OPS} "
+                f"records in segments without the {THRESHOLD}... columns; the segments were not "
+                "written by a compatible capture engine"
+            )
+        rows_folded = folded.where(~col(INSTRUCTION)) if INSTRUCTION in folded.columns else folded
+        rows_folded = rows_folded.select(*[col(c) for c in newest.column_names], col(POS), col(OP))
+        source = rows_folded
+        asserted = 0
+        victims = None
+        if counts["instructions"]:
+            state = None
+            if base is not None:
+                state = target.read(snapshot_id=base.snapshot_id, with_position=True)
+            victims = _tombstones(target.table_id, batch, rows_folded, state, newest)
+        if victims is not None:
+            victims = victims.persist(StorageLevel.MEMORY_AND_DISK)
+            asserted = victims.count()
+            if asserted:
+                source = _fold_latest(rows_folded.unionByName(victims), list(newest.primary_key))
+        consumed_pos = int(counts["max_pos"])
+        properties = {CONSUMED_POS: str(consumed_pos), CONSUMED_GTID: gtid or ""}
+        view = f"cdc_merge_source_{uuid.uuid4().hex}"
+        source.createOrReplaceTempView(view)
+        try:
+            snapshot = target.commit_merge(
+                base, lambda name: merge_statement(name, view, newest), properties)
+        finally:
+            spark.catalog.dropTempView(view)
+            if victims is not None:
+                victims.unpersist()
+    finally:
+        folded.unpersist()
+
     result = MergeResult(
         table_id=target.table_id,
-        version=version,
-        rows=rows,
-        inserts=inserts,
-        updates=updates,
-        deletes=deletes,
-        records_read=records_read,
+        identifier=target.identifier,
+        snapshot=snapshot,
+        committed=True,
+        rows=snapshot.rows,
+        inserts=counts["inserted"],
+        updates=counts["updated"],
+        deletes=counts["deleted"] + asserted,
+        records_read=counts["records"],
         consumed_pos=consumed_pos,
         consumed_gtid=gtid,
         duration_seconds=time.monotonic() - started,
-        compacted=compacted,
         schema_changed=schema_changed,
         snapshot_rows=counts[SNAPSHOT_ROW],
         asserted_deletes=asserted,
+        attempts=attempt,
     )
     log.info("materialised %s", result)
     return result
 
 
-def _fold_and_write(
-    batch: DataFrame,
-    schema: TableSchema,
-    target: TargetTable,
-    path: str,
-    drop_tombstones: bool,
-) -> dict[str, int]:
-    """Job 1: fold the batch's row records to one record per key and write them; return what
-    was observed.
+def merge_statement(target: str, source: str, schema: TableSchema) -> str:
+    """The MERGE applying a folded batch (one record per key, ``__cdc_op`` and ``__cdc_pos``).
 
-    Counts (records read, max position, instructions read, final op per key) are collected by
-    observations during the write itself, so they cost no extra Spark job.
+    Keys match NULL-safely (surrogate keys may have NULL parts). A record older than the row
+    it matches is ignored, so replaying a batch from an older mark changes nothing.
     """
-    tag = uuid.uuid4().hex[:12]  # observation names must not collide across concurrent queries
-    read_obs, fold_obs = Observation(f"batch_{tag}"), Observation(f"folded_{tag}")
-    read_counts = [F.count(F.lit(1)).alias("records"), F.max(col(POS)).alias("max_pos")]
     keys = list(schema.primary_key)
-    # Only segments with the snapshot columns may hold range assertions and sweeps: a batch
-    # without such a segment runs the plain fold (an "a"/"s" record there is an unknown op).
-    instructions = THRESHOLD in batch.columns
-    if instructions:
-        # They are applied after the fold. They go through the fold's shuffle in partitions
-        # of their own and are dropped after it (by a filter on the op, which Spark cannot
-        # push below the windows): filtered out before, a batch of nothing but them would
-        # leave the shuffle empty, and adaptive execution would then drop the observations.
-        instruction = F.coalesce(col(OP).isin(*SNAPSHOT_OPS), F.lit(False))
-        read_counts.append(F.count(F.when(instruction, 1)).alias("assertions"))
-        observed = batch.observe(read_obs, *read_counts).withColumn(INSTRUCTION, instruction)
+    on = " AND ".join(f"t.{quote(k)} <=> s.{quote(k)}" for k in keys)
+    columns = [*schema.column_names, POS]
+    assign = ", ".join(f"t.{quote(c)} = s.{quote(c)}" for c in columns)
+    names = ", ".join(quote(c) for c in columns)
+    values = ", ".join(f"s.{quote(c)}" for c in columns)
+    newer = f"s.{quote(POS)} > t.{quote(POS)}"
+    return (
+        f"MERGE INTO {target} t USING {quote(source)} s ON {on} "
+        f"WHEN MATCHED AND s.{quote(OP)} = 'd' AND {newer} THEN DELETE "
+        f"WHEN MATCHED AND {newer} THEN UPDATE SET {assign} "
+        f"WHEN NOT MATCHED AND s.{quote(OP)} <> 'd' THEN INSERT ({names}) VALUES ({values})"
+    )
+
+
+def _fold_latest(df: DataFrame, keys: list[str]) -> DataFrame:
+    """Keep, per key, the record with the highest ``__cdc_pos`` (replayed duplicates collapse)."""
+    window = Window.partitionBy(*[col(k) for k in keys]).orderBy(col(POS).desc())
+    return df.withColumn("__cdc_rank", F.row_number().over(window)).where(
+        col("__cdc_rank") == 1).drop("__cdc_rank")
+
+
+def _fold(batch: DataFrame, schema: TableSchema) -> DataFrame:
+    """The batch folded to one record per key, with what the counts need.
+
+    Each key keeps its newest record, the op of its first record in the batch (``c``: the key
+    did not exist before the batch) and its number of records. Range assertions and sweeps
+    (only in segments with the snapshot columns) are folded apart from the rows, in partitions
+    of their own (flag ``__cdc_instruction``), and are never rows of the table.
+    """
+    keys = list(schema.primary_key)
+    if THRESHOLD in batch.columns:
+        batch = batch.withColumn(
+            INSTRUCTION, F.coalesce(col(OP).isin(*SNAPSHOT_OPS), F.lit(False)))
         keys.append(INSTRUCTION)
-    else:
-        observed = batch.observe(read_obs, *read_counts)
-    # The key's first op in the batch says whether it existed before the batch ("c": it did
-    # not), its last op whether it exists after ("d": it does not): effects, not event counts.
     history = Window.partitionBy(*[col(k) for k in keys]).orderBy(col(POS).desc()).rowsBetween(
         Window.unboundedPreceding, Window.unboundedFollowing)
-    with_first = observed.withColumn(FIRST_OP, F.last(col(OP)).over(history))
-    folded = fold_latest(with_first, keys)
-    if instructions:
-        folded = folded.where(~instruction)
-    folded = folded.select(
-        *[col(c) for c in schema.column_names], col(POS), col(OP), col(FIRST_OP)
-    )
+    with_first = batch.withColumn(FIRST_OP, F.last(col(OP)).over(history)).withColumn(
+        RECORDS, F.count(F.lit(1)).over(history))
+    return _fold_latest(with_first, keys)
+
+
+def _count(folded: DataFrame) -> dict[str, int]:
+    """One job over the folded batch: records read, highest position, final op per key and
+    the effects (inserted: absent before and present after, and so on)."""
+    instruction = col(INSTRUCTION) if INSTRUCTION in folded.columns else F.lit(False)
+    row = ~instruction
     existed, exists = col(FIRST_OP) != "c", col(OP) != "d"
-    folded = folded.observe(
-        fold_obs,
-        *[F.count(F.when(col(OP) == op, 1)).alias(op) for op in KNOWN_OPS],
-        F.count(F.when(~existed & exists, 1)).alias("inserted"),
-        F.count(F.when(existed & exists, 1)).alias("updated"),
-        F.count(F.when(existed & ~exists, 1)).alias("deleted"),
+    aggregates = [
+        F.sum(col(RECORDS)).alias("records"),
+        F.max(col(POS)).alias("max_pos"),
+        F.count(F.when(instruction, 1)).alias("instructions"),
         F.count(F.lit(1)).alias("total"),
-    ).drop(FIRST_OP)
-    out = folded.where(col(OP) != "d") if drop_tombstones else folded
-    out.write.mode("errorifexists").parquet(target.data_location(path).spark_uri)
-    counts = {"assertions": 0, **read_obs.get, **fold_obs.get}
-    return {k: int(v) if v is not None else 0 for k, v in counts.items()}
+        *[F.count(F.when(row & (col(OP) == op), 1)).alias(op) for op in KNOWN_OPS],
+        F.count(F.when(row & ~existed & exists, 1)).alias("inserted"),
+        F.count(F.when(row & existed & exists, 1)).alias("updated"),
+        F.count(F.when(row & existed & ~exists, 1)).alias("deleted"),
+    ]
+    values = folded.agg(*aggregates).first()
+    assert values is not None
+    return {k: int(v) if v is not None else 0 for k, v in values.asDict().items()}
 
 
-def _compact(spark: SparkSession, target: TargetTable, pending: Commit) -> DataFile:
-    """Job 2a: write the folded state of base + deltas as a new base (tombstones dropped).
+def _create(target: LakeTable, schema: TableSchema) -> None:
+    """Create the table with an empty first snapshot (so every later commit has a base to be
+    compared with), recording the primary key it folds by."""
+    target.create(schema)
+    key = json.dumps(list(schema.primary_key))
+    target.lake.sql(f"ALTER TABLE {target.identifier} SET TBLPROPERTIES "
+                    f"('{PRIMARY_KEY_PROPERTY}' = '{_sql_literal(key)}')")
+    if target.current() is None:
+        empty = target.spark.createDataFrame([], target.spark.table(target.identifier).schema)
+        empty.writeTo(target.identifier).append()
 
-    The only job that rewrites the whole table; its row count is observed while writing.
-    """
-    count_obs = Observation(f"compacted_{uuid.uuid4().hex[:12]}")
-    path = target.new_data_path(pending.version, "base")
-    state = target.state(spark, pending).observe(count_obs, F.count(F.lit(1)).alias("n"))
-    state.write.mode("errorifexists").parquet(target.data_location(path).spark_uri)
-    return DataFile(path, "base", int(count_obs.get["n"]), pending.schema.columns)
+
+def _sql_literal(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("'", "\\'")
 
 
-def _live_before(
-    spark: SparkSession,
-    target: TargetTable,
-    pending: Commit,
-    previous_files: list[DataFile],
-    folded: DataFile,
-) -> int:
-    """Job 2b: how many keys of the batch's folded delta were live rows in the previous version.
-
-    Reads only key columns, position and op. Spark broadcasts the (small) delta keys, so only
-    matches are shuffled.
-    """
-    if not previous_files:
-        return 0
-    keys = list(pending.schema.primary_key)
-    new_keys = target.read_files(spark, pending, [folded], columns=keys).select(
-        *[col(k) for k in keys]
-    )
-    old = target.read_files(spark, pending, previous_files, columns=keys)
-    matched = key_join(old, new_keys, keys, "left_semi")
-    latest = matched.groupBy(*[col(k) for k in keys]).agg(
-        F.max_by(col(OP), col(POS)).alias("op")
-    )
-    return latest.where(F.col("op") != "d").count()
+def _check_primary_key(target: LakeTable, newest: TableSchema) -> None:
+    rows = target.lake.sql(f"SHOW TBLPROPERTIES {target.identifier} "
+                           f"('{PRIMARY_KEY_PROPERTY}')").collect()
+    recorded = rows[0].value if rows else None
+    if not recorded or recorded.startswith("Table "):  # "does not have property"
+        return
+    if json.loads(recorded) != list(newest.primary_key):
+        raise ValueError(
+            f"the primary key of {target.table_id} changed from {json.loads(recorded)} to "
+            f"{list(newest.primary_key)}; primary-key changes are not merged: rebuild the "
+            f"target from a fresh snapshot (DROP TABLE {target.identifier}, then send an "
+            "execute-snapshot signal for the table)"
+        )
 
 
 # ---- range assertions and sweeps -------------------------------------------------------------
@@ -381,30 +402,34 @@ class _Instruction:
     high: Key | None
 
 
-def _apply_assertions(
-    spark: SparkSession, target: TargetTable, batch: DataFrame, pending: Commit
-) -> DataFile | None:
-    """Jobs A1-A2: the tombstones that the batch's range assertions and sweeps call for.
+def _tombstones(
+    table_id: str, batch: DataFrame, folded: DataFrame, state: DataFrame | None,
+    schema: TableSchema,
+) -> DataFrame | None:
+    """The deletes the batch's range assertions and sweeps call for, or None if none can.
 
-    ``pending``'s files are the state after folding the batch's row records. A live key whose
-    latest position is below the highest threshold of the instructions covering it gets a
-    tombstone at that instruction's position (never below the threshold, so above the key's
-    latest record). Returns the tombstone delta, or None (nothing written) if no key qualifies.
+    ``folded`` holds the batch's row records, one per key (newest), and ``state`` the table's
+    rows (keys and ``__cdc_pos``) as of the snapshot the batch applies to (None: empty). A key
+    live after the batch whose latest position is below the highest threshold of the
+    instructions covering it gets a tombstone at that instruction's position (never below the
+    threshold, so above the key's latest record).
     """
-    schema = pending.schema
     keys = list(schema.primary_key)
     types = {f.name: f.dataType for f in table_struct(schema).fields}
     key_types = [types[k] for k in keys]
-    instructions = _collect_instructions(batch, target.table_id, keys, key_types)
+    instructions = _collect_instructions(batch, table_id, keys, key_types)
     intervals = _intervals(instructions)
     if all(verdict is None for _, verdict in intervals):
         return None
-    state = target.read_files(spark, pending, list(pending.files), columns=keys)
+    candidates = folded.select(*[col(k) for k in keys], col(POS), col(OP))
+    if state is not None:
+        candidates = candidates.unionByName(
+            state.select(*[col(k) for k in keys], col(POS), F.lit("r").alias(OP)))
     span_filter = _span_filter(intervals, keys, key_types)
     if span_filter is not None:
-        state = state.where(span_filter)  # pushed down to the Parquet scans
+        candidates = candidates.where(span_filter)  # pushed down to the table's scan
     latest_pos, latest_op = "__cdc_latest_pos", "__cdc_latest_op"
-    latest = state.groupBy(*[col(k) for k in keys]).agg(
+    latest = candidates.groupBy(*[col(k) for k in keys]).agg(
         F.max(col(POS)).alias(latest_pos), F.max_by(col(OP), col(POS)).alias(latest_op)
     )
     tombstone_pos = _verdict_expression(intervals, keys, key_types, col(latest_pos))
@@ -419,19 +444,8 @@ def _apply_assertions(
             return F.lit("d").alias(OP)
         return F.lit(None).cast(field.dataType).alias(field.name)
 
-    tombstones = victims.select(*[tombstone(f) for f in table_struct(schema).fields])
-    # Counted from the written footers: an observation is lost when adaptive execution finds
-    # the shuffle empty (no key in the asserted ranges) and drops the plan above it.
-    path = target.new_data_path(pending.version, "delta")
-    location = target.data_location(path)
-    tombstones.write.mode("errorifexists").parquet(location.spark_uri)
-    deleted = pads.dataset(location.path, filesystem=location.fs, format="parquet").count_rows()
-    if deleted == 0:
-        target.discard([path])
-        return None
-    log.info("%s: %d range assertions/sweeps deleted %d keys", target.table_id,
-             len(instructions), deleted)
-    return DataFile(path, "delta", deleted, schema.columns)
+    log.info("%s: applying %d range assertions/sweeps", table_id, len(instructions))
+    return victims.select(*[tombstone(f) for f in table_struct(schema).fields])
 
 
 def _collect_instructions(
@@ -610,7 +624,9 @@ def _verdict_expression(
     return tree(0, len(intervals) - 1)
 
 
-def _check_schema(target: TargetTable, previous: Commit | None, newest: TableSchema) -> None:
+
+
+def _check_schema(target: LakeTable, newest: TableSchema) -> None:
     if not newest.primary_key:
         raise ValueError(
             f"changelog of {target.table_id} has no primary key in its metadata; configure a "
@@ -621,12 +637,6 @@ def _check_schema(target: TargetTable, previous: Commit | None, newest: TableSch
         raise ValueError(
             f"changelog of {target.table_id}: primary key columns {missing} are not among its "
             "columns (were they excluded by a column filter?); key columns must be captured"
-        )
-    if previous is not None and previous.files and previous.schema.primary_key != newest.primary_key:
-        raise ValueError(
-            f"the primary key of {target.table_id} changed from {list(previous.schema.primary_key)}"
-            f" to {list(newest.primary_key)}; primary-key changes are not merged: rebuild the "
-            f"target from a fresh snapshot (remove {target.root.spark_uri})"
         )
 
 
@@ -648,44 +658,24 @@ def _fallback_schema(
     return schema
 
 
-def _commit_empty(
-    target: TargetTable,
-    schema: TableSchema,
-    consumed_pos: int | None,
-    gtid: str | None,
-    started: float,
-) -> MergeResult:
-    """Version 1 without data files, so that the target exists (with its columns) from the start."""
-    stats = {"rows": 0, "records_read": 0, "inserts": 0, "updates": 0, "deletes": 0,
-             "snapshot_rows": 0, "asserted_deletes": 0, "compacted": False,
-             "schema_changed": False}
-    commit = target.commit(1, [], consumed_pos, gtid, schema, stats)
-    return _result(target, commit, started)
-
-
-def _unchanged(target: TargetTable, commit: Commit, started: float) -> MergeResult:
-    return _result(target, commit, started)
-
-
-def _result(target: TargetTable, commit: Commit, started: float) -> MergeResult:
+def _result(target: LakeTable, started: float, attempt: int) -> MergeResult:
+    """A run that committed nothing: the table as it is."""
+    history = target.history()
+    snapshot = history[0] if history else None
+    marked = LakeTable.mark_of(history)
     return MergeResult(
         table_id=target.table_id,
-        version=commit.version,
-        rows=commit.rows,
+        identifier=target.identifier,
+        snapshot=snapshot,
+        committed=False,
+        rows=snapshot.rows if snapshot is not None else 0,
         inserts=0,
         updates=0,
         deletes=0,
         records_read=0,
-        consumed_pos=commit.consumed_pos,
-        consumed_gtid=commit.consumed_gtid,
+        consumed_pos=marked.consumed_pos if marked is not None else None,
+        consumed_gtid=marked.consumed_gtid if marked is not None else None,
         duration_seconds=time.monotonic() - started,
-        compacted=False,
         schema_changed=False,
+        attempts=attempt,
     )
-
-
-def _collect_garbage(target: TargetTable, keep_versions: int) -> None:
-    try:
-        target.collect_garbage(keep_versions)
-    except OSError as exc:  # never fail a committed materialisation over housekeeping
-        log.warning("%s: garbage collection failed: %s", target.table_id, exc)

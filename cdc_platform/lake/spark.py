@@ -1,8 +1,9 @@
 """The embedded Spark session the lake runs on.
 
-Table metadata lives in the warehouse (``_commits/*.json``), not in a Hive metastore, so the
-session uses the in-memory catalog: no Derby lock, and any number of Spark processes (one per
-Dagster step) may run at the same time. Values must survive exactly, so the session pins the
+Lake tables are Iceberg tables in the catalog ``lake.iceberg`` registers at run time (Hadoop on
+the warehouse by default), so the session catalog stays the in-memory one: no Derby lock, and
+any number of Spark processes (one per Dagster step) may run at the same time. The session
+loads the Iceberg runtime jar and its SQL extensions (MERGE INTO, procedures) at start. Values must survive exactly, so the session pins the
 time zone to UTC, writes timestamps as INT64 micros (not legacy INT96) and reads/writes dates and
 timestamps in the proleptic Gregorian calendar (MySQL's DATETIME goes back to year 1000).
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 import cdc_platform
+from cdc_platform.lake.iceberg import session_conf
 
 # The directory holding the ``cdc_platform`` package this process runs (a checkout, an editable
 # install's source tree or site-packages): Python workers import the same code from it.
@@ -35,6 +37,7 @@ LAKE_SQL_CONF: dict[str, str] = {
 # Runtime and static settings; callers may override any of them through ``conf``.
 DEFAULT_CONF: dict[str, str] = {
     **LAKE_SQL_CONF,
+    **session_conf(),
     # Python workers (reconciliation's mapInArrow) must run this interpreter, which has pyarrow,
     # and import this cdc_platform (see prepare_python_workers); on a cluster, override both
     # with the executors' interpreter and path via spark.conf.

@@ -14,9 +14,9 @@ from cdc_platform.config import Settings
 from cdc_platform.defs.names import single_asset, single_asset_check
 from cdc_platform.defs.snapshots.definitions import snapshot_key
 from cdc_platform.defs.streaming.runner import changelog_key
+from cdc_platform.lake.iceberg import Lake
 from cdc_platform.lake.merge import materialise
 from cdc_platform.lake.reconcile import reconcile_table
-from cdc_platform.lake.table_format import TargetTable
 
 
 def target_key(settings: Settings, schema: TableSchema) -> dg.AssetKey:
@@ -35,11 +35,11 @@ def _target_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinitio
         dg.AssetSpec(
             key=target_key(settings, schema),
             group_name=target_group(settings, schema),
-            kinds={"spark", "parquet"},
-            description=f"Lake table for {schema.table_id} on {server!r}: the landed changes "
+            kinds={"spark", "iceberg"},
+            description=f"Iceberg table for {schema.table_id} on {server!r}: the landed changes "
             "and committed snapshot chunks folded by highest position per key (deletes and "
-            "snapshot range assertions applied), committed atomically with the changelog mark "
-            "it consumed.",
+            "snapshot range assertions applied) and merged as one Iceberg snapshot per run, "
+            "carrying the changelog mark it consumed.",
             metadata={"primary_key": ", ".join(schema.primary_key) or "(none)"},
         ),
         op_name=joined_name(server, schema.database, schema.table),
@@ -59,12 +59,12 @@ def _target_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinitio
             schema,
             schema.database,
             schema.table,
-            compaction_ratio=settings.warehouse.compaction_ratio,
-            max_deltas=settings.warehouse.max_deltas,
+            catalog=settings.warehouse.catalog,
         )
         context.log.info(
-            f"{schema.table_id}: version {result.version}, {result.records_read} changelog "
-            f"records folded into {result.rows} rows"
+            f"{schema.table_id}: {result.identifier} snapshot {result.snapshot_id} "
+            f"({'new' if result.committed else 'unchanged'}), {result.records_read} changelog "
+            f"records merged, {result.rows} rows"
         )
         stale_reason = _staleness(settings, schema, result.consumed_pos)
         if stale_reason:
@@ -72,18 +72,7 @@ def _target_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinitio
         return dg.MaterializeResult(metadata={
             "stale": stale_reason is not None,
             "stale_reason": stale_reason or "",
-            "rows": result.rows,
-            "inserts": result.inserts,
-            "updates": result.updates,
-            "deletes": result.deletes,
-            "snapshot_rows": result.snapshot_rows,
-            "asserted_deletes": result.asserted_deletes,
-            "records_read": result.records_read,
-            "consumed_position": result.consumed_pos if result.consumed_pos is not None else -1,
-            "consumed_gtid": result.consumed_gtid or "",
-            "version": result.version,
-            "compacted": result.compacted,
-            "duration_seconds": round(result.duration_seconds, 3),
+            **result.metadata(),
         })
 
     return target
@@ -113,10 +102,12 @@ def _not_stale_check(settings: Settings, schema: TableSchema) -> dg.AssetChecksD
         ),
         op_name=joined_name("not_stale", server, schema.database, schema.table),
     )
-    def not_stale(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        commit = TargetTable(settings.warehouse.url, server, schema.database,
-                             schema.table).current()
-        reason = _staleness(settings, schema, commit.consumed_pos if commit else None)
+    def not_stale(context: dg.AssetCheckExecutionContext, pyspark: LazyPySparkResource
+                  ) -> dg.AssetCheckResult:
+        target = Lake.from_settings(pyspark.spark_session, settings).table(
+            server, schema.database, schema.table)
+        marked = target.mark_of(target.history())
+        reason = _staleness(settings, schema, marked.consumed_pos if marked else None)
         return dg.AssetCheckResult(
             passed=reason is None,
             severity=dg.AssetCheckSeverity.ERROR,
@@ -149,19 +140,25 @@ def _reconcile_check(settings: Settings, schema: TableSchema) -> dg.AssetChecksD
         with source_sql.source_connection(connection) as conn:
             current = source_sql.read_table_schema(conn, schema.database, schema.table)
         current = selector_from_settings(settings).shape(current)
-        target = TargetTable(settings.warehouse.url, server, schema.database, schema.table)
+        target = Lake.from_settings(spark, settings).table(server, schema.database, schema.table)
+        history = target.history()
+        if not history:
+            return dg.AssetCheckResult(
+                passed=False, severity=dg.AssetCheckSeverity.ERROR,
+                description=f"{target.identifier} has no snapshot yet: materialise it first")
         result = reconcile_table(
-            spark, target.read(spark), connection, current,
+            spark, target.read(snapshot_id=history[0].snapshot_id), connection, current,
             range_rows=settings.reconcile.range_rows, sample_keys=settings.reconcile.sample_keys,
         )
         context.log.info(
             f"{schema.table_id}: source {result.source_rows} rows, target {result.target_rows}; "
             f"missing {result.missing}, extra {result.extra}, different {result.different}"
         )
-        commit = target.current()
+        marked = target.mark_of(history)
         metadata = result.to_metadata()
         # Differences with a target behind the source may only be lag: show both positions.
-        metadata["target_gtid"] = commit.consumed_gtid if commit else None
+        metadata["target_gtid"] = marked.consumed_gtid if marked else None
+        metadata["iceberg_snapshot_id"] = str(history[0].snapshot_id)
         return dg.AssetCheckResult(
             passed=result.ok,
             severity=dg.AssetCheckSeverity.ERROR,

@@ -1,0 +1,565 @@
+"""The one module that touches lake tables: Apache Iceberg tables in a catalog, through Spark.
+
+Every target table is an Iceberg v2 table, merge-on-read (row-level changes write position
+delete files, so a batch costs what the batch touches, not the table's size). Everything else in
+the platform names a table by (server, database, table) and goes through ``Lake`` and
+``LakeTable``; the catalog (Hadoop on the warehouse path by default, or REST, JDBC, Hive, Glue)
+is configuration (``warehouse.catalog``), never code.
+
+Names. A source database becomes the namespace ``<server>_<db>`` and a table keeps its name,
+both made valid for every catalog by ``names.valid_name`` (lower case, a hash where a name
+needed changing), so ``lake.demo_inventory.orders`` for the demo.
+
+Exactly once. A materialisation stores the changelog mark it consumed (``cdc.consumed-pos``,
+``cdc.consumed-gtid``) in the summary of the snapshot it commits, and reads it back from the
+newest snapshot of the table's history that carries one. Commits are compare-and-swap on the
+table's main branch (``LakeTable.commit_merge``): the MERGE goes to a private branch made at the
+snapshot the mark was read from, and ``fast_forward`` publishes it only if main is still there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import (
+    DataType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    StructType,
+)
+
+from cdc_platform.capture.names import table_id, valid_name
+from cdc_platform.capture.schema import TableSchema
+from cdc_platform.lake.columns import POS, user_struct
+from cdc_platform.lake.paths import resolve
+
+log = logging.getLogger(__name__)
+
+ICEBERG_VERSION = "1.10.2"
+ICEBERG_JAR = f"iceberg-spark-runtime-3.5_2.12-{ICEBERG_VERSION}.jar"
+EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
+SPARK_CATALOG = "org.apache.iceberg.spark.SparkCatalog"
+
+# Snapshot summary properties this platform writes.
+CONSUMED_POS = "cdc.consumed-pos"
+CONSUMED_GTID = "cdc.consumed-gtid"
+BRANCH_PREFIX = "cdc_commit_"
+
+TABLE_PROPERTIES: dict[str, str] = {
+    "format-version": "2",
+    "write.delete.mode": "merge-on-read",
+    "write.update.mode": "merge-on-read",
+    "write.merge.mode": "merge-on-read",
+    "write.merge.isolation-level": "serializable",
+    "write.parquet.compression-codec": "zstd",
+}
+
+
+class ConcurrentCommitError(RuntimeError):
+    """Another writer committed to the table after this one read its mark; run again."""
+
+
+class SchemaEvolutionError(RuntimeError):
+    """The source's new schema has a change Iceberg cannot make in place."""
+
+
+def iceberg_jar() -> str:
+    """The Iceberg Spark runtime jar, from the pinned ``snowpark-connect-deps-iceberg`` wheel
+    (scripts/bootstrap.sh checks its sha256; the Dockerfile takes the same jar)."""
+    import snowpark_connect_deps_iceberg as wheel
+
+    path = Path(wheel.__file__).parent / "jars" / ICEBERG_JAR
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: install snowpark-connect-deps-iceberg==1.0.2 "
+                                "(pyproject.toml pins it; 1.0.3's jar is broken)")
+    return str(path)
+
+
+def session_conf() -> dict[str, str]:
+    """Static settings a Spark session needs before it starts to use Iceberg tables."""
+    return {"spark.jars": iceberg_jar(), "spark.sql.extensions": EXTENSIONS}
+
+
+def catalog_properties(warehouse_url: str, catalog: Any) -> dict[str, str]:
+    """The Iceberg catalog's properties (``spark.sql.catalog.<name>.<key>`` without prefix).
+
+    ``catalog`` is a ``config.CatalogSettings`` (or None: Hadoop on the warehouse). The table
+    cache is off: each read and each commit sees what other processes committed.
+    """
+    kind = getattr(catalog, "type", "hadoop")
+    uri = getattr(catalog, "uri", "")
+    warehouse = resolve(warehouse_url).spark_uri if "://" not in warehouse_url or \
+        warehouse_url.startswith("file:") else warehouse_url
+    props: dict[str, str] = {"cache-enabled": "false"}
+    if kind == "glue":
+        props["catalog-impl"] = "org.apache.iceberg.aws.glue.GlueCatalog"
+    else:
+        props["type"] = kind
+    if kind in ("rest", "jdbc", "hive"):
+        if not uri:
+            raise ValueError(f"warehouse.catalog.uri must name the {kind} catalog service")
+        props["uri"] = uri
+    props["warehouse"] = warehouse
+    props.update(getattr(catalog, "properties", None) or {})
+    return props
+
+
+def namespace_name(server_name: str, database: str) -> str:
+    """The namespace of a source database's tables: ``<server>_<db>``, valid in any catalog."""
+    return valid_name(f"{server_name}_{database}", case_sensitive=False)
+
+
+def table_name(table: str) -> str:
+    """A source table's name in the catalog (unchanged when lower-case letters/digits/_)."""
+    return valid_name(table, case_sensitive=False)
+
+
+def quote(identifier: str) -> str:
+    """A Spark SQL identifier, whatever characters it holds."""
+    return "`" + identifier.replace("`", "``") + "`"
+
+
+_register_lock = threading.Lock()
+_commit_lock = threading.RLock()  # commit properties and branch writes of one process
+
+
+class Lake:
+    """The lake's catalog in one Spark session.
+
+    The catalog is registered in the session at run time under ``warehouse.catalog.name``; a
+    session that already has a catalog of that name with other properties (a test session
+    used with several warehouses) gets it under that name plus a hash of the properties.
+    """
+
+    def __init__(self, spark: SparkSession, warehouse_url: str, catalog: Any = None) -> None:
+        self.spark = spark
+        self.warehouse_url = warehouse_url
+        self.properties = catalog_properties(warehouse_url, catalog)
+        base = getattr(catalog, "name", "lake")
+        self.catalog = self._register(base)
+
+    def _register(self, base: str) -> str:
+        conf = self.spark.conf
+        with _register_lock:
+            digest = hashlib.sha1(repr(sorted(self.properties.items())).encode()).hexdigest()[:10]
+            for name in (base, f"{base}_{digest}"):
+                prefix = f"spark.sql.catalog.{name}"
+                implementation = conf.get(prefix, None)
+                if implementation is None:
+                    conf.set(prefix, SPARK_CATALOG)
+                    for key, value in self.properties.items():
+                        conf.set(f"{prefix}.{key}", value)
+                    return name
+                if all(conf.get(f"{prefix}.{k}", None) == v for k, v in self.properties.items()):
+                    return name
+            raise RuntimeError(f"Spark catalog {base}_{digest} is registered with other "
+                               "properties")
+
+    @classmethod
+    def from_settings(cls, spark: SparkSession, settings: Any) -> Lake:
+        """The lake of a ``config.Settings`` (its warehouse and catalog)."""
+        return cls(spark, settings.warehouse.url, settings.warehouse.catalog)
+
+    def table(self, server_name: str, database: str, table: str) -> LakeTable:
+        return LakeTable(self, server_name, database, table)
+
+    def sql(self, statement: str) -> DataFrame:
+        return self.spark.sql(statement)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One Iceberg snapshot of a lake table, as the platform reports it."""
+
+    snapshot_id: int
+    parent_id: int | None
+    committed_at: datetime
+    operation: str
+    summary: Mapping[str, str] = field(default_factory=dict)
+
+    def count(self, key: str) -> int:
+        return int(self.summary.get(key, 0) or 0)
+
+    @property
+    def rows(self) -> int:
+        """Live rows: data-file records less position deletes (the lake writes no equality
+        deletes, and Spark deletes a row position once)."""
+        return (self.count("total-records") - self.count("total-position-deletes")
+                - self.count("total-equality-deletes"))
+
+    @property
+    def consumed_pos(self) -> int | None:
+        value = self.summary.get(CONSUMED_POS)
+        return int(value) if value not in (None, "") else None
+
+    @property
+    def consumed_gtid(self) -> str | None:
+        return self.summary.get(CONSUMED_GTID) or None
+
+    def metadata(self) -> dict[str, Any]:
+        """What the UI shows of the snapshot a run made."""
+        return {
+            "iceberg_snapshot_id": str(self.snapshot_id),
+            "iceberg_parent_snapshot_id": str(self.parent_id) if self.parent_id else "",
+            "iceberg_operation": self.operation,
+            "data_files": self.count("total-data-files"),
+            "delete_files": self.count("total-delete-files"),
+            "added_data_files": self.count("added-data-files"),
+            "added_delete_files": self.count("added-delete-files"),
+            "records": self.count("total-records"),
+            "position_deletes": self.count("total-position-deletes"),
+        }
+
+
+class LakeTable:
+    """One target table: create, evolve, read (now or at a snapshot), commit a MERGE."""
+
+    def __init__(self, lake: Lake, server_name: str, database: str, table: str) -> None:
+        self.lake = lake
+        self.server_name = server_name
+        self.database = database
+        self.table = table
+        self.namespace = namespace_name(server_name, database)
+        self.name = table_name(table)
+        self.identifier = f"{quote(lake.catalog)}.{quote(self.namespace)}.{quote(self.name)}"
+
+    @property
+    def table_id(self) -> str:
+        return table_id(self.database, self.table)
+
+    @property
+    def spark(self) -> SparkSession:
+        return self.lake.spark
+
+    def __repr__(self) -> str:
+        return f"LakeTable({self.identifier})"
+
+    def metadata_table(self, name: str) -> str:
+        return f"{self.identifier}.{quote(name)}"
+
+    # -- existence and schema -----------------------------------------------------------------
+
+    def exists(self) -> bool:
+        return bool(self.spark.catalog.tableExists(self.identifier))
+
+    def user_struct(self) -> StructType:
+        """The table's columns without the lake's own (``__cdc_pos``)."""
+        fields = self.spark.table(self.identifier).schema.fields
+        return StructType([f for f in fields if f.name != POS])
+
+    def create(self, schema: TableSchema) -> None:
+        """Create the table (and its namespace) with the schema's columns plus ``__cdc_pos``."""
+        self.lake.sql(f"CREATE NAMESPACE IF NOT EXISTS {quote(self.lake.catalog)}."
+                      f"{quote(self.namespace)}")
+        columns = ", ".join(f"{quote(f.name)} {f.dataType.simpleString()}"
+                            for f in user_struct(schema.columns).fields)
+        properties = ", ".join(f"'{k}'='{v}'" for k, v in TABLE_PROPERTIES.items())
+        comment = f"cdc_platform target of {self.table_id} on {self.server_name}"
+        self.lake.sql(
+            f"CREATE TABLE IF NOT EXISTS {self.identifier} ({columns}, {quote(POS)} bigint) "
+            f"USING iceberg COMMENT '{_sql_string(comment)}' TBLPROPERTIES ({properties})")
+
+    def evolve(self, schema: TableSchema) -> bool:
+        """Bring the table's columns to ``schema``'s through Iceberg schema evolution.
+
+        New columns are added in source order, dropped columns dropped, types widened where
+        Iceberg can (int to bigint, float to double, decimal precision up at the same scale).
+        Returns whether anything changed; SchemaEvolutionError names any other type change.
+        """
+        current = {f.name: f.dataType for f in self.user_struct().fields}
+        wanted = user_struct(schema.columns).fields
+        names = {f.name for f in wanted}
+        statements = []
+        for f in wanted:
+            old = current.get(f.name)
+            if old is not None and old != f.dataType:
+                if not _widens(old, f.dataType):
+                    raise SchemaEvolutionError(
+                        f"{self.table_id}: column {f.name!r} changed from "
+                        f"{old.simpleString()} to {f.dataType.simpleString()}, which Iceberg "
+                        f"cannot change in place; re-snapshot the table: drop the target "
+                        f"(DROP TABLE {self.identifier}) and send an execute-snapshot "
+                        "signal for it (or let capture.resnapshot_on_ddl request one)")
+                statements.append(f"ALTER TABLE {self.identifier} ALTER COLUMN {quote(f.name)} "
+                                  f"TYPE {f.dataType.simpleString()}")
+        previous = None
+        for f in wanted:
+            if f.name not in current:
+                where = f"AFTER {quote(previous)}" if previous else "FIRST"
+                statements.append(f"ALTER TABLE {self.identifier} ADD COLUMN {quote(f.name)} "
+                                  f"{f.dataType.simpleString()} {where}")
+            previous = f.name
+        for name in current:
+            if name not in names:
+                statements.append(f"ALTER TABLE {self.identifier} DROP COLUMN {quote(name)}")
+        for statement in statements:
+            self.lake.sql(statement)
+        return bool(statements)
+
+    def drop(self) -> None:
+        self.lake.sql(f"DROP TABLE IF EXISTS {self.identifier} PURGE")
+
+    # -- snapshots ----------------------------------------------------------------------------
+
+    def snapshots(self) -> list[Snapshot]:
+        """Every snapshot of the table (any branch), oldest first."""
+        rows = self.lake.sql(
+            f"SELECT snapshot_id, parent_id, committed_at, operation, summary "
+            f"FROM {self.metadata_table('snapshots')} ORDER BY committed_at").collect()
+        return [Snapshot(r.snapshot_id, r.parent_id, r.committed_at, r.operation,
+                         dict(r.summary or {})) for r in rows]
+
+    def current(self) -> Snapshot | None:
+        """The main branch's current snapshot, or None (no table, or no commit yet)."""
+        if not self.exists():
+            return None
+        rows = self.lake.sql(
+            f"SELECT snapshot_id FROM {self.metadata_table('refs')} WHERE name = 'main'"
+        ).collect()
+        if not rows:
+            return None
+        by_id = {s.snapshot_id: s for s in self.snapshots()}
+        return by_id.get(rows[0].snapshot_id)
+
+    def history(self) -> list[Snapshot]:
+        """The main branch's ancestry, newest first."""
+        current = self.current()
+        if current is None:
+            return []
+        by_id = {s.snapshot_id: s for s in self.snapshots()}
+        chain, snapshot = [], current
+        while snapshot is not None:
+            chain.append(snapshot)
+            snapshot = by_id.get(snapshot.parent_id) if snapshot.parent_id else None
+        return chain
+
+    @staticmethod
+    def mark_of(chain: list[Snapshot]) -> Snapshot | None:
+        """The newest snapshot of ``chain`` (newest first) that carries a consumed mark.
+
+        Maintenance commits (compaction) carry the mark of the snapshot they rewrote, so the
+        mark survives snapshot expiry.
+        """
+        return next((s for s in chain if s.consumed_pos is not None or
+                     CONSUMED_GTID in s.summary), None)
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def read(self, snapshot_id: int | None = None, with_position: bool = False) -> DataFrame:
+        """The table's rows (user columns; ``with_position`` adds ``__cdc_pos``), now or at a
+        snapshot (time travel)."""
+        reader = self.spark.read
+        if snapshot_id is not None:
+            reader = reader.option("snapshot-id", str(snapshot_id))
+        df = reader.table(self.identifier)
+        return df if with_position else df.drop(POS)
+
+    def read_branch(self, branch: str) -> DataFrame:
+        return self.spark.read.option("branch", branch).table(self.identifier)
+
+    # -- committing ---------------------------------------------------------------------------
+
+    def commit_merge(
+        self,
+        base: Snapshot | None,
+        merge_sql: Callable[[str], str],
+        properties: Mapping[str, str],
+        prepare: Callable[[str], None] | None = None,
+    ) -> Snapshot:
+        """Run one MERGE as one snapshot on main, only if main is still at ``base``.
+
+        ``merge_sql(target)`` returns the MERGE statement for a target identifier. The MERGE
+        writes to a private branch made at ``base``; ``fast_forward`` then moves main to it,
+        which Iceberg refuses when main moved since ``base`` (another writer committed): then
+        ConcurrentCommitError, and nothing of this writer is visible. A table without any
+        snapshot yet (``base`` None) gets the MERGE on main directly, where Iceberg's own
+        validation refuses a racing first commit.
+        """
+        with _commit_lock:
+            if base is None:
+                self._with_properties(properties, lambda: self.lake.sql(
+                    merge_sql(self.identifier)))
+                current = self.current()
+                assert current is not None
+                if current.parent_id is not None and current.summary.get(CONSUMED_POS) != \
+                        properties.get(CONSUMED_POS):
+                    raise ConcurrentCommitError(self._race_message())
+                return current
+            branch = f"{BRANCH_PREFIX}{uuid.uuid4().hex}"
+            self.lake.sql(f"ALTER TABLE {self.identifier} CREATE BRANCH {quote(branch)} "
+                          f"AS OF VERSION {base.snapshot_id}")
+            try:
+                target = f"{self.identifier}.{quote('branch_' + branch)}"
+                if prepare is not None:
+                    prepare(branch)
+                self._with_properties(properties, lambda: self.lake.sql(merge_sql(target)))
+                try:
+                    self.lake.sql(f"CALL {quote(self.lake.catalog)}.system.fast_forward("
+                                  f"table => '{_sql_string(self._procedure_name())}', "
+                                  f"branch => 'main', to => '{branch}')").collect()
+                except Exception as error:  # noqa: BLE001 - Py4J wraps Iceberg's exceptions
+                    if "ancestor" in str(error) or "fast-forward" in str(error).lower():
+                        raise ConcurrentCommitError(self._race_message()) from None
+                    raise
+            finally:
+                with contextlib.suppress(Exception):
+                    self.lake.sql(f"ALTER TABLE {self.identifier} DROP BRANCH IF EXISTS "
+                                  f"{quote(branch)}")
+            current = self.current()
+            assert current is not None
+            return current
+
+    def _race_message(self) -> str:
+        return (f"{self.table_id}: another materialisation committed to {self.identifier} "
+                "first; this one's changes were not published: run it again, it continues "
+                "from the new snapshot")
+
+    def _procedure_name(self) -> str:
+        return f"{quote(self.namespace)}.{quote(self.name)}"
+
+    def _with_properties(self, properties: Mapping[str, str], action: Callable[[], Any]) -> None:
+        """Run ``action`` with ``properties`` added to the summary of the snapshot it commits
+        (Iceberg's ``CommitMetadata``, thread-local in the driver JVM)."""
+        with commit_properties(self.spark, properties) as run:
+            run(action)
+
+    # -- maintenance --------------------------------------------------------------------------
+
+    def maintain(self, older_than: datetime, retain_last: int) -> dict[str, Any]:
+        """Compaction and retention with Iceberg's own procedures, keeping the consumed mark.
+
+        ``rewrite_data_files`` (applying delete files), ``rewrite_position_delete_files``,
+        ``expire_snapshots`` older than ``older_than`` (keeping ``retain_last``), and
+        ``remove_orphan_files`` of crashed writers. The compaction's snapshot carries the mark
+        of the snapshot it rewrote; if a materialisation commits meanwhile, the compaction
+        fails or carries an older mark, and replaying from an older mark is idempotent.
+        """
+        report: dict[str, Any] = {}
+        chain = self.history()
+        if not chain:
+            return report
+        mark = self.mark_of(chain)
+        properties = {} if mark is None else {
+            CONSUMED_POS: mark.summary.get(CONSUMED_POS, ""),
+            CONSUMED_GTID: mark.summary.get(CONSUMED_GTID, "")}
+        catalog = quote(self.lake.catalog)
+        name = _sql_string(self._procedure_name())
+        with _commit_lock:
+            for branch in self._stale_branches():
+                self.lake.sql(f"ALTER TABLE {self.identifier} DROP BRANCH IF EXISTS "
+                              f"{quote(branch)}")
+            with commit_properties(self.spark, properties) as run:
+                rows = run(lambda: self.lake.sql(
+                    f"CALL {catalog}.system.rewrite_data_files(table => '{name}', "
+                    "options => map('delete-file-threshold', '1', 'min-input-files', '2'))"
+                ).collect())
+                report["rewritten_data_files"] = rows[0][0] if rows else 0
+                report["added_data_files"] = rows[0][1] if rows else 0
+                rows = run(lambda: self.lake.sql(
+                    f"CALL {catalog}.system.rewrite_position_delete_files(table => '{name}')"
+                ).collect())
+                report["rewritten_delete_files"] = rows[0][0] if rows else 0
+        stamp = older_than.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+        rows = self.lake.sql(
+            f"CALL {catalog}.system.expire_snapshots(table => '{name}', "
+            f"older_than => TIMESTAMP '{stamp}', retain_last => {int(retain_last)})").collect()
+        if rows:
+            report["deleted_data_files"] = rows[0][0]
+            report["deleted_delete_files"] = rows[0][1] + rows[0][2]
+            report["deleted_manifests"] = rows[0][3]
+        return report
+
+    def _stale_branches(self, max_age_hours: float = 1.0) -> list[str]:
+        """Private branches of writers that died between creating and dropping them."""
+        rows = self.lake.sql(f"SELECT name, snapshot_id FROM {self.metadata_table('refs')} "
+                             f"WHERE type = 'BRANCH' AND name LIKE '{BRANCH_PREFIX}%'").collect()
+        if not rows:
+            return []
+        by_id = {s.snapshot_id: s for s in self.snapshots()}
+        now = datetime.now()
+        stale = []
+        for row in rows:
+            snapshot = by_id.get(row.snapshot_id)
+            if snapshot is None or (now - snapshot.committed_at).total_seconds() > \
+                    max_age_hours * 3600:
+                stale.append(row.name)
+        return stale
+
+
+@contextlib.contextmanager
+def commit_properties(spark: SparkSession, properties: Mapping[str, str]) -> Iterator[
+        Callable[[Callable[[], Any]], Any]]:
+    """Yield ``run(action)``: ``action`` runs with ``properties`` in the summary of every
+    snapshot it commits from this thread.
+
+    Iceberg's ``CommitMetadata.withCommitProperties`` takes a Java ``Callable``; Py4J calls
+    back into Python on this same thread (PySpark's pinned threads), so the statements the
+    action runs commit on the JVM thread that holds the properties.
+    """
+    from pyspark.java_gateway import ensure_callback_server_started
+
+    gateway = spark.sparkContext._gateway
+    ensure_callback_server_started(gateway)
+    jvm = spark.sparkContext._jvm
+
+    def run(action: Callable[[], Any]) -> Any:
+        if not properties:
+            return action()
+        java_map = jvm.java.util.HashMap()
+        for key, value in properties.items():
+            java_map.put(key, value)
+        callable_ = _JavaCallable(action)
+        jvm.org.apache.iceberg.spark.CommitMetadata.withCommitProperties(
+            java_map, callable_, jvm.java.lang.Class.forName("java.lang.RuntimeException"))
+        if callable_.error is not None:
+            raise callable_.error
+        return callable_.result
+
+    yield run
+
+
+class _JavaCallable:
+    """A Python function as a ``java.util.concurrent.Callable`` (Py4J callback)."""
+
+    def __init__(self, action: Callable[[], Any]) -> None:
+        self.action = action
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def call(self) -> None:
+        try:
+            self.result = self.action()
+        except BaseException as error:  # noqa: BLE001 - re-raised on the caller's side
+            self.error = error
+        return None
+
+    class Java:
+        implements = ["java.util.concurrent.Callable"]
+
+
+def _widens(old: DataType, new: DataType) -> bool:
+    """Iceberg's type promotions: int to long, float to double, decimal precision up."""
+    if isinstance(old, IntegerType) and isinstance(new, LongType):
+        return True
+    if isinstance(old, FloatType) and isinstance(new, DoubleType):
+        return True
+    return (isinstance(old, DecimalType) and isinstance(new, DecimalType)
+            and old.scale == new.scale and new.precision > old.precision)
+
+
+def _sql_string(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("'", "\\'")
+
