@@ -152,15 +152,18 @@ class CdcEnv:
                            self.db, table)
 
     def target_rows(self, spark: Any, table: str, order_by: str = "id") -> list[dict[str, Any]]:
-        from cdc_platform.lake.table_format import TargetTable
-
-        df = TargetTable(self.settings.warehouse.url, self.server_name, self.db, table).read(spark)
+        df = self.target(spark, table).read()
         return [r.asDict() for r in df.orderBy(order_by).collect()]
+
+    def target(self, spark: Any, table: str) -> Any:
+        """The table's ``lake.iceberg.LakeTable``."""
+        from cdc_platform.lake.iceberg import Lake
+
+        return Lake.from_settings(spark, self.settings).table(self.server_name, self.db, table)
 
     def reconcile(self, spark: Any, table: str) -> Any:
         from cdc_platform.capture import source as source_sql
         from cdc_platform.lake.reconcile import reconcile_table
-        from cdc_platform.lake.table_format import TargetTable
 
         s = self.settings
         connection = s.source.connection_settings()
@@ -168,8 +171,8 @@ class CdcEnv:
             schema = source_sql.read_table_schema(conn, self.db, table)
         selector = selector_from_settings(s)
         schema = selector.shape(schema)
-        target = TargetTable(s.warehouse.url, self.server_name, self.db, table)
-        return reconcile_table(spark, target.read(spark), connection, schema, range_rows=500)
+        return reconcile_table(spark, self.target(spark, table).read(), connection, schema,
+                               range_rows=500)
 
 
 @pytest.fixture

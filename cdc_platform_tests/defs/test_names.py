@@ -20,8 +20,8 @@ import cdc_platform
 from cdc_platform.capture.names import table_id
 from cdc_platform.capture.source import quote_identifier as q
 from cdc_platform.definitions import build_definitions
+from cdc_platform.lake.iceberg import Lake
 from cdc_platform.lake.merge import materialise
-from cdc_platform.lake.table_format import TargetTable
 from cdc_platform_tests.conftest import CdcEnv
 
 # Table names that broke loading, paths or ids, and pairs whose slugs or paths could collide.
@@ -136,8 +136,8 @@ def test_awkward_database_table_and_column_names_stream_materialise_and_reconcil
     result = materialise(spark, s.landing_zone.url, s.warehouse.url, env.server_name, None,
                          AWKWARD_DB, AWKWARD_TABLE)
     assert result.rows == 4
-    target = TargetTable(s.warehouse.url, env.server_name, AWKWARD_DB, AWKWARD_TABLE)
-    rows = sorted((r.asDict() for r in target.read(spark).collect()), key=lambda r: r["id.part"])
+    target = Lake.from_settings(spark, s).table(env.server_name, AWKWARD_DB, AWKWARD_TABLE)
+    rows = sorted((r.asDict() for r in target.read().collect()), key=lambda r: r["id.part"])
     assert [(r["id.part"], r["na`me"], r["with space"], r["ü"]) for r in rows] == [
         (1, "n1", 10, "ü1"), (2, "n2", -1, "ü2"), (4, "n4", 40, "ü4"), (5, "n5", 50, "ü5")]
 
@@ -160,12 +160,12 @@ def _reconcile(env: CdcEnv, spark):
     with source_sql.source_connection(connection) as conn:
         schema = source_sql.read_table_schema(conn, AWKWARD_DB, AWKWARD_TABLE)
     schema = selector_from_settings(s).shape(schema)
-    target = TargetTable(s.warehouse.url, env.server_name, AWKWARD_DB, AWKWARD_TABLE)
-    return reconcile_table(spark, target.read(spark), connection, schema, range_rows=2)
+    target = Lake.from_settings(spark, s).table(env.server_name, AWKWARD_DB, AWKWARD_TABLE)
+    return reconcile_table(spark, target.read(), connection, schema, range_rows=2)
 
 
 def test_materialise_targets_runs_from_another_directory_without_spark_variables(
-        cdc_env, awkward_db, tmp_path):
+        cdc_env, awkward_db, tmp_path, spark):
     """`dagster job execute -m cdc_platform.definitions -j materialise_targets` run by a user
     from outside the checkout, with neither PYSPARK_PYTHON nor PYTHONPATH set: reconcile's
     Python workers import cdc_platform (they ran the system python before)."""
@@ -195,8 +195,9 @@ def test_materialise_targets_runs_from_another_directory_without_spark_variables
     assert "RUN_SUCCESS" in output and "ModuleNotFoundError" not in output
     assert "ASSET_CHECK_EVALUATION" in output, output[-8000:]
     s = env.settings
-    commit = TargetTable(s.warehouse.url, env.server_name, AWKWARD_DB, AWKWARD_TABLE).current()
-    assert commit is not None and commit.rows == 2
+    current = Lake.from_settings(spark, s).table(env.server_name, AWKWARD_DB,
+                                                 AWKWARD_TABLE).current()
+    assert current is not None and current.rows == 2
     assert os.listdir(elsewhere) == []
 
 

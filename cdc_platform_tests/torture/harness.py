@@ -142,12 +142,13 @@ def run_statements(server: MariaDBServer, statements: tuple[Any, ...] | list[Any
 
 def target_rows(spark: Any, settings: Any, database: str, table: str
                 ) -> list[dict[str, Any]] | None:
-    from cdc_platform.lake.table_format import TargetTable
+    from cdc_platform.lake.iceberg import Lake
 
-    target = TargetTable(settings.warehouse.url, settings.source.server_name, database, table)
+    target = Lake.from_settings(spark, settings).table(settings.source.server_name, database,
+                                                       table)
     if target.current() is None:
         return None
-    return [row.asDict() for row in target.read(spark).collect()]
+    return [row.asDict() for row in target.read().collect()]
 
 
 def materialise_and_compare(spark: Any, settings: Any, primary: MariaDBServer,
