@@ -374,7 +374,7 @@ class LakeTable:
 
     def commit_merge(
         self,
-        base: Snapshot | None,
+        base: Snapshot,
         merge_sql: Callable[[str], str],
         properties: Mapping[str, str],
         prepare: Callable[[str], None] | None = None,
@@ -384,20 +384,10 @@ class LakeTable:
         ``merge_sql(target)`` returns the MERGE statement for a target identifier. The MERGE
         writes to a private branch made at ``base``; ``fast_forward`` then moves main to it,
         which Iceberg refuses when main moved since ``base`` (another writer committed): then
-        ConcurrentCommitError, and nothing of this writer is visible. A table without any
-        snapshot yet (``base`` None) gets the MERGE on main directly, where Iceberg's own
-        validation refuses a racing first commit.
+        ConcurrentCommitError, and nothing of this writer is visible. Every table has a first
+        (empty) snapshot from its creation, so there always is a ``base``.
         """
         with _commit_lock:
-            if base is None:
-                self._with_properties(properties, lambda: self.lake.sql(
-                    merge_sql(self.identifier)))
-                current = self.current()
-                assert current is not None
-                if current.parent_id is not None and current.summary.get(CONSUMED_POS) != \
-                        properties.get(CONSUMED_POS):
-                    raise ConcurrentCommitError(self._race_message())
-                return current
             branch = f"{BRANCH_PREFIX}{uuid.uuid4().hex}"
             self.lake.sql(f"ALTER TABLE {self.identifier} CREATE BRANCH {quote(branch)} "
                           f"AS OF VERSION {base.snapshot_id}")

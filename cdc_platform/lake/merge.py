@@ -188,7 +188,7 @@ def _materialise_once(
     checkpoint = read_checkpoint(landing_url, server_name)
 
     def unchanged() -> MergeResult:
-        if not target.exists():
+        if base is None:
             _create(target, _fallback_schema(landing_url, server_name, database, table,
                                              schema_hint))
         return _result(target, started, attempt)
@@ -213,10 +213,11 @@ def _materialise_once(
 
     _check_schema(target, newest)
     schema_changed = False
-    if not target.exists():
+    if base is None:  # no table yet, or a creation that crashed before its first snapshot
         _create(target, newest)
+        schema_changed = target.evolve(newest)  # a crashed creation may have older columns
         history = target.history()
-        base = history[0] if history else None
+        base = history[0]
     else:
         _check_primary_key(target, newest)
         schema_changed = target.evolve(newest)
@@ -240,9 +241,7 @@ def _materialise_once(
         asserted = 0
         victims = None
         if counts["instructions"]:
-            state = None
-            if base is not None:
-                state = target.read(snapshot_id=base.snapshot_id, with_position=True)
+            state = target.read(snapshot_id=base.snapshot_id, with_position=True)
             victims = _tombstones(target.table_id, batch, rows_folded, state, newest)
         if victims is not None:
             victims = victims.persist(StorageLevel.MEMORY_AND_DISK)
@@ -356,11 +355,13 @@ def _count(folded: DataFrame) -> dict[str, int]:
 
 def _create(target: LakeTable, schema: TableSchema) -> None:
     """Create the table with an empty first snapshot (so every later commit has a base to be
-    compared with), recording the primary key it folds by."""
-    target.create(schema)
-    key = json.dumps(list(schema.primary_key))
-    target.lake.sql(f"ALTER TABLE {target.identifier} SET TBLPROPERTIES "
-                    f"('{PRIMARY_KEY_PROPERTY}' = '{_sql_literal(key)}')")
+    compared with), recording the primary key it folds by. Idempotent: it also completes a
+    creation that crashed before the first snapshot."""
+    if not target.exists():
+        target.create(schema)
+        key = json.dumps(list(schema.primary_key))
+        target.lake.sql(f"ALTER TABLE {target.identifier} SET TBLPROPERTIES "
+                        f"('{PRIMARY_KEY_PROPERTY}' = '{_sql_literal(key)}')")
     if target.current() is None:
         empty = target.spark.createDataFrame([], target.spark.table(target.identifier).schema)
         empty.writeTo(target.identifier).append()
