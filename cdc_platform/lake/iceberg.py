@@ -26,7 +26,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -314,37 +314,61 @@ class LakeTable:
 
     # -- snapshots ----------------------------------------------------------------------------
 
+    def _java_table(self) -> Any:
+        """The table's Iceberg ``Table`` object in the driver JVM, freshly loaded (metadata
+        reads through it need no Spark job)."""
+        jvm = self.spark.sparkContext._jvm
+        return jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
+            self.spark._jsparkSession, self.identifier)
+
+    @staticmethod
+    def _snapshot(java_snapshot: Any) -> Snapshot:
+        parent = java_snapshot.parentId()
+        return Snapshot(
+            snapshot_id=int(java_snapshot.snapshotId()),
+            parent_id=int(parent) if parent is not None else None,
+            committed_at=datetime.fromtimestamp(java_snapshot.timestampMillis() / 1000, UTC),
+            operation=str(java_snapshot.operation()),
+            summary=dict(java_snapshot.summary().items()),
+        )
+
     def snapshots(self) -> list[Snapshot]:
-        """Every snapshot of the table (any branch), oldest first."""
-        rows = self.lake.sql(
-            f"SELECT snapshot_id, parent_id, committed_at, operation, summary "
-            f"FROM {self.metadata_table('snapshots')} ORDER BY committed_at").collect()
-        return [Snapshot(r.snapshot_id, r.parent_id, r.committed_at, r.operation,
-                         dict(r.summary or {})) for r in rows]
+        """Every snapshot the table's metadata keeps (any branch), oldest first."""
+        if not self.exists():
+            return []
+        found = [self._snapshot(s) for s in self._java_table().snapshots()]
+        return sorted(found, key=lambda s: s.committed_at)
 
     def current(self) -> Snapshot | None:
         """The main branch's current snapshot, or None (no table, or no commit yet)."""
-        if not self.exists():
-            return None
-        rows = self.lake.sql(
-            f"SELECT snapshot_id FROM {self.metadata_table('refs')} WHERE name = 'main'"
-        ).collect()
-        if not rows:
-            return None
-        by_id = {s.snapshot_id: s for s in self.snapshots()}
-        return by_id.get(rows[0].snapshot_id)
+        chain = self.history(limit=1)
+        return chain[0] if chain else None
 
-    def history(self) -> list[Snapshot]:
-        """The main branch's ancestry, newest first."""
-        current = self.current()
-        if current is None:
-            return []
-        by_id = {s.snapshot_id: s for s in self.snapshots()}
-        chain, snapshot = [], current
-        while snapshot is not None:
-            chain.append(snapshot)
-            snapshot = by_id.get(snapshot.parent_id) if snapshot.parent_id else None
-        return chain
+    def history(self, limit: int | None = None) -> list[Snapshot]:
+        """The main branch's ancestry, newest first (``limit``: at most that many)."""
+        return list(self._ancestry(limit))
+
+    def _ancestry(self, limit: int | None = None) -> Iterator[Snapshot]:
+        if not self.exists():
+            return
+        table = self._java_table()
+        java_snapshot = table.currentSnapshot()
+        count = 0
+        while java_snapshot is not None and (limit is None or count < limit):
+            yield self._snapshot(java_snapshot)
+            count += 1
+            parent = java_snapshot.parentId()
+            java_snapshot = table.snapshot(parent) if parent is not None else None
+
+    def base_and_mark(self) -> tuple[Snapshot | None, Snapshot | None]:
+        """Main's current snapshot and the newest snapshot of its ancestry with a consumed
+        mark (walking back only as far as needed)."""
+        base = None
+        for snapshot in self._ancestry():
+            base = base or snapshot
+            if self.mark_of([snapshot]) is not None:
+                return base, snapshot
+        return base, None
 
     @staticmethod
     def mark_of(chain: list[Snapshot]) -> Snapshot | None:
@@ -438,10 +462,9 @@ class LakeTable:
         fails or carries an older mark, and replaying from an older mark is idempotent.
         """
         report: dict[str, Any] = {}
-        chain = self.history()
-        if not chain:
+        base, mark = self.base_and_mark()
+        if base is None:
             return report
-        mark = self.mark_of(chain)
         properties = {} if mark is None else {
             CONSUMED_POS: mark.summary.get(CONSUMED_POS, ""),
             CONSUMED_GTID: mark.summary.get(CONSUMED_GTID, "")}
@@ -479,7 +502,7 @@ class LakeTable:
         if not rows:
             return []
         by_id = {s.snapshot_id: s for s in self.snapshots()}
-        now = datetime.now()
+        now = datetime.now(UTC)
         stale = []
         for row in rows:
             snapshot = by_id.get(row.snapshot_id)

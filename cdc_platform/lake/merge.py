@@ -181,9 +181,7 @@ def _materialise_once(
     attempt: int,
 ) -> MergeResult:
     server_name, database, table = target.server_name, target.database, target.table
-    history = target.history()
-    base = history[0] if history else None
-    marked = LakeTable.mark_of(history)
+    base, marked = target.base_and_mark()
     after_pos = marked.consumed_pos if marked is not None else None
     checkpoint = read_checkpoint(landing_url, server_name)
 
@@ -216,8 +214,8 @@ def _materialise_once(
     if base is None:  # no table yet, or a creation that crashed before its first snapshot
         _create(target, newest)
         schema_changed = target.evolve(newest)  # a crashed creation may have older columns
-        history = target.history()
-        base = history[0]
+        base = target.current()
+        assert base is not None
     else:
         _check_primary_key(target, newest)
         schema_changed = target.evolve(newest)
@@ -661,9 +659,7 @@ def _fallback_schema(
 
 def _result(target: LakeTable, started: float, attempt: int) -> MergeResult:
     """A run that committed nothing: the table as it is."""
-    history = target.history()
-    snapshot = history[0] if history else None
-    marked = LakeTable.mark_of(history)
+    snapshot, marked = target.base_and_mark()
     return MergeResult(
         table_id=target.table_id,
         identifier=target.identifier,

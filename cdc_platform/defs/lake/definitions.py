@@ -106,7 +106,7 @@ def _not_stale_check(settings: Settings, schema: TableSchema) -> dg.AssetChecksD
                   ) -> dg.AssetCheckResult:
         target = Lake.from_settings(pyspark.spark_session, settings).table(
             server, schema.database, schema.table)
-        marked = target.mark_of(target.history())
+        _, marked = target.base_and_mark()
         reason = _staleness(settings, schema, marked.consumed_pos if marked else None)
         return dg.AssetCheckResult(
             passed=reason is None,
@@ -141,24 +141,23 @@ def _reconcile_check(settings: Settings, schema: TableSchema) -> dg.AssetChecksD
             current = source_sql.read_table_schema(conn, schema.database, schema.table)
         current = selector_from_settings(settings).shape(current)
         target = Lake.from_settings(spark, settings).table(server, schema.database, schema.table)
-        history = target.history()
-        if not history:
+        snapshot, marked = target.base_and_mark()
+        if snapshot is None:
             return dg.AssetCheckResult(
                 passed=False, severity=dg.AssetCheckSeverity.ERROR,
                 description=f"{target.identifier} has no snapshot yet: materialise it first")
         result = reconcile_table(
-            spark, target.read(snapshot_id=history[0].snapshot_id), connection, current,
+            spark, target.read(snapshot_id=snapshot.snapshot_id), connection, current,
             range_rows=settings.reconcile.range_rows, sample_keys=settings.reconcile.sample_keys,
         )
         context.log.info(
             f"{schema.table_id}: source {result.source_rows} rows, target {result.target_rows}; "
             f"missing {result.missing}, extra {result.extra}, different {result.different}"
         )
-        marked = target.mark_of(history)
         metadata = result.to_metadata()
         # Differences with a target behind the source may only be lag: show both positions.
         metadata["target_gtid"] = marked.consumed_gtid if marked else None
-        metadata["iceberg_snapshot_id"] = str(history[0].snapshot_id)
+        metadata["iceberg_snapshot_id"] = str(snapshot.snapshot_id)
         return dg.AssetCheckResult(
             passed=result.ok,
             severity=dg.AssetCheckSeverity.ERROR,
