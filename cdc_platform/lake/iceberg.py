@@ -20,8 +20,10 @@ snapshot the mark was read from, and ``fast_forward`` publishes it only if main 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import logging
+import os
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -150,6 +152,16 @@ class Lake:
         self.properties = catalog_properties(warehouse_url, catalog)
         base = getattr(catalog, "name", "lake")
         self.catalog = self._register(base)
+        location = resolve(warehouse_url) if getattr(catalog, "type", "hadoop") == "hadoop" \
+            else None
+        # The Hadoop catalog commits a table version by checking that the next metadata file
+        # does not exist and renaming onto it; on a local or mounted filesystem the rename
+        # overwrites, so two processes could both "commit" one version. Writers of one table
+        # take an exclusive file lock in the warehouse around their metadata commits (catalog
+        # services are atomic by themselves).
+        # The lock files are files in the warehouse root, which the catalog never lists (its
+        # namespaces are directories).
+        self.lock_dir = location.path if (location is not None and location.is_local) else None
 
     def _register(self, base: str) -> str:
         conf = self.spark.conf
@@ -247,6 +259,23 @@ class LakeTable:
     def __repr__(self) -> str:
         return f"LakeTable({self.identifier})"
 
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """Exclusive right to commit to this table: within the process, and across processes
+        sharing a local Hadoop-catalog warehouse (see ``Lake.lock_dir``)."""
+        with _commit_lock:
+            if self.lake.lock_dir is None:
+                yield
+                return
+            os.makedirs(self.lake.lock_dir, exist_ok=True)
+            path = os.path.join(self.lake.lock_dir, f".{self.namespace}.{self.name}.cdc-lock")
+            with open(path, "a") as handle:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+                try:
+                    yield
+                finally:
+                    fcntl.flock(handle, fcntl.LOCK_UN)
+
     def metadata_table(self, name: str) -> str:
         return f"{self.identifier}.{quote(name)}"
 
@@ -305,8 +334,9 @@ class LakeTable:
         for name in current:
             if name not in names:
                 statements.append(f"ALTER TABLE {self.identifier} DROP COLUMN {quote(name)}")
-        for statement in statements:
-            self.lake.sql(statement)
+        with self.writing():
+            for statement in statements:
+                self.lake.sql(statement)
         return bool(statements)
 
     def drop(self) -> None:
@@ -411,7 +441,7 @@ class LakeTable:
         ConcurrentCommitError, and nothing of this writer is visible. Every table has a first
         (empty) snapshot from its creation, so there always is a ``base``.
         """
-        with _commit_lock:
+        with self.writing():
             branch = f"{BRANCH_PREFIX}{uuid.uuid4().hex}"
             self.lake.sql(f"ALTER TABLE {self.identifier} CREATE BRANCH {quote(branch)} "
                           f"AS OF VERSION {base.snapshot_id}")
@@ -470,7 +500,7 @@ class LakeTable:
             CONSUMED_GTID: mark.summary.get(CONSUMED_GTID, "")}
         catalog = quote(self.lake.catalog)
         name = _sql_string(self._procedure_name())
-        with _commit_lock:
+        with self.writing():
             for branch in self._stale_branches():
                 self.lake.sql(f"ALTER TABLE {self.identifier} DROP BRANCH IF EXISTS "
                               f"{quote(branch)}")
@@ -485,14 +515,15 @@ class LakeTable:
                     f"CALL {catalog}.system.rewrite_position_delete_files(table => '{name}')"
                 ).collect())
                 report["rewritten_delete_files"] = rows[0][0] if rows else 0
-        stamp = older_than.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
-        rows = self.lake.sql(
-            f"CALL {catalog}.system.expire_snapshots(table => '{name}', "
-            f"older_than => TIMESTAMP '{stamp}', retain_last => {int(retain_last)})").collect()
-        if rows:
-            report["deleted_data_files"] = rows[0][0]
-            report["deleted_delete_files"] = rows[0][1] + rows[0][2]
-            report["deleted_manifests"] = rows[0][3]
+        with self.writing():
+            stamp = older_than.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+            rows = self.lake.sql(
+                f"CALL {catalog}.system.expire_snapshots(table => '{name}', "
+                f"older_than => TIMESTAMP '{stamp}', retain_last => {int(retain_last)})").collect()
+            if rows:
+                report["deleted_data_files"] = rows[0][0]
+                report["deleted_delete_files"] = rows[0][1] + rows[0][2]
+                report["deleted_manifests"] = rows[0][3]
         return report
 
     def _stale_branches(self, max_age_hours: float = 1.0) -> list[str]:

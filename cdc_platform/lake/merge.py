@@ -355,14 +355,15 @@ def _create(target: LakeTable, schema: TableSchema) -> None:
     """Create the table with an empty first snapshot (so every later commit has a base to be
     compared with), recording the primary key it folds by. Idempotent: it also completes a
     creation that crashed before the first snapshot."""
-    if not target.exists():
-        target.create(schema)
-        key = json.dumps(list(schema.primary_key))
-        target.lake.sql(f"ALTER TABLE {target.identifier} SET TBLPROPERTIES "
-                        f"('{PRIMARY_KEY_PROPERTY}' = '{_sql_literal(key)}')")
-    if target.current() is None:
-        empty = target.spark.createDataFrame([], target.spark.table(target.identifier).schema)
-        empty.writeTo(target.identifier).append()
+    with target.writing():
+        if not target.exists():
+            target.create(schema)
+            key = json.dumps(list(schema.primary_key))
+            target.lake.sql(f"ALTER TABLE {target.identifier} SET TBLPROPERTIES "
+                            f"('{PRIMARY_KEY_PROPERTY}' = '{_sql_literal(key)}')")
+        if target.current() is None:
+            empty = target.spark.createDataFrame([], target.spark.table(target.identifier).schema)
+            empty.writeTo(target.identifier).append()
 
 
 def _sql_literal(value: str) -> str:
