@@ -1,33 +1,44 @@
 """The capture engine as a process's main function: what ``multiprocessing`` starts for the
-snapshot benchmark (a spawned child imports it by name)."""
+benchmarks (a spawned child imports it by name), so that every figure comes with the engine's
+own peak RSS (VmHWM of a process that ran nothing else)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from cdc_platform.capture.engine import CaptureEngine, EngineOptions
 from cdc_platform.capture.landing import LandingZone
 
 
-def run_engine(options: EngineOptions, landing_url: str, server_name: str, stop: Any) -> None:
-    CaptureEngine(options, LandingZone(landing_url, server_name)).run(stop)
+def rss_bytes(field: str = "VmHWM", pid: int | str = "self") -> int:
+    """A memory field of /proc/<pid>/status in bytes: VmHWM is the peak RSS, VmRSS the
+    current one; 0 if the process is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def run_engine(options: EngineOptions, landing_url: str, server_name: str, stop: Any,
+               results: Any = None) -> None:
+    """Run an engine until ``stop`` is set; put (records, peak RSS) in ``results``."""
+    engine = CaptureEngine(options, LandingZone(landing_url, server_name))
+    stats = engine.run(stop)
+    if results is not None:
+        results.put((stats.records, rss_bytes()))
 
 
 def engine_peak_rss(options: EngineOptions, landing_url: str, server_name: str,
                     results: Any) -> None:
     """Run an engine until caught up, in this (fresh) process; put (records, seconds, RSS
     before the run, peak RSS) in ``results``, RSS in bytes (VmHWM: the process's peak)."""
-    import time
-
-    def rss(field: str) -> int:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-        return 0
-
     engine = CaptureEngine(options, LandingZone(landing_url, server_name))
-    before = rss("VmRSS")
+    before = rss_bytes("VmRSS")
     started = time.perf_counter()
     stats = engine.run(stop_when_caught_up=True)
-    results.put((stats.records, time.perf_counter() - started, before, rss("VmHWM")))
+    results.put((stats.records, time.perf_counter() - started, before, rss_bytes()))

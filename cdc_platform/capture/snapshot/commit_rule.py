@@ -227,6 +227,9 @@ def decide_chunk_commit(
     opening that wrote it. ``binlog_schema_fingerprint``: the table's binlog schema at Q
     (``chunks.schema_fingerprint``). ``table_ddl``: GTIDs of DDL on the table processed since
     the opening.
+
+    Wait and Reject never look at ``chunk.rows``: the engine decides them from the chunk's
+    manifest and reads the rows only for a chunk that commits.
     """
     lw = chunk.low_watermark
     where = f"chunk ({_show(chunk.range_low)}, {_show(chunk.range_high)}] of {chunk.table_id}"

@@ -107,6 +107,13 @@ DEFAULT_MAX_PENDING = 32
 DEFAULT_ACK_TIMEOUT_SECONDS = 600.0
 DEFAULT_STALL_TIMEOUT_SECONDS = 300.0
 DEFAULT_POLL_SECONDS = 0.1
+# How often a reader that can only wait for the engine's decisions looks at the checkpoint (a
+# stat; parsed only when it changed): every chunk's commit reaches the reader this much later
+# at most, which at 200k rows/s is a fifth of a 4096-row chunk's reading time.
+COMMIT_POLL_SECONDS = 0.005
+# How often a reader waiting for the engine to acknowledge its session looks (it reads
+# request.json each time, to see a stop).
+ACK_POLL_SECONDS = 0.02
 _READ_ATTEMPTS = 5
 _ER_BAD_FIELD = 1054
 
@@ -627,7 +634,7 @@ class SnapshotReader:
                     f"was not acknowledged within {self.ack_timeout_seconds:.0f}s; the engine "
                     "picks up requests at every flush)"
                 )
-            time.sleep(self.poll_seconds)
+            time.sleep(min(self.poll_seconds, ACK_POLL_SECONDS))
 
     def _remove_other_sessions(self) -> None:
         """Chunk files of sessions this one replaced: the engine no longer reads them."""
@@ -685,7 +692,7 @@ class SnapshotReader:
                 self._publish(chunk, rng, complete=True)
                 continue
             self._check_stall()
-            time.sleep(self.poll_seconds)
+            time.sleep(min(self.poll_seconds, COMMIT_POLL_SECONDS))
 
     def _read_next(self) -> None:
         chunk, rng = self._read_range(self._todo.popleft())

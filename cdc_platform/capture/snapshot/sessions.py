@@ -14,7 +14,7 @@ import datetime as dt
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -407,34 +407,47 @@ class SnapshotCoordinator:
     def _decide_one(self, session: SnapshotSession, tracked: _Tracked, decisions: _Decisions,
                     seq: int, manifest_path: Path, processed: GtidSet,
                     emit: Emit) -> Reject | Commit | None:
-        """Decide one pending chunk, and land it if it commits; None when it must wait."""
+        """Decide one pending chunk, and land it if it commits; None when it must wait.
+
+        Whether a chunk waits or is rejected depends on its manifest alone (watermarks, range,
+        fingerprint), so its rows are read only when it may commit: a chunk waiting for a
+        lagging engine is looked at every ``SNAPSHOT_POLL_SECONDS`` without re-reading its
+        file each time."""
         key_names = decisions.keys_only.key.columns
         manifest = json.loads(manifest_path.read_bytes())
-        rows = pq.ParquetFile(manifest_path.with_suffix(".parquet")).read()
-        keys = list(zip(*(
-            [_landing_value(v) for v in rows.column(name).to_pylist()]
-            for name in key_names), strict=True)) if rows.num_rows else []
         # Bounds decode by the key's column specs: a bare kind cannot tell a DECIMAL wider
         # than 38 digits (landed as text) from a narrower one.
         chunk = Chunk(
-            table=decisions.keys_only, rows=tuple(keys),
+            table=decisions.keys_only, rows=(),
             range_low=decode_key(manifest.get("range_low"), decisions.key_specs),
             range_high=decode_key(manifest.get("range_high"), decisions.key_specs),
             low_watermark=parse_position(self.flavour, manifest["low_watermark"]),
             after=parse_position(self.flavour, manifest["after"]),
             schema_fingerprint=manifest["fingerprint"], resume_key=None,
             complete=bool(manifest.get("complete")))
-        decision = decide_chunk_commit(
-            chunk, processed, decisions.opening, tracked.touched.horizon,
-            tracked.touched.touches, decisions.fingerprint, tracked.ddl)
-        if isinstance(decision, Reject):
-            return decision
+        decision = self._decide(chunk, processed, decisions, tracked)
         if not isinstance(decision, Commit):
-            return None
+            return decision
+        rows = pq.ParquetFile(manifest_path.with_suffix(".parquet")).read()
+        keys = list(zip(*(
+            [_landing_value(v) for v in rows.column(name).to_pylist()]
+            for name in key_names), strict=True)) if rows.num_rows else []
+        chunk = replace(chunk, rows=tuple(keys))
+        decision = self._decide(chunk, processed, decisions, tracked)
+        if not isinstance(decision, Commit):  # (the rule's Wait and Reject ignore the rows)
+            return decision
         if decision.dropped_keys:
             rows = rows.filter(pa.array([k not in decision.dropped_keys for k in keys]))
         self._commit(session, decisions.schema, seq, chunk, rows, decision, emit)
         return decision
+
+    @staticmethod
+    def _decide(chunk: Chunk, processed: GtidSet, decisions: _Decisions,
+                tracked: _Tracked) -> Reject | Commit | None:
+        decision = decide_chunk_commit(
+            chunk, processed, decisions.opening, tracked.touched.horizon,
+            tracked.touched.touches, decisions.fingerprint, tracked.ddl)
+        return decision if isinstance(decision, Reject | Commit) else None
 
     def _reject(self, session: SnapshotSession, tracked: _Tracked, seq: int,
                 reason: str) -> None:

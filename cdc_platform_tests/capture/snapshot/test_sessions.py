@@ -135,6 +135,31 @@ def test_a_chunk_that_cannot_be_landed_is_rejected_and_the_session_goes_on(
     assert _session(coordinator)["committed"] == [1] and landed.rows() == [(1, 10)]
 
 
+def test_a_waiting_chunk_is_decided_from_its_manifest_and_its_rows_read_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the engine has not processed a chunk's ``after`` (a lagging engine, looking at
+    its pending chunks every poll), the chunk's rows file is not read: only its commit
+    reads it."""
+    coordinator, landing = _coordinator(tmp_path)
+    coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed())
+    _publish(landing, 0, ((1, 10), (2, 20)), read_at=15, high=2)
+    opened: list[Path] = []
+    parquet_file = sessions.pq.ParquetFile
+
+    def counting(path: Any, *args: Any, **kwargs: Any) -> Any:
+        opened.append(Path(path))
+        return parquet_file(path, *args, **kwargs)
+
+    monkeypatch.setattr(sessions.pq, "ParquetFile", counting)
+    for processed in range(10, 15):
+        assert not coordinator.tick(_pos(processed), 1, {"db.t": SCHEMA}, Landed())
+    assert opened == [] and _session(coordinator)["committed"] == []
+    landed = Landed()
+    coordinator.tick(_pos(15), 1, {"db.t": SCHEMA}, landed)
+    assert _session(coordinator)["committed"] == [0] and landed.rows() == [(1, 10), (2, 20)]
+    assert [p.name for p in opened] == ["00000000.parquet"]
+
+
 def test_a_session_whose_chunks_are_always_rejected_is_stopped_with_the_reason(
         tmp_path: Path) -> None:
     """The engine's schema never matches the chunks: re-reading forever would only grow
