@@ -15,6 +15,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.definitions import build_definitions
 from cdc_platform.defs.dbt import definitions as dbt_defs
 from cdc_platform.defs.dbt import project as dbt_project
@@ -193,3 +194,11 @@ def test_without_the_inventory_tables_the_location_loads_without_dbt_assets(cdc_
 def test_project_dir_can_be_relocated(monkeypatch, tmp_path: Path):
     monkeypatch.setenv(dbt_project.PROJECT_DIR_ENV, str(tmp_path))
     assert dbt_project.project_dir() == tmp_path
+
+
+def test_a_captured_database_in_the_models_namespace_is_refused(lake):
+    """``create or replace table`` would overwrite its lake tables: refused at load, by name."""
+    tables = [TableSchema(db, table, (ColumnSpec("id", "int"),), ("id",))
+              for db in (lake.db, "analytics") for table in dbt_project.INVENTORY_TABLES]
+    with pytest.raises(ValueError, match=f"'analytics'.*'{lake.server_name}_analytics'"):
+        dbt_defs.build(lake.settings, tables)
