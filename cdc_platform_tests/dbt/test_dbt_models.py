@@ -7,7 +7,6 @@ takes tens of seconds here, so every assertion about the models reads that one b
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -16,11 +15,13 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.definitions import build_definitions
 from cdc_platform.defs.dbt import definitions as dbt_defs
 from cdc_platform.defs.dbt import project as dbt_project
 from cdc_platform.demo.inventory import create_schema, load_initial_data
 from cdc_platform.devservices.mariadb import MariaDBServer
+from cdc_platform.lake.iceberg import SPARK_CATALOG, Lake, catalog_properties, quote
 from cdc_platform.lake.merge import materialise
 from cdc_platform_tests.conftest import CdcEnv
 
@@ -31,8 +32,8 @@ _lakes = itertools.count(1)
 @pytest.fixture(scope="module")
 def lake(mariadb: MariaDBServer, spark: Any, tmp_path_factory: pytest.TempPathFactory
          ) -> Iterator[CdcEnv]:
-    """An inventory database captured and materialised twice (a base, then deltas with updates,
-    deletes and cancellations), so the dbt sources read folded merge-on-read tables."""
+    """An inventory database captured and materialised twice (then updates, deletes and
+    cancellations), so the dbt sources read Iceberg tables with position delete files."""
     n = next(_lakes)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("CDC_TEST_SOURCE_PASSWORD", mariadb.cdc_password)
@@ -58,18 +59,20 @@ def _materialise_all(env: CdcEnv, spark: Any) -> None:
     s = env.settings
     for table in ("customers", "products", "orders"):
         materialise(spark, s.landing_zone.url, s.warehouse.url, env.server_name, None, env.db,
-                    table, compaction_ratio=10)
+                    table)
 
 
 @pytest.fixture(scope="module")
 def build(lake: CdcEnv, spark: Any) -> dict[str, Any]:
     """The ``build_dbt_models`` job, run once in process on a test Dagster instance.
 
-    A stale ``daily_order_volume`` from an "earlier build" is left in the warehouse first: the
-    run registers it, and dbt must replace its files, not add to them.
+    A stale ``daily_order_volume`` from an "earlier build" (another schema, wrong rows) is in
+    the models' namespace first: dbt must replace it, not add to it.
     """
-    stale = dbt_project.models_location(lake.settings).join("daily_order_volume").spark_uri
-    spark.sql("SELECT DATE'1999-01-01' AS ordered_on, 42L AS order_count").write.parquet(stale)
+    stale = _model_table(spark, lake, "daily_order_volume")
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {stale.rsplit('.', 1)[0]}")
+    spark.sql(f"CREATE TABLE {stale} USING iceberg AS "
+              "SELECT DATE'1999-01-01' AS ordered_on, 42L AS order_count, 'x' AS extra")
     defs = build_definitions(lake.settings)
     with dg.instance_for_test() as instance:
         result = defs.resolve_job_def(dbt_defs.JOB_NAME).execute_in_process(
@@ -82,9 +85,15 @@ def _model_key(env: CdcEnv, model: str) -> dg.AssetKey:
     return dg.AssetKey([env.server_name, "analytics", model])
 
 
+def _model_table(spark: Any, env: CdcEnv, model: str) -> str:
+    """The model's Iceberg table in the lake's catalog, as this test session names it."""
+    lake = Lake.from_settings(spark, env.settings)
+    return (f"{quote(lake.catalog)}.{quote(dbt_project.models_schema(env.server_name))}."
+            f"{quote(model)}")
+
+
 def _model_rows(spark: Any, env: CdcEnv, model: str) -> list[dict[str, Any]]:
-    location = dbt_project.models_location(env.settings).join(model).spark_uri
-    return [row.asDict() for row in spark.read.parquet(location).collect()]
+    return [row.asDict() for row in spark.table(_model_table(spark, env, model)).collect()]
 
 
 def test_dbt_build_materialises_every_model_and_its_tests_pass(lake, build):
@@ -141,25 +150,35 @@ def test_asset_graph_links_changelog_targets_and_models(lake, build):
     assert graph.get(_model_key(lake, "product_stock")).group_name == f"{server}_analytics"
 
 
-def test_the_next_run_registers_the_lake_and_the_models_built_before(lake, build, spark):
-    """The catalog file of the next run, read as the dbt hook reads it, in another session."""
-    manifest_path = dbt_project.prepare(dbt_project.dbt_project(lake.server_name, lake.db),
-                                        lake.server_name, lake.db)
-    statements, missing = dbt_project.catalog_statements(
-        lake.settings, json.loads(manifest_path.read_text()))
-    assert missing == []
-    catalog = dbt_project.write_catalog(lake.settings, statements)
-    rows = spark.sql(f"select get_json_object(value, '$.statement') as s from "
-                     f"text.`{catalog.spark_uri}` order by cast(get_json_object(value, "
-                     f"'$.seq') as int)").collect()
-    assert [r.s for r in rows] == statements
-    models = [s for s in statements if s.startswith("CREATE TABLE IF NOT EXISTS `analytics`")]
-    assert len(models) == len(MODELS)
-    for statement in statements:
-        spark.sql(statement)
-    assert spark.table("analytics.product_stock").count() == 25
-    orders = spark.table(f"{lake.server_name}_{lake.db}.orders")
-    assert orders.count() == lake.query("SELECT COUNT(*) FROM orders")[0][0]
+def test_models_are_iceberg_tables_in_the_lake_catalog(lake, build, spark):
+    """Any engine reading the catalog sees the models: Iceberg tables with one snapshot per
+    build, the stale table of an "earlier build" replaced by a newer snapshot."""
+    for model in MODELS:
+        table = _model_table(spark, lake, model)
+        details = {r.col_name: r.data_type for r in spark.sql(
+            f"DESCRIBE TABLE EXTENDED {table}").collect()}
+        assert details["Provider"] == "iceberg", (model, details)
+        snapshots = spark.sql(f"SELECT operation FROM {table}.snapshots").collect()
+        assert snapshots, model
+    volume = spark.table(_model_table(spark, lake, "daily_order_volume"))
+    assert "extra" not in volume.columns
+    assert volume.where("ordered_on = DATE'1999-01-01'").count() == 0
+    history = spark.sql(f"SELECT * FROM {_model_table(spark, lake, 'daily_order_volume')}"
+                        ".history").collect()
+    assert len(history) == 2  # the stale table's snapshot, then dbt's replacement
+
+
+def test_run_vars_give_dbt_the_lake_catalog_as_its_default(lake):
+    """What ``python -m cdc_platform.defs.dbt.project vars`` prints for a run by hand."""
+    variables = dbt_project.run_vars(lake.settings, lake.db)
+    conf = variables["cdc_spark_conf"]
+    properties = catalog_properties(lake.settings.warehouse.url, lake.settings.warehouse.catalog)
+    assert conf["spark.sql.defaultCatalog"] == "lake"
+    assert conf["spark.sql.catalog.lake"] == SPARK_CATALOG
+    assert {k: conf[f"spark.sql.catalog.lake.{k}"] for k in properties} == properties
+    assert conf["spark.jars"].endswith(".jar") and "iceberg" in conf["spark.sql.extensions"]
+    assert variables["cdc_inventory_schema"] == f"{lake.server_name}_{lake.db}"
+    assert variables["cdc_models_schema"] == f"{lake.server_name}_analytics"
 
 
 def test_without_the_inventory_tables_the_location_loads_without_dbt_assets(cdc_env):
@@ -175,3 +194,11 @@ def test_without_the_inventory_tables_the_location_loads_without_dbt_assets(cdc_
 def test_project_dir_can_be_relocated(monkeypatch, tmp_path: Path):
     monkeypatch.setenv(dbt_project.PROJECT_DIR_ENV, str(tmp_path))
     assert dbt_project.project_dir() == tmp_path
+
+
+def test_a_captured_database_in_the_models_namespace_is_refused(lake):
+    """``create or replace table`` would overwrite its lake tables: refused at load, by name."""
+    tables = [TableSchema(db, table, (ColumnSpec("id", "int"),), ("id",))
+              for db in (lake.db, "analytics") for table in dbt_project.INVENTORY_TABLES]
+    with pytest.raises(ValueError, match=f"'analytics'.*'{lake.server_name}_analytics'"):
+        dbt_defs.build(lake.settings, tables)

@@ -1,10 +1,9 @@
 """The dbt domain: the inventory models of ``dbt_project/`` as assets downstream of the lake.
 
-dbt runs in its own process with its own Spark session (dbt-spark ``session`` method). Before
-each invocation the asset computes, from the lake's current commits, the statements that register
-the target tables (and previously built model tables) in that session's in-memory catalog, and
-writes them to a file named by a run var (``project.run_vars``); the project's on-run-start hook
-runs them. The sources carry the target assets' keys, so the asset graph reads
+dbt runs in its own process with its own Spark session (dbt-spark ``session`` method), which
+has the lake's Iceberg catalog as its default catalog (``project.spark_conf``): the models read
+the lake tables directly and are Iceberg tables themselves, in ``<server>_analytics``. The
+sources carry the target assets' keys, so the asset graph reads
 changelog -> target tables -> dbt models, and dbt tests become asset checks on the models.
 """
 
@@ -23,6 +22,7 @@ from dagster_dbt import (
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.config import Settings
 from cdc_platform.defs.dbt import project as dbt_project
+from cdc_platform.lake.iceberg import namespace_name
 
 JOB_NAME = "build_dbt_models"
 
@@ -30,23 +30,29 @@ JOB_NAME = "build_dbt_models"
 class LakeDbtTranslator(DagsterDbtTranslator):
     """Model keys ``<server>/<schema>/<model>`` in group ``<server>_<schema>``.
 
-    Sources keep the keys in their ``meta.dagster.asset_key`` (the target assets' keys); models
-    get the server prefix so that several sources' code locations never collide.
+    Sources keep the keys in their ``meta.dagster.asset_key`` (the target assets' keys). A
+    model's dbt schema is its catalog namespace, ``<server>_analytics`` (per server, as several
+    sources may share a catalog); its key names the server and ``analytics`` apart, so that
+    several sources' code locations never collide.
     """
 
     def __init__(self, server_name: str) -> None:
         super().__init__(settings=DagsterDbtTranslatorSettings(enable_asset_checks=True))
         self.server_name = server_name
 
+    def _schema(self, namespace: str) -> str:
+        prefix = f"{self.server_name}_"
+        return namespace[len(prefix):] if namespace.startswith(prefix) else namespace
+
     def get_asset_key(self, dbt_resource_props: Mapping[str, Any]) -> dg.AssetKey:
         if dbt_resource_props["resource_type"] == "model":
-            return dg.AssetKey([self.server_name, dbt_resource_props["schema"],
+            return dg.AssetKey([self.server_name, self._schema(dbt_resource_props["schema"]),
                                 dbt_resource_props["name"]])
         return super().get_asset_key(dbt_resource_props)
 
     def get_group_name(self, dbt_resource_props: Mapping[str, Any]) -> str | None:
         if dbt_resource_props["resource_type"] == "model":
-            return f"{self.server_name}_{dbt_resource_props['schema']}"
+            return f"{self.server_name}_{self._schema(dbt_resource_props['schema'])}"
         return super().get_group_name(dbt_resource_props)
 
 
@@ -64,6 +70,19 @@ def _check_lineage(settings: Settings, database: str, manifest: Mapping[str, Any
             )
 
 
+def _check_models_namespace(settings: Settings, keyed: list[TableSchema]) -> None:
+    """The models' namespace must hold no lake table: ``create or replace`` would overwrite it."""
+    server = settings.source.server_name
+    namespace = dbt_project.models_schema(server)
+    clashing = sorted({t.database for t in keyed
+                       if namespace_name(server, t.database) == namespace})
+    if clashing:
+        raise ValueError(
+            f"captured database {clashing[0]!r} of server {server!r} has the lake namespace "
+            f"{namespace!r}, where the dbt models are built; exclude it from capture "
+            f"(capture.tables.exclude: '{clashing[0]}\\..*') or rename the server")
+
+
 def build(settings: Settings, tables: list[TableSchema]) -> dg.Definitions:
     """dbt assets and the ``build_dbt_models`` job, when the inventory tables are captured.
 
@@ -74,6 +93,7 @@ def build(settings: Settings, tables: list[TableSchema]) -> dg.Definitions:
     if database is None:
         return dg.Definitions()
     server = settings.source.server_name
+    _check_models_namespace(settings, keyed)
     project = dbt_project.dbt_project(server, database)
     manifest_path = dbt_project.prepare(project, server, database)
     manifest = json.loads(manifest_path.read_text())
@@ -86,20 +106,8 @@ def build(settings: Settings, tables: list[TableSchema]) -> dg.Definitions:
         dagster_dbt_translator=LakeDbtTranslator(server),
     )
     def dbt_models(context: dg.AssetExecutionContext, dbt: DbtCliResource) -> Iterator[Any]:
-        statements, missing = dbt_project.catalog_statements(settings, manifest)
-        if missing:
-            context.log.warning(
-                f"lake tables never materialised: {', '.join(missing)}; the models reading "
-                "them fail until their target assets are materialised")
-        catalog = dbt_project.write_catalog(settings, statements)
-        context.log.info(f"{len(statements)} catalog statements for dbt's Spark session in "
-                         f"{catalog.spark_uri}")
-        try:
-            variables = dbt_project.run_vars(settings, database, catalog)
-            yield from dbt.cli(["build", "--vars", json.dumps(variables)],
-                               context=context).stream()
-        finally:
-            catalog.fs.delete_file(catalog.path)
+        variables = dbt_project.run_vars(settings, database)
+        yield from dbt.cli(["build", "--vars", json.dumps(variables)], context=context).stream()
 
     job = dg.define_asset_job(
         JOB_NAME,

@@ -1,19 +1,24 @@
 """The dbt project beside the package (``dbt_project/``), prepared for the configured source.
 
+dbt reads the lake's Iceberg tables directly: its Spark session (dbt-spark ``session`` method,
+in dbt's own process) gets the lake's Iceberg catalog as its default catalog, so the sources'
+two-part names ``<server>_<db>.<table>`` are the lake tables themselves (the namespace and
+table names of ``cdc_platform.lake.iceberg``), and the models are Iceberg tables in the same
+catalog, in the namespace ``<server>_analytics`` (``models_schema``). Nothing is registered
+before a run: every engine that reads the catalog sees the models beside the lake tables.
+
 Two kinds of dbt vars, both computed here so that Dagster, the image build and a person running
 dbt by hand agree:
 
-* **parse vars** (server name, captured inventory database, its catalog schema) decide the
-  sources' schema and their ``meta.dagster.asset_key``, so they shape the manifest Dagster loads.
-  Each (server, database) gets its own manifest under ``dbt_project/target/<schema>/``: the image
-  build prepares the demo's, anything else is parsed once, when the code location first loads.
-* **run vars** add, per run, the file holding the statements that register the lake in dbt's
-  in-memory Spark catalog (``cdc_platform.lake.catalog``; the project's on-run-start hook runs
-  them), the model tables' location under the warehouse and the lake's Spark settings for dbt's
-  own session.
+* **parse vars** (server name, captured inventory database, the sources' namespace, the models'
+  namespace) decide the sources' schema and ``meta.dagster.asset_key`` and the models' schema,
+  so they shape the manifest Dagster loads. Each (server, database) gets its own manifest under
+  ``dbt_project/target/<server>_<db>/``: the image build prepares the demo's, anything else is
+  parsed once, when the code location first loads.
+* **run vars** add the Spark settings of dbt's own session (``spark_conf``).
 
 ``python -m cdc_platform.defs.dbt.project prepare|vars`` prepares a manifest (image build) or
-writes a catalog file and prints the run vars for the configured source, for running dbt by hand
+prints the run vars for the configured source, for running dbt by hand
 (``cd dbt_project && dbt build --profiles-dir . --vars "$(python -m ... vars)"``).
 """
 
@@ -24,11 +29,8 @@ import contextlib
 import fcntl
 import json
 import os
-import posixpath
 import sys
 import tempfile
-import uuid
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,16 +38,14 @@ from dagster_dbt import DbtCliResource, DbtProject
 
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.config import Settings, settings
-from cdc_platform.lake.catalog import catalog_database, parquet_table_sql, quote, target_table_sql
-from cdc_platform.lake.paths import Location, resolve
+from cdc_platform.lake.iceberg import SPARK_CATALOG, catalog_properties, namespace_name
 from cdc_platform.lake.spark import DEFAULT_CONF
-from cdc_platform.lake.table_format import TargetTable
 
 PROJECT_DIR_ENV = "CDC_DBT_PROJECT_DIR"
 INVENTORY_TABLES = ("customers", "products", "orders")
 DEFAULT_INVENTORY_DATABASE = "inventory"
-# Under the warehouse, beside the servers' folders; server names cannot start with "_".
-MODELS_FOLDER = "_dbt"
+# The models' namespace is ``<server>_analytics``; asset keys say ``<server>/analytics/<model>``.
+MODELS_SCHEMA = "analytics"
 
 
 def dbt_executable() -> str:
@@ -80,18 +80,29 @@ def inventory_database(tables: list[TableSchema]) -> str | None:
     return candidates[0] if candidates else None
 
 
+def models_schema(server_name: str) -> str:
+    """The catalog namespace of this source's model tables: ``<server>_analytics``.
+
+    Per server, because several sources may share one catalog; beside the lake's own
+    ``<server>_<db>`` namespaces (a captured database named ``analytics`` would share it, which
+    ``definitions.build`` refuses).
+    """
+    return namespace_name(server_name, MODELS_SCHEMA)
+
+
 def parse_vars(server_name: str, database: str) -> dict[str, str]:
     return {
         "cdc_server_name": server_name,
         "cdc_inventory_database": database,
-        "cdc_inventory_schema": catalog_database(server_name, database),
+        "cdc_inventory_schema": namespace_name(server_name, database),
+        "cdc_models_schema": models_schema(server_name),
     }
 
 
 def dbt_project(server_name: str, database: str) -> DbtProject:
     """The project with its own manifest location for this (server, database)."""
     return DbtProject(project_dir=project_dir(),
-                      target_path=Path("target") / catalog_database(server_name, database))
+                      target_path=Path("target") / namespace_name(server_name, database))
 
 
 def _newest_source_mtime(root: Path) -> float:
@@ -131,86 +142,34 @@ def prepare(project: DbtProject, server_name: str, database: str) -> Path:
     return project.manifest_path
 
 
-def models_location(settings: Settings) -> Location:
-    """Where the model tables of this source live: ``<warehouse>/_dbt/<server>/<model>``."""
-    return resolve(settings.warehouse.url).join(MODELS_FOLDER, settings.source.server_name)
-
-
 def spark_conf(settings: Settings) -> dict[str, str]:
-    """dbt's Spark session: the lake's settings, plus what dbt's table rebuilds need.
+    """dbt's Spark session: the lake's settings and its Iceberg catalog, as the default catalog.
 
-    dbt-spark rebuilds a table by ``DROP TABLE`` (files of an external table stay) and
-    ``CREATE TABLE ... LOCATION ... AS SELECT``, which Spark refuses on a non-empty location
-    unless allowed; the write then replaces the files.
+    The catalog gets the configured name and properties (``lake.iceberg.catalog_properties``, as
+    ``Lake`` registers it in the platform's sessions). It is the session's default catalog
+    because dbt-spark names relations ``schema.table``: the sources' namespace
+    ``<server>_<db>`` and the models' ``<server>_analytics`` then resolve in it.
     """
+    catalog = settings.warehouse.catalog
+    prefix = f"spark.sql.catalog.{catalog.name}"
+    properties = catalog_properties(settings.warehouse.url, catalog)
     return {
         **DEFAULT_CONF,
         "spark.master": settings.spark.master,
         "spark.app.name": f"{settings.spark.app_name}_dbt",
         "spark.sql.warehouse.dir": f"{tempfile.gettempdir()}/cdc-dbt-spark-warehouse",
-        "spark.sql.legacy.allowNonEmptyLocationInCTAS": "true",
+        prefix: SPARK_CATALOG,
+        **{f"{prefix}.{key}": value for key, value in properties.items()},
+        "spark.sql.defaultCatalog": catalog.name,
         **settings.spark.conf,
     }
 
 
-def _has_parquet(location: Location) -> bool:
-    return any(name.endswith(".parquet") for name in location.list_names())
-
-
-def catalog_statements(settings: Settings, manifest: Mapping[str, Any]) -> tuple[
-        list[str], list[str]]:
-    """Statements registering the sources' lake tables and the model tables built earlier.
-
-    Returns (statements, missing): ``missing`` lists sources whose target table has never been
-    materialised (dbt fails on the models reading them).
-    """
-    statements: list[str] = []
-    missing: list[str] = []
-    for source in manifest["sources"].values():
-        key = source.get("meta", {}).get("dagster", {}).get("asset_key")
-        if not key or len(key) != 3:
-            continue
-        server, database, table = key
-        registered = target_table_sql(TargetTable(settings.warehouse.url, server, database,
-                                                  table))
-        statements += registered
-        if not registered:
-            missing.append("/".join(key))
-    root = models_location(settings)
-    for node in manifest["nodes"].values():
-        if node["resource_type"] != "model" or node["config"].get("materialized") != "table":
-            continue
-        location = root.join(node["alias"])
-        if _has_parquet(location):
-            statements.append(f"CREATE DATABASE IF NOT EXISTS {quote(node['schema'])}")
-            statements.append(parquet_table_sql(node["schema"], node["alias"],
-                                                location.spark_uri))
-    return statements, missing
-
-
-def write_catalog(settings: Settings, statements: list[str]) -> Location:
-    """Store a run's catalog statements where dbt's Spark session can read them.
-
-    They go to a file under the warehouse rather than onto dbt's command line: one statement per
-    file set of every source table outgrows a command-line argument, and the warehouse is
-    readable wherever the Spark session's executors run. Delete it after the run.
-    """
-    location = models_location(settings).join("_catalog", f"{uuid.uuid4().hex}.json")
-    location.fs.create_dir(posixpath.dirname(location.path), recursive=True)
-    lines = "".join(json.dumps({"seq": i, "statement": s}) + "\n"
-                    for i, s in enumerate(statements))
-    with location.fs.open_output_stream(location.path) as stream:
-        stream.write(lines.encode())
-    return location
-
-
-def run_vars(settings: Settings, database: str, catalog: Location) -> dict[str, Any]:
-    """All vars of one dbt invocation, given the file holding its catalog statements."""
+def run_vars(settings: Settings, database: str) -> dict[str, Any]:
+    """All vars of one dbt invocation on the inventory tables of ``database``."""
     return {
         **parse_vars(settings.source.server_name, database),
-        "cdc_location_root": models_location(settings).spark_uri,
         "cdc_spark_conf": spark_conf(settings),
-        "cdc_catalog_file": catalog.spark_uri,
     }
 
 
@@ -226,13 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         server = args.server or settings().source.server_name
         print(prepare(dbt_project(server, args.database), server, args.database))
         return 0
-    config = settings()
-    server = config.source.server_name
-    manifest_path = prepare(dbt_project(server, args.database), server, args.database)
-    statements, missing = catalog_statements(config, json.loads(manifest_path.read_text()))
-    if missing:
-        print(f"not materialised yet: {', '.join(missing)}", file=sys.stderr)
-    print(json.dumps(run_vars(config, args.database, write_catalog(config, statements))))
+    print(json.dumps(run_vars(settings(), args.database)))
     return 0
 
 
