@@ -68,6 +68,9 @@ TABLE_PROPERTIES: dict[str, str] = {
     "write.merge.mode": "merge-on-read",
     "write.merge.isolation-level": "serializable",
     "write.parquet.compression-codec": "zstd",
+    # Every commit writes a metadata file (a batch: about four, with its branch); keep 100.
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "100",
 }
 
 
