@@ -23,7 +23,16 @@ ENV PYTHONUNBUFFERED=1 \
 WORKDIR /opt/cdc_platform
 COPY pyproject.toml README.md ./
 COPY cdc_platform ./cdc_platform
-RUN pip install ".[k8s]"
+# The lake's Iceberg Spark runtime (iceberg-spark-runtime-3.5_2.12-1.10.2.jar) comes with the
+# project's dependencies: the pinned wheel snowpark-connect-deps-iceberg==1.0.2 holds it, and
+# lake.spark.DEFAULT_CONF puts it on spark.jars at session start (lake.iceberg.iceberg_jar), as
+# in development. Nothing is copied or downloaded here; the build fails unless the jar is the
+# one scripts/bootstrap.sh checks. Jars a catalog needs besides (docs/iceberg.md) go into the
+# config's spark.conf.
+ARG ICEBERG_JAR_SHA256=c562d482dcd16b666e808b755469fbc4b2604284b41622c9d87e2c02b7cc6c5f
+RUN pip install ".[k8s]" \
+    && jar="$(python -c 'from cdc_platform.lake.iceberg import iceberg_jar; print(iceberg_jar())')" \
+    && echo "${ICEBERG_JAR_SHA256}  ${jar}" | sha256sum --check --strict
 
 COPY dbt_project ./dbt_project
 ARG DBT_MANIFESTS="demo:inventory"

@@ -21,6 +21,7 @@ from cdc_platform.capture.source import selector_from_settings
 from cdc_platform.config import Settings, settings
 from cdc_platform.defs.dbt import definitions as dbt_defs
 from cdc_platform.defs.lake import definitions as lake_defs
+from cdc_platform.defs.lake import maintenance as lake_maintenance
 from cdc_platform.defs.signals import definitions as signals_defs
 from cdc_platform.defs.snapshots import definitions as snapshots_defs
 from cdc_platform.defs.snapshots import sensors as snapshots_sensors
@@ -74,6 +75,7 @@ def build_definitions(config: Settings) -> dg.Definitions:
     return dg.Definitions.merge(
         streaming_defs.build(config),
         lake_defs.build(config, tables),
+        lake_maintenance.build(config, tables),
         snapshots_defs.build(config, snapshot_assets),
         snapshots_sensors.build(config, snapshot_assets),
         signals_defs.build(config, snapshot_assets),

@@ -25,6 +25,7 @@ import hashlib
 import logging
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -59,6 +60,8 @@ SPARK_CATALOG = "org.apache.iceberg.spark.SparkCatalog"
 CONSUMED_POS = "cdc.consumed-pos"
 CONSUMED_GTID = "cdc.consumed-gtid"
 BRANCH_PREFIX = "cdc_commit_"
+# A private branch older than this belongs to a writer that died (a MERGE takes minutes).
+STALE_BRANCH_HOURS = 6.0
 
 TABLE_PROPERTIES: dict[str, str] = {
     "format-version": "2",
@@ -67,6 +70,9 @@ TABLE_PROPERTIES: dict[str, str] = {
     "write.merge.mode": "merge-on-read",
     "write.merge.isolation-level": "serializable",
     "write.parquet.compression-codec": "zstd",
+    # Every commit writes a metadata file (a batch: about four, with its branch); keep 100.
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "100",
 }
 
 
@@ -442,7 +448,7 @@ class LakeTable:
         (empty) snapshot from its creation, so there always is a ``base``.
         """
         with self.writing():
-            branch = f"{BRANCH_PREFIX}{uuid.uuid4().hex}"
+            branch = branch_name()
             self.lake.sql(f"ALTER TABLE {self.identifier} CREATE BRANCH {quote(branch)} "
                           f"AS OF VERSION {base.snapshot_id}")
             try:
@@ -483,64 +489,111 @@ class LakeTable:
     # -- maintenance --------------------------------------------------------------------------
 
     def maintain(self, older_than: datetime, retain_last: int) -> dict[str, Any]:
-        """Compaction and retention with Iceberg's own procedures, keeping the consumed mark.
+        """Compaction and snapshot expiry with Iceberg's own Spark actions, keeping the mark.
 
-        ``rewrite_data_files`` (applying delete files), ``rewrite_position_delete_files``,
-        ``expire_snapshots`` older than ``older_than`` (keeping ``retain_last``), and
-        ``remove_orphan_files`` of crashed writers. The compaction's snapshot carries the mark
-        of the snapshot it rewrote; if a materialisation commits meanwhile, the compaction
-        fails or carries an older mark, and replaying from an older mark is idempotent.
+        In order: drop the private ``cdc_commit_*`` branches of writers that died between
+        creating and dropping them (``STALE_BRANCH_HOURS``); ``rewriteDataFiles`` (the action
+        behind the ``rewrite_data_files`` procedure), which rewrites every data file with a
+        delete file applying to it, and small files; ``rewritePositionDeletes`` with
+        ``rewrite-all`` (``rewrite_position_delete_files``), which drops the delete entries
+        the compaction left dangling (so a snapshot's ``rows`` stays exact); then
+        ``expireSnapshots`` older than ``older_than``, keeping the ``retain_last`` newest
+        snapshots of main, and deleting the files only expired snapshots referenced.
+
+        The actions, not the SQL procedures: only the actions take snapshot properties
+        (``snapshotProperty``; the procedures ignore ``CommitMetadata``), and both rewrite
+        snapshots must carry the consumed mark of the snapshot they rewrote, or expiry would
+        leave main with no mark and the next materialisation would replay the whole
+        changelog. Expiry also never removes the newest snapshot carrying a mark. If a
+        materialisation commits while a rewrite runs, the rewrite fails (it conflicts with
+        the new deletes) or lands on top with the older mark; replaying from an older mark
+        is idempotent (a MERGE never lets an older record overwrite a newer row).
+
+        Files a crashed writer wrote but never committed are not removed: that is the
+        ``remove_orphan_files`` procedure, not run here (it needs an age limit longer than
+        any write; docs/iceberg.md). Returns what each action did, by its output's name.
         """
         report: dict[str, Any] = {}
         base, mark = self.base_and_mark()
         if base is None:
             return report
-        properties = {} if mark is None else {
-            CONSUMED_POS: mark.summary.get(CONSUMED_POS, ""),
-            CONSUMED_GTID: mark.summary.get(CONSUMED_GTID, "")}
-        catalog = quote(self.lake.catalog)
-        name = _sql_string(self._procedure_name())
+        jvm = self.spark.sparkContext._jvm
+        jspark = self.spark._jsparkSession  # type: ignore[attr-defined]
+        actions = jvm.org.apache.iceberg.spark.actions.SparkActions.get(jspark)
+
+        def table() -> Any:  # fresh metadata for each action (the catalog cache is off)
+            return jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
+                jspark, self.identifier)
+
+        def marked(action: Any) -> Any:
+            mark = self.mark_of(self.history())
+            if mark is not None:
+                for key in (CONSUMED_POS, CONSUMED_GTID):
+                    action = action.snapshotProperty(key, mark.summary.get(key, ""))
+            return action
+
         with self.writing():
-            for branch in self._stale_branches():
+            stale = self._stale_branches()
+            for branch in stale:
                 self.lake.sql(f"ALTER TABLE {self.identifier} DROP BRANCH IF EXISTS "
                               f"{quote(branch)}")
-            with commit_properties(self.spark, properties) as run:
-                rows = run(lambda: self.lake.sql(
-                    f"CALL {catalog}.system.rewrite_data_files(table => '{name}', "
-                    "options => map('delete-file-threshold', '1', 'min-input-files', '2'))"
-                ).collect())
-                report["rewritten_data_files"] = rows[0][0] if rows else 0
-                report["added_data_files"] = rows[0][1] if rows else 0
-                rows = run(lambda: self.lake.sql(
-                    f"CALL {catalog}.system.rewrite_position_delete_files(table => '{name}')"
-                ).collect())
-                report["rewritten_delete_files"] = rows[0][0] if rows else 0
-        with self.writing():
-            stamp = older_than.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
-            rows = self.lake.sql(
-                f"CALL {catalog}.system.expire_snapshots(table => '{name}', "
-                f"older_than => TIMESTAMP '{stamp}', retain_last => {int(retain_last)})").collect()
-            if rows:
-                report["deleted_data_files"] = rows[0][0]
-                report["deleted_delete_files"] = rows[0][1] + rows[0][2]
-                report["deleted_manifests"] = rows[0][3]
+            report["dropped_stale_branches"] = len(stale)
+            rewrite = marked(actions.rewriteDataFiles(table())).option(
+                "delete-file-threshold", "1").option("min-input-files", "2").execute()
+            report["rewritten_data_files_count"] = rewrite.rewrittenDataFilesCount()
+            report["added_data_files_count"] = rewrite.addedDataFilesCount()
+            report["rewritten_bytes_count"] = rewrite.rewrittenBytesCount()
+            report["failed_data_files_count"] = rewrite.failedDataFilesCount()
+            deletes = marked(actions.rewritePositionDeletes(table())).option(
+                "rewrite-all", "true").execute()
+            report["rewritten_delete_files_count"] = deletes.rewrittenDeleteFilesCount()
+            report["added_delete_files_count"] = deletes.addedDeleteFilesCount()
+            before = len(self.snapshots())
+            chain = self.history()
+            mark = self.mark_of(chain)
+            keep = max(int(retain_last), 1, chain.index(mark) + 1 if mark is not None else 1)
+            expired = actions.expireSnapshots(table()).expireOlderThan(
+                int(older_than.timestamp() * 1000)).retainLast(keep).execute()
+        report["expired_snapshots"] = before - len(self.snapshots())
+        report["deleted_data_files_count"] = expired.deletedDataFilesCount()
+        report["deleted_position_delete_files_count"] = \
+            expired.deletedPositionDeleteFilesCount()
+        report["deleted_manifest_files_count"] = expired.deletedManifestsCount()
+        report["deleted_manifest_lists_count"] = expired.deletedManifestListsCount()
         return report
 
-    def _stale_branches(self, max_age_hours: float = 1.0) -> list[str]:
-        """Private branches of writers that died between creating and dropping them."""
+    def _stale_branches(self) -> list[str]:
+        """Private branches of writers that died between creating and dropping them: older
+        than ``STALE_BRANCH_HOURS`` by the time in their name (by their snapshot's time for
+        names without one)."""
         rows = self.lake.sql(f"SELECT name, snapshot_id FROM {self.metadata_table('refs')} "
                              f"WHERE type = 'BRANCH' AND name LIKE '{BRANCH_PREFIX}%'").collect()
         if not rows:
             return []
         by_id = {s.snapshot_id: s for s in self.snapshots()}
-        now = datetime.now(UTC)
+        now = time.time()
         stale = []
         for row in rows:
-            snapshot = by_id.get(row.snapshot_id)
-            if snapshot is None or (now - snapshot.committed_at).total_seconds() > \
-                    max_age_hours * 3600:
+            created = branch_created(row.name)
+            if created is None:
+                snapshot = by_id.get(row.snapshot_id)
+                created = snapshot.committed_at.timestamp() if snapshot is not None else 0.0
+            if now - created > STALE_BRANCH_HOURS * 3600:
                 stale.append(row.name)
         return stale
+
+
+def branch_name(created: float | None = None) -> str:
+    """A writer's private branch: ``cdc_commit_<unix seconds>_<uuid>``. The time lets
+    maintenance tell a crashed writer's branch from one in use, whatever its base's age."""
+    stamp = int(time.time() if created is None else created)
+    return f"{BRANCH_PREFIX}{stamp}_{uuid.uuid4().hex}"
+
+
+def branch_created(name: str) -> float | None:
+    """The creation time (unix seconds) in a ``branch_name``, or None."""
+    stamp = name[len(BRANCH_PREFIX):].split("_", 1)[0]
+    return float(stamp) if name.startswith(BRANCH_PREFIX) and stamp.isdigit() else None
 
 
 @contextlib.contextmanager

@@ -1,0 +1,89 @@
+"""Lake table maintenance as Dagster work: compaction and snapshot expiry (docs/iceberg.md).
+
+A merge-on-read table gathers a delete file and a small data file per materialisation, and a
+snapshot per materialisation: reads slow down and storage grows until something rewrites and
+expires them. The job ``lake_maintenance`` does that with Iceberg's own actions
+(``LakeTable.maintain``), one op per captured table so one table's failure leaves the others
+maintained; the schedule runs it on ``warehouse.maintenance_cron`` once turned on (it starts
+stopped: compaction rewrites data, which an operator should choose to schedule). What each
+action did is the op's output metadata and an observation on the table's asset.
+"""
+
+from datetime import datetime, timedelta
+
+import dagster as dg
+from dagster_pyspark import LazyPySparkResource
+
+from cdc_platform.capture.names import joined_name
+from cdc_platform.capture.schema import TableSchema
+from cdc_platform.config import Settings
+from cdc_platform.defs.lake.definitions import target_key
+from cdc_platform.lake.iceberg import Lake
+from cdc_platform.lake.spark import ensure_lake_conf
+
+JOB_NAME = "lake_maintenance"
+SCHEDULE_NAME = "lake_maintenance_schedule"
+
+
+def maintenance_op(settings: Settings, schema: TableSchema) -> dg.OpDefinition:
+    """The op maintaining one table's Iceberg table (nothing to do before it exists)."""
+    server = settings.source.server_name
+    warehouse = settings.warehouse
+
+    @dg.op(
+        name=joined_name("maintain", server, schema.database, schema.table),
+        description=f"Compacts the Iceberg table of {schema.table_id} (data files with "
+        "deletes and small files rewritten, dangling deletes dropped) and expires its "
+        f"snapshots older than {warehouse.snapshot_retention_hours:g} h, keeping the newest "
+        f"{warehouse.min_snapshots_to_keep}; the consumed changelog mark is kept.",
+        out=dg.Out(dg.Nothing),
+    )
+    def maintain(context: dg.OpExecutionContext, pyspark: LazyPySparkResource) -> dg.Output:
+        spark = pyspark.spark_session
+        ensure_lake_conf(spark)
+        target = Lake.from_settings(spark, settings).table(server, schema.database, schema.table)
+        if not target.exists():
+            context.log.info(f"{schema.table_id}: {target.identifier} does not exist yet")
+            return dg.Output(None, metadata={"table": target.identifier, "exists": False})
+        older_than = datetime.now() - timedelta(hours=warehouse.snapshot_retention_hours)
+        report = target.maintain(older_than, warehouse.min_snapshots_to_keep)
+        current = target.current()
+        marked = target.mark_of(target.history())
+        metadata = {
+            "table": target.identifier,
+            "exists": True,
+            **report,
+            "snapshots": len(target.snapshots()),
+            "expired_before": older_than.isoformat(timespec="seconds"),
+            "consumed_position": (marked.consumed_pos if marked and marked.consumed_pos is not None
+                                  else -1),
+            **(current.metadata() if current is not None else {}),
+        }
+        context.log.info(f"{schema.table_id}: maintained {target.identifier}: {report}")
+        context.log_event(dg.AssetObservation(asset_key=target_key(settings, schema),
+                                              metadata=metadata))
+        return dg.Output(None, metadata=metadata)
+
+    return maintain
+
+
+def build(settings: Settings, tables: list[TableSchema]) -> dg.Definitions:
+    """The ``lake_maintenance`` job over the tables with a target asset (none yet: an empty
+    job), and its schedule."""
+    ops = [maintenance_op(settings, t) for t in tables if t.primary_key]
+    job = dg.GraphDefinition(
+        name=JOB_NAME,
+        node_defs=ops,
+        description="Compaction and snapshot expiry of every lake table (Iceberg's "
+        "rewrite-data-files, rewrite-position-deletes and expire-snapshots actions), keeping "
+        "each table's consumed changelog mark.",
+    ).to_job(executor_def=dg.in_process_executor)  # one Spark session for every table
+    schedule = dg.ScheduleDefinition(
+        name=SCHEDULE_NAME,
+        job=job,
+        cron_schedule=settings.warehouse.maintenance_cron,
+        default_status=dg.DefaultScheduleStatus.STOPPED,
+        description="Runs lake_maintenance on warehouse.maintenance_cron; stopped until "
+        "turned on.",
+    )
+    return dg.Definitions(jobs=[job], schedules=[schedule])
