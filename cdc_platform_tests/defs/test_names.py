@@ -20,7 +20,7 @@ import cdc_platform
 from cdc_platform.capture.names import table_id
 from cdc_platform.capture.source import quote_identifier as q
 from cdc_platform.definitions import build_definitions
-from cdc_platform.lake.iceberg import Lake
+from cdc_platform.lake.iceberg import Lake, namespace_name
 from cdc_platform.lake.merge import materialise
 from cdc_platform_tests.conftest import CdcEnv
 
@@ -71,8 +71,10 @@ def test_definitions_load_and_every_awkward_table_materialises(cdc_env, spark):
     landing = env.landing.root / "changelog" / env.db
     assert len(list(landing.iterdir())) == len(TABLES)
     assert all(p.parent.parent == landing for p in _files_under(landing))
-    warehouse = env.root / "warehouse" / env.server_name / env.db
+    # The Iceberg (Hadoop catalog) layout: <warehouse>/<server>_<db>/<table>/{metadata,data}.
+    warehouse = env.root / "warehouse" / namespace_name(env.server_name, env.db)
     assert len(list(warehouse.iterdir())) == len(TABLES)
+    assert all((table / "metadata").is_dir() for table in warehouse.iterdir())
 
 
 DAGSTER = str(Path(sys.executable).with_name("dagster"))
