@@ -361,10 +361,10 @@ class LakeTable:
     def read(self, snapshot_id: int | None = None, with_position: bool = False) -> DataFrame:
         """The table's rows (user columns; ``with_position`` adds ``__cdc_pos``), now or at a
         snapshot (time travel)."""
-        reader = self.spark.read
-        if snapshot_id is not None:
-            reader = reader.option("snapshot-id", str(snapshot_id))
-        df = reader.table(self.identifier)
+        if snapshot_id is None:
+            df = self.spark.read.table(self.identifier)
+        else:  # VERSION AS OF reads with the snapshot's schema (the read option: today's)
+            df = self.spark.sql(f"SELECT * FROM {self.identifier} VERSION AS OF {int(snapshot_id)}")
         return df if with_position else df.drop(POS)
 
     def read_branch(self, branch: str) -> DataFrame:
@@ -461,17 +461,28 @@ class LakeTable:
             for branch in self._stale_branches():
                 self.lake.sql(f"ALTER TABLE {self.identifier} DROP BRANCH IF EXISTS "
                               f"{quote(branch)}")
-            with commit_properties(self.spark, properties) as run:
-                rows = run(lambda: self.lake.sql(
-                    f"CALL {catalog}.system.rewrite_data_files(table => '{name}', "
-                    "options => map('delete-file-threshold', '1', 'min-input-files', '2'))"
-                ).collect())
-                report["rewritten_data_files"] = rows[0][0] if rows else 0
-                report["added_data_files"] = rows[0][1] if rows else 0
-                rows = run(lambda: self.lake.sql(
-                    f"CALL {catalog}.system.rewrite_position_delete_files(table => '{name}')"
-                ).collect())
-                report["rewritten_delete_files"] = rows[0][0] if rows else 0
+            # The Spark actions, not the procedures: only actions take snapshot properties
+            # (the procedures ignore CommitMetadata, and a compaction without the mark would
+            # lose it once expiry removes the snapshots that carry it).
+            jvm = self.spark.sparkContext._jvm
+            jspark = self.spark._jsparkSession  # noqa: SLF001 - the JVM session of the actions
+            actions = jvm.org.apache.iceberg.spark.actions.SparkActions.get(jspark)
+            table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
+                jspark, self.identifier)
+            rewrite = actions.rewriteDataFiles(table) \
+                .option("delete-file-threshold", "1").option("min-input-files", "2") \
+                .option("remove-dangling-deletes", "true")
+            for key, value in properties.items():
+                rewrite = rewrite.snapshotProperty(key, value)
+            result = rewrite.execute()
+            report["rewritten_data_files"] = result.rewrittenDataFilesCount()
+            report["added_data_files"] = result.addedDataFilesCount()
+            report["removed_delete_files"] = result.removedDeleteFilesCount()
+            table.refresh()
+            deletes = actions.rewritePositionDeletes(table).option("rewrite-all", "true")
+            for key, value in properties.items():
+                deletes = deletes.snapshotProperty(key, value)
+            report["rewritten_delete_files"] = deletes.execute().rewrittenDeleteFilesCount()
         stamp = older_than.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
         rows = self.lake.sql(
             f"CALL {catalog}.system.expire_snapshots(table => '{name}', "
