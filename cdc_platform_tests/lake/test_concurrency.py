@@ -152,9 +152,9 @@ def test_two_threads_materialising_one_table_while_data_arrives_lose_no_update(
 
     def writer() -> None:
         try:
-            for batch in range(1, 13):
+            for batch in range(1, 16):
                 changelog.write(random_changes(rng, live, batch))
-                time.sleep(0.3)
+                time.sleep(1.0)
         finally:
             writing.clear()
 

@@ -69,11 +69,13 @@ def third_party_rows(lake_table: LakeTable, snapshot_id: int | None = None) -> l
 def canonical(value: Any, utc: bool = False) -> Any:
     """One value in a form both readers agree on only if the values are exactly equal.
 
-    Decimals keep their scale (``str``), binary is ``bytes``, instants are aware UTC datetimes
-    (``utc``: Spark collects TIMESTAMP values as naive local time).
+    Decimals compare by exact value (the column's type fixes the scale; PySpark may collect
+    1E-10 of a DECIMAL(38,10) as ``Decimal('1.00E-10')``), binary is ``bytes``, floats compare
+    bit for bit, instants are aware UTC datetimes (``utc``: Spark collects TIMESTAMP values as
+    naive local time).
     """
     if isinstance(value, Decimal):
-        return ("decimal", str(value))
+        return ("decimal", str(value.normalize()))
     if isinstance(value, bytearray | memoryview):
         return bytes(value)
     if isinstance(value, datetime) and utc:
