@@ -390,8 +390,9 @@ class LakeTable:
         """
         with _commit_lock:
             if base is None:
-                self._with_properties(properties, lambda: self.lake.sql(
-                    merge_sql(self.identifier)))
+                with self._race_lost():
+                    self._with_properties(properties, lambda: self.lake.sql(
+                        merge_sql(self.identifier)))
                 current = self.current()
                 assert current is not None
                 if current.parent_id is not None and current.summary.get(CONSUMED_POS) != \
@@ -399,28 +400,48 @@ class LakeTable:
                     raise ConcurrentCommitError(self._race_message())
                 return current
             branch = f"{BRANCH_PREFIX}{uuid.uuid4().hex}"
-            self.lake.sql(f"ALTER TABLE {self.identifier} CREATE BRANCH {quote(branch)} "
-                          f"AS OF VERSION {base.snapshot_id}")
+            with self._race_lost():
+                self.lake.sql(f"ALTER TABLE {self.identifier} CREATE BRANCH {quote(branch)} "
+                              f"AS OF VERSION {base.snapshot_id}")
             try:
                 target = f"{self.identifier}.{quote('branch_' + branch)}"
                 if prepare is not None:
                     prepare(branch)
-                self._with_properties(properties, lambda: self.lake.sql(merge_sql(target)))
-                try:
+                with self._race_lost():
+                    self._with_properties(properties, lambda: self.lake.sql(merge_sql(target)))
+                published = self._branch_head(branch)
+                with self._race_lost():
                     self.lake.sql(f"CALL {quote(self.lake.catalog)}.system.fast_forward("
                                   f"table => '{_sql_string(self._procedure_name())}', "
                                   f"branch => 'main', to => '{branch}')").collect()
-                except Exception as error:  # noqa: BLE001 - Py4J wraps Iceberg's exceptions
-                    if "ancestor" in str(error) or "fast-forward" in str(error).lower():
-                        raise ConcurrentCommitError(self._race_message()) from None
-                    raise
             finally:
                 with contextlib.suppress(Exception):
                     self.lake.sql(f"ALTER TABLE {self.identifier} DROP BRANCH IF EXISTS "
                                   f"{quote(branch)}")
-            current = self.current()
-            assert current is not None
-            return current
+            # main may have moved on since (another process): report the snapshot published
+            return next(s for s in self.snapshots() if s.snapshot_id == published)
+
+    @contextlib.contextmanager
+    def _race_lost(self) -> Iterator[None]:
+        """Iceberg's refusals of a commit because another writer changed the table first, as
+        ConcurrentCommitError: ``fast_forward`` when main is no longer an ancestor of the
+        branch, and any metadata commit (branch creation, the MERGE, the fast-forward) that
+        lost the swap of the table's metadata to another process (CommitFailedException)."""
+        try:
+            yield
+        except Exception as error:  # noqa: BLE001 - Py4J wraps Iceberg's exceptions
+            text = str(error)
+            if "ancestor" in text or "fast-forward" in text.lower() or \
+                    "CommitFailedException" in text:
+                raise ConcurrentCommitError(self._race_message()) from None
+            raise
+
+    def _branch_head(self, branch: str) -> int:
+        rows = self.lake.sql(f"SELECT snapshot_id FROM {self.metadata_table('refs')} "
+                             f"WHERE name = '{_sql_string(branch)}'").collect()
+        if not rows:
+            raise ConcurrentCommitError(self._race_message())  # dropped by another writer
+        return int(rows[0].snapshot_id)
 
     def _race_message(self) -> str:
         return (f"{self.table_id}: another materialisation committed to {self.identifier} "

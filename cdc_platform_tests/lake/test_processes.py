@@ -10,6 +10,7 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 
@@ -75,6 +76,7 @@ while not (barrier / "stop").exists():
                          "consumed_pos": result.consumed_pos})
     except ConcurrentCommitError as error:
         outcomes.append({"error": "ConcurrentCommitError"})
+    (barrier / f"{name}.run{len(outcomes)}").touch()
 print(json.dumps(outcomes))
 spark.stop()
 """
@@ -85,13 +87,26 @@ def python_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": pythonpath}
 
 
+def errors(stderr: str) -> str:
+    """A process's stderr without JVM stack frames and log noise: the Python traceback and
+    the Java exception messages."""
+    lines = [line for line in stderr.splitlines()
+             if not line.lstrip().startswith(("at ", "...")) and " WARN " not in line]
+    return "\n".join(lines)[-4000:]
+
+
 def wait_for(path: Path, procs: list[subprocess.Popen], timeout: float = 240) -> None:
+    wait_until(path.exists, procs, timeout)
+
+
+def wait_until(condition: Callable[[], bool], procs: list[subprocess.Popen],
+               timeout: float = 240) -> None:
     deadline = time.monotonic() + timeout
-    while not path.exists():
+    while not condition():
         for proc in procs:
             if proc.poll() is not None:
-                raise AssertionError(f"a process ended early:\n{proc.stderr.read()[-3000:]}")
-        assert time.monotonic() < deadline, f"timed out waiting for {path}"
+                raise AssertionError(f"a process ended early:\n{errors(proc.stderr.read())}")
+        assert time.monotonic() < deadline, f"timed out waiting for {condition}"
         time.sleep(0.1)
 
 
@@ -115,7 +130,7 @@ def test_two_spark_processes_overlap_on_different_tables(tmp_path: Path):
     results = {}
     for table, proc in procs.items():
         out, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, f"{table} failed:\n{err[-3000:]}"
+        assert proc.returncode == 0, f"{table} failed:\n{errors(err)}"
         results[table] = json.loads(out.strip().splitlines()[-1])
     assert results == {
         "left": {"committed": True, "rows": 5, "count": 5},
@@ -150,15 +165,16 @@ def test_two_spark_processes_materialising_one_table_lose_no_update(spark, tmp_p
     try:
         for name in ("one", "two"):
             wait_for(barrier / f"{name}.started", procs)
-        for batch in range(1, 16):
+        for batch in range(1, 11):
+            runs = len(list(barrier.glob("*.run*")))
             changelog.write(random_changes(rng, live, batch))
-            time.sleep(0.5)
-        time.sleep(2)
+            # let the processes run about twice per batch, so batches land mid-run
+            wait_until(lambda runs=runs: len(list(barrier.glob("*.run*"))) >= runs + 2, procs)
         (barrier / "stop").touch()
         outcomes = []
         for proc in procs:
             out, err = proc.communicate(timeout=300)
-            assert proc.returncode == 0, err[-3000:]
+            assert proc.returncode == 0, errors(err)
             outcomes.append(json.loads(out.strip().splitlines()[-1]))
     finally:
         for proc in procs:
