@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from cdc_platform.lake.iceberg import ConcurrentCommitError, LakeTable
+from cdc_platform.lake.iceberg import ConcurrentCommitError, Lake, LakeTable
 from cdc_platform.lake.merge import COMMIT_ATTEMPTS
 from cdc_platform_tests.lake.helpers import (
     Changelog,
@@ -188,3 +188,33 @@ def test_two_threads_materialising_one_table_while_data_arrives_lose_no_update(
     retried = sum(1 for o in outcomes if not isinstance(o, BaseException) and o.attempts > 1)
     print(f"{len(outcomes)} materialisations, {retried} retried after losing the race, "
           f"{sum(isinstance(o, ConcurrentCommitError) for o in outcomes)} gave up")
+
+
+def test_the_result_reports_the_snapshot_this_run_published(spark, landing, warehouse,
+                                                            monkeypatch):
+    """Another process may commit right after this run's fast_forward: the result still names
+    this run's snapshot (its mark, its rows), not whatever main holds by then."""
+    changelog = Changelog(landing)
+    changelog.write([("c", r(1, "a"))])
+    materialise_table(spark, landing, warehouse, S)
+    changelog.write([("c", r(2, "b"))])  # position 2: this run's batch
+    real_sql = Lake.sql
+    later: list[Any] = []
+
+    def sql(self, statement):
+        result = real_sql(self, statement)
+        if "fast_forward" in statement and not later:
+            later.append(None)
+            result = result.collect()
+            changelog.write([("c", r(3, "c")), ("c", r(4, "d"))])  # 3, 4
+            later[0] = materialise_table(spark, landing, warehouse, S)
+            return spark.createDataFrame(result) if result else spark.range(0)
+        return result
+
+    monkeypatch.setattr(Lake, "sql", sql)
+    result = materialise_table(spark, landing, warehouse, S)
+    monkeypatch.undo()
+    assert later[0].committed and later[0].consumed_pos == 4
+    assert result.consumed_pos == result.snapshot.consumed_pos == 2
+    assert result.rows == 2 and result.snapshot.snapshot_id == later[0].snapshot.parent_id
+    assert target_table(spark, warehouse, S).current().snapshot_id == later[0].snapshot_id
