@@ -142,6 +142,7 @@ def quote(identifier: str) -> str:
 
 _register_lock = threading.Lock()
 _commit_lock = threading.RLock()  # commit properties and branch writes of one process
+_held_locks = threading.local()  # table lock files this thread holds (LakeTable.writing)
 
 
 class Lake:
@@ -275,11 +276,17 @@ class LakeTable:
                 return
             os.makedirs(self.lake.lock_dir, exist_ok=True)
             path = os.path.join(self.lake.lock_dir, f".{self.namespace}.{self.name}.cdc-lock")
+            held = _held_locks.__dict__.setdefault("paths", set())
+            if path in held:  # re-entered by this thread: flock on a new descriptor would wait
+                yield
+                return
             with open(path, "a") as handle:
                 fcntl.flock(handle, fcntl.LOCK_EX)
+                held.add(path)
                 try:
                     yield
                 finally:
+                    held.discard(path)
                     fcntl.flock(handle, fcntl.LOCK_UN)
 
     def metadata_table(self, name: str) -> str:
@@ -421,10 +428,10 @@ class LakeTable:
     def read(self, snapshot_id: int | None = None, with_position: bool = False) -> DataFrame:
         """The table's rows (user columns; ``with_position`` adds ``__cdc_pos``), now or at a
         snapshot (time travel)."""
-        reader = self.spark.read
-        if snapshot_id is not None:
-            reader = reader.option("snapshot-id", str(snapshot_id))
-        df = reader.table(self.identifier)
+        if snapshot_id is None:
+            df = self.spark.read.table(self.identifier)
+        else:  # VERSION AS OF reads with the snapshot's schema (the read option: today's)
+            df = self.spark.sql(f"SELECT * FROM {self.identifier} VERSION AS OF {int(snapshot_id)}")
         return df if with_position else df.drop(POS)
 
     def read_branch(self, branch: str) -> DataFrame:
@@ -449,28 +456,48 @@ class LakeTable:
         """
         with self.writing():
             branch = branch_name()
-            self.lake.sql(f"ALTER TABLE {self.identifier} CREATE BRANCH {quote(branch)} "
-                          f"AS OF VERSION {base.snapshot_id}")
+            with self._race_lost():
+                self.lake.sql(f"ALTER TABLE {self.identifier} CREATE BRANCH {quote(branch)} "
+                              f"AS OF VERSION {base.snapshot_id}")
             try:
                 target = f"{self.identifier}.{quote('branch_' + branch)}"
                 if prepare is not None:
                     prepare(branch)
-                self._with_properties(properties, lambda: self.lake.sql(merge_sql(target)))
-                try:
+                with self._race_lost():
+                    self._with_properties(properties, lambda: self.lake.sql(merge_sql(target)))
+                published = self._branch_head(branch)
+                with self._race_lost():
                     self.lake.sql(f"CALL {quote(self.lake.catalog)}.system.fast_forward("
                                   f"table => '{_sql_string(self._procedure_name())}', "
                                   f"branch => 'main', to => '{branch}')").collect()
-                except Exception as error:  # noqa: BLE001 - Py4J wraps Iceberg's exceptions
-                    if "ancestor" in str(error) or "fast-forward" in str(error).lower():
-                        raise ConcurrentCommitError(self._race_message()) from None
-                    raise
             finally:
                 with contextlib.suppress(Exception):
                     self.lake.sql(f"ALTER TABLE {self.identifier} DROP BRANCH IF EXISTS "
                                   f"{quote(branch)}")
-            current = self.current()
-            assert current is not None
-            return current
+            # main may have moved on since (another process): report the snapshot published
+            return next(s for s in self.snapshots() if s.snapshot_id == published)
+
+    @contextlib.contextmanager
+    def _race_lost(self) -> Iterator[None]:
+        """Iceberg's refusals of a commit because another writer changed the table first, as
+        ConcurrentCommitError: ``fast_forward`` when main is no longer an ancestor of the
+        branch, and any metadata commit (branch creation, the MERGE, the fast-forward) that
+        lost the swap of the table's metadata to another process (CommitFailedException)."""
+        try:
+            yield
+        except Exception as error:  # noqa: BLE001 - Py4J wraps Iceberg's exceptions
+            text = str(error)
+            if "ancestor" in text or "fast-forward" in text.lower() or \
+                    "CommitFailedException" in text:
+                raise ConcurrentCommitError(self._race_message()) from None
+            raise
+
+    def _branch_head(self, branch: str) -> int:
+        rows = self.lake.sql(f"SELECT snapshot_id FROM {self.metadata_table('refs')} "
+                             f"WHERE name = '{_sql_string(branch)}'").collect()
+        if not rows:
+            raise ConcurrentCommitError(self._race_message())  # dropped by another writer
+        return int(rows[0].snapshot_id)
 
     def _race_message(self) -> str:
         return (f"{self.table_id}: another materialisation committed to {self.identifier} "
@@ -539,7 +566,8 @@ class LakeTable:
                               f"{quote(branch)}")
             report["dropped_stale_branches"] = len(stale)
             rewrite = marked(actions.rewriteDataFiles(table())).option(
-                "delete-file-threshold", "1").option("min-input-files", "2").execute()
+                "delete-file-threshold", "1").option("min-input-files", "2").option(
+                "remove-dangling-deletes", "true").execute()
             report["rewritten_data_files_count"] = rewrite.rewrittenDataFilesCount()
             report["added_data_files_count"] = rewrite.addedDataFilesCount()
             report["rewritten_bytes_count"] = rewrite.rewrittenBytesCount()

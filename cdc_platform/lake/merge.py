@@ -163,7 +163,12 @@ def materialise(
     target = Lake(spark, warehouse_url, catalog).table(server_name, database, table)
     for attempt in range(1, COMMIT_ATTEMPTS + 1):
         try:
-            return _materialise_once(spark, landing_url, target, schema_hint, started, attempt)
+            # Writers of one table in this process (and, on a local Hadoop-catalog warehouse,
+            # in other processes) take turns from the mark read to the publication, so they
+            # do not keep invalidating each other; the commit itself stays a compare-and-swap.
+            with target.writing():
+                return _materialise_once(spark, landing_url, target, schema_hint, started,
+                                         attempt)
         except ConcurrentCommitError:
             if attempt == COMMIT_ATTEMPTS:
                 raise

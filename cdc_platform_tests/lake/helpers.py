@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ import pyarrow.parquet as pq
 from cdc_platform.capture.landing import changelog_parts
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.lake.columns import snapshot_arrow_fields
+from cdc_platform.lake.iceberg import Lake, LakeTable
 
 SERVER = "demo"
 
@@ -121,7 +124,60 @@ def materialise_table(spark: Any, landing: Landing, warehouse: str, table_schema
                        table_schema.database, table_schema.table, **kwargs)
 
 
-def target_table(warehouse: str, table_schema: TableSchema) -> Any:
-    from cdc_platform.lake.table_format import TargetTable
+def target_table(spark: Any, warehouse: str, table_schema: TableSchema) -> LakeTable:
+    """The Iceberg table a test landing zone's table materialises into (default catalog)."""
+    return Lake(spark, warehouse).table(SERVER, table_schema.database, table_schema.table)
 
-    return TargetTable(warehouse, SERVER, table_schema.database, table_schema.table)
+
+class Changelog:
+    """A test landing zone's table and the model of what its changelog holds (every record
+    with its position), so a test can say what any snapshot must contain."""
+
+    def __init__(self, landing: Landing, table_schema: TableSchema | None = None) -> None:
+        self.landing = landing
+        self.schema = table_schema or schema("orders")
+        self.records: list[tuple[int, str, dict]] = []
+
+    def write(self, changes: list[tuple[str, dict]]) -> None:
+        first, _ = self.landing.segment(self.schema, changes)
+        for offset, (op, row) in enumerate(changes):
+            self.records.append((first + offset, op, row))
+
+    def fold(self, up_to: int | None = None) -> dict[Any, dict]:
+        """{id: row} after every record up to position ``up_to`` (all by default)."""
+        live: dict[Any, dict] = {}
+        for pos, op, row in sorted(self.records, key=lambda record: record[0]):
+            if up_to is not None and pos > up_to:
+                break
+            if op == "d":
+                live.pop(row["id"], None)
+            else:
+                live[row["id"]] = row
+        return live
+
+
+def random_changes(rng: random.Random, live: set[int], batch: int) -> list[tuple[str, dict]]:
+    """A batch of inserts, updates and deletes of ``schema("orders")`` rows; ``live`` keeps
+    the keys that exist."""
+    changes: list[tuple[str, dict]] = []
+    for _ in range(rng.randrange(1, 12)):
+        key = rng.randrange(30)
+        if key in live and rng.random() < 0.3:
+            changes.append(("d", {"id": key}))
+            live.discard(key)
+        else:
+            row = {"id": key, "name": f"b{batch}-{rng.randrange(999)}", "amount": Decimal("1.00")}
+            changes.append(("u" if key in live else "c", row))
+            live.add(key)
+    return changes
+
+
+def assert_every_published_snapshot_is_a_fold(table: LakeTable, changelog: Changelog) -> None:
+    """Along main, marks only grow, and each snapshot holds exactly the fold up to its mark:
+    no commit lost another's update, none published a partial batch."""
+    marked = [s for s in table.history() if s.consumed_pos is not None]
+    marks = [s.consumed_pos for s in marked]
+    assert marks == sorted(marks, reverse=True) and len(set(marks)) == len(marks), marks
+    for snapshot in marked:
+        assert rows_of(table.read(snapshot_id=snapshot.snapshot_id)) == changelog.fold(
+            snapshot.consumed_pos), f"snapshot {snapshot.snapshot_id} at {snapshot.consumed_pos}"

@@ -1,23 +1,30 @@
-"""Materialisation: folding by position, idempotence, crashes, races, schema evolution."""
+"""Materialisation into Iceberg tables: folding by position, idempotence, crashes, schema
+evolution, time travel, merge-on-read, maintenance, and a third-party reader (pyiceberg) that
+must read exactly what Spark reads."""
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import re
-import time
+from datetime import datetime, timedelta
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
-from pyspark.sql.types import DecimalType, LongType, StringType
+from pyspark.sql.types import DecimalType, DoubleType, LongType, StringType
 
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
+from cdc_platform.lake import iceberg
+from cdc_platform.lake.iceberg import (
+    BRANCH_PREFIX,
+    CONSUMED_GTID,
+    CONSUMED_POS,
+    Lake,
+    LakeTable,
+    SchemaEvolutionError,
+    quote,
+)
 from cdc_platform.lake.merge import MergeResult, materialise
-from cdc_platform.lake.table_format import ConcurrentCommitError, TargetTable
 from cdc_platform_tests.lake.helpers import (
     SERVER,
     Landing,
@@ -26,6 +33,7 @@ from cdc_platform_tests.lake.helpers import (
     schema,
     target_table,
 )
+from cdc_platform_tests.lake.third_party import assert_third_party_reads_same, third_party_rows
 
 S = schema("orders")
 
@@ -35,12 +43,15 @@ def run(spark: SparkSession, landing: Landing, warehouse: str, table_schema: Tab
     return materialise_table(spark, landing, warehouse, table_schema, **kwargs)
 
 
-def target(warehouse: str, table_schema: TableSchema = S) -> TargetTable:
-    return target_table(warehouse, table_schema)
+def target(spark: SparkSession, warehouse: str, table_schema: TableSchema = S) -> LakeTable:
+    return target_table(spark, warehouse, table_schema)
 
 
 def state(spark: SparkSession, warehouse: str, table_schema: TableSchema = S) -> dict:
-    return rows_of(target(warehouse, table_schema).read(spark))
+    """{id: row} as Spark reads the table; pyiceberg must read the same rows."""
+    table = target(spark, warehouse, table_schema)
+    assert_third_party_reads_same(spark, table)
+    return rows_of(table.read())
 
 
 def r(id_: int, name: str | None = None, amount: str | None = None) -> dict:
@@ -51,34 +62,72 @@ def test_batches_of_inserts_updates_deletes_fold_to_the_source_state(spark, land
     landing.segment(S, [("c", r(1, "a", "1.00")), ("c", r(2, "b", "2.00")),
                         ("c", r(3, "c", "3.00"))])
     first = run(spark, landing, warehouse)
-    assert (first.version, first.rows, first.inserts, first.records_read) == (1, 3, 3, 3)
+    assert first.committed and first.attempts == 1
+    assert (first.rows, first.inserts, first.records_read) == (3, 3, 3)
+    table = target(spark, warehouse)
+    after_first = len(table.history())
     landing.segment(S, [("u", r(1, "a2", "1.50")), ("d", {"id": 2}), ("c", r(4, "d", "4.00"))])
-    second = run(spark, landing, warehouse, compaction_ratio=10)
-    assert (second.version, second.rows) == (2, 3)
+    second = run(spark, landing, warehouse)
+    assert second.rows == 3
     assert (second.inserts, second.updates, second.deletes) == (1, 1, 1)
-    assert not second.compacted
+    assert second.snapshot is not None and second.snapshot.parent_id == first.snapshot_id
+    assert state(spark, warehouse) == {1: r(1, "a2", "1.50"), 3: r(3, "c", "3.00"),
+                                       4: r(4, "d", "4.00")}
     landing.segment(S, [("d", {"id": 3}), ("u", r(4, "d2", "4.40"))])
     landing.segment(S, [("c", r(5, "e", "5.00"))])
-    third = run(spark, landing, warehouse, compaction_ratio=10)
-    assert (third.version, third.rows, third.records_read) == (3, 3, 3)
+    third = run(spark, landing, warehouse)
+    assert (third.rows, third.records_read) == (3, 3)
     assert state(spark, warehouse) == {
         1: r(1, "a2", "1.50"), 4: r(4, "d2", "4.40"), 5: r(5, "e", "5.00"),
     }
     assert third.consumed_pos == landing.next_pos - 1
     assert third.consumed_gtid == f"0-1-{landing.txn}"
-    commit = target(warehouse).current()
-    assert commit is not None and commit.version == 3 and commit.rows == 3
-    assert [f.kind for f in commit.files] == ["base", "delta", "delta"]
+    # one snapshot on main per materialisation, each the child of the one before
+    history = table.history()
+    assert len(history) == after_first + 2
+    assert [s.snapshot_id for s in history[:3]] == [
+        third.snapshot_id, second.snapshot_id, first.snapshot_id]
+    current = table.current()
+    assert current is not None and current.snapshot_id == third.snapshot_id
+    assert current.rows == 3 and current.operation == "overwrite"
+    assert current.metadata()["delete_files"] > 0  # merge-on-read: deletes are files
 
 
-def test_nothing_new_returns_the_current_version_without_a_commit(spark, landing, warehouse):
+def test_nothing_new_commits_nothing(spark, landing, warehouse):
     landing.segment(S, [("c", r(1, "a", "1.00"))])
     first = run(spark, landing, warehouse)
+    snapshots = len(target(spark, warehouse).snapshots())
     landing.checkpoint()  # the checkpoint moves on (other tables), this table has nothing new
     again = run(spark, landing, warehouse)
-    assert (again.version, again.rows, again.records_read) == (first.version, 1, 0)
-    assert again.consumed_pos == first.consumed_pos
-    assert target(warehouse).versions() == [1]
+    assert not again.committed
+    assert (again.snapshot_id, again.rows, again.records_read) == (first.snapshot_id, 1, 0)
+    assert (again.consumed_pos, again.consumed_gtid) == (first.consumed_pos, first.consumed_gtid)
+    assert len(target(spark, warehouse).snapshots()) == snapshots
+
+
+def test_the_consumed_mark_is_in_the_snapshot_summary_and_a_rerun_commits_nothing(
+    spark, landing, warehouse
+):
+    landing.segment(S, [("c", r(1, "a", "1.00")), ("c", r(2, "b", "2.00"))])
+    first = run(spark, landing, warehouse)
+    table = target(spark, warehouse)
+    summary = table.current().summary
+    assert summary[CONSUMED_POS] == "2" == str(first.consumed_pos)
+    assert summary[CONSUMED_GTID] == "0-1-2" == first.consumed_gtid
+    # the mark is Iceberg metadata any engine sees: here, Spark's snapshots metadata table
+    (row,) = spark.sql(f"SELECT summary FROM {table.metadata_table('snapshots')} "
+                       f"WHERE snapshot_id = {first.snapshot_id}").collect()
+    assert row.summary[CONSUMED_POS] == "2"
+    for _ in range(2):
+        again = run(spark, landing, warehouse)
+        assert not again.committed
+        assert again.snapshot_id == first.snapshot_id
+        assert table.current().snapshot_id == first.snapshot_id
+    landing.segment(S, [("u", r(1, "a2", "1.00"))])
+    second = run(spark, landing, warehouse)
+    assert second.committed and second.records_read == 1
+    assert table.current().summary[CONSUMED_POS] == "3"
+    assert run(spark, landing, warehouse).snapshot_id == second.snapshot_id
 
 
 def test_a_key_updated_several_times_in_one_batch_keeps_the_highest_position(
@@ -99,15 +148,15 @@ def test_delete_then_reinsert(spark, landing, warehouse):
     run(spark, landing, warehouse)
     # within one batch
     landing.segment(S, [("d", {"id": 1}), ("c", r(1, "a-again", "1.10"))])
-    result = run(spark, landing, warehouse, compaction_ratio=10)
+    result = run(spark, landing, warehouse)
     # Key 1 existed before the batch and exists after it: an update of the target.
     assert (result.rows, result.updates, result.inserts, result.deletes) == (2, 1, 0, 0)
     # across batches
     landing.segment(S, [("d", {"id": 2})])
-    assert run(spark, landing, warehouse, compaction_ratio=10).rows == 1
+    assert run(spark, landing, warehouse).rows == 1
     assert state(spark, warehouse) == {1: r(1, "a-again", "1.10")}
     landing.segment(S, [("c", r(2, "b-again", "2.20"))])
-    assert run(spark, landing, warehouse, compaction_ratio=10).rows == 2
+    assert run(spark, landing, warehouse).rows == 2
     assert state(spark, warehouse) == {1: r(1, "a-again", "1.10"), 2: r(2, "b-again", "2.20")}
 
 
@@ -119,11 +168,11 @@ def test_replayed_records_have_no_duplicate_effect(spark, landing, warehouse):
     first = run(spark, landing, warehouse)
     assert (first.rows, first.records_read) == (2, 5)
     landing.segment(S, [("u", r(1, "c", "3.00"), 4)])
-    run(spark, landing, warehouse, compaction_ratio=10)
+    run(spark, landing, warehouse)
     # a replay of already consumed positions in a later segment: ignored by position
     landing.segment(S, [("u", r(1, "b", "2.00"), 2), ("d", {"id": 2}, 3),
                         ("c", r(3, "new", "0.00"), 5)])
-    result = run(spark, landing, warehouse, compaction_ratio=10)
+    result = run(spark, landing, warehouse)
     assert (result.records_read, result.rows) == (1, 3)
     assert state(spark, warehouse) == {
         1: r(1, "c", "3.00"), 2: r(2, "x", "9.00"), 3: r(3, "new", "0.00"),
@@ -140,57 +189,63 @@ def test_records_at_or_after_the_checkpoint_are_ignored(spark, landing, warehous
     assert (result.records_read, result.consumed_pos) == (3, 3)
     assert state(spark, warehouse) == {1: r(1, "a2", "1.10"), 2: r(2, "b", "2.00")}
     landing.checkpoint()
-    result = run(spark, landing, warehouse, compaction_ratio=10)
+    result = run(spark, landing, warehouse)
     assert (result.records_read, result.rows) == (2, 3)
     assert state(spark, warehouse)[2] == r(2, "b2", "2.20")
 
 
-def test_a_crash_before_the_commit_leaves_the_previous_version(
+def test_a_crash_before_the_commit_leaves_the_previous_snapshot(
     spark, landing, warehouse, monkeypatch
 ):
     landing.segment(S, [("c", r(1, "a", "1.00"))])
-    run(spark, landing, warehouse)
+    first = run(spark, landing, warehouse)
     landing.segment(S, [("u", r(1, "b", "2.00")), ("c", r(2, "c", "3.00"))])
 
     def crash(*args, **kwargs):
-        raise SystemExit("killed between the data write and the commit")
+        raise SystemExit("killed before the commit")
 
-    monkeypatch.setattr(TargetTable, "commit", crash)
+    monkeypatch.setattr(LakeTable, "commit_merge", crash)
     with pytest.raises(SystemExit):
-        run(spark, landing, warehouse, compaction_ratio=10)
+        run(spark, landing, warehouse)
     monkeypatch.undo()
-    table = target(warehouse)
-    assert table.versions() == [1]
-    assert len(list((Path(warehouse) / SERVER / "shop" / "orders" / "data").iterdir())) == 2
+    table = target(spark, warehouse)
+    assert table.current().snapshot_id == first.snapshot_id
     assert state(spark, warehouse) == {1: r(1, "a", "1.00")}
-    result = run(spark, landing, warehouse, compaction_ratio=10)
-    assert (result.version, result.rows, result.records_read) == (2, 2, 2)
+    result = run(spark, landing, warehouse)
+    assert result.committed and (result.rows, result.records_read) == (2, 2)
+    assert result.snapshot.parent_id == first.snapshot_id
     assert state(spark, warehouse) == {1: r(1, "b", "2.00"), 2: r(2, "c", "3.00")}
 
 
-def test_the_second_of_two_writers_racing_for_a_version_fails(
+def test_a_crash_between_the_merge_and_the_publication_leaves_main_unchanged(
     spark, landing, warehouse, monkeypatch
 ):
+    """The MERGE has written its files and snapshot on the private branch; the writer dies
+    before ``fast_forward``: main, and so every reader, still sees the previous snapshot."""
     landing.segment(S, [("c", r(1, "a", "1.00"))])
-    run(spark, landing, warehouse)
-    table = target(warehouse)
-    stale = table.current()
-    assert stale is not None
-    with pytest.raises(ConcurrentCommitError, match="shop.orders"):
-        table.commit(1, [], None, None, S)
+    first = run(spark, landing, warehouse)
+    landing.segment(S, [("u", r(1, "b", "2.00")), ("c", r(2, "c", "3.00"))])
+    real_sql = Lake.sql
 
-    landing.segment(S, [("u", r(1, "winner", "2.00"))])
-    winner = run(spark, landing, warehouse, compaction_ratio=10)
-    assert winner.version == 2
-    # the loser prepared its data from version 1, like a writer that started at the same time
-    monkeypatch.setattr(TargetTable, "current", lambda self: stale)
-    with pytest.raises(ConcurrentCommitError, match="version 2 of shop.orders"):
-        run(spark, landing, warehouse, compaction_ratio=10)
+    def crash_at_publication(self, statement):
+        if "fast_forward" in statement:
+            raise SystemExit("killed after the MERGE, before fast_forward")
+        return real_sql(self, statement)
+
+    monkeypatch.setattr(Lake, "sql", crash_at_publication)
+    with pytest.raises(SystemExit):
+        run(spark, landing, warehouse)
     monkeypatch.undo()
-    assert table.versions() == [1, 2]
-    data_dirs = list((Path(warehouse) / SERVER / "shop" / "orders" / "data").iterdir())
-    assert len(data_dirs) == 2  # the loser's data was discarded
-    assert state(spark, warehouse) == {1: r(1, "winner", "2.00")}
+    table = target(spark, warehouse)
+    unpublished = [s for s in table.snapshots() if s.consumed_pos == 3]
+    assert len(unpublished) == 1  # the MERGE did commit, on its branch
+    assert table.current().snapshot_id == first.snapshot_id
+    assert unpublished[0].snapshot_id not in {s.snapshot_id for s in table.history()}
+    assert state(spark, warehouse) == {1: r(1, "a", "1.00")}
+    result = run(spark, landing, warehouse)
+    assert result.committed and result.attempts == 1 and result.records_read == 2
+    assert result.snapshot.parent_id == first.snapshot_id
+    assert state(spark, warehouse) == {1: r(1, "b", "2.00"), 2: r(2, "c", "3.00")}
 
 
 def test_add_column_mid_stream_and_drop_column(spark, landing, warehouse):
@@ -203,34 +258,142 @@ def test_add_column_mid_stream_and_drop_column(spark, landing, warehouse):
     landing.segment(v1, [("u", r(3, "c2", "3.30"))])
     landing.segment(v2, [("u", {**r(2, "b", "2.00"), "email": "b@x"}),
                          ("c", {**r(4, "d", "4.00"), "email": "d@x"})])
-    result = run(spark, landing, warehouse, compaction_ratio=10)
+    result = run(spark, landing, warehouse, v2)
     assert result.schema_changed and result.rows == 4
-    df = target(warehouse).read(spark)
+    table = target(spark, warehouse)
+    df = table.read()
     assert df.columns == ["id", "name", "amount", "email"]
     assert df.schema["email"].dataType == StringType()
-    assert {k: v["email"] for k, v in rows_of(df).items()} == {
+    assert {k: v["email"] for k, v in state(spark, warehouse).items()} == {
         1: None, 2: "b@x", 3: None, 4: "d@x",
     }
     assert rows_of(df)[3]["name"] == "c2"
-    # DROP COLUMN name: it disappears from the target; compaction keeps the same state
+    # DROP COLUMN name: it disappears from the target (older snapshots keep it)
+    before_drop = table.current().snapshot_id
     v3 = schema("orders", v2.columns[0], v2.columns[2], v2.columns[3])
     landing.segment(v3, [("u", {"id": 1, "amount": Decimal("1.11"), "email": "a@x"})])
-    result = run(spark, landing, warehouse, compaction_ratio=0)
-    assert result.schema_changed and result.compacted
-    df = target(warehouse).read(spark)
+    result = run(spark, landing, warehouse, v3)
+    assert result.schema_changed and not run(spark, landing, warehouse, v3).schema_changed
+    df = table.read()
     assert df.columns == ["id", "amount", "email"]
     assert [(row.id, row.amount, row.email) for row in df.orderBy("id").collect()] == [
         (1, Decimal("1.11"), "a@x"), (2, Decimal("2.00"), "b@x"), (3, Decimal("3.30"), None),
         (4, Decimal("4.00"), "d@x"),
     ]
+    assert_third_party_reads_same(spark, table)
+    assert "name" in table.read(snapshot_id=before_drop).columns
+    assert_third_party_reads_same(spark, table, snapshot_id=before_drop)
 
 
-def test_compaction_gives_the_same_state_as_deltas(spark, tmp_path):
+def test_type_widening_is_schema_evolution(spark, landing, warehouse):
+    """Promotions Iceberg makes in place (float to double, decimal precision up) evolve the
+    table; existing rows keep their values under the wider type."""
+    v1 = schema("orders", ColumnSpec("id", "int"), ColumnSpec("ratio", "float"),
+                ColumnSpec("amount", "decimal", 10, 2))
+    landing.segment(v1, [("c", {"id": 1, "ratio": 0.5, "amount": Decimal("12345678.91")})])
+    run(spark, landing, warehouse, v1)
+    v2 = schema("orders", ColumnSpec("id", "int"), ColumnSpec("ratio", "double"),
+                ColumnSpec("amount", "decimal", 20, 2))
+    landing.segment(v2, [("c", {"id": 2, "ratio": 0.1,
+                                "amount": Decimal("123456789012345678.12")})])
+    result = run(spark, landing, warehouse, v2)
+    assert result.schema_changed
+    table = target(spark, warehouse, v2)
+    types = {f.name: f.dataType for f in table.read().schema.fields}
+    assert types == {"id": LongType(), "ratio": DoubleType(), "amount": DecimalType(20, 2)}
+    assert state(spark, warehouse, v2) == {
+        1: {"id": 1, "ratio": 0.5, "amount": Decimal("12345678.91")},
+        2: {"id": 2, "ratio": 0.1, "amount": Decimal("123456789012345678.12")},
+    }
+
+
+def test_int_to_bigint_widens_in_place(spark, warehouse):
+    """Landing types have no 32-bit int, but a table made by an older release or another
+    engine may: ``evolve`` promotes it to bigint with Iceberg's ALTER COLUMN."""
+    table = Lake(spark, warehouse).table(SERVER, "shop", "legacy")
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {quote(table.lake.catalog)}."
+              f"{quote(table.namespace)}")
+    spark.sql(f"CREATE TABLE {table.identifier} (id bigint, n int, __cdc_pos bigint) "
+              "USING iceberg TBLPROPERTIES ('format-version'='2')")
+    spark.sql(f"INSERT INTO {table.identifier} VALUES (1, 2147483647, 1)")
+    wide = schema("legacy", ColumnSpec("id", "int"), ColumnSpec("n", "int"))
+    assert table.evolve(wide)
+    assert table.read().schema["n"].dataType == LongType()
+    spark.sql(f"INSERT INTO {table.identifier} VALUES (2, 2147483648, 2)")
+    assert sorted(tuple(row) for row in table.read().collect()) == [(1, 2**31 - 1), (2, 2**31)]
+    assert_third_party_reads_same(spark, table)
+    assert not table.evolve(wide)
+
+
+def test_a_type_change_iceberg_cannot_make_asks_for_a_resnapshot(spark, landing, warehouse):
+    v1 = schema("orders", ColumnSpec("id", "int"), ColumnSpec("code", "string"))
+    landing.segment(v1, [("c", {"id": 1, "code": "7"}), ("c", {"id": 2, "code": "x"})])
+    first = run(spark, landing, warehouse, v1)
+    # ALTER TABLE orders MODIFY code INT: string to bigint is no Iceberg promotion
+    v2 = schema("orders", ColumnSpec("id", "int"), ColumnSpec("code", "int"))
+    landing.segment(v2, [("u", {"id": 1, "code": 8})])
+    with pytest.raises(SchemaEvolutionError, match=r"(?s)shop\.orders: column 'code' changed "
+                       r"from string to bigint.*re-snapshot the table.*DROP TABLE .*"
+                       r"execute-snapshot"):
+        run(spark, landing, warehouse, v2)
+    table = target(spark, warehouse, v1)
+    assert table.current().snapshot_id == first.snapshot_id
+    assert state(spark, warehouse, v1) == {1: {"id": 1, "code": "7"}, 2: {"id": 2, "code": "x"}}
+    # The fix the error names: drop the target, re-snapshot the table (chunk rows and a sweep)
+    table.drop()
+    assert not table.exists()
+    landing.segment(v2, [("r", {"id": 1, "code": 8}), ("r", {"id": 2, "code": 0}),
+                         ("s", {"__cdc_threshold": landing.next_pos})], snapshot=True)
+    result = run(spark, landing, warehouse, v2)
+    assert result.committed and result.rows == 2
+    assert table.read().schema["code"].dataType == LongType()
+    assert state(spark, warehouse, v2) == {1: {"id": 1, "code": 8}, 2: {"id": 2, "code": 0}}
+
+
+def test_time_travel_reads_the_previous_snapshot_exactly(spark, landing, warehouse):
+    landing.segment(S, [("c", r(1, "v1", "1.00")), ("c", r(2, "b", "2.00"))])
+    first = run(spark, landing, warehouse)
+    landing.segment(S, [("u", r(1, "v2", "1.50")), ("d", {"id": 2}), ("c", r(3, "c", "3.00"))])
+    second = run(spark, landing, warehouse)
+    table = target(spark, warehouse)
+    previous = {1: r(1, "v1", "1.00"), 2: r(2, "b", "2.00")}
+    assert rows_of(table.read(snapshot_id=first.snapshot_id)) == previous
+    assert rows_of(table.read(snapshot_id=second.snapshot_id)) == rows_of(table.read())
+    assert rows_of(table.read()) == {1: r(1, "v2", "1.50"), 3: r(3, "c", "3.00")}
+    # a third-party reader travels to the same rows
+    assert_third_party_reads_same(spark, table, snapshot_id=first.snapshot_id)
+    assert {row["id"]: row for row in third_party_rows(table, first.snapshot_id)} == previous
+
+
+def test_merge_on_read_adds_delete_files_and_keeps_the_data_files(spark, landing, warehouse):
+    landing.segment(S, [("c", r(i, f"n{i}", "1.00")) for i in range(200)])
+    first = run(spark, landing, warehouse)
+    before = first.snapshot.metadata()
+    landing.segment(S, [("u", r(i, "changed", "2.00")) for i in range(0, 200, 20)]
+                    + [("d", {"id": 7})])
+    second = run(spark, landing, warehouse)
+    after = second.snapshot.metadata()
+    assert second.updates == 10 and second.deletes == 1 and second.rows == 199
+    # the batch wrote its 10 new rows and position deletes for the 11 old ones...
+    assert after["added_delete_files"] > 0 and after["delete_files"] > before["delete_files"]
+    assert after["position_deletes"] - before["position_deletes"] == 11
+    # ...and rewrote no data file: the old ones are all still live, a few small ones added
+    assert 0 < after["added_data_files"] <= 4
+    assert after["data_files"] == before["data_files"] + after["added_data_files"]
+    assert after["records"] == before["records"] + 10
+    assert second.snapshot.summary.get("deleted-data-files", "0") == "0"
+    assert len(state(spark, warehouse)) == 199
+
+
+def test_maintenance_compacts_and_expires_but_keeps_rows_and_mark(spark, tmp_path):
+    """Iceberg's compaction (rewrite_data_files applying the delete files) and snapshot expiry
+    give the same rows as the un-maintained table, and the next materialisation continues
+    from the mark the maintenance snapshot carries (no replay, nothing skipped)."""
     rng = random.Random(7)
-    never, always = tmp_path / "never", tmp_path / "always"
     landing = Landing(tmp_path / "landing")
+    plain, maintained = str(tmp_path / "plain"), str(tmp_path / "maintained")
     live: dict[int, dict] = {}
-    for batch in range(6):
+    for batch in range(5):
         changes = []
         for _ in range(40):
             key = rng.randrange(60)
@@ -242,31 +405,56 @@ def test_compaction_gives_the_same_state_as_deltas(spark, tmp_path):
                 changes.append(("u" if key in live else "c", row))
                 live[key] = row
         landing.segment(S, changes)
-        lazy = run(spark, landing, str(never), compaction_ratio=1e9, max_deltas=100)
-        eager = run(spark, landing, str(always), compaction_ratio=0.0)
-        assert batch == 0 or (eager.compacted and not lazy.compacted)
+        lazy = run(spark, landing, plain)
+        eager = run(spark, landing, maintained)
         assert lazy.rows == eager.rows == len(live)
-        assert state(spark, str(never)) == state(spark, str(always)) == live
-    assert len(target(str(never)).current().deltas) == 5
-    compacted = target(str(always)).current()
-    assert [f.kind for f in compacted.files] == ["base"]
+        assert eager.consumed_pos == lazy.consumed_pos
+        table = target(spark, maintained)
+        report = table.maintain(datetime.now() + timedelta(hours=1), retain_last=1)
+        assert report["rewritten_data_files"] > 0 or batch == 0
+        current = table.current()
+        assert current.consumed_pos == eager.consumed_pos  # the mark survives compaction
+        assert len(table.history()) == 1 and len(table.snapshots()) == 1  # expired
+        assert state(spark, plain) == state(spark, maintained) == live
+    compacted = target(spark, maintained).current().metadata()
+    assert compacted["position_deletes"] == 0 and compacted["records"] == len(live)
+    assert target(spark, plain).current().metadata()["position_deletes"] > 0
+    # nothing new: the maintained table commits nothing; new records apply once
+    assert not run(spark, landing, maintained).committed
+    landing.segment(S, [("c", r(1000, "new", "0.00"))])
+    assert run(spark, landing, maintained).records_read == 1
+    assert state(spark, maintained) == {**live, 1000: r(1000, "new", "0.00")}
 
 
-def test_compaction_by_number_of_deltas(spark, landing, warehouse):
-    landing.segment(S, [("c", r(i, "x", "1.00")) for i in range(100)])
-    run(spark, landing, warehouse)
-    kinds = []
-    for i in range(4):
-        landing.segment(S, [("u", r(i, "y", "2.00"))])
-        result = run(spark, landing, warehouse, max_deltas=2)
-        kinds.append(result.compacted)
-        assert result.rows == 100
-    assert kinds == [False, False, True, False]
-    assert [f.kind for f in target(warehouse).current().files] == ["base", "delta"]
-    assert sum(1 for row in state(spark, warehouse).values() if row["name"] == "y") == 4
+def test_maintenance_drops_private_branches_of_dead_writers(spark, landing, warehouse,
+                                                            monkeypatch):
+    landing.segment(S, [("c", r(1, "a", "1.00"))])
+    first = run(spark, landing, warehouse)
+    table = target(spark, warehouse)
+    dead = f"{BRANCH_PREFIX}dead"
+    spark.sql(f"ALTER TABLE {table.identifier} CREATE BRANCH {quote(dead)} "
+              f"AS OF VERSION {first.snapshot_id}")
+
+    def branches() -> list[str]:
+        return sorted(row.name for row in spark.sql(
+            f"SELECT name FROM {table.metadata_table('refs')}").collect())
+
+    table.maintain(datetime.now() - timedelta(days=1), retain_last=10)
+    assert branches() == sorted(["main", dead])  # young: maybe a live writer's
+
+    class Later(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return datetime.now(tz) + timedelta(hours=2)
+
+    monkeypatch.setattr(iceberg, "datetime", Later)
+    table.maintain(datetime.now() - timedelta(days=1), retain_last=10)
+    monkeypatch.undo()
+    assert branches() == ["main"]
+    assert state(spark, warehouse) == {1: r(1, "a", "1.00")}
 
 
-def test_row_count_matches_the_folded_state_over_random_batches(spark, tmp_path):
+def test_batches_fold_like_a_model_over_random_changelogs(spark, tmp_path):
     for seed in (1, 2):
         rng = random.Random(seed)
         landing = Landing(tmp_path / f"landing{seed}")
@@ -284,7 +472,7 @@ def test_row_count_matches_the_folded_state_over_random_batches(spark, tmp_path)
                     live[key] = r(key, op, "0.00")
                     changes.append((op, live[key]))
             landing.segment(S, changes)
-            result = run(spark, landing, warehouse, compaction_ratio=0.5, max_deltas=3)
+            result = run(spark, landing, warehouse)
             assert result.rows == len(live)
         assert state(spark, warehouse) == live
 
@@ -293,47 +481,38 @@ def test_an_empty_table_materialises_to_an_empty_target_with_its_columns(spark, 
                                                                           warehouse):
     # no checkpoint at all yet: the target still exists, from the schema hint
     result = run(spark, landing, warehouse)
-    assert (result.version, result.rows, result.consumed_pos) == (1, 0, None)
-    df = target(warehouse).read(spark)
+    assert (result.committed, result.rows, result.consumed_pos) == (False, 0, None)
+    table = target(spark, warehouse)
+    empty = table.current()
+    assert empty is not None and empty.rows == 0  # the empty first snapshot
+    df = table.read()
     assert df.columns == ["id", "name", "amount"]
     assert [f.dataType for f in df.schema.fields] == [LongType(), StringType(), DecimalType(10, 2)]
     assert df.count() == 0
+    assert state(spark, warehouse) == {}
     # the engine runs, other tables change, this one does not: still nothing to commit
     other = schema("other")
     landing.segment(other, [("c", r(1, "a", "1.00"))])
-    assert run(spark, landing, warehouse).version == 1
+    again = run(spark, landing, warehouse)
+    assert not again.committed and again.snapshot_id == empty.snapshot_id
     # then the table's first records arrive
     landing.segment(S, [("c", r(1, "a", "1.00"))])
     result = run(spark, landing, warehouse)
-    assert (result.version, result.rows) == (2, 1)
+    assert result.committed and result.rows == 1
+    assert result.snapshot.parent_id == empty.snapshot_id
     assert state(spark, warehouse) == {1: r(1, "a", "1.00")}
 
 
 def test_empty_table_with_a_checkpoint_but_no_segments(spark, landing, warehouse):
     landing.checkpoint()
     result = run(spark, landing, warehouse)
-    assert (result.version, result.rows) == (1, 0)
-    assert target(warehouse).current().consumed_gtid == "0-1-0"
+    assert (result.committed, result.rows, result.consumed_pos) == (False, 0, None)
+    assert target(spark, warehouse).exists()
 
 
 def test_without_schema_hint_or_changelog_the_error_says_what_to_do(spark, landing, warehouse):
     with pytest.raises(LookupError, match="shop.orders .*schema_hint"):
         materialise(spark, landing.url, warehouse, SERVER, None, "shop", "orders")
-
-
-def test_old_data_is_garbage_collected_but_the_previous_version_stays_readable(
-    spark, landing, warehouse
-):
-    landing.segment(S, [("c", r(1, "v1", "1.00"))])
-    run(spark, landing, warehouse)
-    for version in range(2, 7):
-        landing.segment(S, [("u", r(1, f"v{version}", "1.00"))])
-        run(spark, landing, warehouse, compaction_ratio=0)  # every version is a new base
-    table = target(warehouse)
-    data = Path(warehouse) / SERVER / "shop" / "orders" / "data"
-    assert sorted(p.name.split("-")[0] for p in data.iterdir()) == ["4", "5", "6"]
-    assert rows_of(table.read(spark, version=5))[1]["name"] == "v5"
-    assert rows_of(table.read(spark))[1]["name"] == "v6"
 
 
 def test_primary_key_change_is_refused(spark, landing, warehouse):
@@ -349,7 +528,9 @@ def test_unknown_op_is_refused(spark, landing, warehouse):
     landing.segment(S, [("x", r(1, "a", "1.00"))])
     with pytest.raises(ValueError, match="shop.orders .*__cdc_op"):
         run(spark, landing, warehouse)
-    assert target(warehouse).versions() == []
+    table = target(spark, warehouse)
+    assert LakeTable.mark_of(table.history()) is None
+    assert table.read().count() == 0
 
 
 def test_a_reset_landing_zone_is_detected(spark, landing, warehouse, tmp_path):
@@ -361,45 +542,10 @@ def test_a_reset_landing_zone_is_detected(spark, landing, warehouse, tmp_path):
         materialise(spark, fresh.url, warehouse, SERVER, S, "shop", "orders")
 
 
-def test_commit_files_follow_the_contract(spark, landing, warehouse):
-    landing.segment(S, [("c", r(1, "a", "1.00")), ("c", r(2, "b", "2.00"))])
-    run(spark, landing, warehouse)
-    landing.segment(S, [("d", {"id": 1})])
-    run(spark, landing, warehouse, compaction_ratio=10)
-    root = Path(warehouse) / SERVER / "shop" / "orders"
-    assert sorted(p.name for p in (root / "_commits").iterdir()) == [
-        "00000000000000000001.json", "00000000000000000002.json",
-    ]
-    data = json.loads((root / "_commits" / "00000000000000000002.json").read_text())
-    assert data["version"] == 2
-    assert [(f["kind"], f["rows"]) for f in data["files"]] == [("base", 2), ("delta", 1)]
-    for entry in data["files"]:
-        assert re.fullmatch(r"data/\d+-(base|delta)-[0-9a-f]{32}", entry["path"])
-        assert list((root / entry["path"]).glob("part-*.parquet"))
-    assert data["consumed"] == {"pos": 3, "gtid": "0-1-3"}
-    assert data["schema"] == S.to_dict()
-    assert data["stats"]["rows"] == 1 and data["stats"]["deletes"] == 1
-    assert data["committed_at"].endswith("+00:00")
-
-
-def test_reading_a_table_that_was_never_materialised_says_so(spark, warehouse):
-    with pytest.raises(LookupError, match="shop.orders .*materialise it first"):
-        target(warehouse).read(spark)
-    assert target(warehouse).current() is None
-
-
-def test_temporary_commit_files_of_dead_writers_are_removed(spark, landing, warehouse):
-    landing.segment(S, [("c", r(1, "a", "1.00"))])
-    run(spark, landing, warehouse)
-    commits = Path(warehouse) / SERVER / "shop" / "orders" / "_commits"
-    stale = commits / ".00000000000000000002.json.tmp-dead"
-    fresh = commits / ".00000000000000000002.json.tmp-alive"
-    stale.write_text("{")
-    fresh.write_text("{")
-    os.utime(stale, (time.time() - 7200, time.time() - 7200))
-    assert target(warehouse).versions() == [1]
-    assert target(warehouse).collect_garbage() == ["_commits/" + stale.name]
-    assert fresh.exists() and not stale.exists()
+def test_a_table_that_was_never_materialised_does_not_exist(spark, warehouse):
+    table = target(spark, warehouse)
+    assert not table.exists()
+    assert table.current() is None and table.history() == []
 
 
 def test_composite_key_and_awkward_column_names(spark, landing, warehouse):
@@ -412,10 +558,13 @@ def test_composite_key_and_awkward_column_names(spark, landing, warehouse):
     landing.segment(odd, [("u", {"tenant": "x", "id": 1, "a.b c`d": 1.5}),
                           ("d", {"tenant": "y", "id": 1}),
                           ("c", {"tenant": "y", "id": 2, "a.b c`d": 3.0})])
-    result = run(spark, landing, warehouse, odd, compaction_ratio=10)
-    assert not result.compacted and result.rows == 2
-    rows = sorted(tuple(row) for row in target(warehouse, odd).read(spark).collect())
+    result = run(spark, landing, warehouse, odd)
+    assert result.rows == 2
+    table = target(spark, warehouse, odd)
+    rows = sorted(tuple(row) for row in table.read().collect())
     assert rows == [("x", 1, 1.5), ("y", 2, 3.0)]
+    assert_third_party_reads_same(spark, table)
     landing.segment(odd, [("d", {"tenant": "x", "id": 1})])
-    assert run(spark, landing, warehouse, odd, compaction_ratio=0).rows == 1
-    assert [tuple(row) for row in target(warehouse, odd).read(spark).collect()] == [("y", 2, 3.0)]
+    assert run(spark, landing, warehouse, odd).rows == 1
+    assert [tuple(row) for row in table.read().collect()] == [("y", 2, 3.0)]
+    assert_third_party_reads_same(spark, table)

@@ -1,10 +1,11 @@
 """Snapshot records in the lake: chunk rows (r), range assertions (a) and sweeps (s).
 
-docs/landing-zone.md, "Snapshot records". Assertions and sweeps become tombstones in the
-version that reads them, so the checks read back through ``TargetTable.read`` (and once through
-the catalog view dbt uses): readers are unchanged. The property test drives the real chunk
-commit rule (``decide_chunk_commit``) on random histories and compares the lake with a model
-that replays every record by position, as ``test_commit_rule`` does.
+docs/landing-zone.md, "Snapshot records". Assertions and sweeps become deletes in the Iceberg
+snapshot that reads them (merge-on-read: position delete files), so the checks read back through
+``LakeTable.read`` and, after each materialisation, through a third-party reader (pyiceberg) that
+must apply those delete files the same way. The property test drives the real chunk commit rule
+(``decide_chunk_commit``) on random histories and compares the lake with a model that replays
+every record by position, as ``test_commit_rule`` does.
 """
 
 from __future__ import annotations
@@ -25,17 +26,16 @@ from cdc_platform.capture.gtid import MariadbGtid, MariadbPosition
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.snapshot.chunks import Chunk, ChunkedTable, ChunkKey
 from cdc_platform.capture.snapshot.commit_rule import Commit, Touch, decide_chunk_commit
-from cdc_platform.lake.catalog import catalog_database, catalog_name, target_table_sql
 from cdc_platform.lake.columns import HI_OPEN, LO_OPEN, THRESHOLD, hi_column
+from cdc_platform.lake.iceberg import LakeTable
 from cdc_platform.lake.merge import MergeResult
-from cdc_platform.lake.table_format import TargetTable
 from cdc_platform_tests.lake.helpers import (
-    SERVER,
     Landing,
     materialise_table,
     schema,
     target_table,
 )
+from cdc_platform_tests.lake.third_party import assert_third_party_reads_same
 
 S = schema("items", ColumnSpec("id", "int"), ColumnSpec("v", "int"))
 T0 = datetime(2024, 3, 31, 1, 59, 59, 999_999)
@@ -46,19 +46,19 @@ def run(spark: SparkSession, landing: Landing, warehouse: str, table_schema: Tab
     return materialise_table(spark, landing, warehouse, table_schema, **kwargs)
 
 
-def target(warehouse: str, table_schema: TableSchema = S) -> TargetTable:
-    return target_table(warehouse, table_schema)
+def target(spark: SparkSession, warehouse: str, table_schema: TableSchema = S) -> LakeTable:
+    return target_table(spark, warehouse, table_schema)
 
 
 def state(spark: SparkSession, warehouse: str, table_schema: TableSchema = S) -> dict:
-    """{key tuple: other columns as a tuple}, read through TargetTable.read."""
+    """{key tuple: other columns as a tuple}, read through LakeTable.read."""
     keys = table_schema.primary_key
     others = [c for c in table_schema.column_names if c not in keys]
     def plain(value: Any) -> Any:
         return bytes(value) if isinstance(value, bytearray) else value
 
     return {tuple(plain(row[k]) for k in keys): tuple(row[c] for c in others)
-            for row in target(warehouse, table_schema).read(spark).collect()}
+            for row in target(spark, warehouse, table_schema).read().collect()}
 
 
 def ids(spark: SparkSession, warehouse: str) -> dict[int, int]:
@@ -85,12 +85,13 @@ def sweep(threshold: int) -> tuple[str, dict]:
 
 def check_counts(spark: SparkSession, warehouse: str, result: MergeResult,
                  table_schema: TableSchema = S) -> None:
-    """The version's row count is exact, and the commit agrees with the result."""
-    commit = target(warehouse, table_schema).current()
-    assert commit is not None and commit.version == result.version
-    assert result.rows == commit.rows == len(state(spark, warehouse, table_schema))
-    assert commit.stats["asserted_deletes"] == result.asserted_deletes
-    assert commit.stats["snapshot_rows"] == result.snapshot_rows
+    """The snapshot's row count is exact, the snapshot is the result's, and a third-party
+    reader (pyiceberg, applying the position delete files itself) reads the same rows."""
+    table = target(spark, warehouse, table_schema)
+    snapshot = table.current()
+    assert snapshot is not None and snapshot.snapshot_id == result.snapshot_id
+    assert result.rows == snapshot.rows == len(state(spark, warehouse, table_schema))
+    assert_third_party_reads_same(spark, table)
 
 
 # ---- examples ------------------------------------------------------------------------------------
@@ -103,20 +104,16 @@ def test_orphans_inside_a_chunk_range_are_removed(spark, landing, warehouse):
     first = landing.next_pos
     landing.segment(S, [("r", row(4, 40)), ("r", row(6, 60)), assertion((3,), (7,), first)],
                     snapshot=True)
-    result = run(spark, landing, warehouse, compaction_ratio=10)
+    result = run(spark, landing, warehouse)
     assert ids(spark, warehouse) == {1: 1, 2: 2, 3: 3, 4: 40, 6: 60, 8: 8, 9: 9, 10: 10}
     assert (result.asserted_deletes, result.deletes, result.snapshot_rows) == (2, 2, 2)
     assert (result.records_read, result.consumed_pos) == (3, landing.next_pos - 1)
-    assert not result.compacted
     check_counts(spark, warehouse, result)
-    commit = target(warehouse).current()
-    assert [f.kind for f in commit.files] == ["base", "delta", "delta"]
-    assert commit.files[-1].rows == 2  # the tombstones, in a second delta of the version
-    # The catalog views dbt reads fold the same files the same way.
-    for statement in target_table_sql(target(warehouse)):
-        spark.sql(statement)
-    view = f"`{catalog_database(SERVER, 'shop')}`.`{catalog_name('items')}`"
-    assert {r.id: r.v for r in spark.table(view).collect()} == ids(spark, warehouse)
+    # The orphans and the re-read rows' old versions are position deletes of this snapshot:
+    # the third-party reader above had to apply them (2 orphans + 2 superseded rows).
+    snapshot = result.snapshot.metadata()
+    assert snapshot["delete_files"] > 0 and snapshot["added_delete_files"] > 0
+    assert snapshot["position_deletes"] == 4
 
 
 def test_keys_touched_after_the_threshold_are_kept(spark, landing, warehouse):
@@ -127,7 +124,7 @@ def test_keys_touched_after_the_threshold_are_kept(spark, landing, warehouse):
     landing.segment(S, [("u", row(3, 33)), ("c", row(9, 9))])  # 6, 7
     landing.segment(S, [("r", row(1, 1)), ("r", row(2, 2)), ("r", row(4, 4)),
                         assertion(None, (10,), 6)], snapshot=True)
-    result = run(spark, landing, warehouse, compaction_ratio=10)
+    result = run(spark, landing, warehouse)
     assert ids(spark, warehouse) == {1: 1, 2: 2, 3: 33, 4: 4, 9: 9}
     assert (result.asserted_deletes, result.deletes) == (1, 1)
     check_counts(spark, warehouse, result)
@@ -138,7 +135,7 @@ def test_a_stream_record_after_the_assertion_survives(spark, landing, warehouse)
     run(spark, landing, warehouse)
     landing.segment(S, [("r", row(1, 10)), assertion((0,), (5,), 4),  # 4, 5
                         ("c", row(2, 20)), ("c", row(4, 40))], snapshot=True)  # 6, 7: later
-    result = run(spark, landing, warehouse, compaction_ratio=10)
+    result = run(spark, landing, warehouse)
     # 2 and 3 were judged at position 5 (deleted); 2's later insert brings it back.
     assert ids(spark, warehouse) == {1: 10, 2: 20, 4: 40}
     assert result.asserted_deletes == 1  # only 3: 2's latest record is after the threshold
@@ -149,10 +146,10 @@ def test_an_assertion_judges_rows_committed_by_an_earlier_batch(spark, landing, 
     landing.segment(S, [("c", row(i, i)) for i in range(1, 5)])  # positions 1..4
     run(spark, landing, warehouse)
     landing.segment(S, [("u", row(4, 44)), ("r", row(1, 10)), ("r", row(2, 20))])  # 5, 6, 7
-    run(spark, landing, warehouse, compaction_ratio=10)
+    run(spark, landing, warehouse)
     assert ids(spark, warehouse) == {1: 10, 2: 20, 3: 3, 4: 44}
     landing.segment(S, [assertion(None, None, 6)], snapshot=True)  # 8: the chunk's assertion
-    result = run(spark, landing, warehouse, compaction_ratio=10)
+    result = run(spark, landing, warehouse)
     assert ids(spark, warehouse) == {1: 10, 2: 20}
     assert (result.asserted_deletes, result.deletes, result.records_read) == (2, 2, 1)
     assert result.consumed_pos == 8
@@ -170,7 +167,7 @@ def test_first_chunk_open_low_last_chunk_open_high_and_the_boundary_key(spark, l
                     snapshot=True)
     second = landing.next_pos
     landing.segment(S, [("r", row(5, 5)), assertion((3,), None, second)], snapshot=True)
-    result = run(spark, landing, warehouse, compaction_ratio=10)
+    result = run(spark, landing, warehouse)
     assert ids(spark, warehouse) == {1: 1, 3: 3, 5: 5}
     assert result.asserted_deletes == 5  # -5 and 2 by chunk 1; 4, 6 and 100 by chunk 2
     check_counts(spark, warehouse, result)
@@ -188,7 +185,7 @@ def test_composite_keys_compare_lexicographically(spark, landing, warehouse):
     first = landing.next_pos
     landing.segment(table, [("r", {"a": 2, "ts": t[0], "v": 30}),
                             assertion((1, t[1]), (2, t[1]), first, table)], snapshot=True)
-    result = run(spark, landing, warehouse, table, compaction_ratio=10)
+    result = run(spark, landing, warehouse, table)
     assert state(spark, warehouse, table) == {
         (1, t[0]): (0,), (1, t[1]): (1,), (2, t[0]): (30,), (2, t[2]): (5,), (3, t[0]): (6,),
     }
@@ -227,7 +224,7 @@ def test_range_bounds_of_every_orderable_key_kind(spark, landing, warehouse, kin
     changes = [("c", {"k": value, "id": i}) for i, value in enumerate(values)]
     changes.append(assertion((values[0],), (values[2],), len(values) + 1, table))
     landing.segment(table, changes, snapshot=True)
-    result = run(spark, landing, warehouse, table)  # the first version: base + tombstones
+    result = run(spark, landing, warehouse, table)  # the first snapshot: rows and deletes
     assert sorted(v[0] for v in state(spark, warehouse, table).values()) == [0, 3]
     assert result.asserted_deletes == 2
     check_counts(spark, warehouse, result, table)
@@ -239,7 +236,7 @@ def test_sweep_removes_keys_older_than_the_threshold_and_keeps_newer(spark, land
     opening = landing.next_pos  # the session opens at position 6
     landing.segment(S, [("u", row(2, 22)), ("r", row(1, 1)), ("r", row(3, 3)),  # 6, 7, 8
                         sweep(opening), ("c", row(7, 7))], snapshot=True)  # 9, 10
-    result = run(spark, landing, warehouse, compaction_ratio=10)
+    result = run(spark, landing, warehouse)
     assert ids(spark, warehouse) == {1: 1, 2: 22, 3: 3, 7: 7}
     assert (result.asserted_deletes, result.deletes) == (2, 2)
     check_counts(spark, warehouse, result)
@@ -252,16 +249,16 @@ def test_the_first_materialisation_may_be_a_snapshot(spark, landing, warehouse):
                         assertion(None, None, 2)], snapshot=True)  # 4
     result = run(spark, landing, warehouse)
     assert ids(spark, warehouse) == {1: 1, 2: 2}
-    assert (result.version, result.rows, result.asserted_deletes, result.snapshot_rows) == (
-        1, 2, 1, 2)
+    assert (result.committed, result.rows, result.asserted_deletes, result.snapshot_rows) == (
+        True, 2, 1, 2)
+    # one MERGE into the empty table: key 9 is asserted away in the batch, never written
+    assert result.snapshot.metadata()["records"] == 2
     check_counts(spark, warehouse, result)
-    commit = target(warehouse).current()
-    assert [(f.kind, f.rows) for f in commit.files] == [("base", 3), ("delta", 1)]
-    # The next batch compacts the tombstone delta away (1 delta row > 0.25 * 3 base rows).
     landing.segment(S, [("c", row(5, 5))])
     again = run(spark, landing, warehouse)
-    assert again.compacted and again.rows == 3
+    assert again.rows == 3
     assert ids(spark, warehouse) == {1: 1, 2: 2, 5: 5}
+    check_counts(spark, warehouse, again)
 
 
 def test_a_snapshot_of_an_empty_range_deletes_nothing_it_should_not(spark, landing, warehouse):
@@ -269,20 +266,27 @@ def test_a_snapshot_of_an_empty_range_deletes_nothing_it_should_not(spark, landi
     result = run(spark, landing, warehouse)
     assert ids(spark, warehouse) == {1: 1}
     assert (result.asserted_deletes, result.rows) == (0, 1)
-    assert [f.kind for f in target(warehouse).current().files] == ["base"]
+    assert result.snapshot.metadata()["delete_files"] == 0
+    check_counts(spark, warehouse, result)
 
 
-def test_tombstones_take_part_in_compaction(spark, landing, warehouse):
+def test_asserted_deletes_are_applied_by_compaction(spark, landing, warehouse):
     landing.segment(S, [("c", row(i, i)) for i in range(1, 9)])  # positions 1..8
     run(spark, landing, warehouse)
     landing.segment(S, [("r", row(2, 2)), assertion(None, (4,), 9), ("c", row(20, 20))],
                     snapshot=True)
-    result = run(spark, landing, warehouse, compaction_ratio=0.1)
-    assert result.compacted
+    result = run(spark, landing, warehouse)
     assert ids(spark, warehouse) == {2: 2, 5: 5, 6: 6, 7: 7, 8: 8, 20: 20}
     assert result.asserted_deletes == 3
+    assert result.snapshot.metadata()["position_deletes"] == 4  # 1, 3, 4 and the old 2
     check_counts(spark, warehouse, result)
-    assert [f.kind for f in target(warehouse).current().files] == ["base"]
+    table = target(spark, warehouse)
+    table.maintain(datetime.now() + timedelta(hours=1), retain_last=1)
+    compacted = table.current()
+    assert compacted.metadata()["position_deletes"] == 0 and compacted.rows == 6
+    assert compacted.consumed_pos == result.consumed_pos
+    assert ids(spark, warehouse) == {2: 2, 5: 5, 6: 6, 7: 7, 8: 8, 20: 20}
+    assert_third_party_reads_same(spark, table)
 
 
 @pytest.mark.parametrize(
@@ -296,12 +300,13 @@ def test_tombstones_take_part_in_compaction(spark, landing, warehouse):
 def test_malformed_instructions_are_refused_and_nothing_is_committed(spark, landing, warehouse,
                                                                      record, message):
     landing.segment(S, [("c", row(1, 1))])
-    run(spark, landing, warehouse)
+    first = run(spark, landing, warehouse)
+    snapshots = len(target(spark, warehouse).snapshots())
     landing.segment(S, [("r", row(1, 1)), record], snapshot=True)
     with pytest.raises(ValueError, match=message):
         run(spark, landing, warehouse)
-    assert target(warehouse).versions() == [1]
-    assert len(list((Path(warehouse) / SERVER / "shop" / "items" / "data").iterdir())) == 1
+    assert target(spark, warehouse).current().snapshot_id == first.snapshot_id
+    assert len(target(spark, warehouse).snapshots()) == snapshots
 
 
 def test_instructions_in_a_segment_without_the_snapshot_columns_are_refused(spark, landing,
@@ -309,7 +314,8 @@ def test_instructions_in_a_segment_without_the_snapshot_columns_are_refused(spar
     landing.segment(S, [("r", row(1, 1)), ("a", {"id": 0})])
     with pytest.raises(ValueError, match="segments without the __cdc_threshold"):
         run(spark, landing, warehouse)
-    assert target(warehouse).versions() == []
+    table = target(spark, warehouse)
+    assert LakeTable.mark_of(table.history()) is None and table.read().count() == 0
 
 
 def test_range_assertions_on_text_keys_are_refused(spark, landing, warehouse):
@@ -335,7 +341,7 @@ def test_a_batch_without_instructions_runs_no_extra_spark_job(spark, tmp_path):
         group = f"jobs-{random.getrandbits(32)}"
         spark.sparkContext.setJobGroup(group, "counting jobs")
         try:
-            run(spark, landing, warehouse, compaction_ratio=10)
+            run(spark, landing, warehouse)
         finally:
             spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
         return len(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
@@ -514,7 +520,7 @@ def test_the_lake_folds_random_snapshot_histories_like_the_model(spark, history)
                 continue
             landing.segment(E, [landing_row(r) for r in batch], snapshot=True)
             done += batch
-            results.append(run(spark, landing, warehouse, E, compaction_ratio=0.5))
+            results.append(run(spark, landing, warehouse, E))
             lake = {k: v[0] for k, v in state(spark, warehouse, E).items()}
             assert lake == model_fold(done)
             assert results[-1].rows == len(lake)
@@ -522,7 +528,6 @@ def test_the_lake_folds_random_snapshot_histories_like_the_model(spark, history)
             assert {k: v[0] for k, v in state(spark, warehouse, E).items()} == truth
     event(f"materialisations: {len(results)}")
     event(f"asserted deletes: {'some' if any(r.asserted_deletes for r in results) else 'none'}")
-    event(f"compacted: {'yes' if any(r.compacted for r in results) else 'no'}")
     event(f"sweep: {'yes' if any(r['op'] == 's' for r in records) else 'no'}")
     later = any(r["op"] in "cud" and any(a["op"] in "as" and a["pos"] < r["pos"] for a in b)
                 for b in batches for r in b)

@@ -1,19 +1,20 @@
-"""Every landing type of docs/landing-zone.md survives changelog -> target exactly.
+"""Every landing type of docs/landing-zone.md survives changelog -> Iceberg target exactly.
 
-Values go through every write path: the first batch lands as a base, the second as a delta,
-the third is compacted into a new base. Read back with Spark (collect) and, for the Parquet the
-target stores, with pyarrow (so that Spark's files keep DATETIME as timestamp without zone).
+Values go through every write path: the first batch is inserted, the second merged in beside
+it, the third updates a row (merge-on-read: a position delete and a new row), then Iceberg's
+compaction rewrites the files. Read back with Spark (collect) and with a third-party reader
+(pyiceberg, no Spark), whose Iceberg schema must keep DATETIME as a timestamp without zone and
+TIMESTAMP as an instant.
 """
 
 from __future__ import annotations
 
 import struct
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+from pyiceberg import types as iceberg_types
 from pyspark.sql.types import (
     BinaryType,
     DateType,
@@ -27,9 +28,14 @@ from pyspark.sql.types import (
 )
 
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
+from cdc_platform.lake.iceberg import Lake, LakeTable
 from cdc_platform.lake.merge import materialise
-from cdc_platform.lake.table_format import TargetTable
 from cdc_platform_tests.lake.helpers import SERVER, Landing
+from cdc_platform_tests.lake.third_party import (
+    assert_third_party_reads_same,
+    open_table,
+    third_party_rows,
+)
 
 
 def f32(value: float) -> float:
@@ -110,8 +116,17 @@ def spark_value(name: str, value):
     return value
 
 
-def collected(spark, warehouse: str) -> dict[int, dict]:
-    df = TargetTable(warehouse, SERVER, "types", "all_types").read(spark)
+ICEBERG_TYPES = {
+    "id": iceberg_types.LongType(), "u64": iceberg_types.DecimalType(20, 0),
+    "dec_wide": iceberg_types.StringType(), "f": iceberg_types.FloatType(),
+    "day": iceberg_types.DateType(), "dt": iceberg_types.TimestampType(),
+    "ts": iceberg_types.TimestamptzType(), "bin": iceberg_types.BinaryType(),
+    "bit5": iceberg_types.LongType(), "bit64": iceberg_types.DecimalType(20, 0),
+}
+
+
+def collected(table: LakeTable) -> dict[int, dict]:
+    df = table.read()
     assert {f.name: f.dataType for f in df.schema.fields} == SPARK_TYPES
     assert df.columns == [c.name for c in COLUMNS]
     return {
@@ -120,33 +135,42 @@ def collected(spark, warehouse: str) -> dict[int, dict]:
     }
 
 
-def test_every_type_round_trips_through_base_delta_and_compaction(spark, tmp_path: Path):
+def read_by_pyiceberg(table: LakeTable) -> dict[int, dict]:
+    return {row["id"]: row for row in third_party_rows(table)}
+
+
+def test_every_type_round_trips_through_merge_update_and_compaction(spark, tmp_path: Path):
     landing = Landing(tmp_path / "landing")
     warehouse = str(tmp_path / "warehouse")
+    table = Lake(spark, warehouse).table(SERVER, "types", "all_types")
 
-    def run(**kwargs):
-        return materialise(spark, landing.url, warehouse, SERVER, SCHEMA, "types", "all_types",
-                           **kwargs)
+    def run():
+        return materialise(spark, landing.url, warehouse, SERVER, SCHEMA, "types", "all_types")
+
+    def check(expected: list[dict]) -> None:
+        assert collected(table) == {row["id"]: row for row in expected}
+        assert read_by_pyiceberg(table) == {row["id"]: row for row in expected}
+        assert_third_party_reads_same(spark, table)
 
     landing.segment(SCHEMA, [("c", row) for row in ROWS[:2]])
     assert run().rows == 2
-    assert collected(spark, warehouse) == {row["id"]: row for row in ROWS[:2]}
+    check(ROWS[:2])
 
     landing.segment(SCHEMA, [("c", row) for row in ROWS[2:]])
-    delta = run(compaction_ratio=100)
-    assert delta.rows == 4 and not delta.compacted
-    assert collected(spark, warehouse) == {row["id"]: row for row in ROWS}
+    assert run().rows == 4
+    check(ROWS)
 
     landing.segment(SCHEMA, [("u", ROWS[0])])
-    compacted = run(compaction_ratio=0)
-    assert compacted.rows == 4 and compacted.compacted
-    assert collected(spark, warehouse) == {row["id"]: row for row in ROWS}
+    updated = run()
+    assert updated.rows == 4 and updated.updates == 1
+    assert updated.snapshot.metadata()["position_deletes"] == 1
+    check(ROWS)
 
-    # The stored base, read without Spark, has the landing zone's Arrow types and values.
-    commit = TargetTable(warehouse, SERVER, "types", "all_types").current()
-    base_dir = Path(warehouse) / SERVER / "types" / "all_types" / commit.files[0].path
-    stored = pq.read_table(base_dir).select([c.name for c in COLUMNS])
-    for column in COLUMNS:
-        assert stored.schema.field(column.name).type == column.arrow_type(), column.name
-    expected = pa.Table.from_pylist(ROWS, schema=SCHEMA.arrow_schema(metadata_columns=False))
-    assert stored.sort_by("id").equals(expected.sort_by("id"))
+    report = table.maintain(datetime.now() + timedelta(hours=1), retain_last=1)
+    assert report["rewritten_data_files"] > 0
+    assert table.current().metadata()["position_deletes"] == 0
+    check(ROWS)
+
+    # The Iceberg schema any engine sees: DATETIME without zone, TIMESTAMP an instant.
+    fields = {f.name: f.field_type for f in open_table(table).schema().fields}
+    assert {name: fields[name] for name in ICEBERG_TYPES} == ICEBERG_TYPES
