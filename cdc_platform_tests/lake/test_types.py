@@ -167,7 +167,7 @@ def test_every_type_round_trips_through_merge_update_and_compaction(spark, tmp_p
     check(ROWS)
 
     report = table.maintain(datetime.now() + timedelta(hours=1), retain_last=1)
-    assert report["rewritten_data_files"] > 0
+    assert report["rewritten_data_files_count"] > 0
     assert table.current().metadata()["position_deletes"] == 0
     check(ROWS)
 
