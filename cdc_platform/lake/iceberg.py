@@ -312,7 +312,7 @@ class LakeTable:
         comment = f"cdc_platform target of {self.table_id} on {self.server_name}"
         self.lake.sql(
             f"CREATE TABLE IF NOT EXISTS {self.identifier} ({columns}, {quote(POS)} bigint) "
-            f"USING iceberg COMMENT '{_sql_string(comment)}' TBLPROPERTIES ({properties})")
+            f"USING iceberg COMMENT '{sql_string(comment)}' TBLPROPERTIES ({properties})")
 
     def evolve(self, schema: TableSchema) -> bool:
         """Bring the table's columns to ``schema``'s through Iceberg schema evolution.
@@ -434,9 +434,6 @@ class LakeTable:
             df = self.spark.sql(f"SELECT * FROM {self.identifier} VERSION AS OF {int(snapshot_id)}")
         return df if with_position else df.drop(POS)
 
-    def read_branch(self, branch: str) -> DataFrame:
-        return self.spark.read.option("branch", branch).table(self.identifier)
-
     # -- committing ---------------------------------------------------------------------------
 
     def commit_merge(
@@ -468,14 +465,20 @@ class LakeTable:
                 published = self._branch_head(branch)
                 with self._race_lost():
                     self.lake.sql(f"CALL {quote(self.lake.catalog)}.system.fast_forward("
-                                  f"table => '{_sql_string(self._procedure_name())}', "
+                                  f"table => '{sql_string(self._procedure_name())}', "
                                   f"branch => 'main', to => '{branch}')").collect()
             finally:
-                with contextlib.suppress(Exception):
-                    self.lake.sql(f"ALTER TABLE {self.identifier} DROP BRANCH IF EXISTS "
-                                  f"{quote(branch)}")
+                try:
+                    self._drop_branch(branch)
+                except Exception as error:  # noqa: BLE001 - the commit's outcome stands
+                    log.warning("%s: could not drop the private branch %s (%s); the "
+                                "lake_maintenance job drops it after %s h", self.table_id,
+                                branch, str(error).splitlines()[0], STALE_BRANCH_HOURS)
             # main may have moved on since (another process): report the snapshot published
             return next(s for s in self.snapshots() if s.snapshot_id == published)
+
+    def _drop_branch(self, branch: str) -> None:
+        self.lake.sql(f"ALTER TABLE {self.identifier} DROP BRANCH IF EXISTS {quote(branch)}")
 
     @contextlib.contextmanager
     def _race_lost(self) -> Iterator[None]:
@@ -494,7 +497,7 @@ class LakeTable:
 
     def _branch_head(self, branch: str) -> int:
         rows = self.lake.sql(f"SELECT snapshot_id FROM {self.metadata_table('refs')} "
-                             f"WHERE name = '{_sql_string(branch)}'").collect()
+                             f"WHERE name = '{sql_string(branch)}'").collect()
         if not rows:
             raise ConcurrentCommitError(self._race_message())  # dropped by another writer
         return int(rows[0].snapshot_id)
@@ -562,8 +565,7 @@ class LakeTable:
         with self.writing():
             stale = self._stale_branches()
             for branch in stale:
-                self.lake.sql(f"ALTER TABLE {self.identifier} DROP BRANCH IF EXISTS "
-                              f"{quote(branch)}")
+                self._drop_branch(branch)
             report["dropped_stale_branches"] = len(stale)
             rewrite = marked(actions.rewriteDataFiles(table())).option(
                 "delete-file-threshold", "1").option("min-input-files", "2").option(
@@ -685,6 +687,8 @@ def _widens(old: DataType, new: DataType) -> bool:
             and old.scale == new.scale and new.precision > old.precision)
 
 
-def _sql_string(value: str) -> str:
+def sql_string(value: str) -> str:
+    """The inside of a Spark SQL string literal (the default parser treats backslash as an
+    escape)."""
     return value.replace("\\", "\\\\").replace("'", "\\'")
 

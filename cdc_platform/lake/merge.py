@@ -71,6 +71,7 @@ from cdc_platform.lake.iceberg import (
     LakeTable,
     Snapshot,
     quote,
+    sql_string,
 )
 from cdc_platform.lake.spark import ensure_lake_conf
 
@@ -365,14 +366,10 @@ def _create(target: LakeTable, schema: TableSchema) -> None:
             target.create(schema)
             key = json.dumps(list(schema.primary_key))
             target.lake.sql(f"ALTER TABLE {target.identifier} SET TBLPROPERTIES "
-                            f"('{PRIMARY_KEY_PROPERTY}' = '{_sql_literal(key)}')")
+                            f"('{PRIMARY_KEY_PROPERTY}' = '{sql_string(key)}')")
         if target.current() is None:
             empty = target.spark.createDataFrame([], target.spark.table(target.identifier).schema)
             empty.writeTo(target.identifier).append()
-
-
-def _sql_literal(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("'", "\\'")
 
 
 def _check_primary_key(target: LakeTable, newest: TableSchema) -> None:

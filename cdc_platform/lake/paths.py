@@ -1,18 +1,15 @@
 """One URL, two views: what Spark reads and writes, and what pyarrow uses for metadata I/O.
 
-Spark handles the bulk data (segments, table data); the small metadata files (checkpoint, commit
-files, directory listings) go through ``pyarrow.fs`` so that they need no Spark job. Local paths
-and ``file://`` URLs are fully supported. Object storage is a seam: reads and listings work via
-``pyarrow.fs``; the exclusive commit-file creation raises until a conditional-put implementation
-exists (see ``create_exclusive``).
+Spark handles the bulk data (segments); the small metadata files (checkpoint, schemas, directory
+listings) go through ``pyarrow.fs`` so that they need no Spark job. Local paths and ``file://``
+URLs are fully supported; object stores work through ``pyarrow.fs`` reads and listings. (Lake
+tables are Iceberg's, committed by its catalog: ``lake.iceberg``.)
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import posixpath
-import uuid
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
@@ -68,11 +65,6 @@ class Location:
         except FileNotFoundError:
             return None
 
-    def delete_dir(self) -> None:
-        """Remove a directory tree; a missing directory is fine (another GC got there first)."""
-        with contextlib.suppress(FileNotFoundError):
-            self.fs.delete_dir(self.path)
-
 
 def resolve(url: str) -> Location:
     """Turn a landing/warehouse URL (path, relative path, ``file://``, ``s3a://``...) into a Location.
@@ -94,33 +86,3 @@ def resolve(url: str) -> Location:
     fs, path = pafs.FileSystem.from_uri(f"{arrow_scheme}://{rest}")
     return Location(spark_uri=f"{spark_scheme}://{rest}", fs=fs, path=path.rstrip("/"))
 
-
-def create_exclusive(location: Location, data: bytes) -> None:
-    """Create ``location`` with ``data`` only if it does not exist; readers never see it partial.
-
-    The content is written and fsynced under a temporary name and then hard-linked to the final
-    name: ``link`` fails with FileExistsError if the name is taken, so exactly one of several
-    racing writers wins. Object stores need a conditional put (If-None-Match) instead.
-    """
-    if not location.is_local:
-        raise NotImplementedError(
-            f"exclusive create of {location.spark_uri} needs a local filesystem; object storage "
-            "needs a conditional-put commit (not implemented): use a local or mounted warehouse"
-        )
-    directory, name = os.path.split(location.path)
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{name}.tmp-{uuid.uuid4().hex}")
-    try:
-        with open(tmp, "xb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.link(tmp, location.path)  # raises FileExistsError if another writer won
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

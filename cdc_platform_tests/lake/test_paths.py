@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 
-from cdc_platform.lake.paths import create_exclusive, resolve
+from cdc_platform.lake.paths import resolve
 
 
 def test_plain_relative_and_file_urls_resolve_to_the_same_local_directory(tmp_path, monkeypatch):
@@ -46,23 +46,7 @@ def test_metadata_io(tmp_path: Path):
     (tmp_path / "d" / "a").write_text("A")
     assert root.join("d").list_names() == ["a", "b"]
     assert root.join("d", "a").read_bytes() == b"A"
-    root.join("d").delete_dir()
-    root.join("d").delete_dir()  # already gone: fine
-    assert not root.join("d").exists()
-
-
-def test_exclusive_create_has_one_winner_and_leaves_no_temporary_files(tmp_path: Path):
-    target = resolve(str(tmp_path / "commits" / "00000000000000000001.json"))
-    create_exclusive(target, b'{"winner": 1}')
-    with pytest.raises(FileExistsError):
-        create_exclusive(target, b'{"winner": 2}')
-    assert target.read_bytes() == b'{"winner": 1}'
-    assert os.listdir(tmp_path / "commits") == ["00000000000000000001.json"]
-
-
-def test_exclusive_create_on_object_storage_is_an_explicit_seam():
-    with pytest.raises(NotImplementedError, match="conditional-put"):
-        create_exclusive(resolve("mock://bucket/x.json"), b"{}")
+    assert root.join("d").exists() and not root.join("missing").exists()
 
 
 @pytest.mark.parametrize("part", ["..", ".", "/etc", "data/../../x", ""])
