@@ -22,10 +22,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from cdc_platform.capture import names
-from cdc_platform.capture.ddl import TableDdl, statement_tokens
+from cdc_platform.capture.ddl import (
+    TableDdl,
+    Token,
+    alter_clauses,
+    name_at,
+    split_top_level,
+    statement_tokens,
+    token_at,
+    word_of,
+)
 from cdc_platform.capture.schema import TableSchema
 
-Token = tuple[str, str]
 TableName = tuple[str, str]
 
 # ALTER TABLE clauses (by their first word) that change no row and no value.
@@ -73,43 +81,14 @@ class StaleTable:
         return names.table_id(self.database, self.table)
 
 
-def _word(token: Token | None) -> str | None:
-    return token[1].upper() if token is not None and token[0] == "word" else None
-
-
-def _at(tokens: Sequence[Token], index: int) -> Token | None:
-    return tokens[index] if 0 <= index < len(tokens) else None
-
-
-def _split_top_level(tokens: Sequence[Token]) -> list[list[Token]]:
-    """``tokens`` split at commas outside parentheses."""
-    parts: list[list[Token]] = [[]]
-    depth = 0
-    for token in tokens:
-        if token == ("punct", "("):
-            depth += 1
-        elif token == ("punct", ")"):
-            depth = max(0, depth - 1)
-        elif token == ("punct", ",") and depth == 0:
-            parts.append([])
-            continue
-        parts[-1].append(token)
-    return [p for p in parts if p]
-
-
-def _name(tokens: Sequence[Token], index: int) -> str:
-    token = _at(tokens, index)
-    return token[1] if token is not None else "?"
-
-
 def _column_added(definition: Sequence[Token]) -> str | None:
     """Why adding the column ``definition`` (name, type, attributes) gives older rows a value
     without row events; None when older rows read NULL, which the target already shows."""
-    name = _name(definition, 0)
-    words = [_word(t) for t in definition[1:]]
+    name = name_at(definition, 0)
+    words = [word_of(t) for t in definition[1:]]
     type_word = words[0] if words else None
     if "GENERATED" in words or any(
-            words[i] == "AS" and _at(definition, i + 2) == ("punct", "(")
+            words[i] == "AS" and token_at(definition, i + 2) == ("punct", "(")
             for i in range(len(words))):
         return f"generated column {name} added: computed for every older row"
     if "AUTO_INCREMENT" in words or type_word == "SERIAL":
@@ -127,11 +106,11 @@ def _column_added(definition: Sequence[Token]) -> str | None:
 
 def _add_clause(spec: Sequence[Token]) -> str | None:
     position = 1
-    if _word(_at(spec, position)) == "CONSTRAINT":
+    if word_of(token_at(spec, position)) == "CONSTRAINT":
         position += 1
-        if _word(_at(spec, position)) not in _INDEX_WORDS | {"PRIMARY"}:
+        if word_of(token_at(spec, position)) not in _INDEX_WORDS | {"PRIMARY"}:
             position += 1  # the constraint's name
-    what = _word(_at(spec, position))
+    what = word_of(token_at(spec, position))
     if what in _INDEX_WORDS:
         return None
     if what == "PRIMARY":
@@ -142,13 +121,13 @@ def _add_clause(spec: Sequence[Token]) -> str | None:
         return "system versioning changed (not followed by the platform)"
     if what == "COLUMN":
         position += 1
-    if _word(_at(spec, position)) == "IF":  # IF NOT EXISTS
+    if word_of(token_at(spec, position)) == "IF":  # IF NOT EXISTS
         position += 3
-    if _at(spec, position) == ("punct", "("):
+    if token_at(spec, position) == ("punct", "("):
         inner = list(spec[position + 1:])
         if inner and inner[-1] == ("punct", ")"):
             inner = inner[:-1]
-        definitions = _split_top_level(inner)
+        definitions = split_top_level(inner)
     else:
         definitions = [list(spec[position:])]
     reasons = [r for d in definitions if (r := _column_added(d)) is not None]
@@ -156,7 +135,7 @@ def _add_clause(spec: Sequence[Token]) -> str | None:
 
 
 def _drop_clause(spec: Sequence[Token], schema: TableSchema | None) -> str | None:
-    what = _word(_at(spec, 1))
+    what = word_of(token_at(spec, 1))
     if what in ("INDEX", "KEY", "FOREIGN", "CONSTRAINT", "CHECK"):
         return None
     if what == "PRIMARY":
@@ -166,9 +145,9 @@ def _drop_clause(spec: Sequence[Token], schema: TableSchema | None) -> str | Non
     if what == "SYSTEM":
         return "system versioning changed (not followed by the platform)"
     position = 2 if what == "COLUMN" else 1
-    if _word(_at(spec, position)) == "IF":  # IF EXISTS
+    if word_of(token_at(spec, position)) == "IF":  # IF EXISTS
         position += 2
-    column = _name(spec, position)
+    column = name_at(spec, position)
     if schema is None:
         return f"column {column} dropped from a table whose key the engine does not know"
     if column.lower() in (c.lower() for c in schema.primary_key):
@@ -177,26 +156,26 @@ def _drop_clause(spec: Sequence[Token], schema: TableSchema | None) -> str | Non
 
 
 def _alter_column_clause(spec: Sequence[Token]) -> str | None:
-    what = _word(_at(spec, 1))
+    what = word_of(token_at(spec, 1))
     if what in ("INDEX", "KEY", "CHECK", "CONSTRAINT"):
         return None
     position = 2 if what == "COLUMN" else 1
-    if _word(_at(spec, position)) == "IF":
+    if word_of(token_at(spec, position)) == "IF":
         position += 2
-    column = _name(spec, position)
-    action, what = _word(_at(spec, position + 1)), _word(_at(spec, position + 2))
+    column = name_at(spec, position)
+    action, what = word_of(token_at(spec, position + 1)), word_of(token_at(spec, position + 2))
     if action in ("SET", "DROP") and what in _SAFE_COLUMN_ALTERATIONS:
         return None  # SET/DROP DEFAULT, SET [IN]VISIBLE: no existing value changes
     return f"column {column} altered ({' '.join(t[1] for t in spec[position + 1:])})"
 
 
 def _redefinition(spec: Sequence[Token], verb: str) -> str:
-    position = 2 if _word(_at(spec, 1)) == "COLUMN" else 1
-    if _word(_at(spec, position)) == "IF":
+    position = 2 if word_of(token_at(spec, 1)) == "COLUMN" else 1
+    if word_of(token_at(spec, position)) == "IF":
         position += 2
-    old = _name(spec, position)
+    old = name_at(spec, position)
     if verb == "CHANGE":
-        new = _name(spec, position + 1)
+        new = name_at(spec, position + 1)
         if new.lower() != old.lower():
             return (f"column {old} renamed to {new} (CHANGE): older target rows keep it under "
                     "the old name")
@@ -210,7 +189,7 @@ def _type_text(definition: Sequence[Token]) -> str:
     if not definition:
         return "?"
     text = definition[0][1]
-    if _at(definition, 1) == ("punct", "("):
+    if token_at(definition, 1) == ("punct", "("):
         inner = []
         for token in definition[2:]:
             if token == ("punct", ")"):
@@ -222,8 +201,8 @@ def _type_text(definition: Sequence[Token]) -> str:
 
 def _alter_clause(spec: Sequence[Token], schema: TableSchema | None) -> str | None:
     """Why one ALTER TABLE clause changes rows or values; None when it changes none."""
-    first = _word(_at(spec, 0))
-    second = _word(_at(spec, 1))
+    first = word_of(token_at(spec, 0))
+    second = word_of(token_at(spec, 1))
     if first == "ADD":
         return _add_clause(spec)
     if first == "DROP":
@@ -234,7 +213,7 @@ def _alter_clause(spec: Sequence[Token], schema: TableSchema | None) -> str | No
         return _redefinition(spec, first)
     if first == "RENAME":
         if second == "COLUMN":
-            return (f"column {_name(spec, 2)} renamed to {_name(spec, 4)}: older target rows "
+            return (f"column {name_at(spec, 2)} renamed to {name_at(spec, 4)}: older target rows "
                     "keep it under the old name")
         return None  # RENAME INDEX/KEY; RENAME TO is a table rename (see stale_tables)
     if first == "CONVERT":
@@ -248,37 +227,13 @@ def _alter_clause(spec: Sequence[Token], schema: TableSchema | None) -> str | No
     if first in ("WITH", "WITHOUT"):
         return None if second == "VALIDATION" else "system versioning changed"
     if first in _SAFE_OPTIONS:
-        words = [_word(t) for t in spec]
+        words = [word_of(t) for t in spec]
         if "BLACKHOLE" in words:
             return "ENGINE=BLACKHOLE discarded every row"
         if "UNION" in words:
             return "the MERGE table's UNION changed: other rows under the same name"
         return None
     return f"ALTER TABLE clause {' '.join(t[1] for t in spec[:2])!r} is not known to keep rows"
-
-
-def _alter_specs(tokens: Sequence[Token]) -> list[list[Token]]:
-    """The clauses of an ALTER TABLE statement (after the table name); a lone name after a
-    comma continues the clause before (``DROP PARTITION p1, p2``)."""
-    position = 1
-    while _word(_at(tokens, position)) in ("ONLINE", "OFFLINE", "IGNORE"):
-        position += 1
-    position += 1  # TABLE
-    if _word(_at(tokens, position)) == "IF":
-        position += 2
-    position += 3 if _at(tokens, position + 1) == ("punct", ".") else 1
-    if _word(_at(tokens, position)) == "NOWAIT":
-        position += 1
-    elif _word(_at(tokens, position)) == "WAIT":
-        position += 2
-    specs: list[list[Token]] = []
-    for part in _split_top_level(tokens[position:]):
-        if specs and len(part) == 1 and part[0][0] in ("word", "name") and (
-                _word(part[0]) not in {"FORCE"}):
-            specs[-1] = specs[-1] + [("punct", ","), *part]
-        else:
-            specs.append(part)
-    return specs
 
 
 def _renamed(renames: Sequence[tuple[TableName, TableName]]
@@ -313,7 +268,7 @@ def stale_tables(ddl: TableDdl, schemas: Mapping[str, TableSchema] | None = None
     """
     schemas = schemas or {}
     tokens = statement_tokens(ddl.query)
-    head = {_word(t) for t in tokens[:4]}
+    head = {word_of(t) for t in tokens[:4]}
     verb = ddl.verb
     out: dict[TableName, StaleTable] = {}
 
@@ -349,7 +304,7 @@ def stale_tables(ddl: TableDdl, schemas: Mapping[str, TableSchema] | None = None
         reasons = []
         if "IGNORE" in head:
             reasons.append("ALTER IGNORE may delete rows")
-        reasons += [r for spec in _alter_specs(tokens)
+        reasons += [r for spec in alter_clauses(tokens)
                     if (r := _alter_clause(spec, schema)) is not None]
         renamed_to = {new for old, new in ddl.renames if old == table}
         for other in ddl.tables[1:]:
