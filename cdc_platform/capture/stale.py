@@ -4,7 +4,7 @@ The binlog carries a DDL as its text, without row events. Most DDL changes no ro
 (an index, a table option, a nullable column without a default), but some change rows or
 values of every row: TRUNCATE, RENAME TABLE, DROP/EXCHANGE/TRUNCATE/REORGANIZE/COALESCE
 PARTITION, ADD COLUMN with a default (explicit, implicit through NOT NULL, generated,
-AUTO_INCREMENT), RENAME/CHANGE COLUMN, MODIFY (a type change rewrites values), CONVERT TO
+AUTO_INCREMENT), CHANGE/MODIFY COLUMN (a type change rewrites values), CONVERT TO
 CHARACTER SET, a primary-key change. A target folded from the changelog would keep the old rows
 or values silently. So the engine writes a **marker** per table such a DDL makes stale, in the
 landing zone, before its checkpoint moves past the DDL; Dagster shows the markers (target
@@ -12,16 +12,22 @@ metadata, the ``not_stale`` asset check) and re-snapshots the table (``capture.r
 A marker is resolved by a snapshot of the whole table that opened after the DDL
 (``capture.stale_markers``).
 
+A RENAME COLUMN changes no value: the engine records it (``capture.column_renames``) and the
+lake renames the column, so it marks nothing (unless the old name was excluded from capture).
+A CHANGE to a new name keeps its marker (its new definition may rewrite values; the old one is
+not in the binlog) and is recorded as a rename too.
+
 Deciding from the statement text is conservative: a clause this module does not know counts as
 changing rows (a needless re-snapshot costs time; a missed one leaves the target wrong).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from cdc_platform.capture import names
+from cdc_platform.capture.column_renames import renamed_columns
 from cdc_platform.capture.ddl import (
     TableDdl,
     Token,
@@ -35,6 +41,7 @@ from cdc_platform.capture.ddl import (
 from cdc_platform.capture.schema import TableSchema
 
 TableName = tuple[str, str]
+ColumnCaptured = Callable[[str, str, str], bool]
 
 # ALTER TABLE clauses (by their first word) that change no row and no value.
 _SAFE_OPTIONS = frozenset({
@@ -176,10 +183,15 @@ def _redefinition(spec: Sequence[Token], verb: str) -> str:
     old = name_at(spec, position)
     if verb == "CHANGE":
         new = name_at(spec, position + 1)
-        if new.lower() != old.lower():
-            return (f"column {old} renamed to {new} (CHANGE): older target rows keep it under "
-                    "the old name")
         position += 1
+        if new != old:
+            # The old definition is not in the binlog (and the engine's schemas may already be
+            # newer than this DDL), so "the same type" cannot be proven: the values may have
+            # been rewritten. The rename itself is followed (capture.column_renames).
+            return (f"column {old} renamed to {new} and redefined as "
+                    f"{_type_text(spec[position + 1:])} (CHANGE): a type, character-set or "
+                    "NULL change rewrites every value; the lake keeps the values under "
+                    f"{new} until the re-snapshot (RENAME COLUMN renames without one)")
     return (f"column {old} redefined as {_type_text(spec[position + 1:])} ({verb}): a type or "
             "character-set change rewrites every value")
 
@@ -212,10 +224,9 @@ def _alter_clause(spec: Sequence[Token], schema: TableSchema | None) -> str | No
     if first in ("MODIFY", "CHANGE"):
         return _redefinition(spec, first)
     if first == "RENAME":
-        if second == "COLUMN":
-            return (f"column {name_at(spec, 2)} renamed to {name_at(spec, 4)}: older target rows "
-                    "keep it under the old name")
-        return None  # RENAME INDEX/KEY; RENAME TO is a table rename (see stale_tables)
+        # RENAME COLUMN changes no value: the lake renames the column (capture.column_renames).
+        # RENAME INDEX/KEY change no row; RENAME TO is a table rename (see stale_tables).
+        return None
     if first == "CONVERT":
         if second == "TO":
             return "table converted to another character set: every text value rewritten"
@@ -257,13 +268,28 @@ def _qualified(name: TableName) -> str:
     return names.table_id(name[0], name[1])
 
 
-def stale_tables(ddl: TableDdl, schemas: Mapping[str, TableSchema] | None = None
-                 ) -> list[StaleTable]:
+def _uncaptured_renames(ddl: TableDdl, column_captured: ColumnCaptured | None) -> list[str]:
+    """A column excluded from capture (``capture.excluded_columns``) renamed to a captured
+    name: its values in older rows never landed, so the lake cannot carry them over."""
+    if column_captured is None or not ddl.tables:
+        return []
+    database, table = ddl.tables[0]
+    return [f"column {old} (excluded from capture) renamed to {new} (captured): its values "
+            "in older rows never landed"
+            for old, new in renamed_columns(ddl)
+            if not column_captured(database, table, old)
+            and column_captured(database, table, new)]
+
+
+def stale_tables(ddl: TableDdl, schemas: Mapping[str, TableSchema] | None = None,
+                 column_captured: ColumnCaptured | None = None) -> list[StaleTable]:
     """The tables whose targets ``ddl`` leaves stale, with the reason (pure; conservative).
 
     ``schemas``: the engine's schemas from before the DDL (``db.table`` -> schema), to tell a
-    dropped key column from another. A plain CREATE TABLE makes nothing stale here: a table
-    created again under the name of a gone one is the marker writer's case
+    dropped key column from another. ``column_captured(db, table, column)``: whether a column
+    is captured, so that renaming an excluded column to a captured name marks the target (a
+    plain column rename does not: the lake follows it). A plain CREATE TABLE makes nothing
+    stale here: a table created again under the name of a gone one is the marker writer's case
     (:func:`record_stale_targets`).
     """
     schemas = schemas or {}
@@ -306,6 +332,7 @@ def stale_tables(ddl: TableDdl, schemas: Mapping[str, TableSchema] | None = None
             reasons.append("ALTER IGNORE may delete rows")
         reasons += [r for spec in alter_clauses(tokens)
                     if (r := _alter_clause(spec, schema)) is not None]
+        reasons += _uncaptured_renames(ddl, column_captured)
         renamed_to = {new for old, new in ddl.renames if old == table}
         for other in ddl.tables[1:]:
             if other in renamed_to:
