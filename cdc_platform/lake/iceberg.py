@@ -338,10 +338,6 @@ class LakeTable:
         value = self.property(RENAMED_THROUGH_PROPERTY)
         return int(value) if value not in (None, "") else None
 
-    def set_properties(self, properties: Mapping[str, str]) -> None:
-        with self.writing():
-            self._commit_metadata({}, properties)
-
     def _commit_metadata(self, renames: Mapping[str, str], properties: Mapping[str, str]
                          ) -> None:
         """Rename columns (``old -> new``, simultaneously: a swap is one entry each way) and
@@ -371,11 +367,13 @@ class LakeTable:
         moves ``cdc.renamed-through`` and the key property (a renamed key column is the same
         key). Then, by name: new columns are added in source order, dropped columns dropped,
         types widened where Iceberg can (int to bigint, float to double, decimal precision up
-        at the same scale). Returns whether anything changed; SchemaEvolutionError names any
-        other type change.
+        at the same scale). Everything is checked before the first commit: returns whether
+        anything changed; SchemaEvolutionError names a type change Iceberg cannot make, or
+        renames that do not fit the table, and then nothing changed.
         """
-        renamed = self._rename(renames) if renames else False
-        current = {f.name: f.dataType for f in self.user_struct().fields}
+        fields = self.user_struct().fields
+        mapping = self._rename_mapping([f.name for f in fields], renames) if renames else {}
+        current = {mapping.get(f.name, f.name): f.dataType for f in fields}
         wanted = user_struct(schema.columns).fields
         names = {f.name for f in wanted}
         statements = []
@@ -402,14 +400,16 @@ class LakeTable:
             if name not in names:
                 statements.append(f"ALTER TABLE {self.identifier} DROP COLUMN {quote(name)}")
         with self.writing():
+            if renames:
+                self._rename(mapping, renames)
             for statement in statements:
                 self.lake.sql(statement)
-        return renamed or bool(statements)
+        return bool(mapping) or bool(statements)
 
-    def _rename(self, records: Sequence[ColumnRenames]) -> bool:
-        """Apply column renames the table has not followed yet (see ``evolve``). A rename of
-        a column the table does not have (excluded from capture) changes nothing here."""
-        columns = [f.name for f in self.user_struct().fields]
+    def _rename_mapping(self, columns: list[str], records: Sequence[ColumnRenames]
+                        ) -> dict[str, str]:
+        """The table's columns -> their names after ``records`` (only those that change). A
+        rename of a column the table does not have (excluded from capture) changes nothing."""
         try:
             mapping = column_mapping(columns, records)
         except ValueError as error:
@@ -424,15 +424,17 @@ class LakeTable:
                 f"{self.table_id}: renaming columns {mapping} would give {taken} to a second "
                 f"column of {self.identifier}; rebuild the target: DROP TABLE "
                 f"{self.identifier}, then send an execute-snapshot signal for it")
+        return mapping
+
+    def _rename(self, mapping: Mapping[str, str], records: Sequence[ColumnRenames]) -> None:
+        """Rename the columns and record ``records`` as followed, in one metadata commit."""
         properties = {RENAMED_THROUGH_PROPERTY: str(max(r.position for r in records))}
         key = self.primary_key()
         if key is not None:
             properties[PRIMARY_KEY_PROPERTY] = json.dumps([mapping.get(k, k) for k in key])
-        with self.writing():
-            self._commit_metadata(mapping, properties)
+        self._commit_metadata(mapping, properties)
         for record in records:
             log.info("%s: %s", self.identifier, record.describe())
-        return bool(mapping)
 
     def drop(self) -> None:
         self.lake.sql(f"DROP TABLE IF EXISTS {self.identifier} PURGE")
