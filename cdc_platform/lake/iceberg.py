@@ -411,20 +411,12 @@ class LakeTable:
         """The table's columns -> their names after ``records`` (only those that change). A
         rename of a column the table does not have (excluded from capture) changes nothing."""
         try:
-            mapping = column_mapping(columns, records)
+            return column_mapping(columns, records)
         except ValueError as error:
             raise SchemaEvolutionError(
-                f"{self.table_id}: {error}; {self.identifier} has columns {columns}. Rebuild "
-                f"the target: DROP TABLE {self.identifier}, then send an execute-snapshot "
-                "signal for it") from None
-        unchanged = {c.lower() for c in columns if c not in mapping}
-        taken = [new for new in mapping.values() if new.lower() in unchanged]
-        if taken:
-            raise SchemaEvolutionError(
-                f"{self.table_id}: renaming columns {mapping} would give {taken} to a second "
-                f"column of {self.identifier}; rebuild the target: DROP TABLE "
-                f"{self.identifier}, then send an execute-snapshot signal for it")
-        return mapping
+                f"{error} ({self.identifier} has columns {columns}); rebuild the target: DROP "
+                f"TABLE {self.identifier}, then send an execute-snapshot signal for it"
+            ) from None
 
     def _rename(self, mapping: Mapping[str, str], records: Sequence[ColumnRenames]) -> None:
         """Rename the columns and record ``records`` as followed, in one metadata commit."""
@@ -509,12 +501,17 @@ class LakeTable:
 
     # -- reading ------------------------------------------------------------------------------
 
-    def read(self, snapshot_id: int | None = None, with_position: bool = False) -> DataFrame:
+    def read(self, snapshot_id: int | None = None, with_position: bool = False,
+             current_schema: bool = False) -> DataFrame:
         """The table's rows (user columns; ``with_position`` adds ``__cdc_pos``), now or at a
-        snapshot (time travel)."""
+        snapshot (time travel), with the snapshot's column names, or (``current_schema``) with
+        today's: a column renamed since reads under its new name."""
         if snapshot_id is None:
             df = self.spark.read.table(self.identifier)
-        else:  # VERSION AS OF reads with the snapshot's schema (the read option: today's)
+        elif current_schema:  # the read option: today's schema
+            df = self.spark.read.option("snapshot-id", str(int(snapshot_id))).table(
+                self.identifier)
+        else:  # VERSION AS OF reads with the snapshot's schema
             df = self.spark.sql(f"SELECT * FROM {self.identifier} VERSION AS OF {int(snapshot_id)}")
         return df if with_position else df.drop(POS)
 

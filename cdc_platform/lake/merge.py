@@ -256,7 +256,8 @@ def _materialise_once(
         asserted = 0
         victims = None
         if counts["instructions"]:
-            state = target.read(snapshot_id=base.snapshot_id, with_position=True)
+            state = target.read(snapshot_id=base.snapshot_id, with_position=True,
+                                current_schema=True)  # (evolved since base)
             victims = _tombstones(target.table_id, batch, rows_folded, state, newest)
         if victims is not None:
             victims = victims.persist(StorageLevel.MEMORY_AND_DISK)
