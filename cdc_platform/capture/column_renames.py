@@ -152,14 +152,3 @@ def record_column_renames(landing: LandingZone, ddl: TableDdl, gtid: str, positi
     write_atomically(directory / column_renames_name(position), record.to_json())
     return record
 
-
-def read_column_renames(landing: LandingZone, database: str, table: str
-                        ) -> list[ColumnRenames]:
-    """A table's column renames, in changelog order (the engine's own view; the lake reads
-    the same files through ``lake.changelog``)."""
-    directory = landing.column_renames_dir(database, table)
-    if not directory.is_dir():
-        return []
-    return sorted((ColumnRenames.from_json(p.read_bytes()) for p in directory.glob("*.json")),
-                  key=lambda r: r.position)
-
