@@ -154,9 +154,9 @@ class CaptureSettings(_Section):
         default=True,
         description="Re-snapshot a table automatically (a Dagster sensor requests a run of its "
         "snapshot asset) after a DDL changed its rows without row events (TRUNCATE, RENAME "
-        "TABLE, partition DROP/EXCHANGE, ADD COLUMN with a default, column renames and type "
-        "changes, ...). Off: the target is still marked stale (metadata, the `not_stale` "
-        "check) until you snapshot it.",
+        "TABLE, partition DROP/EXCHANGE, ADD COLUMN with a default, type changes, ...; not a "
+        "RENAME COLUMN, which the lake follows). Off: the target is still marked stale "
+        "(metadata, the `not_stale` check) until you snapshot it.",
     )
     reconnect: ReconnectSettings = Field(default_factory=ReconnectSettings)
     system_databases: tuple[str, ...] = Field(

@@ -8,6 +8,7 @@ a restart; missing one would let a snapshot go wrong, so the parser errs on list
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 # Tokens of a statement: comments and whitespace (skipped), quoted identifiers, string
@@ -59,6 +60,65 @@ def statement_tokens(query: str) -> list[tuple[str, str]]:
         elif kind == "punct":
             out.append(("punct", text))
     return out
+
+
+Token = tuple[str, str]
+
+
+def word_of(token: Token | None) -> str | None:
+    """A word token's text in upper case (keywords); None for names, punctuation, nothing."""
+    return token[1].upper() if token is not None and token[0] == "word" else None
+
+
+def token_at(tokens: Sequence[Token], index: int) -> Token | None:
+    return tokens[index] if 0 <= index < len(tokens) else None
+
+
+def name_at(tokens: Sequence[Token], index: int) -> str:
+    """The identifier (word or quoted name) at ``index``, as written; ``?`` past the end."""
+    token = token_at(tokens, index)
+    return token[1] if token is not None else "?"
+
+
+def split_top_level(tokens: Sequence[Token]) -> list[list[Token]]:
+    """``tokens`` split at commas outside parentheses."""
+    parts: list[list[Token]] = [[]]
+    depth = 0
+    for token in tokens:
+        if token == ("punct", "("):
+            depth += 1
+        elif token == ("punct", ")"):
+            depth = max(0, depth - 1)
+        elif token == ("punct", ",") and depth == 0:
+            parts.append([])
+            continue
+        parts[-1].append(token)
+    return [p for p in parts if p]
+
+
+def alter_clauses(tokens: Sequence[Token]) -> list[list[Token]]:
+    """The clauses of an ALTER TABLE statement's tokens (after the table name), in statement
+    order; a lone name after a comma continues the clause before (``DROP PARTITION p1, p2``).
+    """
+    position = 1
+    while word_of(token_at(tokens, position)) in ("ONLINE", "OFFLINE", "IGNORE"):
+        position += 1
+    position += 1  # TABLE
+    if word_of(token_at(tokens, position)) == "IF":
+        position += 2
+    position += 3 if token_at(tokens, position + 1) == ("punct", ".") else 1
+    if word_of(token_at(tokens, position)) == "NOWAIT":
+        position += 1
+    elif word_of(token_at(tokens, position)) == "WAIT":
+        position += 2
+    specs: list[list[Token]] = []
+    for part in split_top_level(tokens[position:]):
+        if specs and len(part) == 1 and part[0][0] in ("word", "name") and (
+                word_of(part[0]) not in {"FORCE"}):
+            specs[-1] = specs[-1] + [("punct", ","), *part]
+        else:
+            specs.append(part)
+    return specs
 
 
 def parse_table_ddl(query: str, default_db: str) -> TableDdl | None:

@@ -38,6 +38,7 @@ from cdc_platform.capture.binlog import (
     is_retriable,
     learn_server_collations,
 )
+from cdc_platform.capture.column_renames import record_column_renames
 from cdc_platform.capture.ddl import TableDdl, parse_table_ddl
 from cdc_platform.capture.events import (
     EngineError,
@@ -729,9 +730,18 @@ class CaptureEngine:
         self.stats.ddl_statements += 1
         # Rows the DDL changed without row events: mark those targets stale, durably, before
         # the checkpoint passes the DDL (capture/stale_markers.py; a re-snapshot resolves it).
-        for marker in record_stale_targets(self.landing, ddl, gtid or "?", self._next_pos,
-                                           self._schemas, self.options.selector.captures):
+        selector = self.options.selector
+        for marker in record_stale_targets(
+                self.landing, ddl, gtid or "?", self._next_pos, self._schemas, selector.captures,
+                lambda db, table, column: not selector.excluded_columns_of(db, table, [column])):
             self.log.warning(marker.describe())
+        # Column renames, durably too; the record takes a position of its own, so the lake
+        # tells the segments before it from those after it (capture/column_renames.py).
+        renames = record_column_renames(self.landing, ddl, gtid or "?", self._next_pos,
+                                        selector.captures)
+        if renames is not None:
+            self._next_pos += 1
+            self.log.info(renames.describe())
         for database, table in captured:
             table_id = names.table_id(database, table)
             if gtid and self._snapshots.record_ddl(table_id, self._flavour.parse_gtid(gtid)):

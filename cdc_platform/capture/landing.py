@@ -33,6 +33,8 @@ TABLES_FILE = "tables.json"
 CHANGELOG_DIR = "changelog"
 SNAPSHOTS_DIR = "snapshots"
 SEGMENT_NAME = re.compile(r"^(\d{20})-(\d{20})\.parquet$")
+COLUMN_RENAMES_DIR = "renames"
+COLUMN_RENAMES_NAME = re.compile(r"^(\d{20})\.json$")
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,16 @@ def snapshot_parts(database: str, table: str) -> tuple[str, ...]:
     """The path of a table's snapshot directory (request, control, chunks) below the server's
     folder."""
     return (SNAPSHOTS_DIR, *table_parts(database, table))
+
+
+def column_renames_parts(database: str, table: str) -> tuple[str, ...]:
+    """The path of a table's column-rename records (``capture.column_renames``) below the
+    server's folder."""
+    return (COLUMN_RENAMES_DIR, *table_parts(database, table))
+
+
+def column_renames_name(position: int) -> str:
+    return f"{position:020d}.json"
 
 
 def segment_name(first_pos: int, last_pos: int) -> str:
@@ -263,6 +275,9 @@ class LandingZone:
     def write_tables(self, tables: dict[str, TableSchema]) -> None:
         write_atomically(self.tables_path, tables_to_json(tables))
 
+    def column_renames_dir(self, database: str, table: str) -> Path:
+        return self.root.joinpath(*column_renames_parts(database, table))
+
     def segment_path(self, database: str, table: str, first_pos: int, last_pos: int) -> Path:
         return self.table_dir(database, table) / segment_name(first_pos, last_pos)
 
@@ -298,15 +313,19 @@ class LandingZone:
 
         They belong to transactions the engine will replay with the same positions; readers
         never read past the checkpoint, so nobody has seen them.
+        Column-rename records at or after ``next_pos`` go too: the replay records them again
+        (at the same positions), or not at all if the configuration changed since.
         """
         removed: list[Path] = []
-        changelog = self.root / CHANGELOG_DIR
-        if not changelog.is_dir():
-            return removed
-        for path in changelog.glob("*/*/*"):
-            match = SEGMENT_NAME.match(path.name)
-            stale_tmp = path.name.startswith(".") and ".tmp-" in path.name
-            if stale_tmp or (match and int(match.group(1)) >= next_pos):
-                path.unlink(missing_ok=True)
-                removed.append(path)
+        for top, pattern in ((CHANGELOG_DIR, SEGMENT_NAME),
+                             (COLUMN_RENAMES_DIR, COLUMN_RENAMES_NAME)):
+            directory = self.root / top
+            if not directory.is_dir():
+                continue
+            for path in directory.glob("*/*/*"):
+                match = pattern.match(path.name)
+                stale_tmp = path.name.startswith(".") and ".tmp-" in path.name
+                if stale_tmp or (match and int(match.group(1)) >= next_pos):
+                    path.unlink(missing_ok=True)
+                    removed.append(path)
         return removed

@@ -4,7 +4,7 @@ The binlog carries a DDL as its text, without row events. Most DDL changes no ro
 (an index, a table option, a nullable column without a default), but some change rows or
 values of every row: TRUNCATE, RENAME TABLE, DROP/EXCHANGE/TRUNCATE/REORGANIZE/COALESCE
 PARTITION, ADD COLUMN with a default (explicit, implicit through NOT NULL, generated,
-AUTO_INCREMENT), RENAME/CHANGE COLUMN, MODIFY (a type change rewrites values), CONVERT TO
+AUTO_INCREMENT), CHANGE/MODIFY COLUMN (a type change rewrites values), CONVERT TO
 CHARACTER SET, a primary-key change. A target folded from the changelog would keep the old rows
 or values silently. So the engine writes a **marker** per table such a DDL makes stale, in the
 landing zone, before its checkpoint moves past the DDL; Dagster shows the markers (target
@@ -12,21 +12,36 @@ metadata, the ``not_stale`` asset check) and re-snapshots the table (``capture.r
 A marker is resolved by a snapshot of the whole table that opened after the DDL
 (``capture.stale_markers``).
 
+A RENAME COLUMN changes no value: the engine records it (``capture.column_renames``) and the
+lake renames the column, so it marks nothing (unless the old name was excluded from capture).
+A CHANGE to a new name keeps its marker (its new definition may rewrite values; the old one is
+not in the binlog) and is recorded as a rename too.
+
 Deciding from the statement text is conservative: a clause this module does not know counts as
 changing rows (a needless re-snapshot costs time; a missed one leaves the target wrong).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from cdc_platform.capture import names
-from cdc_platform.capture.ddl import TableDdl, statement_tokens
+from cdc_platform.capture.column_renames import renamed_columns
+from cdc_platform.capture.ddl import (
+    TableDdl,
+    Token,
+    alter_clauses,
+    name_at,
+    split_top_level,
+    statement_tokens,
+    token_at,
+    word_of,
+)
 from cdc_platform.capture.schema import TableSchema
 
-Token = tuple[str, str]
 TableName = tuple[str, str]
+ColumnCaptured = Callable[[str, str, str], bool]
 
 # ALTER TABLE clauses (by their first word) that change no row and no value.
 _SAFE_OPTIONS = frozenset({
@@ -73,43 +88,14 @@ class StaleTable:
         return names.table_id(self.database, self.table)
 
 
-def _word(token: Token | None) -> str | None:
-    return token[1].upper() if token is not None and token[0] == "word" else None
-
-
-def _at(tokens: Sequence[Token], index: int) -> Token | None:
-    return tokens[index] if 0 <= index < len(tokens) else None
-
-
-def _split_top_level(tokens: Sequence[Token]) -> list[list[Token]]:
-    """``tokens`` split at commas outside parentheses."""
-    parts: list[list[Token]] = [[]]
-    depth = 0
-    for token in tokens:
-        if token == ("punct", "("):
-            depth += 1
-        elif token == ("punct", ")"):
-            depth = max(0, depth - 1)
-        elif token == ("punct", ",") and depth == 0:
-            parts.append([])
-            continue
-        parts[-1].append(token)
-    return [p for p in parts if p]
-
-
-def _name(tokens: Sequence[Token], index: int) -> str:
-    token = _at(tokens, index)
-    return token[1] if token is not None else "?"
-
-
 def _column_added(definition: Sequence[Token]) -> str | None:
     """Why adding the column ``definition`` (name, type, attributes) gives older rows a value
     without row events; None when older rows read NULL, which the target already shows."""
-    name = _name(definition, 0)
-    words = [_word(t) for t in definition[1:]]
+    name = name_at(definition, 0)
+    words = [word_of(t) for t in definition[1:]]
     type_word = words[0] if words else None
     if "GENERATED" in words or any(
-            words[i] == "AS" and _at(definition, i + 2) == ("punct", "(")
+            words[i] == "AS" and token_at(definition, i + 2) == ("punct", "(")
             for i in range(len(words))):
         return f"generated column {name} added: computed for every older row"
     if "AUTO_INCREMENT" in words or type_word == "SERIAL":
@@ -127,11 +113,11 @@ def _column_added(definition: Sequence[Token]) -> str | None:
 
 def _add_clause(spec: Sequence[Token]) -> str | None:
     position = 1
-    if _word(_at(spec, position)) == "CONSTRAINT":
+    if word_of(token_at(spec, position)) == "CONSTRAINT":
         position += 1
-        if _word(_at(spec, position)) not in _INDEX_WORDS | {"PRIMARY"}:
+        if word_of(token_at(spec, position)) not in _INDEX_WORDS | {"PRIMARY"}:
             position += 1  # the constraint's name
-    what = _word(_at(spec, position))
+    what = word_of(token_at(spec, position))
     if what in _INDEX_WORDS:
         return None
     if what == "PRIMARY":
@@ -142,13 +128,13 @@ def _add_clause(spec: Sequence[Token]) -> str | None:
         return "system versioning changed (not followed by the platform)"
     if what == "COLUMN":
         position += 1
-    if _word(_at(spec, position)) == "IF":  # IF NOT EXISTS
+    if word_of(token_at(spec, position)) == "IF":  # IF NOT EXISTS
         position += 3
-    if _at(spec, position) == ("punct", "("):
+    if token_at(spec, position) == ("punct", "("):
         inner = list(spec[position + 1:])
         if inner and inner[-1] == ("punct", ")"):
             inner = inner[:-1]
-        definitions = _split_top_level(inner)
+        definitions = split_top_level(inner)
     else:
         definitions = [list(spec[position:])]
     reasons = [r for d in definitions if (r := _column_added(d)) is not None]
@@ -156,7 +142,7 @@ def _add_clause(spec: Sequence[Token]) -> str | None:
 
 
 def _drop_clause(spec: Sequence[Token], schema: TableSchema | None) -> str | None:
-    what = _word(_at(spec, 1))
+    what = word_of(token_at(spec, 1))
     if what in ("INDEX", "KEY", "FOREIGN", "CONSTRAINT", "CHECK"):
         return None
     if what == "PRIMARY":
@@ -166,9 +152,9 @@ def _drop_clause(spec: Sequence[Token], schema: TableSchema | None) -> str | Non
     if what == "SYSTEM":
         return "system versioning changed (not followed by the platform)"
     position = 2 if what == "COLUMN" else 1
-    if _word(_at(spec, position)) == "IF":  # IF EXISTS
+    if word_of(token_at(spec, position)) == "IF":  # IF EXISTS
         position += 2
-    column = _name(spec, position)
+    column = name_at(spec, position)
     if schema is None:
         return f"column {column} dropped from a table whose key the engine does not know"
     if column.lower() in (c.lower() for c in schema.primary_key):
@@ -177,30 +163,35 @@ def _drop_clause(spec: Sequence[Token], schema: TableSchema | None) -> str | Non
 
 
 def _alter_column_clause(spec: Sequence[Token]) -> str | None:
-    what = _word(_at(spec, 1))
+    what = word_of(token_at(spec, 1))
     if what in ("INDEX", "KEY", "CHECK", "CONSTRAINT"):
         return None
     position = 2 if what == "COLUMN" else 1
-    if _word(_at(spec, position)) == "IF":
+    if word_of(token_at(spec, position)) == "IF":
         position += 2
-    column = _name(spec, position)
-    action, what = _word(_at(spec, position + 1)), _word(_at(spec, position + 2))
+    column = name_at(spec, position)
+    action, what = word_of(token_at(spec, position + 1)), word_of(token_at(spec, position + 2))
     if action in ("SET", "DROP") and what in _SAFE_COLUMN_ALTERATIONS:
         return None  # SET/DROP DEFAULT, SET [IN]VISIBLE: no existing value changes
     return f"column {column} altered ({' '.join(t[1] for t in spec[position + 1:])})"
 
 
 def _redefinition(spec: Sequence[Token], verb: str) -> str:
-    position = 2 if _word(_at(spec, 1)) == "COLUMN" else 1
-    if _word(_at(spec, position)) == "IF":
+    position = 2 if word_of(token_at(spec, 1)) == "COLUMN" else 1
+    if word_of(token_at(spec, position)) == "IF":
         position += 2
-    old = _name(spec, position)
+    old = name_at(spec, position)
     if verb == "CHANGE":
-        new = _name(spec, position + 1)
-        if new.lower() != old.lower():
-            return (f"column {old} renamed to {new} (CHANGE): older target rows keep it under "
-                    "the old name")
+        new = name_at(spec, position + 1)
         position += 1
+        if new != old:
+            # The old definition is not in the binlog (and the engine's schemas may already be
+            # newer than this DDL), so "the same type" cannot be proven: the values may have
+            # been rewritten. The rename itself is followed (capture.column_renames).
+            return (f"column {old} renamed to {new} and redefined as "
+                    f"{_type_text(spec[position + 1:])} (CHANGE): a type, character-set or "
+                    "NULL change rewrites every value; the lake keeps the values under "
+                    f"{new} until the re-snapshot (RENAME COLUMN renames without one)")
     return (f"column {old} redefined as {_type_text(spec[position + 1:])} ({verb}): a type or "
             "character-set change rewrites every value")
 
@@ -210,7 +201,7 @@ def _type_text(definition: Sequence[Token]) -> str:
     if not definition:
         return "?"
     text = definition[0][1]
-    if _at(definition, 1) == ("punct", "("):
+    if token_at(definition, 1) == ("punct", "("):
         inner = []
         for token in definition[2:]:
             if token == ("punct", ")"):
@@ -222,8 +213,8 @@ def _type_text(definition: Sequence[Token]) -> str:
 
 def _alter_clause(spec: Sequence[Token], schema: TableSchema | None) -> str | None:
     """Why one ALTER TABLE clause changes rows or values; None when it changes none."""
-    first = _word(_at(spec, 0))
-    second = _word(_at(spec, 1))
+    first = word_of(token_at(spec, 0))
+    second = word_of(token_at(spec, 1))
     if first == "ADD":
         return _add_clause(spec)
     if first == "DROP":
@@ -233,10 +224,9 @@ def _alter_clause(spec: Sequence[Token], schema: TableSchema | None) -> str | No
     if first in ("MODIFY", "CHANGE"):
         return _redefinition(spec, first)
     if first == "RENAME":
-        if second == "COLUMN":
-            return (f"column {_name(spec, 2)} renamed to {_name(spec, 4)}: older target rows "
-                    "keep it under the old name")
-        return None  # RENAME INDEX/KEY; RENAME TO is a table rename (see stale_tables)
+        # RENAME COLUMN changes no value: the lake renames the column (capture.column_renames).
+        # RENAME INDEX/KEY change no row; RENAME TO is a table rename (see stale_tables).
+        return None
     if first == "CONVERT":
         if second == "TO":
             return "table converted to another character set: every text value rewritten"
@@ -248,37 +238,13 @@ def _alter_clause(spec: Sequence[Token], schema: TableSchema | None) -> str | No
     if first in ("WITH", "WITHOUT"):
         return None if second == "VALIDATION" else "system versioning changed"
     if first in _SAFE_OPTIONS:
-        words = [_word(t) for t in spec]
+        words = [word_of(t) for t in spec]
         if "BLACKHOLE" in words:
             return "ENGINE=BLACKHOLE discarded every row"
         if "UNION" in words:
             return "the MERGE table's UNION changed: other rows under the same name"
         return None
     return f"ALTER TABLE clause {' '.join(t[1] for t in spec[:2])!r} is not known to keep rows"
-
-
-def _alter_specs(tokens: Sequence[Token]) -> list[list[Token]]:
-    """The clauses of an ALTER TABLE statement (after the table name); a lone name after a
-    comma continues the clause before (``DROP PARTITION p1, p2``)."""
-    position = 1
-    while _word(_at(tokens, position)) in ("ONLINE", "OFFLINE", "IGNORE"):
-        position += 1
-    position += 1  # TABLE
-    if _word(_at(tokens, position)) == "IF":
-        position += 2
-    position += 3 if _at(tokens, position + 1) == ("punct", ".") else 1
-    if _word(_at(tokens, position)) == "NOWAIT":
-        position += 1
-    elif _word(_at(tokens, position)) == "WAIT":
-        position += 2
-    specs: list[list[Token]] = []
-    for part in _split_top_level(tokens[position:]):
-        if specs and len(part) == 1 and part[0][0] in ("word", "name") and (
-                _word(part[0]) not in {"FORCE"}):
-            specs[-1] = specs[-1] + [("punct", ","), *part]
-        else:
-            specs.append(part)
-    return specs
 
 
 def _renamed(renames: Sequence[tuple[TableName, TableName]]
@@ -302,18 +268,33 @@ def _qualified(name: TableName) -> str:
     return names.table_id(name[0], name[1])
 
 
-def stale_tables(ddl: TableDdl, schemas: Mapping[str, TableSchema] | None = None
-                 ) -> list[StaleTable]:
+def _uncaptured_renames(ddl: TableDdl, column_captured: ColumnCaptured | None) -> list[str]:
+    """A column excluded from capture (``capture.excluded_columns``) renamed to a captured
+    name: its values in older rows never landed, so the lake cannot carry them over."""
+    if column_captured is None or not ddl.tables:
+        return []
+    database, table = ddl.tables[0]
+    return [f"column {old} (excluded from capture) renamed to {new} (captured): its values "
+            "in older rows never landed"
+            for old, new in renamed_columns(ddl)
+            if not column_captured(database, table, old)
+            and column_captured(database, table, new)]
+
+
+def stale_tables(ddl: TableDdl, schemas: Mapping[str, TableSchema] | None = None,
+                 column_captured: ColumnCaptured | None = None) -> list[StaleTable]:
     """The tables whose targets ``ddl`` leaves stale, with the reason (pure; conservative).
 
     ``schemas``: the engine's schemas from before the DDL (``db.table`` -> schema), to tell a
-    dropped key column from another. A plain CREATE TABLE makes nothing stale here: a table
-    created again under the name of a gone one is the marker writer's case
+    dropped key column from another. ``column_captured(db, table, column)``: whether a column
+    is captured, so that renaming an excluded column to a captured name marks the target (a
+    plain column rename does not: the lake follows it). A plain CREATE TABLE makes nothing
+    stale here: a table created again under the name of a gone one is the marker writer's case
     (:func:`record_stale_targets`).
     """
     schemas = schemas or {}
     tokens = statement_tokens(ddl.query)
-    head = {_word(t) for t in tokens[:4]}
+    head = {word_of(t) for t in tokens[:4]}
     verb = ddl.verb
     out: dict[TableName, StaleTable] = {}
 
@@ -349,8 +330,9 @@ def stale_tables(ddl: TableDdl, schemas: Mapping[str, TableSchema] | None = None
         reasons = []
         if "IGNORE" in head:
             reasons.append("ALTER IGNORE may delete rows")
-        reasons += [r for spec in _alter_specs(tokens)
+        reasons += [r for spec in alter_clauses(tokens)
                     if (r := _alter_clause(spec, schema)) is not None]
+        reasons += _uncaptured_renames(ddl, column_captured)
         renamed_to = {new for old, new in ddl.renames if old == table}
         for other in ddl.tables[1:]:
             if other in renamed_to:

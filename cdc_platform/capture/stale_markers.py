@@ -24,7 +24,7 @@ from cdc_platform.capture.ddl import TableDdl
 from cdc_platform.capture.gtid import parse_gtid, parse_position
 from cdc_platform.capture.landing import LandingZone, write_atomically
 from cdc_platform.capture.schema import TableSchema
-from cdc_platform.capture.stale import StaleTable, stale_tables
+from cdc_platform.capture.stale import ColumnCaptured, StaleTable, stale_tables
 
 
 def _now() -> str:
@@ -106,14 +106,16 @@ def _write(landing: LandingZone, markers: Sequence[StaleMarker]) -> None:
 
 def record_stale_targets(landing: LandingZone, ddl: TableDdl, gtid: str, position: int,
                          schemas: Mapping[str, TableSchema],
-                         captures: Callable[[str, str], bool]) -> list[StaleMarker]:
+                         captures: Callable[[str, str], bool],
+                         column_captured: ColumnCaptured | None = None) -> list[StaleMarker]:
     """Write a marker for every captured table ``ddl`` leaves stale (durably: the engine
     calls this before its checkpoint passes the DDL; a replay writes the same files again).
 
     A CREATE TABLE of a name with an open marker (the table was dropped or renamed away, and
     its target still holds the old rows) marks the new table stale too.
     """
-    verdicts = [v for v in stale_tables(ddl, schemas) if captures(v.database, v.table)]
+    verdicts = [v for v in stale_tables(ddl, schemas, column_captured)
+                if captures(v.database, v.table)]
     if ddl.verb == "CREATE" and not verdicts:
         pending = {m.table_id for m in read_markers(landing) if not m.resolved}
         for database, table in ddl.tables[:1]:

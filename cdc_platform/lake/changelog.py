@@ -3,13 +3,15 @@
 Only records with ``__cdc_pos < checkpoint.next_pos`` are committed; segment files are selected
 by their names (``<first_pos>-<last_pos>.parquet``), so a batch touches only the segments it
 needs. Segments written before and after an ``ALTER TABLE`` have different columns: each group of
-files with the same Arrow schema is read with its own explicit Spark schema and then conformed to
-the newest segment's columns by name.
+files with the same Arrow schema is read with its own explicit Spark schema, its columns renamed
+by the column renames recorded after it (``capture.column_renames``), and then conformed to the
+newest segment's columns by name.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import reduce
 from typing import Any
@@ -19,18 +21,23 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
+from cdc_platform.capture.column_renames import ColumnRenames, column_mapping, renamed_schema
 from cdc_platform.capture.landing import (
     CHECKPOINT_FILE,
+    COLUMN_RENAMES_NAME,
     SEGMENT_NAME,
     TABLES_FILE,
     changelog_parts,
+    column_renames_parts,
     tables_from_json,
 )
 from cdc_platform.capture.names import table_id
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.lake.columns import (
     CHANGELOG_META,
+    HI_PREFIX,
     POS,
+    RESERVED_PREFIX,
     THRESHOLD,
     col,
     conform,
@@ -113,6 +120,39 @@ def list_segments(
     return sorted(segments, key=lambda s: (s.first_pos, s.last_pos))
 
 
+def read_column_renames(landing_url: str, server_name: str, database: str, table: str,
+                        before_pos: int) -> list[ColumnRenames]:
+    """The table's column renames a checkpoint with ``next_pos`` = ``before_pos`` covers, in
+    changelog order (each record has a position of its own: ``capture.column_renames``)."""
+    directory = _server(landing_url, server_name).join(*column_renames_parts(database, table))
+    found = []
+    for name in directory.list_names():
+        match = COLUMN_RENAMES_NAME.match(name)
+        if not match or int(match.group(1)) >= before_pos:
+            continue
+        location = directory.join(name)
+        try:
+            found.append(ColumnRenames.from_json(location.read_bytes() or b""))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(
+                f"column-rename record {location.spark_uri} is not valid ({exc!r}); it is "
+                "written by the capture engine: without it older segments of "
+                f"{table_id(database, table)} would lose the renamed columns' values"
+            ) from exc
+    return sorted(found, key=lambda r: r.position)
+
+
+def _renamed_columns(df: DataFrame, records: Sequence[ColumnRenames]) -> DataFrame:
+    """``df`` (one group of segments) with its user columns, and the range-assertion bound
+    columns of renamed key columns, under their names after ``records``."""
+    users = [c for c in df.columns if not c.startswith(RESERVED_PREFIX)]
+    mapping = column_mapping(users, records)
+    if not mapping:
+        return df
+    mapping.update({HI_PREFIX + old: HI_PREFIX + new for old, new in mapping.items()})
+    return df.select(*[col(c).alias(mapping.get(c, c)) for c in df.columns])
+
+
 def segment_schema(segment: Segment) -> TableSchema:
     """The TableSchema a segment carries in its Parquet key/value metadata."""
     metadata = pq.read_schema(segment.location.path, filesystem=segment.location.fs).metadata
@@ -139,11 +179,14 @@ def changelog_batch(
     after_pos: int | None,
     before_pos: int,
     snapshot_columns: bool = False,
+    renames: Sequence[ColumnRenames] = (),
 ) -> tuple[DataFrame | None, TableSchema | None]:
     """Records with ``after_pos < __cdc_pos < before_pos`` and the newest segment's schema.
 
-    The frame has the changelog metadata columns followed by the newest schema's user columns;
-    rows from older segments lacking a column carry NULL there. With ``snapshot_columns``, if
+    ``renames``: the table's column renames (``read_column_renames``); a segment's columns are
+    renamed by those after it, and so is the newest schema (a rename after the last segment
+    names its columns too). The frame has the changelog metadata columns followed by the
+    newest schema's user columns; rows from older segments lacking a column carry NULL there. With ``snapshot_columns``, if
     any segment of the batch carries the snapshot-record columns (only those may hold range
     assertions and sweeps), they follow (``columns.snapshot_struct``, typed after the newest
     key; NULL in segments without them). Returns (None, None) when no segment overlaps the
@@ -152,19 +195,23 @@ def changelog_batch(
     segments = list_segments(landing_url, server_name, database, table, after_pos, before_pos)
     if not segments:
         return None, None
-    groups: list[tuple[pa.Schema, list[str]]] = []
+    groups: list[tuple[pa.Schema, tuple[ColumnRenames, ...], list[str]]] = []
     newest_metadata = None
     for segment in segments:
         arrow_schema = pq.read_schema(segment.location.path, filesystem=segment.location.fs)
         newest_metadata = arrow_schema.metadata
         plain = arrow_schema.remove_metadata()
-        for schema, uris in groups:
-            if schema.equals(plain):
+        # (a segment is a run of one flush between two positions; a rename's own position is
+        # never inside one: it lies wholly before or after)
+        later = tuple(r for r in renames if r.position > segment.last_pos)
+        for schema, after, uris in groups:
+            if schema.equals(plain) and after == later:
                 uris.append(segment.location.spark_uri)
                 break
         else:
-            groups.append((plain, [segment.location.spark_uri]))
-    newest = _schema_from_metadata(newest_metadata, segments[-1])
+            groups.append((plain, later, [segment.location.spark_uri]))
+    newest = renamed_schema(_schema_from_metadata(newest_metadata, segments[-1]),
+                            [r for r in renames if r.position > segments[-1].last_pos])
     if (newest.database, newest.table) != (database, table):
         raise ValueError(
             f"segment {segments[-1].location.spark_uri} says it belongs to {newest.table_id}, "
@@ -173,11 +220,12 @@ def changelog_batch(
         )
     refuse_reserved_columns(newest)
     target = StructType(CHANGELOG_META.fields + user_struct(newest.columns).fields)
-    if snapshot_columns and any(THRESHOLD in schema.names for schema, _ in groups):
+    if snapshot_columns and any(THRESHOLD in schema.names for schema, _, _ in groups):
         target = StructType(target.fields + snapshot_struct(newest).fields)
     frames = [
-        conform(spark.read.schema(struct_from_arrow(schema)).parquet(*uris), target)
-        for schema, uris in groups
+        conform(_renamed_columns(spark.read.schema(struct_from_arrow(schema)).parquet(*uris),
+                                 after), target)
+        for schema, after, uris in groups
     ]
     batch = reduce(DataFrame.unionByName, frames)
     condition = col(POS) < before_pos

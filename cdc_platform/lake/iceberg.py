@@ -22,12 +22,13 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import logging
 import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,6 +45,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from cdc_platform.capture.column_renames import ColumnRenames, column_mapping
 from cdc_platform.capture.names import table_id, valid_name
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.lake.columns import POS, user_struct
@@ -59,6 +61,10 @@ SPARK_CATALOG = "org.apache.iceberg.spark.SparkCatalog"
 # Snapshot summary properties this platform writes.
 CONSUMED_POS = "cdc.consumed-pos"
 CONSUMED_GTID = "cdc.consumed-gtid"
+# Table properties: the key the table is merged by (JSON list), and the changelog position of
+# the newest column-rename record (capture.column_renames) the table's columns follow.
+PRIMARY_KEY_PROPERTY = "cdc.primary-key"
+RENAMED_THROUGH_PROPERTY = "cdc.renamed-through"
 BRANCH_PREFIX = "cdc_commit_"
 # A private branch older than this belongs to a writer that died (a MERGE takes minutes).
 STALE_BRANCH_HOURS = 6.0
@@ -302,26 +308,72 @@ class LakeTable:
         fields = self.spark.table(self.identifier).schema.fields
         return StructType([f for f in fields if f.name != POS])
 
-    def create(self, schema: TableSchema) -> None:
-        """Create the table (and its namespace) with the schema's columns plus ``__cdc_pos``."""
+    def create(self, schema: TableSchema, properties: Mapping[str, str] | None = None) -> None:
+        """Create the table (and its namespace) with the schema's columns plus ``__cdc_pos``,
+        and ``properties`` besides the lake's own (in the creating commit)."""
         self.lake.sql(f"CREATE NAMESPACE IF NOT EXISTS {quote(self.lake.catalog)}."
                       f"{quote(self.namespace)}")
         columns = ", ".join(f"{quote(f.name)} {f.dataType.simpleString()}"
                             for f in user_struct(schema.columns).fields)
-        properties = ", ".join(f"'{k}'='{v}'" for k, v in TABLE_PROPERTIES.items())
+        properties = ", ".join(f"'{sql_string(k)}'='{sql_string(v)}'"
+                               for k, v in {**TABLE_PROPERTIES, **(properties or {})}.items())
         comment = f"cdc_platform target of {self.table_id} on {self.server_name}"
         self.lake.sql(
             f"CREATE TABLE IF NOT EXISTS {self.identifier} ({columns}, {quote(POS)} bigint) "
             f"USING iceberg COMMENT '{sql_string(comment)}' TBLPROPERTIES ({properties})")
 
-    def evolve(self, schema: TableSchema) -> bool:
+    def property(self, key: str) -> str | None:
+        """A table property's value, or None when the table does not have it."""
+        value = self._java_table().properties().get(key)
+        return str(value) if value is not None else None
+
+    def primary_key(self) -> list[str] | None:
+        """The key the table is merged by (``cdc.primary-key``), or None when not recorded."""
+        recorded = self.property(PRIMARY_KEY_PROPERTY)
+        return json.loads(recorded) if recorded else None
+
+    def renamed_through(self) -> int | None:
+        """The position of the newest column-rename record the columns follow, or None
+        (a table made before renames were followed)."""
+        value = self.property(RENAMED_THROUGH_PROPERTY)
+        return int(value) if value not in (None, "") else None
+
+    def _commit_metadata(self, renames: Mapping[str, str], properties: Mapping[str, str]
+                         ) -> None:
+        """Rename columns (``old -> new``, simultaneously: a swap is one entry each way) and
+        set table properties in ONE Iceberg metadata commit, through the table's Java API
+        (Spark SQL renames one column per commit, so a swap or a crash between a rename and
+        the property that says it is done could not be told apart afterwards). Iceberg keeps
+        each column's field id, so data files keep its values; older snapshots keep the old
+        name (time travel)."""
+        transaction = self._java_table().newTransaction()
+        if renames:
+            update = transaction.updateSchema()
+            for old, new in renames.items():
+                update = update.renameColumn(old, new)
+            update.commit()
+        if properties:
+            update = transaction.updateProperties()
+            for key, value in properties.items():
+                update = update.set(key, value)
+            update.commit()
+        transaction.commitTransaction()
+
+    def evolve(self, schema: TableSchema, renames: Sequence[ColumnRenames] = ()) -> bool:
         """Bring the table's columns to ``schema``'s through Iceberg schema evolution.
 
-        New columns are added in source order, dropped columns dropped, types widened where
-        Iceberg can (int to bigint, float to double, decimal precision up at the same scale).
-        Returns whether anything changed; SchemaEvolutionError names any other type change.
+        First the column renames after ``cdc.renamed-through`` (``renames``, in changelog
+        order): one metadata commit renames the Iceberg columns, so their values stay, and
+        moves ``cdc.renamed-through`` and the key property (a renamed key column is the same
+        key). Then, by name: new columns are added in source order, dropped columns dropped,
+        types widened where Iceberg can (int to bigint, float to double, decimal precision up
+        at the same scale). Everything is checked before the first commit: returns whether
+        anything changed; SchemaEvolutionError names a type change Iceberg cannot make, or
+        renames that do not fit the table, and then nothing changed.
         """
-        current = {f.name: f.dataType for f in self.user_struct().fields}
+        fields = self.user_struct().fields
+        mapping = self._rename_mapping([f.name for f in fields], renames) if renames else {}
+        current = {mapping.get(f.name, f.name): f.dataType for f in fields}
         wanted = user_struct(schema.columns).fields
         names = {f.name for f in wanted}
         statements = []
@@ -348,9 +400,33 @@ class LakeTable:
             if name not in names:
                 statements.append(f"ALTER TABLE {self.identifier} DROP COLUMN {quote(name)}")
         with self.writing():
+            if renames:
+                self._rename(mapping, renames)
             for statement in statements:
                 self.lake.sql(statement)
-        return bool(statements)
+        return bool(mapping) or bool(statements)
+
+    def _rename_mapping(self, columns: list[str], records: Sequence[ColumnRenames]
+                        ) -> dict[str, str]:
+        """The table's columns -> their names after ``records`` (only those that change). A
+        rename of a column the table does not have (excluded from capture) changes nothing."""
+        try:
+            return column_mapping(columns, records)
+        except ValueError as error:
+            raise SchemaEvolutionError(
+                f"{error} ({self.identifier} has columns {columns}); rebuild the target: DROP "
+                f"TABLE {self.identifier}, then send an execute-snapshot signal for it"
+            ) from None
+
+    def _rename(self, mapping: Mapping[str, str], records: Sequence[ColumnRenames]) -> None:
+        """Rename the columns and record ``records`` as followed, in one metadata commit."""
+        properties = {RENAMED_THROUGH_PROPERTY: str(max(r.position for r in records))}
+        key = self.primary_key()
+        if key is not None:
+            properties[PRIMARY_KEY_PROPERTY] = json.dumps([mapping.get(k, k) for k in key])
+        self._commit_metadata(mapping, properties)
+        for record in records:
+            log.info("%s: %s", self.identifier, record.describe())
 
     def drop(self) -> None:
         self.lake.sql(f"DROP TABLE IF EXISTS {self.identifier} PURGE")
@@ -425,12 +501,17 @@ class LakeTable:
 
     # -- reading ------------------------------------------------------------------------------
 
-    def read(self, snapshot_id: int | None = None, with_position: bool = False) -> DataFrame:
+    def read(self, snapshot_id: int | None = None, with_position: bool = False,
+             current_schema: bool = False) -> DataFrame:
         """The table's rows (user columns; ``with_position`` adds ``__cdc_pos``), now or at a
-        snapshot (time travel)."""
+        snapshot (time travel), with the snapshot's column names, or (``current_schema``) with
+        today's: a column renamed since reads under its new name."""
         if snapshot_id is None:
             df = self.spark.read.table(self.identifier)
-        else:  # VERSION AS OF reads with the snapshot's schema (the read option: today's)
+        elif current_schema:  # the read option: today's schema
+            df = self.spark.read.option("snapshot-id", str(int(snapshot_id))).table(
+                self.identifier)
+        else:  # VERSION AS OF reads with the snapshot's schema
             df = self.spark.sql(f"SELECT * FROM {self.identifier} VERSION AS OF {int(snapshot_id)}")
         return df if with_position else df.drop(POS)
 

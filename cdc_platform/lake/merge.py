@@ -47,9 +47,15 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from cdc_platform.capture.column_renames import ColumnRenames, column_mapping
 from cdc_platform.capture.names import table_id
 from cdc_platform.capture.schema import TableSchema
-from cdc_platform.lake.changelog import changelog_batch, read_checkpoint, read_table_schemas
+from cdc_platform.lake.changelog import (
+    changelog_batch,
+    read_checkpoint,
+    read_column_renames,
+    read_table_schemas,
+)
 from cdc_platform.lake.columns import (
     HI_OPEN,
     LO_OPEN,
@@ -66,12 +72,13 @@ from cdc_platform.lake.columns import (
 from cdc_platform.lake.iceberg import (
     CONSUMED_GTID,
     CONSUMED_POS,
+    PRIMARY_KEY_PROPERTY,
+    RENAMED_THROUGH_PROPERTY,
     ConcurrentCommitError,
     Lake,
     LakeTable,
     Snapshot,
     quote,
-    sql_string,
 )
 from cdc_platform.lake.spark import ensure_lake_conf
 
@@ -80,7 +87,6 @@ log = logging.getLogger(__name__)
 FIRST_OP = "__cdc_first_op"
 RECORDS = "__cdc_records"
 INSTRUCTION = "__cdc_instruction"
-PRIMARY_KEY_PROPERTY = "cdc.primary-key"
 KNOWN_OPS = ("c", "u", "d", SNAPSHOT_ROW)  # row records; "r": a snapshot chunk row, an upsert
 SNAPSHOT_OPS = (RANGE_ASSERTION, SWEEP)  # instructions to the lake, never rows
 # Key types whose Spark order is the source's (ARCHITECTURE section 4: the chunk reader only
@@ -191,15 +197,18 @@ def _materialise_once(
     after_pos = marked.consumed_pos if marked is not None else None
     checkpoint = read_checkpoint(landing_url, server_name)
 
+    # Renames below the checkpoint's next_pos are covered: a schema from the landing zone
+    # reflects them, so a table created from it follows them all.
+    before_pos = checkpoint["next_pos"] if checkpoint is not None else 1
+
     def unchanged() -> MergeResult:
         if base is None:
             _create(target, _fallback_schema(landing_url, server_name, database, table,
-                                             schema_hint))
+                                             schema_hint), before_pos - 1)
         return _result(target, started, attempt)
 
     if checkpoint is None:
         return unchanged()
-    before_pos = checkpoint["next_pos"]
     gtid = checkpoint.get("gtid")
     if after_pos is not None and after_pos >= before_pos:
         raise RuntimeError(
@@ -208,9 +217,10 @@ def _materialise_once(
             f"to another source. Rebuild the target: DROP TABLE {target.identifier}, then "
             "materialise it again"
         )
+    renames = read_column_renames(landing_url, server_name, database, table, before_pos)
     batch, newest = changelog_batch(
         spark, landing_url, server_name, database, table, after_pos, before_pos,
-        snapshot_columns=True,
+        snapshot_columns=True, renames=renames,
     )
     if batch is None or newest is None:
         return unchanged()
@@ -218,13 +228,14 @@ def _materialise_once(
     _check_schema(target, newest)
     schema_changed = False
     if base is None:  # no table yet, or a creation that crashed before its first snapshot
-        _create(target, newest)
+        _create(target, newest, before_pos - 1)
         schema_changed = target.evolve(newest)  # a crashed creation may have older columns
         base = target.current()
         assert base is not None
     else:
-        _check_primary_key(target, newest)
-        schema_changed = target.evolve(newest)
+        pending = _pending_renames(target, renames, after_pos)
+        _check_primary_key(target, newest, pending)
+        schema_changed = target.evolve(newest, pending)
 
     folded = _fold(batch, newest).persist(StorageLevel.MEMORY_AND_DISK)
     try:
@@ -245,7 +256,8 @@ def _materialise_once(
         asserted = 0
         victims = None
         if counts["instructions"]:
-            state = target.read(snapshot_id=base.snapshot_id, with_position=True)
+            state = target.read(snapshot_id=base.snapshot_id, with_position=True,
+                                current_schema=True)  # (evolved since base)
             victims = _tombstones(target.table_id, batch, rows_folded, state, newest)
         if victims is not None:
             victims = victims.persist(StorageLevel.MEMORY_AND_DISK)
@@ -357,30 +369,42 @@ def _count(folded: DataFrame) -> dict[str, int]:
     return {k: int(v) if v is not None else 0 for k, v in values.asDict().items()}
 
 
-def _create(target: LakeTable, schema: TableSchema) -> None:
+def _create(target: LakeTable, schema: TableSchema, renamed_through: int) -> None:
     """Create the table with an empty first snapshot (so every later commit has a base to be
-    compared with), recording the primary key it folds by. Idempotent: it also completes a
-    creation that crashed before the first snapshot."""
+    compared with), recording the primary key it folds by and the newest column rename its
+    columns follow (``renamed_through``: ``schema`` has the names after it). Idempotent: it
+    also completes a creation that crashed before the first snapshot."""
     with target.writing():
         if not target.exists():
-            target.create(schema)
-            key = json.dumps(list(schema.primary_key))
-            target.lake.sql(f"ALTER TABLE {target.identifier} SET TBLPROPERTIES "
-                            f"('{PRIMARY_KEY_PROPERTY}' = '{sql_string(key)}')")
+            target.create(schema, {PRIMARY_KEY_PROPERTY: json.dumps(list(schema.primary_key)),
+                                   RENAMED_THROUGH_PROPERTY: str(renamed_through)})
         if target.current() is None:
             empty = target.spark.createDataFrame([], target.spark.table(target.identifier).schema)
             empty.writeTo(target.identifier).append()
 
 
-def _check_primary_key(target: LakeTable, newest: TableSchema) -> None:
-    rows = target.lake.sql(f"SHOW TBLPROPERTIES {target.identifier} "
-                           f"('{PRIMARY_KEY_PROPERTY}')").collect()
-    recorded = rows[0].value if rows else None
-    if not recorded or recorded.startswith("Table "):  # "does not have property"
+def _pending_renames(target: LakeTable, renames: Sequence[ColumnRenames],
+                     after_pos: int | None) -> list[ColumnRenames]:
+    """The column renames the table's columns do not follow yet: after its
+    ``cdc.renamed-through`` (a table made before renames were followed: after its consumed
+    mark)."""
+    through = target.renamed_through()
+    if through is None:
+        through = after_pos if after_pos is not None else 0
+    return [r for r in renames if r.position > through]
+
+
+def _check_primary_key(target: LakeTable, newest: TableSchema,
+                       pending: Sequence[ColumnRenames]) -> None:
+    """The key the table is merged by, renamed by the pending column renames (a renamed key
+    column is the same key), must be the changelog's."""
+    recorded = target.primary_key()
+    if recorded is None:
         return
-    if json.loads(recorded) != list(newest.primary_key):
+    mapping = column_mapping(recorded, pending)
+    if [mapping.get(k, k) for k in recorded] != list(newest.primary_key):
         raise ValueError(
-            f"the primary key of {target.table_id} changed from {json.loads(recorded)} to "
+            f"the primary key of {target.table_id} changed from {recorded} to "
             f"{list(newest.primary_key)}; primary-key changes are not merged: rebuild the "
             f"target from a fresh snapshot (DROP TABLE {target.identifier}, then send an "
             "execute-snapshot signal for the table)"

@@ -16,7 +16,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from cdc_platform.capture.landing import changelog_parts
+from cdc_platform.capture.column_renames import ColumnRenames
+from cdc_platform.capture.landing import (
+    changelog_parts,
+    column_renames_name,
+    column_renames_parts,
+)
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.lake.columns import snapshot_arrow_fields
 from cdc_platform.lake.iceberg import Lake, LakeTable
@@ -92,6 +97,23 @@ class Landing:
         if checkpoint:
             self.checkpoint()
         return first, last
+
+    def rename_columns(self, table_schema: TableSchema, *renames: tuple[str, str],
+                       checkpoint: bool = True) -> int:
+        """Record one ALTER's column renames as the engine does (capture.column_renames), at a
+        position of their own; returns it."""
+        position = self.next_pos
+        self.next_pos += 1
+        self.txn += 1
+        record = ColumnRenames(table_schema.database, table_schema.table, f"0-1-{self.txn}",
+                               position, tuple(renames))
+        directory = (self.root / self.server).joinpath(
+            *column_renames_parts(table_schema.database, table_schema.table))
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / column_renames_name(position)).write_bytes(record.to_json())
+        if checkpoint:
+            self.checkpoint()
+        return position
 
     def checkpoint(self, next_pos: int | None = None) -> None:
         """Write checkpoint.json covering everything written so far (or up to ``next_pos``)."""

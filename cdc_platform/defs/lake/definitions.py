@@ -96,7 +96,7 @@ def _not_stale_check(settings: Settings, schema: TableSchema) -> dg.AssetChecksD
             asset=target_key(settings, schema),
             description=f"Fails while a DDL on {schema.table_id} left its lake table with rows "
             "or values the changelog cannot correct (TRUNCATE, RENAME TABLE, partition "
-            "DROP/EXCHANGE, ADD COLUMN with a default, column renames and type changes, ...), "
+            "DROP/EXCHANGE, ADD COLUMN with a default, type changes, ...), "
             "until a snapshot of the table that opened after the DDL is done and materialised "
             "(capture.resnapshot_on_ddl requests it).",
         ),

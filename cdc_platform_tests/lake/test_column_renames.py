@@ -1,0 +1,132 @@
+"""Column renames in the lake, from a landing zone written by hand (no engine): older segments
+are read under the new names, the Iceberg column is renamed (its data files keep their values),
+and a renamed key column stays the key. The engine side and the real server are in
+cdc_platform_tests/capture/test_column_renames.py."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from cdc_platform.capture.schema import ColumnSpec
+from cdc_platform.lake.changelog import changelog_batch, read_column_renames
+from cdc_platform.lake.iceberg import RENAMED_THROUGH_PROPERTY, SchemaEvolutionError
+from cdc_platform.lake.merge import materialise
+from cdc_platform_tests.lake.helpers import (
+    SERVER,
+    materialise_table,
+    rows_of,
+    schema,
+    target_table,
+)
+from cdc_platform_tests.lake.test_snapshot_records import assertion
+from cdc_platform_tests.lake.third_party import assert_third_party_reads_same
+
+BEFORE = schema("items")  # id, name, amount
+AFTER = schema("items", ColumnSpec("id", "int"), ColumnSpec("title", "string"),
+               ColumnSpec("amount", "decimal", 10, 2))
+
+
+def _rows(spark, warehouse, table_schema=AFTER):
+    table = target_table(spark, warehouse, table_schema)
+    assert_third_party_reads_same(spark, table)
+    return rows_of(table.read())
+
+
+def test_segments_before_and_after_a_rename_in_one_batch(spark, landing, warehouse):
+    landing.segment(BEFORE, [("c", {"id": i, "name": f"n{i}", "amount": Decimal(i)})
+                             for i in range(1, 4)])
+    position = landing.rename_columns(BEFORE, ("name", "title"))
+    landing.segment(AFTER, [("u", {"id": 1, "title": "one", "amount": Decimal("1.5")}),
+                            ("c", {"id": 4, "title": "n4", "amount": Decimal(4)})])
+    [record] = read_column_renames(landing.url, SERVER, "shop", "items", landing.next_pos)
+    assert record.position == position and record.renames == (("name", "title"),)
+    batch, newest = changelog_batch(spark, landing.url, SERVER, "shop", "items", None,
+                                    landing.next_pos, renames=[record])
+    assert newest is not None and list(newest.column_names) == ["id", "title", "amount"]
+    assert batch is not None and sorted(r.title for r in batch.collect()) == [
+        "n1", "n2", "n3", "n4", "one"]
+
+    result = materialise_table(spark, landing, warehouse, AFTER)
+    rows = _rows(spark, warehouse)
+    assert {k: r["title"] for k, r in rows.items()} == {1: "one", 2: "n2", 3: "n3", 4: "n4"}
+    assert list(rows[1]) == ["id", "title", "amount"] and result.consumed_pos == position + 2
+    table = target_table(spark, warehouse, AFTER)
+    assert table.property(RENAMED_THROUGH_PROPERTY) == str(landing.next_pos - 1)
+
+
+def test_a_rename_between_materialisations_renames_the_iceberg_column(spark, landing,
+                                                                      warehouse):
+    landing.segment(BEFORE, [("c", {"id": i, "name": f"n{i}", "amount": Decimal(i)})
+                             for i in range(1, 4)])
+    first = materialise_table(spark, landing, warehouse, BEFORE)
+    landing.rename_columns(BEFORE, ("name", "title"))
+    # a materialisation with the rename covered but no record after it: nothing to commit,
+    # the table keeps its columns until records come
+    assert not materialise_table(spark, landing, warehouse, AFTER).committed
+    landing.segment(AFTER, [("u", {"id": 2, "title": "two", "amount": Decimal(2)})])
+    second = materialise_table(spark, landing, warehouse, AFTER)
+    assert second.schema_changed
+    rows = _rows(spark, warehouse)
+    assert {k: r["title"] for k, r in rows.items()} == {1: "n1", 2: "two", 3: "n3"}
+    # time travel to before the rename: the old name
+    old = target_table(spark, warehouse, AFTER).read(snapshot_id=first.snapshot_id)
+    assert old.columns == ["id", "name", "amount"] and old.where("id = 2").first().name == "n2"
+
+
+def test_a_swap_of_columns_of_different_types(spark, landing, warehouse):
+    pair = schema("pair", ColumnSpec("id", "int"), ColumnSpec("a", "string"),
+                  ColumnSpec("b", "int"))
+    swapped = schema("pair", ColumnSpec("id", "int"), ColumnSpec("b", "string"),
+                     ColumnSpec("a", "int"))
+    landing.segment(pair, [("c", {"id": i, "a": f"a{i}", "b": 10 * i}) for i in (1, 2)])
+    materialise_table(spark, landing, warehouse, pair)
+    landing.segment(pair, [("c", {"id": 3, "a": "a3", "b": 30})])  # in the next batch, before
+    landing.rename_columns(pair, ("a", "b"), ("b", "a"))
+    landing.segment(swapped, [("u", {"id": 1, "b": "x", "a": 11})])
+    # a run that evolved the table and died before its MERGE committed: the next run must
+    # not swap the columns back
+    records = read_column_renames(landing.url, SERVER, "shop", "pair", landing.next_pos)
+    target_table(spark, warehouse, swapped).evolve(swapped, records)
+    materialise_table(spark, landing, warehouse, swapped)
+    rows = _rows(spark, warehouse, swapped)
+    assert rows == {1: {"id": 1, "b": "x", "a": 11}, 2: {"id": 2, "b": "a2", "a": 20},
+                    3: {"id": 3, "b": "a3", "a": 30}}
+
+
+def test_a_renamed_key_column_keeps_the_key_and_range_assertions(spark, landing, warehouse):
+    old = schema("k", ColumnSpec("id", "int"), ColumnSpec("v", "int"))
+    new = schema("k", ColumnSpec("code", "int"), ColumnSpec("v", "int"), key=("code",))
+    landing.segment(old, [("c", {"id": i, "v": i}) for i in range(1, 9)])
+    materialise_table(spark, landing, warehouse, old)
+    # a chunk committed before the rename: (2, 5] re-read without 4 (an orphan)
+    threshold = landing.next_pos
+    landing.segment(old, [("r", {"id": 3, "v": 30}), ("r", {"id": 5, "v": 50}),
+                          assertion((2,), (5,), threshold, old)], snapshot=True)
+    landing.rename_columns(old, ("id", "code"))
+    landing.segment(new, [("u", {"code": 1, "v": -1}), ("d", {"code": 8})])
+    materialise_table(spark, landing, warehouse, new)
+    table = target_table(spark, warehouse, new)
+    assert table.primary_key() == ["code"]
+    rows = {r["code"]: r["v"] for r in table.read().collect()}
+    assert rows == {1: -1, 2: 2, 3: 30, 5: 50, 6: 6, 7: 7}
+    assert_third_party_reads_same(spark, table)
+    # and a real key change is still refused
+    other = schema("k", ColumnSpec("code", "int"), ColumnSpec("v", "int"), key=("v",))
+    landing.segment(other, [("c", {"code": 9, "v": 9})])
+    with pytest.raises(ValueError, match=r"primary key of shop\.k changed from \['code'\]"):
+        materialise_table(spark, landing, warehouse, other)
+
+
+def test_a_rename_that_does_not_fit_the_table_changes_nothing(spark, landing, warehouse):
+    landing.segment(BEFORE, [("c", {"id": 1, "name": "n1", "amount": Decimal(1)})])
+    materialise_table(spark, landing, warehouse, BEFORE)
+    table = target_table(spark, warehouse, BEFORE)
+    table.lake.sql(f"ALTER TABLE {table.identifier} ADD COLUMN title string")  # (by hand)
+    landing.rename_columns(BEFORE, ("name", "title"))
+    landing.segment(AFTER, [("c", {"id": 2, "title": "t2", "amount": Decimal(2)})])
+    clash = r"shop\.items: the column renames at GTID .* several columns the name\(s\) \['title'\]"
+    with pytest.raises(SchemaEvolutionError, match=clash):
+        materialise(spark, landing.url, warehouse, SERVER, AFTER, "shop", "items")
+    assert table.read().columns == ["id", "name", "amount", "title"]
