@@ -37,7 +37,7 @@ from cdc_platform.capture.values import converter_for
 
 try:
     import MySQLdb
-    import MySQLdb.cursors
+    import MySQLdb.connections
 except ImportError:  # pragma: no cover - mysqlclient is a dependency (pyproject.toml)
     MySQLdb = None
 
