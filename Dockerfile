@@ -23,6 +23,10 @@ ENV PYTHONUNBUFFERED=1 \
 WORKDIR /opt/cdc_platform
 COPY pyproject.toml README.md ./
 COPY cdc_platform ./cdc_platform
+# mysqlclient (snapshot chunk reads) has no Linux wheel: pip builds it against libmariadb.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev libmariadb-dev pkg-config \
+    && rm -rf /var/lib/apt/lists/*
 # The lake's Iceberg Spark runtime (iceberg-spark-runtime-3.5_2.12-1.10.2.jar) comes with the
 # project's dependencies: the pinned wheel snowpark-connect-deps-iceberg==1.0.2 holds it, and
 # lake.spark.DEFAULT_CONF puts it on spark.jars at session start (lake.iceberg.iceberg_jar), as

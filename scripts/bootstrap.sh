@@ -10,6 +10,12 @@ command -v mariadb-install-db >/dev/null 2>&1 || need_apt+=(mariadb-server)
 if ! command -v java >/dev/null 2>&1 || ! java -version 2>&1 | grep -q 'version "1[7-9]\|version "2'; then
   need_apt+=(openjdk-17-jre-headless)
 fi
+# mysqlclient (snapshot chunk reads) has no Linux wheel: pip builds it against Debian's
+# libmariadb-dev, with pkg-config, a C compiler and Python's headers.
+dpkg -s libmariadb-dev >/dev/null 2>&1 || need_apt+=(libmariadb-dev)
+command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
+command -v gcc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)
+"${PYTHON:-python3}" -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' || need_apt+=(python3-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "bootstrap: installing Debian packages: ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"

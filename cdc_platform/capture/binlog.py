@@ -85,10 +85,20 @@ class SourceDisconnected(ConnectionError):
     """The binlog connection dropped or could not be opened; reconnecting may succeed."""
 
 
+try:  # the snapshot reader reads chunks over mysqlclient: its errors carry the same codes
+    import MySQLdb
+
+    _OPERATIONAL_ERRORS: tuple[type[BaseException], ...] = (
+        pymysql.err.OperationalError, pymysql.err.InterfaceError, MySQLdb.OperationalError,
+        MySQLdb.InterfaceError)
+except ImportError:  # pragma: no cover - mysqlclient is a dependency
+    _OPERATIONAL_ERRORS = (pymysql.err.OperationalError, pymysql.err.InterfaceError)
+
+
 def is_retriable(error: BaseException) -> bool:
     if isinstance(error, SourceDisconnected | ConnectionError | TimeoutError | EOFError):
         return True
-    if isinstance(error, pymysql.err.OperationalError | pymysql.err.InterfaceError):
+    if isinstance(error, _OPERATIONAL_ERRORS):
         code = error.args[0] if error.args else None
         return code in RETRIABLE_MYSQL_ERRORS or not isinstance(code, int)
     return False

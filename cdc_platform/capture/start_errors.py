@@ -115,12 +115,21 @@ def _one_line(text: str) -> str:
     return "; ".join(part.strip().rstrip(";") for part in str(text).splitlines() if part.strip())
 
 
+try:  # (the snapshot reader's chunk connection is mysqlclient's: same (code, message) args)
+    import MySQLdb
+
+    _MYSQL_ERRORS: tuple[type[BaseException], ...] = (pymysql.MySQLError, MySQLdb.MySQLError)
+except ImportError:  # pragma: no cover - mysqlclient is a dependency
+    _MYSQL_ERRORS = (pymysql.MySQLError,)
+
+
 def _mysql_error(error: BaseException) -> pymysql.MySQLError | None:
-    """The pymysql error behind ``error`` (itself, or a cause a wrapper kept)."""
+    """The pymysql or mysqlclient error behind ``error`` (itself, or a cause a wrapper
+    kept)."""
     seen = 0
     while error is not None and seen < 5:
-        if isinstance(error, pymysql.MySQLError):
-            return error
+        if isinstance(error, _MYSQL_ERRORS):
+            return error  # type: ignore[return-value]
         error = error.__cause__  # type: ignore[assignment]
         seen += 1
     return None

@@ -43,6 +43,7 @@ import pymysql.cursors
 from cdc_platform.capture.charsets import as_information_schema_shows
 from cdc_platform.capture.gtid import GtidSet
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
+from cdc_platform.capture.snapshot import native
 from cdc_platform.capture.snapshot.conditions import validate_condition
 from cdc_platform.capture.snapshot.watermark import read_with_watermarks
 from cdc_platform.capture.source import quote_identifier
@@ -477,6 +478,9 @@ class Chunk:
     # The same rows column-wise, when the reader has them so (it builds Arrow data from them).
     columns: tuple[Sequence[Any], ...] | None = field(default=None, compare=False, repr=False)
     bytes_read: int = field(default=0, compare=False)  # as counted against the byte budget
+    # The rows as landing Arrow arrays, when the reader built them so (mysqlclient: ``rows``
+    # is then made from them only when looked at).
+    arrow: pa.Table | None = field(default=None, compare=False, repr=False)
 
     @property
     def table_id(self) -> str:
@@ -528,8 +532,11 @@ def read_chunk(
         raise ValueError(f"chunk size and byte budget must be at least 1, got {chunk_size} rows "
                          f"and {max_bytes} bytes")
 
+    native_conn = native.is_native(conn)
+    source: _RowSource = _NativeRows(conn, table) if native_conn else _PyMySQLRows(conn, table)
+
     def select(cur: Any) -> _KeysetRead:
-        return _read_keyset(cur.connection, table, chunk_size, after_key, max_key, max_bytes,
+        return _read_keyset(source, table, chunk_size, after_key, max_key, max_bytes,
                             row_bytes_hint)
 
     read, marks = read_with_watermarks(conn, flavour, select)
@@ -542,25 +549,37 @@ def read_chunk(
     raw_keys = list(zip(*key_columns, strict=True))
     if len(set(raw_keys)) != len(raw_keys):
         # (not only neighbours: rows whose keys a collation holds equal come in any order)
+        # (raw keys: bytes on mysqlclient, decoded one to one, so duplicates are the same)
         seen: set[Key] = set()
         for current in raw_keys:
             if current in seen:
                 raise ChunkKeyError(
                     f"{table.table_id}: chunk key ({', '.join(table.key.columns)}) = "
-                    f"{current!r} appears twice: the {table.key.origin} does not identify rows; "
-                    "pick a unique surrogate-key"
+                    f"{source.key(current)!r} appears twice: the {table.key.origin} does not "
+                    "identify rows; pick a unique surrogate-key"
                 )
             seen.add(current)
-    columns = [values if convert is None else [convert(v) for v in values]
-               for convert, values in zip(_landing_converters(table.schema), raw_columns,
-                                          strict=True)]
-    rows = tuple(zip(*columns, strict=True))
-    resume_key = raw_keys[-1] if raw_keys else None
+    resume_key = source.key(raw_keys[-1]) if raw_keys else None
+    arrow: pa.Table | None = None
+    columns: list[Sequence[Any]] | None = None
+    if native_conn:
+        assert isinstance(source, _NativeRows)
+        # (a value without an exact landing form: ColumnValueError naming the column)
+        arrays = native.landing_columns(table.schema, raw_columns, source.field_types(),
+                                        source.encoding)
+        arrow = pa.Table.from_arrays(arrays,
+                                     schema=table.schema.arrow_schema(metadata_columns=False))
+        rows: Sequence[tuple[Any, ...]] = native.ArrowRows(arrow)
+    else:
+        columns = [values if convert is None else [convert(v) for v in values]
+                   for convert, values in zip(_landing_converters(table.schema), raw_columns,
+                                              strict=True)]
+        rows = tuple(zip(*columns, strict=True))
     range_high = landing_key(table, max_key) if read.exhausted else landing_key(table, resume_key)
     complete = read.exhausted or (max_key is not None and resume_key == max_key)
     return Chunk(
         table=table,
-        rows=rows,
+        rows=rows,  # type: ignore[arg-type]
         range_low=landing_key(table, after_key),
         range_high=range_high,
         low_watermark=marks.low_watermark,
@@ -568,8 +587,9 @@ def read_chunk(
         schema_fingerprint=schema_fingerprint(table.schema),
         resume_key=resume_key,
         complete=complete,
-        columns=tuple(columns),
+        columns=None if columns is None else tuple(columns),
         bytes_read=read.bytes,
+        arrow=arrow,
     )
 
 
@@ -580,7 +600,110 @@ class _KeysetRead:
     exhausted: bool  # every row of the range is in ``rows`` (else they end at a cut)
 
 
-def _read_keyset(conn: pymysql.Connection, table: ChunkedTable, chunk_size: int,
+class _RowSource:
+    """How a chunk's SELECTs are run and their rows read, per driver. Rows are tuples in
+    schema column order; ``key`` turns a row's key values into the form keys are bound in."""
+
+    def __init__(self, conn: Any, table: ChunkedTable) -> None:
+        self.conn = conn
+        self.table = table
+
+    def buffered(self, sql: str, params: Sequence[Any]) -> tuple[list[tuple[Any, ...]], int]:
+        raise NotImplementedError
+
+    def bounded(self, sql: str, params: Sequence[Any], max_bytes: int, take_one: bool
+                ) -> tuple[list[tuple[Any, ...]], int, bool]:
+        raise NotImplementedError
+
+    def select(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    def key(self, raw: Key) -> Key:
+        return raw
+
+
+class _PyMySQLRows(_RowSource):
+    def buffered(self, sql: str, params: Sequence[Any]) -> tuple[list[tuple[Any, ...]], int]:
+        rows, size, _ = _read_buffered(self.conn, self.table, sql, params)
+        return rows, size
+
+    def bounded(self, sql: str, params: Sequence[Any], max_bytes: int, take_one: bool
+                ) -> tuple[list[tuple[Any, ...]], int, bool]:
+        return _read_bounded(self.conn, self.table, sql, params, max_bytes, take_one)
+
+    def select(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        with self.conn.cursor(pymysql.cursors.Cursor) as cur:
+            cur.execute(sql, tuple(params))
+            return list(cur.fetchall())
+
+
+class _NativeRows(_RowSource):
+    """mysqlclient, values raw (bytes): ``native`` turns them into Arrow arrays; keys are
+    decoded as PyMySQL decoded them."""
+
+    def __init__(self, conn: Any, table: ChunkedTable) -> None:
+        super().__init__(conn, table)
+        self.encoding = native.encoding_of(conn)
+        self._types: tuple[int, ...] | None = None
+
+    def _note(self, result: Any) -> None:
+        if self._types is None:
+            self._types = tuple(d[1] for d in result.describe())
+
+    def field_types(self) -> tuple[int, ...]:
+        if self._types is None:  # (no SELECT ran: an empty chunk; the types are not used)
+            return tuple(0 for _ in self.table.schema.columns)
+        return self._types
+
+    def buffered(self, sql: str, params: Sequence[Any]) -> tuple[list[tuple[Any, ...]], int]:
+        result = native.select_raw(self.conn, sql, params)
+        if self._types is None:
+            self._types = result.field_types
+        variable = self.table.variable_indexes
+        fixed = _FIXED_VALUE_BYTES * (len(self.table.schema.columns) - len(variable))
+        return result.rows, _size_of(result.rows, variable, fixed)
+
+    def bounded(self, sql: str, params: Sequence[Any], max_bytes: int, take_one: bool
+                ) -> tuple[list[tuple[Any, ...]], int, bool]:
+        variable = self.table.variable_indexes
+        fixed = _FIXED_VALUE_BYTES * (len(self.table.schema.columns) - len(variable))
+        rows: list[tuple[Any, ...]] = []
+        size = 0
+        result = native.query_raw(self.conn, sql, params)
+        self._note(result)
+        try:
+            while True:
+                batch = result.fetch_row(_FETCH_ROWS, 0)
+                if not batch:
+                    return rows, size, False
+                batch_bytes = _size_of(batch, variable, fixed)
+                if size + batch_bytes <= max_bytes:
+                    rows += batch
+                    size += batch_bytes
+                    continue
+                for row in batch:
+                    row_bytes = _size_of((row,), variable, fixed)
+                    if (rows or not take_one) and size + row_bytes > max_bytes:
+                        return rows, size, True
+                    rows.append(row)
+                    size += row_bytes
+        finally:
+            while result.fetch_row(_FETCH_ROWS * 16, 0):  # the rest off the wire
+                pass
+
+    def select(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        result = native.select_raw(self.conn, sql, params)
+        if self._types is None:
+            self._types = result.field_types
+        return result.rows
+
+    def key(self, raw: Key) -> Key:
+        columns = [self.table.schema.column(name) for name in self.table.key.columns]
+        types = [self.field_types()[i] for i in self.table.key_indexes]
+        return native.decode_key(columns, types, raw, self.encoding)
+
+
+def _read_keyset(source: _RowSource, table: ChunkedTable, chunk_size: int,
                  after_key: Key | None, max_key: Key | None, max_bytes: int,
                  row_bytes_hint: float | None) -> _KeysetRead:
     """The rows of one chunk, by keyset SELECTs in the caller's read view.
@@ -600,10 +723,11 @@ def _read_keyset(conn: pymysql.Connection, table: ChunkedTable, chunk_size: int,
         sql, params = table.chunk_query(after, max_key, limit)
         if table.max_row_bytes is not None and \
                 limit * table.max_row_bytes <= max_bytes - read.bytes:
-            rows, size, cut = _read_buffered(conn, table, sql, params)
+            rows, size = source.buffered(sql, params)
+            cut = False
         else:
-            rows, size, cut = _read_bounded(conn, table, sql, params, max_bytes - read.bytes,
-                                            take_one=not read.rows)
+            rows, size, cut = source.bounded(sql, params, max_bytes - read.bytes,
+                                             take_one=not read.rows)
         read.rows += rows
         read.bytes += size
         if not cut and len(rows) < limit:
@@ -611,22 +735,20 @@ def _read_keyset(conn: pymysql.Connection, table: ChunkedTable, chunk_size: int,
             return read
         last = tuple(read.rows[-1][i] for i in table.key_indexes)
         if rows and table.key_collated:
-            read.bytes += _read_equal_keys(conn, table, last, read.rows)
+            read.bytes += _read_equal_keys(source, table, last, read.rows)
         if cut or len(read.rows) >= chunk_size:
             return read
-        after = last
+        after = source.key(last)
         limit = min(chunk_size - len(read.rows),
                     _rows_fitting(max_bytes - read.bytes, read.bytes / len(read.rows)))
 
 
-def _read_equal_keys(conn: pymysql.Connection, table: ChunkedTable, key: Key,
+def _read_equal_keys(source: _RowSource, table: ChunkedTable, key: Key,
                      rows: list[tuple[Any, ...]]) -> int:
-    """Append to ``rows`` the rows the server holds equal to ``key`` that are not in them yet
-    (the same exact key is the same row); the bytes added."""
-    sql, params = table.equal_keys_query(key)
-    with conn.cursor(pymysql.cursors.Cursor) as cur:
-        cur.execute(sql, params)
-        group = cur.fetchall()
+    """Append to ``rows`` the rows the server holds equal to ``key`` (raw, as read) that are
+    not in them yet (the same exact key is the same row); the bytes added."""
+    sql, params = table.equal_keys_query(source.key(key))
+    group = source.select(sql, params)
     if len(group) <= 1:
         return 0
     indexes = table.key_indexes
@@ -697,10 +819,11 @@ def _size_of(rows: Sequence[Sequence[Any]], variable: Sequence[int], fixed: int)
 
 def read_table_in_chunks(
     conn: pymysql.Connection, flavour: str, table: ChunkedTable, chunk_size: int,
-    max_bytes: int = DEFAULT_CHUNK_MAX_BYTES,
+    max_bytes: int = DEFAULT_CHUNK_MAX_BYTES, chunk_conn: Any = None,
 ) -> list[Chunk]:
     """All chunks of a table, one after the other (tests and benchmarks; the snapshot asset
-    persists progress between chunks instead)."""
+    persists progress between chunks instead). ``chunk_conn``: the session chunks are read
+    on (a mysqlclient one, ``native.connect``), when not ``conn``."""
     max_key = read_max_key(conn, table)
     chunks: list[Chunk] = []
     if max_key is None:
@@ -709,8 +832,8 @@ def read_table_in_chunks(
     after_key: Key | None = None
     hint: float | None = None
     while True:
-        chunk = read_chunk(conn, flavour, table, chunk_size, after_key, max_key, max_bytes,
-                           hint)
+        chunk = read_chunk(conn if chunk_conn is None else chunk_conn, flavour, table,
+                           chunk_size, after_key, max_key, max_bytes, hint)
         chunks.append(chunk)
         if chunk.complete:
             return chunks

@@ -379,8 +379,9 @@ def write_chunk(landing: LandingZone, chunk: Chunk, session_id: str, seq: int,
     directory = chunk_dir(landing, schema.database, schema.table, session_id)
     sink = pa.BufferOutputStream()
     # Uncompressed: the file lives until the engine commits it, and encoding time counts.
-    pq.write_table(chunk_arrow_table(schema, chunk.rows, chunk.columns), sink,
-                   compression="none")
+    table = chunk.arrow if chunk.arrow is not None else \
+        chunk_arrow_table(schema, chunk.rows, chunk.columns)
+    pq.write_table(table, sink, compression="none")
     # (the manifest's directory fsync makes this rename durable too)
     write_atomically(directory / f"{seq:08d}.parquet", sink.getvalue().to_pybytes(),
                      sync_dir=False)

@@ -37,6 +37,7 @@ from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.binlog import is_retriable
 from cdc_platform.capture.landing import Checkpoint, LandingZone, write_atomically
 from cdc_platform.capture.schema import TableSchema
+from cdc_platform.capture.snapshot import native
 from cdc_platform.capture.snapshot.actions import request_action
 from cdc_platform.capture.snapshot.chunks import (
     DEFAULT_CHUNK_MAX_BYTES,
@@ -59,6 +60,7 @@ from cdc_platform.capture.snapshot.errors import (
     NoEngineError,
     SnapshotError,
 )
+from cdc_platform.capture.snapshot.native import SQL_ERRORS
 from cdc_platform.capture.snapshot.progress import (
     KeyRange,
     ReaderState,
@@ -150,6 +152,7 @@ class SnapshotReader:
         keep_chunks: bool = False,
         adopt_open_session: bool = True,
         signal: SignalRef | None = None,
+        native_chunks: bool = True,
     ) -> None:
         if chunk_size < 1:
             raise ValueError(f"snapshot of {schema.table_id}: chunk size must be at least 1, "
@@ -187,6 +190,10 @@ class SnapshotReader:
         # resume or stop): request.json keeps it, so a replayed signal stays a no-op.
         self._steering = signal
         self._conn: pymysql.Connection | None = None
+        # Chunks (watermarks and SELECTs) are read over mysqlclient, raw into Arrow (see
+        # ``native``); everything else over PyMySQL. False: chunks over PyMySQL too.
+        self.native_chunks = native_chunks and native.available()
+        self._native_conn: Any = None
         self._table: ChunkedTable | None = None
         self._checkpoint_stamp: tuple[int, int] | None = None
         self._checkpoint: Checkpoint | None = None
@@ -245,15 +252,28 @@ class SnapshotReader:
                 self._writer.shutdown(wait=True)  # chunk files being written are finished
         finally:
             self._lock.release()
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+            self._reconnect()
 
     def _connection(self) -> pymysql.Connection:
         """The read-only source session, opened on first use (not before the engine's ack)."""
         if self._conn is None:
             self._conn = source_sql.connect(self.connection_settings)
         return self._conn
+
+    def _chunk_connection(self) -> Any:
+        """The session chunks are read on: mysqlclient's, opened on first use; PyMySQL's
+        when the connection settings have no mysqlclient form (logged once)."""
+        if not self.native_chunks:
+            return self._connection()
+        if self._native_conn is None:
+            if native.native_settings(self.connection_settings) is None:
+                self.log.warning(f"{self._where()}: the source connection settings "
+                                 f"({', '.join(sorted(self.connection_settings))}) have no "
+                                 "mysqlclient form; reading chunks with PyMySQL (slower)")
+                self.native_chunks = False
+                return self._connection()
+            self._native_conn = native.connect(self.connection_settings)
+        return self._native_conn
 
     def _check_source(self) -> None:
         """The source's settings make watermarks exact (GTIDs, ROW/FULL binlog, and on a
@@ -302,19 +322,22 @@ class SnapshotReader:
         return self._checkpoint
 
     def _reconnect(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(Exception):  # broken anyway
-                self._conn.close()
-        self._conn = None  # the next attempt connects again
+        for conn in (self._conn, self._native_conn):
+            if conn is not None:
+                with contextlib.suppress(Exception):  # broken anyway
+                    conn.close()
+        self._conn = self._native_conn = None  # the next attempt connects again
 
-    def _with_connection(self, what: str, action: Callable[[pymysql.Connection], Any]) -> Any:
-        """Run a read, reconnecting with backoff when the connection drops; re-read the schema
-        once when the table lost a selected column (a DDL)."""
+    def _with_connection(self, what: str, action: Callable[[pymysql.Connection], Any],
+                         chunks: bool = False) -> Any:
+        """Run a read (on the chunk session with ``chunks``), reconnecting with backoff when
+        the connection drops; re-read the schema once when the table lost a selected column
+        (a DDL)."""
         schema_reloaded = False
         for attempt in range(1, _READ_ATTEMPTS + 1):
             try:
-                return action(self._connection())
-            except pymysql.MySQLError as error:
+                return action(self._chunk_connection() if chunks else self._connection())
+            except SQL_ERRORS as error:
                 code = error.args[0] if error.args else None
                 if code == _ER_BAD_FIELD and not schema_reloaded:
                     schema_reloaded = True
@@ -732,7 +755,8 @@ class SnapshotReader:
         chunk = self._with_connection(
             f"reading chunk {self._next_seq} (keys after {rng.after!r})",
             lambda conn: read_chunk(conn, self.flavour, self._chunked, self.chunk_size, rng.after,
-                                    rng.high, self.chunk_max_bytes, self._row_bytes))
+                                    rng.high, self.chunk_max_bytes, self._row_bytes),
+            chunks=True)
         if chunk.rows:
             self._row_bytes = chunk.bytes_read / len(chunk.rows)
         return chunk, rng

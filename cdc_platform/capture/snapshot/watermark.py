@@ -37,6 +37,7 @@ import pymysql.cursors
 from cdc_platform.capture.flavours import flavour_of
 from cdc_platform.capture.flavours.common import undecoded
 from cdc_platform.capture.gtid import GtidSet, MariadbGtid, MariadbPosition, parse_position
+from cdc_platform.capture.snapshot.native import SQL_ERRORS, is_native, raw_results
 from cdc_platform.capture.source import PrerequisiteError, check_prerequisites, server_variables
 
 T = TypeVar("T")
@@ -97,8 +98,18 @@ def read_chunk_with_watermarks(
     return ChunkRead(rows, marks.low_watermark, marks.after)
 
 
+def _cursor(conn: Any) -> Any:
+    """A plain (tuple, buffered) cursor of either driver: the reader reads chunks over
+    mysqlclient, everything else over PyMySQL."""
+    return conn.cursor() if is_native(conn) else conn.cursor(pymysql.cursors.Cursor)
+
+
+def _undecoded(conn: Any) -> Any:
+    return raw_results(conn) if is_native(conn) else undecoded(conn)
+
+
 def _read_mariadb(conn: pymysql.Connection, read: Callable[[Any], T]) -> tuple[T, Watermarks]:
-    with conn.cursor(pymysql.cursors.Cursor) as cur:
+    with _cursor(conn) as cur:
         # Under READ COMMITTED each statement takes a newer read view than the snapshot whose
         # binlog offset we record; the session stays READ ONLY (set by source.connect).
         cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
@@ -198,11 +209,11 @@ def _apply_events(cur: Any, file: str, start: int, end: int,
     at = start
     while at < end:
         try:
-            with undecoded(cur.connection):
+            with _undecoded(cur.connection):
                 cur.execute("SHOW BINLOG EVENTS IN %s FROM %s LIMIT %s",
                             (file, at, _EVENTS_PAGE))
                 events = cur.fetchall()
-        except pymysql.MySQLError as error:
+        except SQL_ERRORS as error:
             _log.debug(f"SHOW BINLOG EVENTS IN {file} FROM {at}: {error}")
             return None
         if not events:
@@ -239,7 +250,7 @@ def _mariadb_snapshot_offset(cur: Any) -> tuple[str, int]:
 
 
 def _read_mysql(conn: pymysql.Connection, read: Callable[[Any], T]) -> tuple[T, Watermarks]:
-    with conn.cursor(pymysql.cursors.Cursor) as cur:
+    with _cursor(conn) as cur:
         low_watermark = _mysql_executed_gtid_set(conn, cur)
         cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
@@ -258,7 +269,7 @@ def _mysql_executed_gtid_set(conn: pymysql.Connection, cur: Any) -> GtidSet:
     statement = _status_statement.get(conn, _BINARY_LOG_STATUS)
     try:
         cur.execute(statement)
-    except pymysql.MySQLError as error:
+    except SQL_ERRORS as error:
         if statement != _BINARY_LOG_STATUS or _error_code(error) != ER_PARSE_ERROR:
             raise
         statement = _MASTER_STATUS
@@ -281,7 +292,7 @@ def _mysql_executed_gtid_set(conn: pymysql.Connection, cur: Any) -> GtidSet:
 
 def _rollback_quietly(conn: pymysql.Connection) -> None:
     # A failing rollback means a broken connection; the original error says why.
-    with contextlib.suppress(pymysql.MySQLError):
+    with contextlib.suppress(*SQL_ERRORS):
         conn.rollback()
 
 
