@@ -71,6 +71,7 @@ from cdc_platform.capture.events import (
     xa_id,
 )
 from cdc_platform.capture.flavours import Flavour
+from cdc_platform.capture.rowcodec import RowsDecoders
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.values import json_opaque_text
 
@@ -318,6 +319,7 @@ class BinlogStream:
         self._flavour = flavour
         self._wanted = wanted
         self._gtid = ""
+        self._decoders = RowsDecoders()
         start = flavour.stream_start(position, lambda: pymysql.connect(**connection_settings))
         self._reader = BinLogStreamReader(
             connection_settings=settings,
@@ -373,8 +375,11 @@ class BinlogStream:
             if self._wanted(event.schema, event.table):
                 op = ("insert" if isinstance(event, WriteRowsEvent) else
                       "update" if isinstance(event, UpdateRowsEvent) else "delete")
-                yield Rows(event.table_id, event.schema, event.table, op, event.rows,
-                           getattr(event, "uncompressed_size", event.event_size))
+                rows = self._decoders.rows(event)
+                yield Rows(event.table_id, event.schema, event.table, op,
+                           event.rows if rows is None else rows,
+                           getattr(event, "uncompressed_size", event.event_size),
+                           tuples=rows is not None)
         elif isinstance(event, TableMapEvent):
             if self._wanted(event.schema, event.table):
                 yield TableMap(event.table_id, self._table_schema(event))
@@ -402,6 +407,7 @@ class BinlogStream:
         elif isinstance(event, HeartbeatLogEvent):
             yield Heartbeat()
         elif isinstance(event, RotateEvent):
+            self._decoders.clear()  # (table ids of the old file are stale)
             yield Rotate(event.next_binlog)
         elif isinstance(event, NotImplementedEvent):
             if event.event_type in HEARTBEAT_EVENT_TYPES:

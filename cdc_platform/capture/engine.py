@@ -182,6 +182,10 @@ class _TableState:
     names: tuple[str, ...]
     converters: list[tuple[int, Converter]]
     key_indexes: tuple[int, ...]
+    # Rows decoded as tuples come in the table map's column order, all columns: the index of
+    # each landed column there (None: the same columns, in order), and how many there are.
+    picks: tuple[int, ...] | None = None
+    width: int = 0
 
 
 @dataclass
@@ -666,8 +670,10 @@ class CaptureEngine:
             if converter is not None:
                 converters.append((index, converter))
         key_indexes = tuple(schema.column_names.index(k) for k in schema.primary_key)
-        self._table_ids[event.table_id] = _TableState(schema, schema.column_names, converters,
-                                                      key_indexes)
+        picks = tuple(full.column_names.index(name) for name in schema.column_names)
+        self._table_ids[event.table_id] = _TableState(
+            schema, schema.column_names, converters, key_indexes,
+            None if picks == tuple(range(len(full.columns))) else picks, len(full.columns))
 
     def _row(self, state: _TableState, values: dict[str, Any]) -> tuple[Any, ...]:
         try:
@@ -677,6 +683,22 @@ class CaptureEngine:
                 f"table {state.schema.table_id}: binlog row lacks column {missing} at GTID "
                 f"{self._buffer.open_gtid or '?'}; is binlog_row_image FULL?"
             ) from None
+        try:
+            for index, convert in state.converters:
+                row[index] = convert(row[index])
+        except ColumnValueError as error:
+            raise EngineError(
+                f"table {state.schema.table_id} at GTID {self._buffer.open_gtid or '?'}: "
+                f"{error}. Capture stops here rather than land a wrong value") from error
+        return tuple(row)
+
+    def _row_of_tuple(self, state: _TableState, values: tuple[Any, ...]) -> tuple[Any, ...]:
+        """``_row`` for a row decoded as a tuple in table-map column order."""
+        if state.picks is not None:
+            values = tuple([values[i] for i in state.picks])
+        if not state.converters:
+            return values
+        row = list(values)
         try:
             for index, convert in state.converters:
                 row[index] = convert(row[index])
@@ -701,7 +723,9 @@ class CaptureEngine:
                 "binlog stream is inconsistent: restart the engine (it resumes from its "
                 "checkpoint)")
         records: list[tuple[_TableState, str, tuple[Any, ...]]] = []
-        if event.op == "insert":
+        if event.tuples:
+            self._on_row_tuples(state, event, records)
+        elif event.op == "insert":
             for row in event.rows:
                 records.append((state, "c", self._row(state, row["values"])))
         elif event.op == "update":
@@ -721,6 +745,36 @@ class CaptureEngine:
                 records.append((state, "d", self._tombstone(state, self._row(state, row["values"]))))
         self._buffer.add(records, event.size + len(records) * (
             _MEMORY_PER_RECORD + _MEMORY_PER_VALUE * len(state.names)))
+
+    def _on_row_tuples(self, state: _TableState, event: Rows,
+                       records: list[tuple[_TableState, str, tuple[Any, ...]]]) -> None:
+        """``_on_rows`` for rows decoded as tuples (``Rows.tuples``)."""
+        rows = event.rows
+        if not rows:
+            return
+        first = rows[0][0] if event.op == "update" else rows[0]
+        if len(first) != state.width:
+            raise EngineError(
+                f"table {state.schema.table_id}: binlog row has {len(first)} columns at GTID "
+                f"{self._buffer.open_gtid or '?'}, its table map {state.width}; the binlog "
+                "stream is inconsistent: restart the engine (it resumes from its checkpoint)")
+        row_of = self._row_of_tuple
+        if event.op == "insert":
+            records.extend([(state, "c", row_of(state, row)) for row in rows])
+        elif event.op == "update":
+            keys = state.key_indexes
+            for before_values, after_values in rows:
+                after = row_of(state, after_values)
+                op = "u"
+                if keys:
+                    before = row_of(state, before_values)
+                    if any(before[i] != after[i] for i in keys):
+                        records.append((state, "d", self._tombstone(state, before)))
+                        op = "c"
+                records.append((state, op, after))
+        else:
+            records.extend([(state, "d", self._tombstone(state, row_of(state, row)))
+                            for row in rows])
 
     def _on_ddl(self, ddl: TableDdl, gtid: str) -> None:
         captured = [(d, t) for d, t in ddl.tables if self.options.selector.captures(d, t)]
