@@ -21,6 +21,7 @@ from typing import Any
 import pymysql
 from pymysqlreplication import BinLogStreamReader, json_binary
 from pymysqlreplication.constants import CHARSET, FIELD_TYPE
+from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.event import (
     BeginLoadQueryEvent,
     ExecuteLoadQueryEvent,
@@ -254,7 +255,20 @@ def _invalid_date_as_none(read: Any) -> Any:
     return lenient
 
 
+def _unread_first(self: BinLogPacketWrapper, data: bytes) -> None:
+    """BinLogPacketWrapper.unread putting ``data`` back *before* what is still buffered.
+
+    The library appends it after, which is only right when nothing is buffered: a compressed
+    rows event's inflated rows (``binlog_decoding``), or rows handed back by the native
+    decoder (``rowcodec``), are buffered, and the DECIMAL reader unreads its first byte, which
+    then came back at the end of the rows (a wrong value or an error)."""
+    name = "_BinLogPacketWrapper__data_buffer"
+    self.read_bytes -= len(data)
+    setattr(self, name, data + getattr(self, name))
+
+
 # Installed once, for every stream of this process (the library has no hooks for these).
+BinLogPacketWrapper.unread = _unread_first
 RowsEvent._RowsEvent__read_date = _invalid_date_as_none(RowsEvent._RowsEvent__read_date)
 RowsEvent._RowsEvent__read_datetime = _invalid_date_as_none(RowsEvent._RowsEvent__read_datetime)
 RowsEvent.charset_to_encoding = staticmethod(_keep_text_bytes)
