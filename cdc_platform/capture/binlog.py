@@ -21,7 +21,6 @@ from typing import Any
 import pymysql
 from pymysqlreplication import BinLogStreamReader, json_binary
 from pymysqlreplication.constants import CHARSET, FIELD_TYPE
-from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.event import (
     BeginLoadQueryEvent,
     ExecuteLoadQueryEvent,
@@ -34,6 +33,7 @@ from pymysqlreplication.event import (
     XAPrepareEvent,
     XidEvent,
 )
+from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import (
     DeleteRowsEvent,
     PartialUpdateRowsEvent,
