@@ -445,3 +445,13 @@ def test_arbitrary_row_bytes_decode_as_the_library_does_or_go_to_it(table_map, d
     assert len(native) == len(library)
     for got, want in zip(native, library, strict=True):
         assert _same(got, want), f"native {got!r} != library {want!r}"
+
+
+def test_without_the_extension_every_event_goes_to_the_library(table_map, monkeypatch):
+    _, tables, table_event = table_map
+    n = len(table_event.columns)
+    body = b"\xff" * ((n + 7) // 8)  # one row, every column NULL
+    monkeypatch.setattr(rowcodec, "_rowcodec", None)
+    event = _parse(_rows_event(table_event.table_id, n, body, False), tables)
+    assert rowcodec.RowsDecoders().rows(event) is None
+    assert _library_rows(event) == [(None,) * n]
