@@ -865,20 +865,29 @@ class CaptureEngine:
 
     def _queue(self, records: list[tuple[_TableState, str, tuple[Any, ...]]], gtid: str,
                gtid_value: Any, ts_ms: int, position: int) -> int:
-        """Queue committed records for landing from ``position``; returns the next one."""
+        """Queue committed records for landing from ``position``; returns the next one.
+
+        Records come in runs of one table: its chunk and touch-log key are looked up once a
+        run, not once a record (the per-record cost of streaming)."""
+        current = None
         for state, op, row in records:
-            table_id = state.schema.table_id
-            key_columns = self._snapshots.key_columns(table_id)
-            if key_columns is not None and gtid_value is not None:
-                names = state.schema.column_names
-                key = tuple(row[names.index(c)] for c in key_columns if c in names)
-                self._snapshots.record_touch(table_id, key, gtid_value, position)
-            chunks = self._chunks.setdefault(table_id, [])
-            last = chunks[-1] if chunks else None
-            if not isinstance(last, _Chunk) or last.schema is not state.schema or (
-                    last.landed is not None):
-                last = _Chunk(state.schema)
-                chunks.append(last)
+            if state is not current:
+                current = state
+                table_id = state.schema.table_id
+                key_columns = self._snapshots.key_columns(table_id)
+                touch = None
+                if key_columns is not None and gtid_value is not None:
+                    names = state.schema.column_names
+                    touch = tuple(names.index(c) for c in key_columns if c in names)
+                chunks = self._chunks.setdefault(table_id, [])
+                last = chunks[-1] if chunks else None
+                if not isinstance(last, _Chunk) or last.schema is not state.schema or (
+                        last.landed is not None):
+                    last = _Chunk(state.schema)
+                    chunks.append(last)
+            if touch is not None:
+                self._snapshots.record_touch(table_id, tuple(row[i] for i in touch),
+                                             gtid_value, position)
             last.positions.append(position)
             last.gtids.append(gtid)
             last.ops.append(op)
