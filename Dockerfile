@@ -10,7 +10,7 @@
 FROM python:3.11-slim-bookworm
 
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 
 ENV PYTHONUNBUFFERED=1 \
@@ -21,7 +21,9 @@ ENV PYTHONUNBUFFERED=1 \
     DBT_SEND_ANONYMOUS_USAGE_STATS=false
 
 WORKDIR /opt/cdc_platform
-COPY pyproject.toml README.md ./
+# (setup.py builds the native rows decoder, capture/_rowcodec.c, with gcc and the image's
+# Python headers; the build fails unless it imports)
+COPY pyproject.toml setup.py README.md ./
 COPY cdc_platform ./cdc_platform
 # mysqlclient (snapshot chunk reads) has no Linux wheel: pip builds it against libmariadb.
 RUN apt-get update \
@@ -35,6 +37,7 @@ RUN apt-get update \
 # config's spark.conf.
 ARG ICEBERG_JAR_SHA256=c562d482dcd16b666e808b755469fbc4b2604284b41622c9d87e2c02b7cc6c5f
 RUN pip install ".[k8s]" \
+    && python -c "import cdc_platform.capture._rowcodec" \
     && jar="$(python -c 'from cdc_platform.lake.iceberg import iceberg_jar; print(iceberg_jar())')" \
     && echo "${ICEBERG_JAR_SHA256}  ${jar}" | sha256sum --check --strict
 

@@ -7,6 +7,11 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || need_apt+=(mariadb-server)
 command -v mariadb-install-db >/dev/null 2>&1 || need_apt+=(mariadb-server)
+# The native rows decoder (cdc_platform/capture/_rowcodec.c) needs a C compiler and Python.h.
+command -v gcc >/dev/null 2>&1 || need_apt+=(gcc)
+PYTHON="${PYTHON:-python3}"
+py_include="$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+[ -f "${py_include}/Python.h" ] || need_apt+=(python3-dev)
 if ! command -v java >/dev/null 2>&1 || ! java -version 2>&1 | grep -q 'version "1[7-9]\|version "2'; then
   need_apt+=(openjdk-17-jre-headless)
 fi
@@ -24,14 +29,21 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 
-PYTHON="${PYTHON:-python3}"
-stamp=".venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)"
+stamp=".venv/.installed-$(cat pyproject.toml setup.py | sha1sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
   [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
   echo "bootstrap: installing Python dependencies into .venv (first run takes a few minutes)"
   .venv/bin/pip install -q --disable-pip-version-check -e '.[dev]'
   rm -f .venv/.installed-*
   touch "$stamp"
+fi
+# The editable install built the extension in place; rebuild it whenever its source changed.
+ext_stamp="build/.rowcodec-$(sha1sum cdc_platform/capture/_rowcodec.c | cut -c1-12)"
+if [ ! -f "$ext_stamp" ] || ! .venv/bin/python -c 'import cdc_platform.capture._rowcodec' 2>/dev/null; then
+  echo "bootstrap: building the native rows decoder (cdc_platform/capture/_rowcodec.c)"
+  .venv/bin/python setup.py -q build_ext --inplace >/dev/null
+  mkdir -p build && rm -f build/.rowcodec-*
+  touch "$ext_stamp"
 fi
 
 # The Iceberg runtime jar must be the complete one (1.0.3 of the wheel ships a broken jar).

@@ -33,6 +33,7 @@ from pymysqlreplication.event import (
     XAPrepareEvent,
     XidEvent,
 )
+from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import (
     DeleteRowsEvent,
     PartialUpdateRowsEvent,
@@ -71,6 +72,7 @@ from cdc_platform.capture.events import (
     xa_id,
 )
 from cdc_platform.capture.flavours import Flavour
+from cdc_platform.capture.rowcodec import RowsDecoders
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.values import json_opaque_text
 
@@ -263,7 +265,20 @@ def _invalid_date_as_none(read: Any) -> Any:
     return lenient
 
 
+def _unread_first(self: BinLogPacketWrapper, data: bytes) -> None:
+    """BinLogPacketWrapper.unread putting ``data`` back *before* what is still buffered.
+
+    The library appends it after, which is only right when nothing is buffered: a compressed
+    rows event's inflated rows (``binlog_decoding``), or rows handed back by the native
+    decoder (``rowcodec``), are buffered, and the DECIMAL reader unreads its first byte, which
+    then came back at the end of the rows (a wrong value or an error)."""
+    name = "_BinLogPacketWrapper__data_buffer"
+    self.read_bytes -= len(data)
+    setattr(self, name, data + getattr(self, name))
+
+
 # Installed once, for every stream of this process (the library has no hooks for these).
+BinLogPacketWrapper.unread = _unread_first
 RowsEvent._RowsEvent__read_date = _invalid_date_as_none(RowsEvent._RowsEvent__read_date)
 RowsEvent._RowsEvent__read_datetime = _invalid_date_as_none(RowsEvent._RowsEvent__read_datetime)
 RowsEvent.charset_to_encoding = staticmethod(_keep_text_bytes)
@@ -328,6 +343,7 @@ class BinlogStream:
         self._flavour = flavour
         self._wanted = wanted
         self._gtid = ""
+        self._decoders = RowsDecoders()
         start = flavour.stream_start(position, lambda: pymysql.connect(**connection_settings))
         self._reader = BinLogStreamReader(
             connection_settings=settings,
@@ -383,8 +399,11 @@ class BinlogStream:
             if self._wanted(event.schema, event.table):
                 op = ("insert" if isinstance(event, WriteRowsEvent) else
                       "update" if isinstance(event, UpdateRowsEvent) else "delete")
-                yield Rows(event.table_id, event.schema, event.table, op, event.rows,
-                           getattr(event, "uncompressed_size", event.event_size))
+                rows = self._decoders.rows(event)
+                yield Rows(event.table_id, event.schema, event.table, op,
+                           event.rows if rows is None else rows,
+                           getattr(event, "uncompressed_size", event.event_size),
+                           tuples=rows is not None)
         elif isinstance(event, TableMapEvent):
             if self._wanted(event.schema, event.table):
                 yield TableMap(event.table_id, self._table_schema(event))
@@ -412,6 +431,7 @@ class BinlogStream:
         elif isinstance(event, HeartbeatLogEvent):
             yield Heartbeat()
         elif isinstance(event, RotateEvent):
+            self._decoders.clear()  # (table ids of the old file are stale)
             yield Rotate(event.next_binlog)
         elif isinstance(event, NotImplementedEvent):
             if event.event_type in HEARTBEAT_EVENT_TYPES:

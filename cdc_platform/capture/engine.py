@@ -183,6 +183,10 @@ class _TableState:
     names: tuple[str, ...]
     converters: list[tuple[int, Converter]]
     key_indexes: tuple[int, ...]
+    # Rows decoded as tuples come in the table map's column order, all columns: the index of
+    # each landed column there (None: the same columns, in order), and how many there are.
+    picks: tuple[int, ...] | None = None
+    width: int = 0
 
 
 @dataclass
@@ -667,8 +671,10 @@ class CaptureEngine:
             if converter is not None:
                 converters.append((index, converter))
         key_indexes = tuple(schema.column_names.index(k) for k in schema.primary_key)
-        self._table_ids[event.table_id] = _TableState(schema, schema.column_names, converters,
-                                                      key_indexes)
+        picks = tuple(full.column_names.index(name) for name in schema.column_names)
+        self._table_ids[event.table_id] = _TableState(
+            schema, schema.column_names, converters, key_indexes,
+            None if picks == tuple(range(len(full.columns))) else picks, len(full.columns))
 
     def _row(self, state: _TableState, values: dict[str, Any]) -> tuple[Any, ...]:
         try:
@@ -678,6 +684,22 @@ class CaptureEngine:
                 f"table {state.schema.table_id}: binlog row lacks column {missing} at GTID "
                 f"{self._buffer.open_gtid or '?'}; is binlog_row_image FULL?"
             ) from None
+        try:
+            for index, convert in state.converters:
+                row[index] = convert(row[index])
+        except ColumnValueError as error:
+            raise EngineError(
+                f"table {state.schema.table_id} at GTID {self._buffer.open_gtid or '?'}: "
+                f"{error}. Capture stops here rather than land a wrong value") from error
+        return tuple(row)
+
+    def _row_of_tuple(self, state: _TableState, values: tuple[Any, ...]) -> tuple[Any, ...]:
+        """``_row`` for a row decoded as a tuple in table-map column order."""
+        if state.picks is not None:
+            values = tuple([values[i] for i in state.picks])
+        if not state.converters:
+            return values
+        row = list(values)
         try:
             for index, convert in state.converters:
                 row[index] = convert(row[index])
@@ -702,7 +724,9 @@ class CaptureEngine:
                 "binlog stream is inconsistent: restart the engine (it resumes from its "
                 "checkpoint)")
         records: list[tuple[_TableState, str, tuple[Any, ...]]] = []
-        if event.op == "insert":
+        if event.tuples:
+            self._on_row_tuples(state, event, records)
+        elif event.op == "insert":
             for row in event.rows:
                 records.append((state, "c", self._row(state, row["values"])))
         elif event.op == "update":
@@ -722,6 +746,36 @@ class CaptureEngine:
                 records.append((state, "d", self._tombstone(state, self._row(state, row["values"]))))
         self._buffer.add(records, event.size + len(records) * (
             _MEMORY_PER_RECORD + _MEMORY_PER_VALUE * len(state.names)))
+
+    def _on_row_tuples(self, state: _TableState, event: Rows,
+                       records: list[tuple[_TableState, str, tuple[Any, ...]]]) -> None:
+        """``_on_rows`` for rows decoded as tuples (``Rows.tuples``)."""
+        rows = event.rows
+        if not rows:
+            return
+        first = rows[0][0] if event.op == "update" else rows[0]
+        if len(first) != state.width:
+            raise EngineError(
+                f"table {state.schema.table_id}: binlog row has {len(first)} columns at GTID "
+                f"{self._buffer.open_gtid or '?'}, its table map {state.width}; the binlog "
+                "stream is inconsistent: restart the engine (it resumes from its checkpoint)")
+        row_of = self._row_of_tuple
+        if event.op == "insert":
+            records.extend([(state, "c", row_of(state, row)) for row in rows])
+        elif event.op == "update":
+            keys = state.key_indexes
+            for before_values, after_values in rows:
+                after = row_of(state, after_values)
+                op = "u"
+                if keys:
+                    before = row_of(state, before_values)
+                    if any(before[i] != after[i] for i in keys):
+                        records.append((state, "d", self._tombstone(state, before)))
+                        op = "c"
+                records.append((state, op, after))
+        else:
+            records.extend([(state, "d", self._tombstone(state, row_of(state, row)))
+                            for row in rows])
 
     def _on_ddl(self, ddl: TableDdl, gtid: str) -> None:
         captured = [(d, t) for d, t in ddl.tables if self.options.selector.captures(d, t)]
@@ -821,20 +875,29 @@ class CaptureEngine:
 
     def _queue(self, records: list[tuple[_TableState, str, tuple[Any, ...]]], gtid: str,
                gtid_value: Any, ts_ms: int, position: int) -> int:
-        """Queue committed records for landing from ``position``; returns the next one."""
+        """Queue committed records for landing from ``position``; returns the next one.
+
+        Records come in runs of one table: its chunk and touch-log key are looked up once a
+        run, not once a record (the per-record cost of streaming)."""
+        current = None
         for state, op, row in records:
-            table_id = state.schema.table_id
-            key_columns = self._snapshots.key_columns(table_id)
-            if key_columns is not None and gtid_value is not None:
-                names = state.schema.column_names
-                key = tuple(row[names.index(c)] for c in key_columns if c in names)
-                self._snapshots.record_touch(table_id, key, gtid_value, position)
-            chunks = self._chunks.setdefault(table_id, [])
-            last = chunks[-1] if chunks else None
-            if not isinstance(last, _Chunk) or last.schema is not state.schema or (
-                    last.landed is not None):
-                last = _Chunk(state.schema)
-                chunks.append(last)
+            if state is not current:
+                current = state
+                table_id = state.schema.table_id
+                key_columns = self._snapshots.key_columns(table_id)
+                touch = None
+                if key_columns is not None and gtid_value is not None:
+                    names = state.schema.column_names
+                    touch = tuple(names.index(c) for c in key_columns if c in names)
+                chunks = self._chunks.setdefault(table_id, [])
+                last = chunks[-1] if chunks else None
+                if not isinstance(last, _Chunk) or last.schema is not state.schema or (
+                        last.landed is not None):
+                    last = _Chunk(state.schema)
+                    chunks.append(last)
+            if touch is not None:
+                self._snapshots.record_touch(table_id, tuple(row[i] for i in touch),
+                                             gtid_value, position)
             last.positions.append(position)
             last.gtids.append(gtid)
             last.ops.append(op)

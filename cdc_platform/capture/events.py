@@ -54,15 +54,18 @@ RowOp = Literal["insert", "update", "delete"]
 @dataclass(frozen=True, slots=True)
 class Rows:
     """A rows event of one table. ``rows`` are mysql-replication's row dicts (``values`` or
-    ``before_values``/``after_values`` by column name); ``size`` is the event's binlog size
+    ``before_values``/``after_values`` by column name), or with ``tuples`` the same values as
+    tuples in the table map's column order (an update's as ``(before, after)`` pairs), as the
+    native decoder (``capture/rowcodec.py``) gives them; ``size`` is the event's binlog size
     in bytes, the basis of the transaction buffer's memory estimate."""
 
     table_id: int
     database: str
     table: str
     op: RowOp
-    rows: Sequence[dict[str, Any]]
+    rows: Sequence[Any]
     size: int = 0
+    tuples: bool = False
 
 
 @dataclass(frozen=True, slots=True)

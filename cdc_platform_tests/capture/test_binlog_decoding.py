@@ -26,6 +26,7 @@ from cdc_platform.capture.binlog_decoding import (
 )
 from cdc_platform.capture.events import Heartbeat, Rows, TableMap, UnsupportedEvent, Xid
 from cdc_platform.capture.flavours import flavour_of
+from cdc_platform.capture.rowcodec import RowsDecoders
 
 
 def test_inflate_reads_mariadb_compressed_bodies_and_refuses_damaged_ones():
@@ -44,6 +45,7 @@ def _stream() -> BinlogStream:
     stream._flavour = flavour_of("mysql")
     stream._wanted = lambda database, table: True
     stream._gtid = "3e11fa47-71ca-11e1-9e33-c80aa9429562:23"
+    stream._decoders = RowsDecoders()
     return stream
 
 
@@ -148,8 +150,10 @@ def test_a_transaction_payload_yields_its_rows(mariadb, compression):
     converted = [e for inner_event in parsed for e in _stream()._convert(inner_event)]
     assert isinstance(converted[0], TableMap) and converted[0].schema.table == "t"
     assert isinstance(converted[1], Rows) and converted[1].op == "insert"
-    assert [r["values"] for r in converted[1].rows] == [{"id": 7, "v": "seven"},
-                                                       {"id": 8, "v": "eight"}]
+    rows = converted[1].rows
+    if not converted[1].tuples:  # (the library's form when the native decoder is not built)
+        rows = [tuple(r["values"].values()) for r in rows]
+    assert rows == [(7, "seven"), (8, "eight")]
     assert isinstance(converted[2], Xid)
 
 
