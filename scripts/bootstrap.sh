@@ -7,20 +7,18 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || need_apt+=(mariadb-server)
 command -v mariadb-install-db >/dev/null 2>&1 || need_apt+=(mariadb-server)
-# The native rows decoder (cdc_platform/capture/_rowcodec.c) needs a C compiler and Python.h.
-command -v gcc >/dev/null 2>&1 || need_apt+=(gcc)
-PYTHON="${PYTHON:-python3}"
-py_include="$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
-[ -f "${py_include}/Python.h" ] || need_apt+=(python3-dev)
 if ! command -v java >/dev/null 2>&1 || ! java -version 2>&1 | grep -q 'version "1[7-9]\|version "2'; then
   need_apt+=(openjdk-17-jre-headless)
 fi
-# mysqlclient (snapshot chunk reads) has no Linux wheel: pip builds it against Debian's
-# libmariadb-dev, with pkg-config, a C compiler and Python's headers.
+# Compiled parts: the native rows decoder (cdc_platform/capture/_rowcodec.c) and mysqlclient
+# (snapshot chunk reads; no Linux wheel, so pip builds it against Debian's libmariadb-dev)
+# need a C compiler, Python's headers and pkg-config.
+PYTHON="${PYTHON:-python3}"
 dpkg -s libmariadb-dev >/dev/null 2>&1 || need_apt+=(libmariadb-dev)
 command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
 command -v gcc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)
-"${PYTHON:-python3}" -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' || need_apt+=(python3-dev)
+py_include="$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+[ -f "${py_include}/Python.h" ] || need_apt+=(python3-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "bootstrap: installing Debian packages: ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
