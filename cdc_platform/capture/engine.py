@@ -684,14 +684,7 @@ class CaptureEngine:
                 f"table {state.schema.table_id}: binlog row lacks column {missing} at GTID "
                 f"{self._buffer.open_gtid or '?'}; is binlog_row_image FULL?"
             ) from None
-        try:
-            for index, convert in state.converters:
-                row[index] = convert(row[index])
-        except ColumnValueError as error:
-            raise EngineError(
-                f"table {state.schema.table_id} at GTID {self._buffer.open_gtid or '?'}: "
-                f"{error}. Capture stops here rather than land a wrong value") from error
-        return tuple(row)
+        return self._converted(state, row)
 
     def _row_of_tuple(self, state: _TableState, values: tuple[Any, ...]) -> tuple[Any, ...]:
         """``_row`` for a row decoded as a tuple in table-map column order."""
@@ -699,7 +692,10 @@ class CaptureEngine:
             values = tuple([values[i] for i in state.picks])
         if not state.converters:
             return values
-        row = list(values)
+        return self._converted(state, list(values))
+
+    def _converted(self, state: _TableState, row: list[Any]) -> tuple[Any, ...]:
+        """The row with the table's converters applied: its landing values."""
         try:
             for index, convert in state.converters:
                 row[index] = convert(row[index])

@@ -665,28 +665,11 @@ class _NativeRows(_RowSource):
 
     def bounded(self, sql: str, params: Sequence[Any], max_bytes: int, take_one: bool
                 ) -> tuple[list[tuple[Any, ...]], int, bool]:
-        variable = self.table.variable_indexes
-        fixed = _FIXED_VALUE_BYTES * (len(self.table.schema.columns) - len(variable))
-        rows: list[tuple[Any, ...]] = []
-        size = 0
         result = native.query_raw(self.conn, sql, params)
         self._note(result)
         try:
-            while True:
-                batch = result.fetch_row(_FETCH_ROWS, 0)
-                if not batch:
-                    return rows, size, False
-                batch_bytes = _size_of(batch, variable, fixed)
-                if size + batch_bytes <= max_bytes:
-                    rows += batch
-                    size += batch_bytes
-                    continue
-                for row in batch:
-                    row_bytes = _size_of((row,), variable, fixed)
-                    if (rows or not take_one) and size + row_bytes > max_bytes:
-                        return rows, size, True
-                    rows.append(row)
-                    size += row_bytes
+            return _within_budget(lambda: result.fetch_row(_FETCH_ROWS, 0), self.table,
+                                  max_bytes, take_one)
         finally:
             while result.fetch_row(_FETCH_ROWS * 16, 0):  # the rest off the wire
                 pass
@@ -780,28 +763,36 @@ def _read_bounded(conn: pymysql.Connection, table: ChunkedTable, sql: str,
                   ) -> tuple[list[tuple[Any, ...]], int, bool]:
     """The rows of one SELECT, streamed, up to the row that would pass ``max_bytes`` (the
     first row always, with ``take_one``); also their size, and whether the budget cut them."""
+    # (closing an unbuffered cursor reads what is left of its result off the wire)
+    with conn.cursor(pymysql.cursors.SSCursor) as cur:
+        cur.execute(sql, tuple(params))
+        return _within_budget(lambda: cur.fetchmany(_FETCH_ROWS), table, max_bytes, take_one)
+
+
+def _within_budget(fetch: Callable[[], Sequence[tuple[Any, ...]]], table: ChunkedTable,
+                   max_bytes: int, take_one: bool) -> tuple[list[tuple[Any, ...]], int, bool]:
+    """Rows from ``fetch`` (a batch a call, empty at the end) up to the row that would pass
+    ``max_bytes`` (the first row always, with ``take_one``); their size, and whether the
+    budget cut them. Either driver's streamed result."""
     variable = table.variable_indexes
     fixed = _FIXED_VALUE_BYTES * (len(table.schema.columns) - len(variable))
     rows: list[tuple[Any, ...]] = []
     size = 0
-    # (closing an unbuffered cursor reads what is left of its result off the wire)
-    with conn.cursor(pymysql.cursors.SSCursor) as cur:
-        cur.execute(sql, tuple(params))
-        while True:
-            batch = cur.fetchmany(_FETCH_ROWS)
-            if not batch:
-                return rows, size, False
-            batch_bytes = _size_of(batch, variable, fixed)
-            if size + batch_bytes <= max_bytes:
-                rows += batch
-                size += batch_bytes
-                continue
-            for row in batch:
-                row_bytes = _size_of((row,), variable, fixed)
-                if (rows or not take_one) and size + row_bytes > max_bytes:
-                    return rows, size, True
-                rows.append(row)
-                size += row_bytes
+    while True:
+        batch = fetch()
+        if not batch:
+            return rows, size, False
+        batch_bytes = _size_of(batch, variable, fixed)
+        if size + batch_bytes <= max_bytes:
+            rows += batch
+            size += batch_bytes
+            continue
+        for row in batch:
+            row_bytes = _size_of((row,), variable, fixed)
+            if (rows or not take_one) and size + row_bytes > max_bytes:
+                return rows, size, True
+            rows.append(row)
+            size += row_bytes
 
 
 def _size_of(rows: Sequence[Sequence[Any]], variable: Sequence[int], fixed: int) -> int:
