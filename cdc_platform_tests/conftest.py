@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pymysql
 import pytest
@@ -29,6 +29,9 @@ from cdc_platform.capture.landing import LandingZone
 from cdc_platform.config import Settings, parse_settings
 from cdc_platform.devservices.kafka import TansuBroker
 from cdc_platform.devservices.mariadb import MariaDBServer
+
+if TYPE_CHECKING:
+    from cdc_platform_tests.lake.helpers import Landing
 
 _counter = itertools.count(1)
 
@@ -196,3 +199,17 @@ def signal_env(cdc_env: CdcEnv, kafka: TansuBroker) -> CdcEnv:
     """
     cdc_env.kafka_bootstrap = kafka.bootstrap_servers
     return cdc_env
+
+
+@pytest.fixture
+def landing(tmp_path: Path) -> Landing:
+    """A hand-written landing zone (lake and maintenance tests)."""
+    from cdc_platform_tests.lake.helpers import Landing  # (Spark-side helpers: lake tests only)
+
+    return Landing(tmp_path / "landing")
+
+
+@pytest.fixture
+def warehouse(tmp_path: Path) -> str:
+    """The test's own lake warehouse directory."""
+    return str(tmp_path / "warehouse")

@@ -6,11 +6,9 @@ from __future__ import annotations
 import time
 from datetime import datetime
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
-import pytest
 from dagster_pyspark import LazyPySparkResource
 from pyspark.sql import SparkSession
 
@@ -26,16 +24,6 @@ S = schema("orders")
 
 def r(id_: int, name: str, amount: str) -> dict[str, Any]:
     return {"id": id_, "name": name, "amount": Decimal(amount)}
-
-
-@pytest.fixture
-def landing(tmp_path: Path) -> Landing:
-    return Landing(tmp_path / "landing")
-
-
-@pytest.fixture
-def warehouse(tmp_path: Path) -> str:
-    return str(tmp_path / "warehouse")
 
 
 def table(spark: SparkSession, warehouse: str) -> LakeTable:
