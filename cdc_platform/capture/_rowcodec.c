@@ -8,6 +8,14 @@
  * data, invalid UTF-8 in a UTF-8 column, an ENUM index past its members, a fraction out of
  * range), this raises ``Unsupported`` instead, and the caller lets the library decode the event
  * (and raise its own error). No value is ever guessed.
+ *
+ * ``decode_columns`` reads the same bytes column-wise, and writes the columns that have a
+ * landing *target* straight into Arrow buffers: no Python object per value. A target is the
+ * Arrow layout of the column's landing type (capture/schema.py ColumnSpec.arrow_type), and the
+ * value written there is the one the tuple path lands: ``pa.array([converter(v) for v in
+ * values], type)`` with capture/values.py ``converter_for(column, from_binlog=True)``, bit for
+ * bit. Where that path would fail (a DECIMAL that does not fit its decimal128), this raises
+ * ``Unsupported`` too, so that the caller takes the tuple path and fails as loudly as before.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -23,11 +31,19 @@ enum {
     K_TIME2, K_YEAR, K_TEXT, K_BYTES, K_ENUM, K_SET, K_BIT
 };
 
+/* Landing targets of decode_columns (T_OBJECT: a list of the values decode gives). */
+enum {
+    T_OBJECT = 0, T_INT64, T_DECIMAL128, T_FLOAT32, T_FLOAT64, T_DATE32, T_TIMESTAMP_US,
+    T_UTF8, T_BINARY
+};
+
 typedef struct {
     int kind;
     int a;            /* length bytes (TEXT/BYTES), fsp, precision, size (ENUM/SET), bits */
     int b;            /* scale (DECIMAL), bytes (BIT) */
     PyObject *values; /* ENUM/SET members (a tuple), or NULL when the library has none */
+    int target;       /* T_*: where decode_columns puts the column's values */
+    int target_arg;   /* T_BINARY: the length values are padded to with 0x00 (BINARY(n)) */
     /* DECIMAL layout, derived from precision and scale as the library does */
     int dec_comp_int, dec_uncomp_int, dec_uncomp_frac, dec_comp_frac, dec_size;
 } Column;
@@ -126,13 +142,14 @@ static int64_t floordiv(int64_t a, int64_t b) {
     return q;
 }
 
-/* RowsEvent.__read_new_decimal: the same text, then decimal.Decimal(text). */
-static PyObject *read_decimal(Reader *r, const Column *c) {
-    if (!need(r, c->dec_size)) return NULL;
+/* RowsEvent.__read_new_decimal's text of the value at ``r`` (the library then reads it with
+ * decimal.Decimal): its length, or -1 with Unsupported set. ``text`` holds 160 bytes. */
+static int decimal_text(Reader *r, const Column *c, char *text) {
+    const size_t room = 160;
+    if (!need(r, c->dec_size)) return -1;
     unsigned char buf[64];
     memcpy(buf, r->p + r->pos, (size_t)c->dec_size);
     r->pos += c->dec_size;
-    char text[160];
     int at = 0;
     int64_t mask;
     if (buf[0] & 0x80) {
@@ -145,24 +162,32 @@ static PyObject *read_decimal(Reader *r, const Column *c) {
     const unsigned char *p = buf;
     int size = DIG2BYTES[c->dec_comp_int];
     if (size > 0) {
-        at += snprintf(text + at, sizeof text - (size_t)at, "%lld", (long long)(be_int(p, size) ^ mask));
+        at += snprintf(text + at, room - (size_t)at, "%lld", (long long)(be_int(p, size) ^ mask));
         p += size;
     }
     for (int i = 0; i < c->dec_uncomp_int; i++) {
-        at += snprintf(text + at, sizeof text - (size_t)at, "%09lld", (long long)(be_int(p, 4) ^ mask));
+        at += snprintf(text + at, room - (size_t)at, "%09lld", (long long)(be_int(p, 4) ^ mask));
         p += 4;
     }
     text[at++] = '.';
     for (int i = 0; i < c->dec_uncomp_frac; i++) {
-        at += snprintf(text + at, sizeof text - (size_t)at, "%09lld", (long long)(be_int(p, 4) ^ mask));
+        at += snprintf(text + at, room - (size_t)at, "%09lld", (long long)(be_int(p, 4) ^ mask));
         p += 4;
     }
     size = DIG2BYTES[c->dec_comp_frac];
     if (size > 0) {
-        at += snprintf(text + at, sizeof text - (size_t)at, "%0*lld", c->dec_comp_frac,
+        at += snprintf(text + at, room - (size_t)at, "%0*lld", c->dec_comp_frac,
                        (long long)(be_int(p, size) ^ mask));
     }
-    if (at >= (int)sizeof text - 1) { unsupported("decimal text too long"); return NULL; }
+    if (at >= (int)room - 1) { unsupported("decimal text too long"); return -1; }
+    return at;
+}
+
+/* RowsEvent.__read_new_decimal: decimal.Decimal(decimal_text). */
+static PyObject *read_decimal(Reader *r, const Column *c) {
+    char text[160];
+    int at = decimal_text(r, c, text);
+    if (at < 0) return NULL;
     PyObject *s = PyUnicode_FromStringAndSize(text, at);
     if (s == NULL) return NULL;
     PyObject *value = PyObject_CallOneArg(DecimalType, s);
@@ -435,6 +460,498 @@ fail:
     return NULL;
 }
 
+/* ---- column-wise decoding into Arrow buffers (decode_columns) --------------------------- */
+
+/* A bytes object filled as it is read: grown geometrically (its size is the capacity), cut
+ * to ``len`` at the end and handed to Python as is (pyarrow wraps it without a copy). */
+typedef struct {
+    PyObject *bytes;
+    Py_ssize_t len;
+} Buf;
+
+/* ``n`` more bytes at the end of ``b``: where to write them, or NULL (MemoryError). */
+static char *grow(Buf *b, Py_ssize_t n) {
+    Py_ssize_t cap = b->bytes == NULL ? 0 : PyBytes_GET_SIZE(b->bytes);
+    if (n > cap - b->len) {
+        Py_ssize_t want = cap ? cap : 256;
+        while (want - b->len < n) {
+            if (want > PY_SSIZE_T_MAX / 2) { PyErr_NoMemory(); return NULL; }
+            want *= 2;
+        }
+        if (b->bytes == NULL) {
+            b->bytes = PyBytes_FromStringAndSize(NULL, want);
+            if (b->bytes == NULL) return NULL;
+        } else if (_PyBytes_Resize(&b->bytes, want) < 0) {
+            return NULL;  /* (b->bytes is NULL: the old object was freed) */
+        }
+    }
+    char *at = PyBytes_AS_STRING(b->bytes) + b->len;
+    b->len += n;
+    return at;
+}
+
+/* The filled part of ``b`` as a new reference (emptied from ``b``). */
+static PyObject *take(Buf *b) {
+    if (b->bytes == NULL) return PyBytes_FromStringAndSize(NULL, 0);
+    if (_PyBytes_Resize(&b->bytes, b->len) < 0) return NULL;
+    PyObject *out = b->bytes;
+    b->bytes = NULL;
+    return out;
+}
+
+/* One column of one row image: Arrow buffers (validity, data, offsets) or a list. */
+typedef struct {
+    Buf validity, data, offsets;
+    Py_ssize_t nulls;
+    PyObject *list;  /* T_OBJECT */
+} Out;
+
+static void out_clear(Out *o) {
+    Py_CLEAR(o->validity.bytes);
+    Py_CLEAR(o->data.bytes);
+    Py_CLEAR(o->offsets.bytes);
+    Py_CLEAR(o->list);
+}
+
+static const int TARGET_WIDTH[] = {
+    [T_INT64] = 8, [T_DECIMAL128] = 16, [T_FLOAT32] = 4, [T_FLOAT64] = 8, [T_DATE32] = 4,
+    [T_TIMESTAMP_US] = 8,
+};
+
+static int is_varwidth(int target) { return target == T_UTF8 || target == T_BINARY; }
+
+/* The validity bit of row ``row`` (rows are appended in order). */
+static int put_validity(Out *o, Py_ssize_t row, int valid) {
+    if ((row & 7) == 0) {
+        char *at = grow(&o->validity, 1);
+        if (at == NULL) return 0;
+        *at = 0;
+    }
+    if (valid) PyBytes_AS_STRING(o->validity.bytes)[row >> 3] |= (char)(1 << (row & 7));
+    else o->nulls++;
+    return 1;
+}
+
+/* The end offset of the value just written to a string/binary column. */
+static int put_offset(Out *o) {
+    if (o->data.len > INT32_MAX) {
+        unsupported("string column over 2 GiB in one event (int32 Arrow offsets)");
+        return 0;
+    }
+    int32_t end = (int32_t)o->data.len;
+    char *at = grow(&o->offsets, 4);
+    if (at == NULL) return 0;
+    memcpy(at, &end, 4);
+    return 1;
+}
+
+static int put_null(Out *o, const Column *c, Py_ssize_t row) {
+    if (!put_validity(o, row, 0)) return 0;
+    if (is_varwidth(c->target)) return put_offset(o);
+    char *at = grow(&o->data, TARGET_WIDTH[c->target]);
+    if (at == NULL) return 0;
+    memset(at, 0, (size_t)TARGET_WIDTH[c->target]);
+    return 1;
+}
+
+static int put_fixed(Out *o, const void *value, int width) {
+    char *at = grow(&o->data, width);
+    if (at == NULL) return 0;
+    memcpy(at, value, (size_t)width);
+    return 1;
+}
+
+static int put_int64(Out *o, int64_t v) { return put_fixed(o, &v, 8); }
+
+/* A decimal128 value: 16 bytes, little-endian two's complement (Arrow's layout on the
+ * little-endian hosts the Python side allows targets on). */
+static int put_int128(Out *o, __int128 v) { return put_fixed(o, &v, 16); }
+
+/* Python's strict UTF-8 decoder's verdict on s[0:n]: well-formed UTF-8 (Unicode table 3-7:
+ * no overlong forms, no surrogates, nothing past U+10FFFF, no truncated sequence). */
+static int valid_utf8(const unsigned char *s, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    while (i < n) {
+        while (n - i >= 8) {
+            uint64_t word;
+            memcpy(&word, s + i, 8);
+            if (word & 0x8080808080808080ULL) break;
+            i += 8;
+        }
+        if (i >= n) break;
+        unsigned char b = s[i];
+        if (b < 0x80) { i++; continue; }
+        if (b < 0xC2) return 0;
+        if (b < 0xE0) {
+            if (n - i < 2 || (s[i + 1] & 0xC0) != 0x80) return 0;
+            i += 2;
+            continue;
+        }
+        if (b < 0xF0) {
+            if (n - i < 3) return 0;
+            unsigned char lo = b == 0xE0 ? 0xA0 : 0x80, hi = b == 0xED ? 0x9F : 0xBF;
+            if (s[i + 1] < lo || s[i + 1] > hi || (s[i + 2] & 0xC0) != 0x80) return 0;
+            i += 3;
+            continue;
+        }
+        if (b < 0xF5) {
+            if (n - i < 4) return 0;
+            unsigned char lo = b == 0xF0 ? 0x90 : 0x80, hi = b == 0xF4 ? 0x8F : 0xBF;
+            if (s[i + 1] < lo || s[i + 1] > hi || (s[i + 2] & 0xC0) != 0x80 ||
+                (s[i + 3] & 0xC0) != 0x80) return 0;
+            i += 4;
+            continue;
+        }
+        return 0;
+    }
+    return 1;
+}
+
+static unsigned __int128 POW10[39];
+
+/* The decimal128(precision, scale) value pyarrow makes of decimal.Decimal(text) for the text
+ * of decimal_text, or 0 with Unsupported set where Decimal() or pyarrow raise.
+ *
+ * Decimal(text) is exact: coefficient C (all digits) and exponent -f (f: digits after the
+ * point). pyarrow parses str() of it, which keeps C and f; it rescales to ``scale`` (an error
+ * when digits other than 0 would be dropped) and refuses a value of more than ``precision``
+ * digits. A C of 2**127 or more (possible only for bytes no server writes, with digit groups
+ * past 999999999) wraps in pyarrow's 128-bit parse: refused here, never guessed. */
+static int decimal_value(const char *text, int len, int precision, int scale, __int128 *out) {
+    const unsigned __int128 max = ((unsigned __int128)1 << 127) - 1;
+    unsigned __int128 coefficient = 0;
+    int at = 0, negative = 0, digits = 0, fraction = -1, wraps = 0;
+    if (len > 0 && text[0] == '-') { negative = 1; at = 1; }
+    for (; at < len; at++) {
+        char ch = text[at];
+        if (ch == '.' && fraction < 0) { fraction = 0; continue; }
+        if (ch < '0' || ch > '9') {
+            unsupported("decimal bytes the library cannot read");
+            return 0;
+        }
+        digits++;
+        if (fraction >= 0) fraction++;
+        unsigned d = (unsigned)(ch - '0');
+        if (coefficient > (max - d) / 10) wraps = 1;
+        else coefficient = coefficient * 10 + d;
+    }
+    if (digits == 0) { unsupported("decimal bytes the library cannot read"); return 0; }
+    if (wraps) { unsupported("decimal digits past 128 bits"); return 0; }
+    if (fraction < 0) fraction = 0;
+    if (fraction > scale) {  /* (decimal_text writes at least ``scale`` fraction digits) */
+        unsigned __int128 divisor = POW10[fraction - scale];
+        if (coefficient % divisor) {
+            unsupported("DECIMAL fraction digits its decimal128 cannot hold");
+            return 0;
+        }
+        coefficient /= divisor;
+    } else if (fraction < scale) {
+        unsupported("DECIMAL text with fewer fraction digits than its scale");
+        return 0;
+    }
+    if (coefficient >= POW10[precision]) {
+        unsupported("DECIMAL value past its decimal128 precision");
+        return 0;
+    }
+    *out = negative ? -(__int128)coefficient : (__int128)coefficient;
+    return 1;
+}
+
+/* Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm). */
+static int64_t days_from_civil(int64_t y, int m, int d) {
+    y -= m <= 2;
+    int64_t era = (y >= 0 ? y : y - 399) / 400;
+    int64_t yoe = y - era * 400;
+    int64_t doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1;
+    int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    return era * 146097 + doe - 719468;
+}
+
+/* The value at ``r`` of a column with a native target, appended to its data (and offsets):
+ * 1, or -1 when its landing value is NULL (nothing appended), or 0 with an exception set.
+ * Reads and refuses exactly what read_value does, kind by kind. */
+static int put_value(Reader *r, const Column *c, Out *o) {
+    const unsigned char *p;
+    switch (c->kind) {
+    case K_INT8:
+        if (!need(r, 1)) return 0;
+        return put_int64(o, (signed char)r->p[r->pos++]);
+    case K_UINT8:
+        if (!need(r, 1)) return 0;
+        return put_int64(o, r->p[r->pos++]);
+    case K_INT16:
+        if (!need(r, 2)) return 0;
+        p = r->p + r->pos; r->pos += 2;
+        return put_int64(o, (int16_t)le_uint(p, 2));
+    case K_UINT16:
+        if (!need(r, 2)) return 0;
+        p = r->p + r->pos; r->pos += 2;
+        return put_int64(o, (int64_t)le_uint(p, 2));
+    case K_INT24: {
+        if (!need(r, 3)) return 0;
+        p = r->p + r->pos; r->pos += 3;
+        int64_t v = (int64_t)le_uint(p, 3);
+        return put_int64(o, v >= 0x800000 ? v - 0x1000000 : v);
+    }
+    case K_UINT24:
+        if (!need(r, 3)) return 0;
+        p = r->p + r->pos; r->pos += 3;
+        return put_int64(o, (int64_t)le_uint(p, 3));
+    case K_INT32:
+        if (!need(r, 4)) return 0;
+        p = r->p + r->pos; r->pos += 4;
+        return put_int64(o, (int32_t)(uint32_t)le_uint(p, 4));
+    case K_UINT32:
+        if (!need(r, 4)) return 0;
+        p = r->p + r->pos; r->pos += 4;
+        return put_int64(o, (int64_t)le_uint(p, 4));
+    case K_INT64:
+        if (!need(r, 8)) return 0;
+        p = r->p + r->pos; r->pos += 8;
+        return put_int64(o, (int64_t)le_uint(p, 8));
+    case K_UINT64:  /* Decimal(int) in decimal128(20, 0) */
+        if (!need(r, 8)) return 0;
+        p = r->p + r->pos; r->pos += 8;
+        return put_int128(o, (__int128)le_uint(p, 8));
+    case K_YEAR: {  /* values._binlog_year: the library's 1900 (the byte 0) is the year 0 */
+        if (!need(r, 1)) return 0;
+        int byte = r->p[r->pos++];
+        return put_int64(o, byte ? 1900 + byte : 0);
+    }
+    case K_FLOAT: {
+        /* decode widens to a double, values._float32 and pyarrow narrow it back: the same
+         * bits, except that x86 quiets a signalling NaN on the way (the quiet bit is set). */
+        if (!need(r, 4)) return 0;
+        uint32_t bits = (uint32_t)le_uint(r->p + r->pos, 4);
+        r->pos += 4;
+        if ((bits & 0x7F800000u) == 0x7F800000u && (bits & 0x007FFFFFu)) bits |= 0x00400000u;
+        return put_fixed(o, &bits, 4);
+    }
+    case K_DOUBLE: {
+        if (!need(r, 8)) return 0;
+        uint64_t bits = le_uint(r->p + r->pos, 8);
+        r->pos += 8;
+        return put_fixed(o, &bits, 8);
+    }
+    case K_DECIMAL: {
+        char text[160];
+        int len = decimal_text(r, c, text);
+        __int128 v;
+        if (len < 0 || !decimal_value(text, len, c->a, c->b, &v)) return 0;
+        return put_int128(o, v);
+    }
+    case K_DATE: {
+        if (!need(r, 3)) return 0;
+        long v = (long)le_uint(r->p + r->pos, 3);
+        r->pos += 3;
+        long year = (v >> 9) & 0x7FFF, month = (v >> 5) & 0xF, day = v & 0x1F;
+        if (!valid_date(year, month, day)) return -1;
+        int32_t days = (int32_t)days_from_civil(year, (int)month, (int)day);
+        return put_fixed(o, &days, 4);
+    }
+    case K_DATETIME2: {
+        if (!need(r, 5)) return 0;
+        uint64_t v = be_uint(r->p + r->pos, 5);
+        r->pos += 5;
+        long ym = (long)((v >> 22) & 0x1FFFF);
+        long year = ym / 13, month = ym % 13;
+        long day = (long)((v >> 17) & 0x1F), hour = (long)((v >> 12) & 0x1F);
+        long minute = (long)((v >> 6) & 0x3F), second = (long)(v & 0x3F);
+        int64_t us;
+        if (!valid_date(year, month, day) || hour > 23 || minute > 59 || second > 59) {
+            if (!read_fsp(r, c->a, &us)) return 0;
+            return -1;
+        }
+        if (!read_fsp(r, c->a, &us)) return 0;
+        if (us > 999999) { unsupported("DATETIME2 fraction out of range"); return 0; }
+        int64_t seconds = days_from_civil(year, (int)month, (int)day) * 86400 +
+                          (hour * 60 + minute) * 60 + second;
+        return put_int64(o, seconds * 1000000 + (us > 0 ? us : 0));
+    }
+    case K_TIMESTAMP2: {
+        if (!need(r, 4)) return 0;
+        int64_t secs = be_int(r->p + r->pos, 4);
+        r->pos += 4;
+        int64_t us;
+        if (!read_fsp(r, c->a, &us)) return 0;
+        if (us > 999999) { unsupported("TIMESTAMP2 fraction out of range"); return 0; }
+        if (us < 0) us = 0;
+        if (secs == 0 && us == 0) return -1;  /* values._binlog_timestamp: the zero TIMESTAMP */
+        return put_int64(o, secs * 1000000 + us);
+    }
+    case K_TEXT:
+    case K_BYTES: {
+        if (!need(r, c->a)) return 0;
+        Py_ssize_t n = (Py_ssize_t)le_uint(r->p + r->pos, c->a);
+        r->pos += c->a;
+        if (!need(r, n)) return 0;
+        const unsigned char *s = r->p + r->pos;
+        r->pos += n;
+        if (c->kind == K_TEXT && !valid_utf8(s, n)) {
+            unsupported("invalid UTF-8 in a UTF-8 column");
+            return 0;
+        }
+        /* values._binlog_binary: BINARY(n) padded back with the 0x00 the binlog strips */
+        Py_ssize_t pad = c->target == T_BINARY && n < c->target_arg ? c->target_arg - n : 0;
+        char *at = grow(&o->data, n + pad);
+        if (at == NULL) return 0;
+        if (n) memcpy(at, s, (size_t)n);
+        if (pad) memset(at + n, 0, (size_t)pad);
+        return put_offset(o);
+    }
+    }
+    unsupported("no native target for this column kind");
+    return 0;
+}
+
+/* read_image, column-wise: row ``row`` of every column appended to ``outs``. */
+static int read_image_columns(Decoder *self, Reader *r, Out *outs, Py_ssize_t row) {
+    Py_ssize_t nbitmap = (self->ncols + 7) / 8;
+    if (!need(r, nbitmap)) return 0;
+    const unsigned char *nulls = r->p + r->pos;
+    r->pos += nbitmap;
+    for (Py_ssize_t i = 0; i < self->ncols; i++) {
+        const Column *c = &self->cols[i];
+        Out *o = &outs[i];
+        int null = (nulls[i >> 3] >> (i & 7)) & 1;
+        if (c->target == T_OBJECT) {
+            PyObject *value;
+            if (null) {
+                value = Py_None;
+                Py_INCREF(value);
+            } else {
+                value = read_value(r, c);
+                if (value == NULL) return 0;
+            }
+            int added = PyList_Append(o->list, value);
+            Py_DECREF(value);
+            if (added < 0) return 0;
+            continue;
+        }
+        if (null) {
+            if (!put_null(o, c, row)) return 0;
+            continue;
+        }
+        int got = put_value(r, c, o);
+        if (got == 0) return 0;
+        if (got < 0) {
+            if (!put_null(o, c, row)) return 0;
+        } else if (!put_validity(o, row, 1)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* A finished column: (validity or None, data, offsets or None), or its list. */
+static PyObject *column_result(Out *o, const Column *c) {
+    if (c->target == T_OBJECT) {
+        PyObject *list = o->list;
+        o->list = NULL;
+        return list;
+    }
+    PyObject *validity, *data = NULL, *offsets = NULL;
+    if (o->nulls == 0) {
+        validity = Py_None;
+        Py_INCREF(validity);
+    } else if ((validity = take(&o->validity)) == NULL) {
+        return NULL;
+    }
+    if ((data = take(&o->data)) == NULL) goto fail;
+    if (is_varwidth(c->target)) {
+        if ((offsets = take(&o->offsets)) == NULL) goto fail;
+    } else {
+        offsets = Py_None;
+        Py_INCREF(offsets);
+    }
+    PyObject *out = PyTuple_Pack(3, validity, data, offsets);
+    Py_DECREF(validity);
+    Py_DECREF(data);
+    Py_DECREF(offsets);
+    return out;
+fail:
+    Py_DECREF(validity);
+    Py_XDECREF(data);
+    return NULL;
+}
+
+static PyObject *Decoder_decode_columns(Decoder *self, PyObject *args) {
+    Py_buffer view;
+    int images;
+    if (!PyArg_ParseTuple(args, "y*i", &view, &images)) return NULL;
+    if (images != 1 && images != 2) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "images must be 1 or 2");
+        return NULL;
+    }
+    Py_ssize_t ncols = self->ncols, nouts = images * ncols;
+    PyObject *result = NULL, *image_lists = NULL;
+    Out *outs = PyMem_Calloc(nouts ? (size_t)nouts : 1, sizeof(Out));
+    if (outs == NULL) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t k = 0; k < nouts; k++) {
+        const Column *c = &self->cols[k % ncols];
+        if (c->target == T_OBJECT) {
+            if ((outs[k].list = PyList_New(0)) == NULL) goto done;
+        } else if (is_varwidth(c->target) && !put_offset(&outs[k])) {
+            goto done;
+        }
+    }
+    Reader r = {(const unsigned char *)view.buf, 0, view.len};
+    Py_ssize_t count = 0;
+    while (r.pos < r.len) {
+        for (int k = 0; k < images; k++) {
+            if (!read_image_columns(self, &r, outs + k * ncols, count)) goto done;
+        }
+        count++;
+    }
+    if ((image_lists = PyTuple_New(images)) == NULL) goto done;
+    for (int k = 0; k < images; k++) {
+        PyObject *columns = PyList_New(ncols);
+        if (columns == NULL) goto done;
+        PyTuple_SET_ITEM(image_lists, k, columns);
+        for (Py_ssize_t i = 0; i < ncols; i++) {
+            PyObject *column = column_result(&outs[k * ncols + i], &self->cols[i]);
+            if (column == NULL) goto done;
+            PyList_SET_ITEM(columns, i, column);
+        }
+    }
+    result = Py_BuildValue("(nO)", count, image_lists);
+done:
+    Py_XDECREF(image_lists);
+    for (Py_ssize_t k = 0; k < nouts; k++) out_clear(&outs[k]);
+    PyMem_Free(outs);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+/* The pairs of column kind and target decode_columns implements. */
+static int target_fits(const Column *c) {
+    switch (c->target) {
+    case T_OBJECT:
+        return 1;
+    case T_INT64:
+        return (c->kind >= K_INT8 && c->kind <= K_INT64) || c->kind == K_YEAR;
+    case T_DECIMAL128:
+        return c->kind == K_UINT64 || (c->kind == K_DECIMAL && c->a >= 1 && c->a <= 38);
+    case T_FLOAT32:
+        return c->kind == K_FLOAT;
+    case T_FLOAT64:
+        return c->kind == K_DOUBLE;
+    case T_DATE32:
+        return c->kind == K_DATE;
+    case T_TIMESTAMP_US:
+        return c->kind == K_DATETIME2 || c->kind == K_TIMESTAMP2;
+    case T_UTF8:
+        return c->kind == K_TEXT;
+    case T_BINARY:
+        return c->kind == K_BYTES && c->target_arg >= 0;
+    }
+    return 0;
+}
+
 static int Decoder_init(Decoder *self, PyObject *args, PyObject *kwds) {
     PyObject *specs;
     static char *kwlist[] = {"columns", NULL};
@@ -447,10 +964,15 @@ static int Decoder_init(Decoder *self, PyObject *args, PyObject *kwds) {
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *values = Py_None;
         Column *c = &cols[i];
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "iii|O", &c->kind, &c->a, &c->b,
-                              &values)) goto fail;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "iii|Oii", &c->kind, &c->a, &c->b,
+                              &values, &c->target, &c->target_arg)) goto fail;
         if (c->kind < K_INT8 || c->kind > K_BIT) {
             PyErr_Format(PyExc_ValueError, "column %zd: unknown kind %d", i, c->kind);
+            goto fail;
+        }
+        if (!target_fits(c)) {
+            PyErr_Format(PyExc_ValueError, "column %zd: no target %d (argument %d) for kind %d",
+                         i, c->target, c->target_arg, c->kind);
             goto fail;
         }
         if ((c->kind == K_TEXT || c->kind == K_BYTES) && (c->a < 1 || c->a > 4)) {
@@ -511,6 +1033,10 @@ static void Decoder_dealloc(Decoder *self) {
 static PyMethodDef Decoder_methods[] = {
     {"decode", (PyCFunction)Decoder_decode, METH_VARARGS,
      "decode(data, images) -> list of row tuples (images=2: (before, after) pairs)"},
+    {"decode_columns", (PyCFunction)Decoder_decode_columns, METH_VARARGS,
+     "decode_columns(data, images) -> (count, images): per image, one entry per column: "
+     "(validity or None, data, offsets or None) bytes for a column with a target, else the "
+     "list of the values decode gives"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -521,7 +1047,7 @@ static PyTypeObject DecoderType = {
     .tp_dealloc = (destructor)Decoder_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Decoder(columns): the rows decoder of one table map; columns are "
-              "(kind, a, b[, members]) tuples",
+              "(kind, a, b[, members[, target, target_arg]]) tuples",
     .tp_methods = Decoder_methods,
     .tp_init = (initproc)Decoder_init,
     .tp_new = PyType_GenericNew,
@@ -542,6 +1068,8 @@ PyMODINIT_FUNC PyInit__rowcodec(void) {
     if (DecimalType == NULL) return NULL;
     EmptyStr = PyUnicode_FromStringAndSize("", 0);
     if (EmptyStr == NULL) return NULL;
+    POW10[0] = 1;
+    for (int i = 1; i < 39; i++) POW10[i] = POW10[i - 1] * 10;
     if (PyType_Ready(&DecoderType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
@@ -557,6 +1085,8 @@ PyMODINIT_FUNC PyInit__rowcodec(void) {
     KIND(K_DOUBLE); KIND(K_DECIMAL); KIND(K_DATE); KIND(K_DATETIME2); KIND(K_TIMESTAMP2);
     KIND(K_TIME2); KIND(K_YEAR); KIND(K_TEXT); KIND(K_BYTES); KIND(K_ENUM); KIND(K_SET);
     KIND(K_BIT);
+    KIND(T_OBJECT); KIND(T_INT64); KIND(T_DECIMAL128); KIND(T_FLOAT32); KIND(T_FLOAT64);
+    KIND(T_DATE32); KIND(T_TIMESTAMP_US); KIND(T_UTF8); KIND(T_BINARY);
 #undef KIND
     return m;
 }
