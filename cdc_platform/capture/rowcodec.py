@@ -14,16 +14,27 @@ whose charset the library would decode with another codec, a partial row image
 would raise on (the extension then raises ``Unsupported`` and the library decodes the event,
 raising its own error). If the extension is not built, every event takes the library's path
 (logged once): slower, never different.
+
+``RowsDecoders.columns`` reads the same row images column-wise (``RowColumns``): a column
+whose landing type the extension writes (a *target*, chosen from the table map's column and
+its ``ColumnSpec`` by ``column_spec``) arrives as a ``pa.Array`` already in landing form,
+equal bit for bit to ``pa.array`` of the converted values (``capture.values``), without a
+Python object per value; any other column as the list of values ``rows`` would give.
 """
 
 from __future__ import annotations
 
 import codecs
 import logging
+import sys
+from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
 from pymysqlreplication.constants import FIELD_TYPE
 from pymysqlreplication.row_event import UpdateRowsEvent
+
+from cdc_platform.capture.schema import ColumnSpec, TableSchema
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +87,23 @@ def _text_kind(column: Any, charset_to_encoding: Any) -> str | None:
     return "K_TEXT" if codec.name == "utf-8" else None
 
 
-def column_spec(column: Any, charset_to_encoding: Any) -> tuple[Any, ...] | None:
+def column_spec(column: Any, charset_to_encoding: Any,
+                landing: ColumnSpec | None = None) -> tuple[Any, ...] | None:
     """The extension's (kind, a, b[, members]) for a library table-map column, or None when
-    the column is not decoded natively. Mirrors RowsEvent.__read_values_name type by type."""
+    the column is not decoded natively. Mirrors RowsEvent.__read_values_name type by type.
+
+    With ``landing`` (the column's ``ColumnSpec`` in the table map's schema) the spec is
+    (kind, a, b, members, target, target_arg): where ``decode_columns`` puts the column's
+    values (``landing_target``).
+    """
+    spec = _library_spec(column, charset_to_encoding)
+    if spec is None or landing is None:
+        return spec
+    members = spec[3] if len(spec) > 3 else None
+    return (*spec[:3], members, *landing_target(spec, landing))
+
+
+def _library_spec(column: Any, charset_to_encoding: Any) -> tuple[Any, ...] | None:
     ftype = column.type
     if ftype in _INTS:
         kind = _INTS[ftype][1 if column.unsigned else 0]
@@ -119,17 +144,78 @@ def column_spec(column: Any, charset_to_encoding: Any) -> tuple[Any, ...] | None
     return None
 
 
-def decoder_for(event: Any) -> Any:
-    """The extension's decoder of the rows of ``event``'s table map, or None (library)."""
+# (extension kind, ColumnSpec kind) -> the target holding exactly the landing value
+# (``values.converter_for(column, from_binlog=True)`` of the decoded value, in
+# ``column.arrow_type()``). Any other pair, or a doubtful one, is T_OBJECT: exactness first.
+_TARGETS = {
+    **{(kind, "int"): "T_INT64" for kind in (
+        "K_INT8", "K_UINT8", "K_INT16", "K_UINT16", "K_INT24", "K_UINT24", "K_INT32",
+        "K_UINT32", "K_INT64")},
+    ("K_UINT64", "uint64"): "T_DECIMAL128",
+    ("K_YEAR", "year"): "T_INT64",
+    ("K_FLOAT", "float"): "T_FLOAT32",
+    ("K_DOUBLE", "double"): "T_FLOAT64",
+    ("K_DECIMAL", "decimal"): "T_DECIMAL128",
+    ("K_DATE", "date"): "T_DATE32",
+    ("K_DATETIME2", "datetime"): "T_TIMESTAMP_US",
+    ("K_TIMESTAMP2", "timestamp"): "T_TIMESTAMP_US",
+    ("K_TEXT", "string"): "T_UTF8",
+    ("K_BYTES", "binary"): "T_BINARY",
+}
+
+
+def _kind_name(kind: int) -> str:
+    return next((name for name in dir(_rowcodec)
+                 if name.startswith("K_") and getattr(_rowcodec, name) == kind), "")
+
+
+def landing_target(spec: tuple[Any, ...], landing: ColumnSpec) -> tuple[int, int]:
+    """(target, target_arg) of a column of extension spec ``spec`` landing as ``landing``.
+
+    Arrow buffers are written in the host's byte order as Arrow's little-endian layout: on
+    any other host every column is T_OBJECT.
+    """
+    object_ = (_rowcodec.T_OBJECT, 0)
+    if sys.byteorder != "little":
+        return object_
+    kind, a, b = spec[:3]
+    target = _TARGETS.get((_kind_name(kind), landing.kind))
+    if target is None:
+        return object_
+    if target == "T_DECIMAL128" and kind == _rowcodec.K_DECIMAL and not (
+            a <= 38 and landing.precision == a and (landing.scale or 0) == b):
+        return object_  # (precision > 38 lands as text; a spec that disagrees: doubtful)
+    if target == "T_UTF8" and landing.charset is not None:
+        return object_  # (text of another charset is decoded by its converter)
+    return getattr(_rowcodec, target), (landing.precision or 0) if target == "T_BINARY" else 0
+
+
+def decoder_for(event: Any, schema: TableSchema | None = None) -> Any:
+    """The extension's decoder of the rows of ``event``'s table map, or None (library).
+
+    With ``schema`` (the table map's, every column in table-map order) the decoder also has
+    the columns' landing targets, for ``decode_columns``.
+    """
+    specs = _specs(event, schema)
+    return None if specs is None else _rowcodec.Decoder(specs)
+
+
+def _specs(event: Any, schema: TableSchema | None) -> list[tuple[Any, ...]] | None:
     if not available() or event._ignore_decode_errors:  # noqa: SLF001 - the library's flag
         return None
+    if schema is not None and len(schema.columns) != len(event.columns):
+        raise ValueError(f"table {schema.table_id}: the schema has {len(schema.columns)} "
+                         f"columns, its table map {len(event.columns)}; columns() needs the "
+                         "table map's own schema (binlog.schema_from_table_map), before any "
+                         "column is excluded")
     specs = []
-    for column in event.columns:
-        spec = column_spec(column, event.charset_to_encoding)
+    for index, column in enumerate(event.columns):
+        landing = schema.columns[index] if schema is not None else None
+        spec = column_spec(column, event.charset_to_encoding, landing)
         if spec is None:
             return None
         specs.append(spec)
-    return _rowcodec.Decoder(specs)
+    return specs
 
 
 def _full_bitmap(count: int) -> bytes:
@@ -139,11 +225,36 @@ def _full_bitmap(count: int) -> bytes:
     return bytes(bits)
 
 
+@dataclass(frozen=True, slots=True)
+class RowColumns:
+    """A rows event's row images decoded column-wise.
+
+    ``images``: one (insert, delete) or two (an update's before, after) lists with one entry
+    per table-map column: a ``pa.Array`` of ``count`` values of the column's landing type
+    (``ColumnSpec.arrow_type``, values converted) when the column has a native target, else
+    the list of the ``count`` values ``RowsDecoders.rows`` gives for it (not converted).
+    """
+
+    count: int
+    images: tuple[list[pa.Array | list[Any]], ...]
+
+
+@dataclass(slots=True)
+class _TableDecoder:
+    """The decoder of one table map, and the schema its landing targets were chosen for."""
+
+    table: Any  # the library's table map object it was built for
+    decoder: Any  # None: the library decodes this table map's events
+    full: bytes  # the columns-present bitmap of a full row image
+    schema: TableSchema | None = None
+    types: tuple[pa.DataType | None, ...] = ()  # per column: the type of a native target
+
+
 class RowsDecoders:
     """One decoder per table map in use, rebuilt when the library's table map changes."""
 
     def __init__(self) -> None:
-        self._by_table_id: dict[int, tuple[Any, Any, bytes]] = {}
+        self._by_table_id: dict[int, _TableDecoder] = {}
 
     def rows(self, event: Any) -> list[tuple[Any, ...]] | None:
         """The event's rows as tuples in table-map column order (an update's as (before,
@@ -151,26 +262,80 @@ class RowsDecoders:
 
         The row images are read from the event's packet here; the library never parses them.
         """
+        entry = self._entry(event)
+        body = self._body(event, entry)
+        if body is None:
+            return None
+        data, images = body
+        try:
+            return entry.decoder.decode(data, images)
+        except _rowcodec.Unsupported:
+            event.packet.unread(data)  # the library decodes (and raises on) these bytes
+            return None
+
+    def columns(self, event: Any, schema: TableSchema) -> RowColumns | None:
+        """The event's row images column-wise (``RowColumns``), or None: the library must
+        decode this event (``event.rows``), as for ``rows``.
+
+        ``schema`` is the table map's own (``binlog.schema_from_table_map``: every column,
+        in table-map order): it decides which columns arrive as landing-form Arrow arrays.
+        A value such an array cannot hold exactly (a DECIMAL past its precision) also sends
+        the event to the library, whose values then fail the landing as loudly as ever.
+        """
+        entry = self._entry(event)
+        if entry.decoder is not None and entry.schema is not schema and entry.schema != schema:
+            specs = _specs(event, schema)
+            entry.decoder = None if specs is None else _rowcodec.Decoder(specs)
+            entry.schema = schema
+            entry.types = tuple(
+                None if spec[4] == _rowcodec.T_OBJECT else landing.arrow_type()
+                for spec, landing in zip(specs or (), schema.columns, strict=False))
+        body = self._body(event, entry)
+        if body is None:
+            return None
+        data, images = body
+        try:
+            count, decoded = entry.decoder.decode_columns(data, images)
+        except _rowcodec.Unsupported:
+            event.packet.unread(data)  # the library decodes (and raises on) these bytes
+            return None
+        return RowColumns(count, tuple(
+            [column if arrow_type is None else _array(arrow_type, count, column)
+             for arrow_type, column in zip(entry.types, image, strict=True)]
+            for image in decoded))
+
+    def _entry(self, event: Any) -> _TableDecoder:
         table = event.table_map.get(event.table_id)
         entry = self._by_table_id.get(event.table_id)
-        if entry is None or entry[0] is not table:
+        if entry is None or entry.table is not table:
             decoder = decoder_for(event) if table is not None else None
-            entry = (table, decoder, _full_bitmap(len(event.columns)))
+            entry = _TableDecoder(table, decoder, _full_bitmap(len(event.columns)))
             self._by_table_id[event.table_id] = entry
-        _, decoder, full = entry
-        if decoder is None or not event.complete or event.number_of_columns != len(event.columns):
+        return entry
+
+    def _body(self, event: Any, entry: _TableDecoder) -> tuple[bytes, int] | None:
+        """(the event's row images, read from its packet; 1 or 2 images a row), or None when
+        the extension does not decode this event."""
+        if entry.decoder is None or not event.complete or (
+                event.number_of_columns != len(event.columns)):
             return None
         update = isinstance(event, UpdateRowsEvent)
-        if event.columns_present_bitmap != full or (
-                update and event.columns_present_bitmap2 != full):
+        if event.columns_present_bitmap != entry.full or (
+                update and event.columns_present_bitmap2 != entry.full):
             return None  # a partial row image: the library's columns-present handling
         packet = event.packet
-        data = packet.read(event.event_size - packet.read_bytes)
-        try:
-            return decoder.decode(data, 2 if update else 1)
-        except _rowcodec.Unsupported:
-            packet.unread(data)  # the library decodes (and raises on) these bytes
-            return None
+        return packet.read(event.event_size - packet.read_bytes), 2 if update else 1
 
     def clear(self) -> None:
         self._by_table_id.clear()
+
+
+def _array(arrow_type: pa.DataType, count: int, buffers: tuple[Any, ...]) -> pa.Array:
+    """A native column's (validity, data, offsets) bytes as an Arrow array, without a copy."""
+    validity, data, offsets = buffers
+    wrapped = [None if validity is None else pa.py_buffer(validity)]
+    if offsets is not None:
+        wrapped.append(pa.py_buffer(offsets))
+    wrapped.append(pa.py_buffer(data))
+    return pa.Array.from_buffers(arrow_type, count, wrapped,
+                                 null_count=0 if validity is None else -1)
