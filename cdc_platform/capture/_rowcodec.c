@@ -470,7 +470,7 @@ typedef struct {
 } Buf;
 
 /* ``n`` more bytes at the end of ``b``: where to write them, or NULL (MemoryError). */
-static char *grow(Buf *b, Py_ssize_t n) {
+static inline char *grow(Buf *b, Py_ssize_t n) {
     Py_ssize_t cap = b->bytes == NULL ? 0 : PyBytes_GET_SIZE(b->bytes);
     if (n > cap - b->len) {
         Py_ssize_t want = cap ? cap : 256;
@@ -657,6 +657,41 @@ static int decimal_value(const char *text, int len, int precision, int scale, __
     return 1;
 }
 
+/* decimal_value without the text, for the DECIMAL at ``src`` (dec_size bytes, precision <= 38)
+ * when every digit group is within its digits, as a server writes them: decimal_text is then
+ * the plain positional notation of that value with exactly ``scale`` fraction digits, which
+ * Decimal and pyarrow read as is. 0 for any other bytes (decimal_text and decimal_value then
+ * decide). */
+static int decimal_groups(const unsigned char *src, const Column *c, __int128 *out) {
+    unsigned char buf[64];
+    memcpy(buf, src, (size_t)c->dec_size);
+    int64_t mask = (buf[0] & 0x80) ? 0 : -1;
+    buf[0] ^= 0x80;
+    const unsigned char *p = buf;
+    unsigned __int128 v = 0;
+    int size = DIG2BYTES[c->dec_comp_int];
+    if (size > 0) {
+        int64_t group = be_int(p, size) ^ mask;
+        p += size;
+        if (group < 0 || (unsigned __int128)group >= POW10[c->dec_comp_int]) return 0;
+        v = (unsigned __int128)group;
+    }
+    for (int i = 0; i < c->dec_uncomp_int + c->dec_uncomp_frac; i++) {
+        int64_t group = be_int(p, 4) ^ mask;
+        p += 4;
+        if (group < 0 || group > 999999999) return 0;
+        v = v * 1000000000 + (unsigned __int128)group;
+    }
+    size = DIG2BYTES[c->dec_comp_frac];
+    if (size > 0) {
+        int64_t group = be_int(p, size) ^ mask;
+        if (group < 0 || (unsigned __int128)group >= POW10[c->dec_comp_frac]) return 0;
+        v = v * POW10[c->dec_comp_frac] + (unsigned __int128)group;
+    }
+    *out = mask ? -(__int128)v : (__int128)v;
+    return 1;
+}
+
 /* Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm). */
 static int64_t days_from_civil(int64_t y, int m, int d) {
     y -= m <= 2;
@@ -734,9 +769,14 @@ static int put_value(Reader *r, const Column *c, Out *o) {
         return put_fixed(o, &bits, 8);
     }
     case K_DECIMAL: {
+        __int128 v;
+        if (!need(r, c->dec_size)) return 0;
+        if (decimal_groups(r->p + r->pos, c, &v)) {
+            r->pos += c->dec_size;
+            return put_int128(o, v);
+        }
         char text[160];
         int len = decimal_text(r, c, text);
-        __int128 v;
         if (len < 0 || !decimal_value(text, len, c->a, c->b, &v)) return 0;
         return put_int128(o, v);
     }
