@@ -142,10 +142,13 @@ static int64_t floordiv(int64_t a, int64_t b) {
     return q;
 }
 
+/* Room for decimal_text (65 digits in groups of up to 11 characters, a sign and a point). */
+#define DECIMAL_TEXT 160
+
 /* RowsEvent.__read_new_decimal's text of the value at ``r`` (the library then reads it with
- * decimal.Decimal): its length, or -1 with Unsupported set. ``text`` holds 160 bytes. */
-static int decimal_text(Reader *r, const Column *c, char *text) {
-    const size_t room = 160;
+ * decimal.Decimal): its length, or -1 with Unsupported set. */
+static int decimal_text(Reader *r, const Column *c, char text[DECIMAL_TEXT]) {
+    const size_t room = DECIMAL_TEXT;
     if (!need(r, c->dec_size)) return -1;
     unsigned char buf[64];
     memcpy(buf, r->p + r->pos, (size_t)c->dec_size);
@@ -185,7 +188,7 @@ static int decimal_text(Reader *r, const Column *c, char *text) {
 
 /* RowsEvent.__read_new_decimal: decimal.Decimal(decimal_text). */
 static PyObject *read_decimal(Reader *r, const Column *c) {
-    char text[160];
+    char text[DECIMAL_TEXT];
     int at = decimal_text(r, c, text);
     if (at < 0) return NULL;
     PyObject *s = PyUnicode_FromStringAndSize(text, at);
@@ -775,7 +778,7 @@ static int put_value(Reader *r, const Column *c, Out *o) {
             r->pos += c->dec_size;
             return put_int128(o, v);
         }
-        char text[160];
+        char text[DECIMAL_TEXT];
         int len = decimal_text(r, c, text);
         if (len < 0 || !decimal_value(text, len, c->a, c->b, &v)) return 0;
         return put_int128(o, v);
