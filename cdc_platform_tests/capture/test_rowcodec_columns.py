@@ -15,6 +15,7 @@ exactly those values.
 
 from __future__ import annotations
 
+import decimal
 import random
 import struct
 from dataclasses import dataclass
@@ -409,6 +410,9 @@ def _check_bytes(decoder: Any, schema: TableSchema, targets: list[int], body: by
         event("the tuple path refuses a DECIMAL")
         assert columns is None, "decode_columns gave a DECIMAL the tuple path refuses"
         return
+    if columns is None and _wrapping_decimal(rows, targets, update):
+        event("a DECIMAL pyarrow would wrap")
+        return
     assert columns is not None, "decode_columns refused bytes decode and the tuple path read"
     arrays = [[column if target == _codec.T_OBJECT else rowcodec._array(  # (as columns() does)
         landing.arrow_type(), count, column)
@@ -416,6 +420,17 @@ def _check_bytes(decoder: Any, schema: TableSchema, targets: list[int], body: by
         for image in columns]
     event("decoded alike")
     _assert_columns_as_tuples("w", schema, targets, rows, count, arrays, update)
+
+
+def _wrapping_decimal(rows: list[Any], targets: list[int], update: bool) -> bool:
+    """A decimal128 column's Decimal of 2**127 or more as an integer of all its digits: bytes
+    no server writes (digit groups past 999999999), which pyarrow parses modulo 2**128 and may
+    land as another number. decode_columns refuses them (the tuple path keeps its behaviour)."""
+    return any(
+        targets[index] == _codec.T_DECIMAL128 and isinstance(value, decimal.Decimal)
+        and int("".join(map(str, value.as_tuple().digits)) or "0") >= 2 ** 127
+        for tuples in _images(rows, update) for row in tuples
+        for index, value in enumerate(row))
 
 
 @pytest.fixture(scope="module")
@@ -577,6 +592,19 @@ def test_utf8_is_refused_exactly_as_python_refuses_it():
             if native != python:
                 mismatches.append(value)
     assert not mismatches, mismatches[:10]
+
+
+def test_a_decimal_of_more_digits_than_128_bits_hold_is_refused():
+    """DECIMAL(38,10) bytes with a fraction group past 999999999 (no server writes them):
+    decode reads 39 digits, which pyarrow would parse modulo 2**128; decode_columns refuses."""
+    groups = [(9, 1), (999999999, 4), (999999999, 4), (999999999, 4), (2147483647, 4), (0, 1)]
+    raw = bytearray(b"".join(v.to_bytes(size, "big") for v, size in groups))
+    raw[0] ^= 0x80
+    decoder = _codec.Decoder([(_codec.K_DECIMAL, 38, 10, None, _codec.T_DECIMAL128, 0)])
+    body = b"\x00" + bytes(raw)
+    assert decoder.decode(body, 1) == [(decimal.Decimal("9" * 28 + ".21474836470"),)]
+    with pytest.raises(_codec.Unsupported, match="128 bits"):
+        decoder.decode_columns(body, 1)
 
 
 # -- the contract around the decoder ----------------------------------------------------------
