@@ -27,7 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pymysql
 
 from cdc_platform.capture import names
@@ -59,7 +61,13 @@ from cdc_platform.capture.schema import (
 )
 from cdc_platform.capture.snapshot.sessions import SnapshotCoordinator
 from cdc_platform.capture.source import TableSelector, selector_from_settings
-from cdc_platform.capture.spill import OP_COLUMN, SpilledRecords, SpillStore
+from cdc_platform.capture.spill import (
+    OP_COLUMN,
+    HeldRecords,
+    SpilledRecords,
+    SpillStore,
+    records_schema,
+)
 from cdc_platform.capture.stale_markers import record_stale_targets
 from cdc_platform.capture.statement_dml import parse_statement_dml
 from cdc_platform.capture.transactions import (
@@ -187,6 +195,10 @@ class _TableState:
     # each landed column there (None: the same columns, in order), and how many there are.
     picks: tuple[int, ...] | None = None
     width: int = 0
+    # Rows decoded column-wise: the records' Arrow schema (op + landing columns), and the
+    # converter of each landed column that the decoder gives as Python values (or None).
+    arrow: pa.Schema | None = None
+    converter_of: tuple[Converter | None, ...] = ()
 
 
 @dataclass
@@ -208,10 +220,11 @@ class _Chunk:
 
 
 @dataclass
-class _SpilledChunk:
-    """Committed records of a spilled file, landed as one segment of their own."""
+class _BlockChunk:
+    """Committed records of one block: a spilled file (landed as one segment of its own,
+    read one at a time), or held in memory (landed with the table's other records)."""
 
-    part: SpilledRecords
+    part: SpilledRecords | HeldRecords
     first_pos: int
     gtid: str
     timestamp_ms: int
@@ -237,7 +250,7 @@ class CaptureEngine:
         self._table_ids: dict[int, _TableState] = {}
         self._schemas: dict[str, TableSchema] = {}
         self._schemas_dirty = False
-        self._chunks: dict[str, list[_Chunk | _SpilledChunk]] = {}
+        self._chunks: dict[str, list[_Chunk | _BlockChunk]] = {}
         self._buffered_rows = 0
         self._buffered_bytes = 0  # their estimated memory (RecordLog's estimate)
         self._spill = SpillStore(landing.root / "spill")
@@ -397,10 +410,13 @@ class CaptureEngine:
     def _new_record_log(self) -> RecordLog:
         return RecordLog(self.options.transaction_memory_bytes, self._spill_records)
 
-    def _spill_records(self, records: list[tuple[_TableState, str, tuple[Any, ...]]]
+    def _spill_records(self, records: list[tuple[_TableState, str, tuple[Any, ...]]] | HeldRecords
                        ) -> list[SpilledRecords]:
         """Write buffered records to spill files, one per run of one schema (at most
-        ``flush_max_rows`` records a file: converting them to Arrow costs memory too)."""
+        ``flush_max_rows`` records a file: converting them to Arrow costs memory too); a
+        block held in memory as one file."""
+        if isinstance(records, HeldRecords):
+            return [self._spill.write_table(records.schema, records.table)]
         parts = []
         start = 0
         limit = self.options.flush_max_rows
@@ -672,9 +688,11 @@ class CaptureEngine:
                 converters.append((index, converter))
         key_indexes = tuple(schema.column_names.index(k) for k in schema.primary_key)
         picks = tuple(full.column_names.index(name) for name in schema.column_names)
+        by_index = dict(converters)
         self._table_ids[event.table_id] = _TableState(
             schema, schema.column_names, converters, key_indexes,
-            None if picks == tuple(range(len(full.columns))) else picks, len(full.columns))
+            None if picks == tuple(range(len(full.columns))) else picks, len(full.columns),
+            records_schema(schema), tuple(by_index.get(i) for i in range(len(schema.columns))))
 
     def _row(self, state: _TableState, values: dict[str, Any]) -> tuple[Any, ...]:
         try:
@@ -719,6 +737,9 @@ class CaptureEngine:
                 f"{self._buffer.open_gtid or '?'}: a rows event without its table map; the "
                 "binlog stream is inconsistent: restart the engine (it resumes from its "
                 "checkpoint)")
+        if event.columnar:
+            self._on_row_columns(state, event)
+            return
         records: list[tuple[_TableState, str, tuple[Any, ...]]] = []
         if event.tuples:
             self._on_row_tuples(state, event, records)
@@ -773,6 +794,73 @@ class CaptureEngine:
             records.extend([(state, "d", self._tombstone(state, row_of(state, row)))
                             for row in rows])
 
+    def _on_row_columns(self, state: _TableState, event: Rows) -> None:
+        """``_on_rows`` for rows decoded column-wise (``Rows.columnar``): the event's records
+        become one Arrow block, built array by array (no Python object per value where the
+        decoder built the arrays), in the order the row-wise path gives them."""
+        columns = event.rows
+        count = columns.count
+        if not count:
+            return
+        images = [self._landing_image(state, image, count) for image in columns.images]
+        after = images[-1]
+        if event.op == "insert":
+            table = self._block(state, "c", after, count)
+        elif event.op == "delete":
+            table = self._block(state, "d", self._tombstones(state, after, count), count)
+        else:
+            table = self._block(state, "u", after, count)
+            if state.key_indexes:
+                changed = _key_changed(images[0], after, state.key_indexes)
+                if changed is not None:
+                    table = _with_key_changes(
+                        table, self._block(state, "d", self._tombstones(state, images[0], count),
+                                           count), changed)
+        self._buffer.add_block(HeldRecords(state.schema, table), event.size + table.nbytes)
+
+    def _landing_image(self, state: _TableState, image: list[Any], count: int) -> list[pa.Array]:
+        """One row image's landed columns as Arrow arrays of their landing types: the
+        decoder's arrays as they are, Python values through the column's converter."""
+        if len(image) != state.width:
+            raise EngineError(
+                f"table {state.schema.table_id}: binlog rows have {len(image)} columns at GTID "
+                f"{self._buffer.open_gtid or '?'}, their table map {state.width}; the binlog "
+                "stream is inconsistent: restart the engine (it resumes from its checkpoint)")
+        arrays = []
+        for index, column in enumerate(state.schema.columns):
+            values = image[state.picks[index] if state.picks is not None else index]
+            if isinstance(values, list):
+                convert = state.converter_of[index]
+                if convert is not None:
+                    try:
+                        values = [convert(value) for value in values]
+                    except ColumnValueError as error:
+                        raise EngineError(
+                            f"table {state.schema.table_id} at GTID "
+                            f"{self._buffer.open_gtid or '?'}: {error}. Capture stops here "
+                            "rather than land a wrong value") from error
+                try:
+                    values = pa.array(values, column.arrow_type())
+                except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as error:
+                    raise EngineError(
+                        f"table {state.schema.table_id} at GTID "
+                        f"{self._buffer.open_gtid or '?'}: "
+                        f"{ColumnValueError(column, error)}") from error
+            arrays.append(values)
+        return arrays
+
+    @staticmethod
+    def _tombstones(state: _TableState, image: list[pa.Array], count: int) -> list[pa.Array]:
+        """Delete records keep only the key (``_tombstone`` column-wise)."""
+        keys = set(state.key_indexes)
+        return [array if index in keys else pa.nulls(count, array.type)
+                for index, array in enumerate(image)]
+
+    @staticmethod
+    def _block(state: _TableState, op: str, arrays: list[pa.Array], count: int) -> pa.Table:
+        return pa.Table.from_arrays([pa.repeat(pa.scalar(op, pa.string()), count), *arrays],
+                                    schema=state.arrow)
+
     def _on_ddl(self, ddl: TableDdl, gtid: str) -> None:
         captured = [(d, t) for d, t in ddl.tables if self.options.selector.captures(d, t)]
         if not captured:
@@ -820,12 +908,13 @@ class CaptureEngine:
         bytes_limit = self.options.transaction_memory_bytes
         records = txn.records
         for part, part_bytes in zip(records.parts, records.part_bytes, strict=True):
-            if isinstance(part, SpilledRecords):
+            if not isinstance(part, list):  # a block: spilled, or held in memory
                 self._record_spilled_touches(part, gtid_value, position)
                 self._chunks.setdefault(part.schema.table_id, []).append(
-                    _SpilledChunk(part, position, gtid, ts_ms))
+                    _BlockChunk(part, position, gtid, ts_ms))
                 position += part.count
                 self._buffered_rows += part.count
+                self._buffered_bytes += part_bytes
                 if self._landing_due():
                     self._land_chunks()
             else:
@@ -902,8 +991,9 @@ class CaptureEngine:
             position += 1
         return position
 
-    def _record_spilled_touches(self, part: SpilledRecords, gtid: Any, first: int) -> None:
-        """Touched keys of spilled records, for tables under a snapshot session."""
+    def _record_spilled_touches(self, part: SpilledRecords | HeldRecords, gtid: Any,
+                                first: int) -> None:
+        """Touched keys of a block's records, for tables under a snapshot session."""
         table_id = part.schema.table_id
         key_columns = self._snapshots.key_columns(table_id)
         if key_columns is None or gtid is None:
@@ -991,7 +1081,7 @@ class CaptureEngine:
         written = []
         for table_id, chunks in self._chunks.items():
             for run in _same_schema_runs(chunks):
-                if isinstance(run[0], _SpilledChunk):
+                if isinstance(run[0], _BlockChunk) and not run[0].part.in_memory:
                     # A spilled part lands as a segment of its own, read one at a time.
                     spilled = run[0]
                     table = self._spilled_table(spilled)
@@ -1000,11 +1090,12 @@ class CaptureEngine:
                 else:
                     # One segment per run: snapshot commits add a chunk's rows and its
                     # assertion as separate pieces, and a flush may commit several chunks.
-                    tables = [chunk.landed if chunk.landed is not None
+                    tables = [self._spilled_table(chunk) if isinstance(chunk, _BlockChunk)
+                              else chunk.landed if chunk.landed is not None
                               else self._arrow_table(chunk) for chunk in run]
                     table = tables[0] if len(tables) == 1 else pa.concat_tables(
                         tables, promote_options="default")
-                    first, last = run[0].positions[0], run[-1].positions[-1]
+                    first, last = _first_position(run[0]), _last_position(run[-1])
                 written.append(self.landing.write_segment(run[0].schema, table, first, last))
                 self.stats.records_by_table[table_id] = (
                     self.stats.records_by_table.get(table_id, 0) + table.num_rows)
@@ -1027,25 +1118,25 @@ class CaptureEngine:
                           "parts": [part.to_dict() for part in prepared.records]}
         return state
 
-    def _spilled_table(self, chunk: _SpilledChunk) -> pa.Table:
-        """A spilled part in changelog form; EngineError (table, GTID, file) when its file
-        does not read back as the schema it was written with."""
+    def _spilled_table(self, chunk: _BlockChunk) -> pa.Table:
+        """A block's records in changelog form; EngineError (table, GTID, file) when a
+        spilled file does not read back as the schema it was written with."""
         schema = chunk.schema
         try:
             records = chunk.part.read()
             count = records.num_rows
             arrays = [
-                pa.array(range(chunk.first_pos, chunk.first_pos + count), pa.int64()),
-                pa.array([chunk.gtid] * count, pa.string()),
+                pa.array(np.arange(chunk.first_pos, chunk.first_pos + count, dtype=np.int64)),
+                pa.repeat(pa.scalar(chunk.gtid, pa.string()), count),
                 records.column(OP_COLUMN),
-                pa.array([chunk.timestamp_ms] * count, pa.int64()),
+                pa.repeat(pa.scalar(chunk.timestamp_ms, pa.int64()), count),
             ]
             arrays += [records.column(column.name) for column in schema.columns]
             return pa.Table.from_arrays(arrays, schema=schema.arrow_schema())
         except (pa.ArrowException, KeyError, OSError) as error:
             raise EngineError(
                 f"table {schema.table_id} at GTID {chunk.gtid or '?'}: the spilled records of "
-                f"{chunk.part.path} do not read back as the table's schema ({error}). Fix: "
+                f"{getattr(chunk.part, 'path', 'memory')} do not read back as the table's schema ({error}). Fix: "
                 "restart the engine; if it stops here again, re-snapshot the table and move "
                 "the checkpoint past this GTID") from error
 
@@ -1105,6 +1196,37 @@ class CaptureEngine:
         return pa.Table.from_arrays(arrays, schema=arrow_schema)
 
 
+def _key_changed(before: list[pa.Array], after: list[pa.Array],
+                 key_indexes: tuple[int, ...]) -> pa.Array | None:
+    """Which updates changed their key (None when none did): the row-wise path's ``before[i]
+    != after[i]`` over the key columns, column-wise (a NULL equals only a NULL)."""
+    changed = None
+    for index in key_indexes:
+        old, new = before[index], after[index]
+        differs = pc.fill_null(pc.or_kleene(pc.not_equal(old, new),
+                                            pc.xor(pc.is_null(old), pc.is_null(new))), False)
+        changed = differs if changed is None else pc.or_(changed, differs)
+    if changed is None or not pc.any(changed).as_py():
+        return None
+    return changed
+
+
+def _with_key_changes(updates: pa.Table, tombstones: pa.Table, changed: pa.Array) -> pa.Table:
+    """Updates whose key changed become a delete of the old key then an insert of the new
+    one, in place (as ``_on_rows`` orders them)."""
+    count = updates.num_rows
+    order: list[int] = []
+    ops: list[str] = []
+    for index, flag in enumerate(changed.to_pylist()):
+        if flag:
+            order.append(count + index)
+            ops.append("d")
+        order.append(index)
+        ops.append("c" if flag else "u")
+    table = pa.concat_tables([updates, tombstones]).take(pa.array(order, pa.int64()))
+    return table.set_column(0, table.schema.field(0), pa.array(ops, pa.string()))
+
+
 def _cast_column(table: pa.Table, column: ColumnSpec) -> pa.ChunkedArray:
     """A chunk's column in its landing type; ColumnValueError names the column that does not
     fit (KeyError if the chunk lacks it)."""
@@ -1114,19 +1236,30 @@ def _cast_column(table: pa.Table, column: ColumnSpec) -> pa.ChunkedArray:
         raise ColumnValueError(column, error) from error
 
 
-def _same_schema_runs(chunks: list[_Chunk | _SpilledChunk]
-                      ) -> list[list[_Chunk] | list[_SpilledChunk]]:
+def _same_schema_runs(chunks: list[_Chunk | _BlockChunk]) -> list[list[_Chunk | _BlockChunk]]:
     """Consecutive chunks of one table grouped while the schema stays the same (a segment
     has one column list; records keep their order). A spilled chunk is a run of its own."""
     runs: list[Any] = []
     for chunk in chunks:
-        if isinstance(chunk, _SpilledChunk):
+        spilled = isinstance(chunk, _BlockChunk) and not chunk.part.in_memory
+        last = runs[-1][-1] if runs else None
+        if spilled or last is None or (
+                isinstance(last, _BlockChunk) and not last.part.in_memory) or (
+                last.schema != chunk.schema):
             runs.append([chunk])
-        elif runs and isinstance(runs[-1][-1], _Chunk) and runs[-1][-1].schema == chunk.schema:
-            runs[-1].append(chunk)
         else:
-            runs.append([chunk])
+            runs[-1].append(chunk)
     return runs
+
+
+def _first_position(chunk: _Chunk | _BlockChunk) -> int:
+    return chunk.first_pos if isinstance(chunk, _BlockChunk) else chunk.positions[0]
+
+
+def _last_position(chunk: _Chunk | _BlockChunk) -> int:
+    if isinstance(chunk, _BlockChunk):
+        return chunk.first_pos + chunk.part.count - 1
+    return chunk.positions[-1]
 
 
 def _with_extra_fields(arrow_schema: pa.Schema, schema: TableSchema,

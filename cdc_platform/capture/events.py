@@ -9,7 +9,6 @@ anything else (``UnsupportedEvent``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -54,18 +53,21 @@ RowOp = Literal["insert", "update", "delete"]
 @dataclass(frozen=True, slots=True)
 class Rows:
     """A rows event of one table. ``rows`` are mysql-replication's row dicts (``values`` or
-    ``before_values``/``after_values`` by column name), or with ``tuples`` the same values as
+    ``before_values``/``after_values`` by column name); or with ``tuples`` the same values as
     tuples in the table map's column order (an update's as ``(before, after)`` pairs), as the
-    native decoder (``capture/rowcodec.py``) gives them; ``size`` is the event's binlog size
-    in bytes, the basis of the transaction buffer's memory estimate."""
+    native decoder (``capture/rowcodec.py``) gives them; or with ``columnar`` one
+    ``rowcodec.RowColumns`` (the rows column-wise, Arrow arrays in landing form where the
+    decoder builds them natively). ``size`` is the event's binlog size in bytes, the basis of
+    the transaction buffer's memory estimate."""
 
     table_id: int
     database: str
     table: str
     op: RowOp
-    rows: Sequence[Any]
+    rows: Any
     size: int = 0
     tuples: bool = False
+    columnar: bool = False
 
 
 @dataclass(frozen=True, slots=True)

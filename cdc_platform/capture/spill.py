@@ -90,6 +90,7 @@ class SpilledRecords:
     path: Path
     schema: TableSchema
     count: int
+    in_memory = False
 
     def read(self) -> pa.Table:
         """Columns: the op, then the schema's columns in landing form."""
@@ -109,12 +110,40 @@ class SpilledRecords:
         return {"file": self.path.name, "count": self.count}
 
 
+@dataclass(eq=False)
+class HeldRecords:
+    """Records of one table schema held in memory in the spilled files' form (the op, then
+    the landing columns): rows the column-wise decoder gave as Arrow, kept as Arrow until
+    they land or the transaction's memory budget spills them (``SpillStore.write_table``)."""
+
+    schema: TableSchema
+    table: pa.Table
+    in_memory = True
+
+    @property
+    def count(self) -> int:
+        return self.table.num_rows
+
+    def read(self) -> pa.Table:
+        return self.table
+
+    def truncate(self, keep: int) -> HeldRecords:
+        return HeldRecords(self.schema, self.table.slice(0, keep))
+
+    def remove(self) -> None:
+        """Nothing backs it but memory."""
+
+
+def records_schema(schema: TableSchema) -> pa.Schema:
+    """The Arrow schema of records of ``schema`` out of the changelog: the op, then the landing
+    columns, with the table schema in the metadata (spilled files are read back by it)."""
+    fields = [pa.field(OP_COLUMN, pa.string()), *schema.arrow_schema(metadata_columns=False)]
+    return pa.schema(fields, metadata={_SCHEMA_KEY: json.dumps(schema.to_dict()).encode()})
+
+
 def _table(schema: TableSchema, ops: list[str], rows: list[tuple[Any, ...]]) -> pa.Table:
-    arrow_schema = schema.arrow_schema(metadata_columns=False)
     arrays = [pa.array(ops, pa.string()), *landing_arrays(schema, rows)]
-    fields = [pa.field(OP_COLUMN, pa.string()), *arrow_schema]
-    metadata = {_SCHEMA_KEY: json.dumps(schema.to_dict()).encode()}
-    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=metadata))
+    return pa.Table.from_arrays(arrays, schema=records_schema(schema))
 
 
 def _write(path: Path, table: pa.Table) -> None:

@@ -43,9 +43,13 @@ Record = Any
 
 
 class SpilledPart(Protocol):
-    """Records written out of memory (by the engine); the buffer only counts and cuts them."""
+    """Records the engine built as one block (an Arrow table of one schema): written out of
+    memory (``in_memory`` False), or still held in memory (the column-wise decoder's rows,
+    spilled like a tail of records when the budget is reached). The buffer only counts, cuts
+    and spills them."""
 
     count: int
+    in_memory: bool
 
     def truncate(self, keep: int) -> SpilledPart:
         """The part holding only its first ``keep`` records (0 < keep < count)."""
@@ -54,7 +58,17 @@ class SpilledPart(Protocol):
         """Delete what backs the part (after it landed, or when its records are dropped)."""
 
 
-Spill = Callable[[list[Record]], list[SpilledPart]]
+# Writes records held in memory (a list of records, or a block held in memory) out of memory.
+Spill = Callable[[list[Record] | SpilledPart], list[SpilledPart]]
+
+
+def _size(part: list[Record] | SpilledPart) -> int:
+    return len(part) if isinstance(part, list) else part.count
+
+
+def _held(part: list[Record] | SpilledPart) -> bool:
+    """True for a part in memory (records, or a block held in memory)."""
+    return isinstance(part, list) or part.in_memory
 
 
 class RecordLog:
@@ -75,7 +89,7 @@ class RecordLog:
 
     @property
     def spilled(self) -> bool:
-        return any(not isinstance(p, list) for p in self.parts)
+        return not all(_held(p) for p in self.parts)
 
     def extend(self, records: Sequence[Record], size: int) -> None:
         """Append records that take about ``size`` bytes in memory."""
@@ -88,21 +102,39 @@ class RecordLog:
         assert isinstance(tail, list)
         tail.extend(records)
         self.part_bytes[-1] += size
-        self._count += len(records)
+        self._grown(len(records), size)
+
+    def append_block(self, block: SpilledPart, size: int) -> None:
+        """Append a block of records held in memory (``in_memory``), about ``size`` bytes."""
+        if not block.count:
+            return
+        self.parts.append(block)
+        self.part_bytes.append(size)
+        self._grown(block.count, size)
+
+    def _grown(self, count: int, size: int) -> None:
+        self._count += count
         self._memory += size
         if self._spill is not None and self.memory_bytes and self._memory > self.memory_bytes:
             self.spill()
 
     def spill(self) -> None:
-        """Move the in-memory tail into spilled parts."""
-        if self._spill is None or not self.parts or not isinstance(self.parts[-1], list):
+        """Move every part held in memory into spilled parts, in order."""
+        if self._spill is None or not any(_held(p) for p in self.parts):
             return
-        tail = self.parts.pop()
-        self.part_bytes.pop()
-        assert isinstance(tail, list)
-        spilled = self._spill(tail)
-        self.parts.extend(spilled)
-        self.part_bytes.extend(0 for _ in spilled)
+        parts: list[list[Record] | SpilledPart] = []
+        part_bytes: list[int] = []
+        for part, size in zip(self.parts, self.part_bytes, strict=True):
+            if _held(part) and _size(part):
+                spilled = self._spill(part)
+                parts.extend(spilled)
+                part_bytes.extend(0 for _ in spilled)
+            elif _held(part):
+                continue  # (an empty tail)
+            else:
+                parts.append(part)
+                part_bytes.append(size)
+        self.parts, self.part_bytes = parts, part_bytes
         self._memory = 0
 
     def truncate(self, keep: int) -> None:
@@ -113,26 +145,21 @@ class RecordLog:
         kept_bytes: list[int] = []
         seen = 0
         for part, part_bytes in zip(self.parts, self.part_bytes, strict=True):
-            size = len(part) if isinstance(part, list) else part.count
+            size = _size(part)
             if seen + size <= keep:
                 kept.append(part)
                 kept_bytes.append(part_bytes)
             elif seen >= keep:
                 if not isinstance(part, list):
                     part.remove()
-            elif isinstance(part, list):
-                share = (keep - seen) / size
-                kept.append(part[:keep - seen])
-                kept_bytes.append(int(part_bytes * share))
-                self._memory = int(self._memory * share)
             else:
-                kept.append(part.truncate(keep - seen))
-                kept_bytes.append(0)
+                kept.append(part[:keep - seen] if isinstance(part, list)
+                            else part.truncate(keep - seen))
+                kept_bytes.append(int(part_bytes * (keep - seen) / size))
             seen += size
-        if not kept or not isinstance(kept[-1], list):
-            self._memory = 0
         self.parts = kept
         self.part_bytes = kept_bytes
+        self._memory = sum(kept_bytes)
         self._count = keep
 
     def __iter__(self) -> Iterator[list[Record] | SpilledPart]:
@@ -147,10 +174,10 @@ class RecordLog:
         self._memory = 0
 
     def records(self) -> Iterator[Record]:
-        """Every record, for logs that never spilled (tests, small transactions)."""
+        """Every record, for logs of records only (tests, small transactions)."""
         for part in self.parts:
             if not isinstance(part, list):
-                raise ValueError("records() of a spilled log: iterate its parts")
+                raise ValueError("records() of a log with blocks: iterate its parts")
             yield from part
 
     def discard(self) -> None:
@@ -287,6 +314,12 @@ class TransactionBuffer:
         if self._group is None:  # rows outside a GTID group: no GTID mode; keep the old form
             self._group = _Group("", 0, None, self._new_log())
         self._group.records.extend(records, size)
+
+    def add_block(self, block: SpilledPart, size: int) -> None:
+        """``add`` for rows the engine built as one block held in memory."""
+        if self._group is None:
+            self._group = _Group("", 0, None, self._new_log())
+        self._group.records.append_block(block, size)
 
     def discard_open(self) -> str | None:
         """Forget the group being read (stop, reconnect: it is read again); its GTID."""

@@ -22,21 +22,34 @@ from cdc_platform.capture.transactions import (
 
 @dataclass
 class FakePart:
-    """A spilled part held in a list (what the engine writes to a file)."""
+    """A spilled part held in a list (what the engine writes to a file); with ``in_memory``,
+    a block of records the engine built at once and holds in memory until spilled."""
 
     rows: list
     removed: bool = False
+    in_memory: bool = False
 
     @property
     def count(self) -> int:
         return len(self.rows)
 
     def truncate(self, keep: int) -> FakePart:
-        self.removed = True
-        return FakePart(self.rows[:keep])
+        if not self.in_memory:
+            self.removed = True
+        return FakePart(self.rows[:keep], in_memory=self.in_memory)
 
     def remove(self) -> None:
         self.removed = True
+
+
+def fake_spill(parts: list[FakePart]):
+    """The engine's spill: records, or a held block, written out as one spilled part."""
+    def spill(records):
+        assert isinstance(records, list) or records.in_memory
+        parts.append(FakePart(list(records if isinstance(records, list) else records.rows)))
+        return [parts[-1]]
+
+    return spill
 
 
 def all_records(log: RecordLog) -> list:
@@ -51,12 +64,14 @@ def committed(outcomes) -> list[tuple[str, list]]:
 
 
 def run(buffer: TransactionBuffer, *steps) -> list:
-    """Steps are events, or lists of records (one rows event each). Committed XA
+    """Steps are events, or lists of records or blocks (one rows event each). Committed XA
     transactions are forgotten once "applied", as the engine does."""
     out: list = []
     for step in steps:
         if isinstance(step, list):
             buffer.add(step, 10 * len(step))
+        elif isinstance(step, FakePart):
+            buffer.add_block(step, 10 * step.count)
         else:
             outcomes = buffer.feed(step)
             for outcome in outcomes:
@@ -190,12 +205,7 @@ def test_xa_ids_parse_like_the_prepare_event_names_them():
 
 def test_a_spilled_log_is_cut_and_discarded_with_its_parts():
     parts: list[FakePart] = []
-
-    def spill(records):
-        parts.append(FakePart(list(records)))
-        return [parts[-1]]
-
-    log = RecordLog(memory_bytes=25, spill=spill)
+    log = RecordLog(memory_bytes=25, spill=fake_spill(parts))
     for i in range(10):
         log.extend([i], 10)
     assert log.spilled and all_records(log) == list(range(10))
@@ -205,10 +215,27 @@ def test_a_spilled_log_is_cut_and_discarded_with_its_parts():
     assert all(p.removed for p in parts)
 
 
+def test_held_blocks_count_against_the_budget_and_spill_in_order():
+    parts: list[FakePart] = []
+    log = RecordLog(memory_bytes=45, spill=fake_spill(parts))
+    log.extend([0, 1], 20)
+    log.append_block(FakePart([2, 3], in_memory=True), 20)
+    assert not log.spilled and all_records(log) == [0, 1, 2, 3]
+    log.extend([4], 10)  # 50 bytes held: everything held is written out, in order
+    assert log.spilled and [p.rows for p in parts] == [[0, 1], [2, 3], [4]]
+    assert all_records(log) == [0, 1, 2, 3, 4]
+    log.append_block(FakePart([5, 6, 7], in_memory=True), 30)
+    log.truncate(6)  # a held block is cut in memory
+    assert all_records(log) == [0, 1, 2, 3, 4, 5] and len(log) == 6
+    log.spill()  # (an XA prepare: every record out of memory)
+    assert all(not p.in_memory for p in log) and all_records(log) == list(range(6))
+
+
 # -- property: random savepoint/rollback programs against a reference model ---------------
 
 step = st.one_of(
     st.tuples(st.just("rows"), st.integers(1, 3)),
+    st.tuples(st.just("block"), st.integers(1, 3)),
     st.tuples(st.just("savepoint"), st.sampled_from("abc")),
     st.tuples(st.just("rollback_to"), st.sampled_from("abc")),
     st.tuples(st.just("release"), st.sampled_from("abc")),
@@ -222,11 +249,7 @@ step = st.one_of(
        memory=st.sampled_from([0, 15, 45]))
 def test_committed_rows_match_a_reference_model(programs, memory):
     parts: list[FakePart] = []
-
-    def spill(records):
-        parts.append(FakePart(list(records)))
-        return [parts[-1]]
-
+    spill = fake_spill(parts)
     buffer = TransactionBuffer(lambda: RecordLog(memory, spill))
     expected: list[tuple[str, list]] = []
     got: list = []
@@ -237,11 +260,11 @@ def test_committed_rows_match_a_reference_model(programs, memory):
         rows: list[int] = []
         marks: dict[str, int] = {}
         for kind, arg in steps:
-            if kind == "rows":
+            if kind in ("rows", "block"):
                 new = list(range(counter, counter + arg))
                 counter += arg
                 rows += new
-                got += run(buffer, new)
+                got += run(buffer, new if kind == "rows" else FakePart(new, in_memory=True))
             elif kind == "savepoint":
                 marks[arg] = len(rows)
                 got += run(buffer, Query(f"SAVEPOINT {arg}"))

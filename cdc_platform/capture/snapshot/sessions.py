@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from cdc_platform.capture import names
@@ -83,6 +84,36 @@ def _key_values(column: pa.ChunkedArray) -> list[Any]:
     if pa.types.is_timestamp(column.type) and column.type.tz is not None:
         column = column.cast(pa.timestamp(column.type.unit))  # naive UTC
     return column.to_pylist()
+
+
+def _touch_candidates(rows: pa.Table, key_names: tuple[str, ...],
+                      touches: dict[Any, Any]) -> pa.Array | None:
+    """Indexes of the chunk rows whose key may be a touched key, or None for every row.
+
+    Column by column, a row is a candidate when each of its key values is among the touched
+    keys' values of that column (a superset of the rows whose whole key was touched): the
+    commit rule then compares only those in Python. Columns whose Arrow equality may differ
+    from Python's (floating point: -0.0 == 0.0) are not filtered on."""
+    keys = [key for key in touches if len(key) == len(key_names)]  # (not ALL_KEYS)
+    if not rows.num_rows or len(keys) * 4 > rows.num_rows:
+        return None
+    mask = None
+    for index, name in enumerate(key_names):
+        column = rows.column(name)
+        if pa.types.is_floating(column.type):
+            continue
+        if pa.types.is_timestamp(column.type) and column.type.tz is not None:
+            column = column.cast(pa.timestamp(column.type.unit))  # touched keys: naive UTC
+        try:
+            values = pa.array([key[index] for key in keys], column.type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            return None  # a touched value of another form: let the rule see every row
+        member = pc.is_in(column, value_set=values)
+        mask = member if mask is None else pc.and_(mask, member)
+    if mask is None:
+        return None
+    return pc.indices_nonzero(pc.fill_null(mask, False).combine_chunks()) \
+        if isinstance(mask, pa.ChunkedArray) else pc.indices_nonzero(pc.fill_null(mask, False))
 
 
 @dataclass
@@ -436,14 +467,24 @@ class SnapshotCoordinator:
             # as the rest of the commit).
             self._commit(session, decisions.schema, seq, chunk, rows, decision, emit)
             return decision
-        keys = list(zip(*(_key_values(rows.column(name)) for name in key_names),
-                        strict=True)) if rows.num_rows else []
+        # Only rows whose key may be a touched one can be dropped: the rule sees those (all
+        # rows when no column-wise filter applies), the rest of the chunk stays in Arrow.
+        candidates = _touch_candidates(rows, key_names, tracked.touched.touches)
+        subset = rows if candidates is None else rows.take(candidates)
+        keys = list(zip(*(_key_values(subset.column(name)) for name in key_names),
+                        strict=True)) if subset.num_rows else []
         chunk = replace(chunk, rows=tuple(keys))
         decision = self._decide(chunk, processed, decisions, tracked)
         if not isinstance(decision, Commit):  # (the rule's Wait and Reject ignore the rows)
             return decision
         if decision.dropped_keys:
-            rows = rows.filter(pa.array([k not in decision.dropped_keys for k in keys]))
+            keep = [k not in decision.dropped_keys for k in keys]
+            if candidates is not None:
+                mask = [True] * rows.num_rows
+                for index, kept in zip(candidates.to_pylist(), keep, strict=True):
+                    mask[index] = kept
+                keep = mask
+            rows = rows.filter(pa.array(keep, pa.bool_()))
         self._commit(session, decisions.schema, seq, chunk, rows, decision, emit)
         return decision
 

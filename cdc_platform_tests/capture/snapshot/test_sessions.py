@@ -7,12 +7,16 @@ what the engine would land."""
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cdc_platform.capture.gtid import MariadbPosition, parse_gtid
 from cdc_platform.capture.landing import LandingZone
@@ -296,3 +300,40 @@ def test_touched_key_log_generations() -> None:
     assert log.prune(_pos(3)) == 1 and log.horizon == _pos(2)
     assert log.size == 2 and set(log.touches) == {(1,), (2,)}
     assert log.prune(_pos(3)) == 2 and log.size == 0 and log.touches == {}
+
+
+_KEY_SPECS = (ColumnSpec("a", "int"), ColumnSpec("b", "string"),
+              ColumnSpec("c", "timestamp", scale=6), ColumnSpec("d", "decimal", 6, 2),
+              ColumnSpec("e", "double"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), width=st.integers(1, 5))
+def test_touch_candidates_keep_every_row_whose_key_was_touched(data, width) -> None:
+    """The column-wise pre-filter of a chunk's rows never leaves out a row whose key (as the
+    commit rule compares it: Python values) is a touched one."""
+    specs = _KEY_SPECS[:width]
+    value = {
+        "a": st.one_of(st.none(), st.integers(-3, 3)),
+        "b": st.one_of(st.none(), st.sampled_from(["x", "X", "", "y"])),
+        "c": st.one_of(st.none(), st.sampled_from(
+            [dt.datetime(2020, 1, 1), dt.datetime(2020, 1, 1, 0, 0, 0, 1)])),
+        "d": st.one_of(st.none(), st.sampled_from(
+            [Decimal("1.5"), Decimal("1.50"), Decimal("-0.01")])),
+        "e": st.one_of(st.none(), st.sampled_from([0.0, -0.0, 1.5])),
+    }
+    key = st.tuples(*(value[s.name] for s in specs))
+    rows = data.draw(st.lists(key, max_size=60))
+    touched = data.draw(st.lists(key, max_size=8))
+    schema = TableSchema("db", "t", specs, tuple(s.name for s in specs))
+    table = pa.Table.from_arrays(
+        [pa.array([r[i] for r in rows], s.arrow_type()) for i, s in enumerate(specs)],
+        schema=schema.arrow_schema(metadata_columns=False))
+    touches = {tuple(k): ["t"] for k in touched} | {(): ["wide"]}
+    candidates = sessions._touch_candidates(table, schema.primary_key, touches)
+    chosen = set(range(len(rows))) if candidates is None else set(candidates.to_pylist())
+    python_keys = list(zip(*(sessions._key_values(table.column(n)) for n in schema.primary_key),
+                           strict=True)) if rows else []
+    for index, row_key in enumerate(python_keys):
+        if row_key in touches:
+            assert index in chosen, (row_key, touched)
