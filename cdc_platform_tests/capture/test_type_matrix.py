@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from cdc_platform.capture import binlog
 from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.charsets import (
     _CODECS,
@@ -153,7 +154,13 @@ def _same(kind: str, a: Any, b: Any) -> bool:
     return type(a) is type(b) and canonical_value(kind, a) == canonical_value(kind, b)
 
 
-def test_every_type_and_edge_value_lands_the_same_from_the_binlog_and_a_select(cdc_env):
+@pytest.mark.parametrize("rows_form", ["tuples", "columns"])
+def test_every_type_and_edge_value_lands_the_same_from_the_binlog_and_a_select(
+        cdc_env, monkeypatch, rows_form):
+    """``columns``: every rows event decoded column-wise (``rowcodec.RowColumns``), however
+    small; ``tuples``: by size, as the stream chooses (these events are small: tuples)."""
+    if rows_form == "columns":
+        monkeypatch.setattr(binlog, "COLUMNAR_MIN_EVENT_BYTES", 0)
     env = cdc_env
     cells = _cells()
     tables: dict[str, list[tuple[int, str]]] = {}
@@ -266,8 +273,12 @@ LOUD_CELLS = [
 ]
 
 
+@pytest.mark.parametrize("rows_form", ["tuples", "columns"])
 @pytest.mark.parametrize(("column_type", "value"), LOUD_CELLS)
-def test_a_value_that_cannot_land_exactly_stops_the_engine_loudly(cdc_env, column_type, value):
+def test_a_value_that_cannot_land_exactly_stops_the_engine_loudly(cdc_env, monkeypatch,
+                                                                  column_type, value, rows_form):
+    if rows_form == "columns":
+        monkeypatch.setattr(binlog, "COLUMNAR_MIN_EVENT_BYTES", 0)
     env = cdc_env
     with env.connect() as conn, conn.cursor() as cur:
         cur.execute(LAX_MODE)
