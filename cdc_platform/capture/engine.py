@@ -816,7 +816,8 @@ class CaptureEngine:
                     table = _with_key_changes(
                         table, self._block(state, "d", self._tombstones(state, images[0], count),
                                            count), changed)
-        self._buffer.add_block(HeldRecords(state.schema, table), event.size + table.nbytes)
+        # (what it holds is the Arrow buffers: the event's bytes are gone once decoded)
+        self._buffer.add_block(HeldRecords(state.schema, table), table.nbytes)
 
     def _landing_image(self, state: _TableState, image: list[Any], count: int) -> list[pa.Array]:
         """One row image's landed columns as Arrow arrays of their landing types: the

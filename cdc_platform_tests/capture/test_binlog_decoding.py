@@ -46,6 +46,7 @@ def _stream() -> BinlogStream:
     stream._wanted = lambda database, table: True
     stream._gtid = "3e11fa47-71ca-11e1-9e33-c80aa9429562:23"
     stream._decoders = RowsDecoders()
+    stream._table_schemas = {}
     return stream
 
 

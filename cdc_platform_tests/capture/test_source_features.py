@@ -179,8 +179,8 @@ def test_large_transaction_spills_to_disk_and_lands_exactly(cdc_env):
     spill = engine._spill_records
     spills = []
 
-    def spill_then_stop(records_):
-        spills.append(len(records_))
+    def spill_then_stop(records_):  # (a list of records, or a block of them)
+        spills.append(len(records_) if isinstance(records_, list) else records_.count)
         stop.set()
         return spill(records_)
 
