@@ -42,6 +42,7 @@ from pymysqlreplication.row_event import (
     UpdateRowsEvent,
     WriteRowsEvent,
 )
+from pymysqlreplication.table import Table
 from pymysqlreplication.util.bytes import decode_decimal
 
 from cdc_platform.capture import binlog_decoding
@@ -277,7 +278,21 @@ def _unread_first(self: BinLogPacketWrapper, data: bytes) -> None:
     setattr(self, name, data + getattr(self, name))
 
 
+def _table_init(self: Table, table_id: int, schema: str, table: str, columns: list[Any],
+                primary_key: Any = None, column_name_flag: bool = False) -> None:
+    """Table.__init__ reading each column's name and key flag directly: the library builds a
+    dict of every column's attributes to read those two, for every table map, so once per
+    transaction (a tenth of streaming small transactions). The same values result."""
+    if primary_key is None:
+        names = [c.name for c in columns if c.is_primary]
+        primary_key = "" if not names else names[0] if len(names) == 1 else tuple(names)
+    self.__dict__.update({"table_id": table_id, "schema": schema, "table": table,
+                          "columns": columns, "primary_key": primary_key,
+                          "column_name_flag": column_name_flag})
+
+
 # Installed once, for every stream of this process (the library has no hooks for these).
+Table.__init__ = _table_init
 BinLogPacketWrapper.unread = _unread_first
 RowsEvent._RowsEvent__read_date = _invalid_date_as_none(RowsEvent._RowsEvent__read_date)
 RowsEvent._RowsEvent__read_datetime = _invalid_date_as_none(RowsEvent._RowsEvent__read_datetime)

@@ -1085,17 +1085,13 @@ class CaptureEngine:
                 if isinstance(run[0], _BlockChunk) and not run[0].part.in_memory:
                     # A spilled part lands as a segment of its own, read one at a time.
                     spilled = run[0]
-                    table = self._spilled_table(spilled)
+                    table = self._blocks_table([spilled])
                     first, last = spilled.first_pos, spilled.first_pos + table.num_rows - 1
                     self._landed_spills.append(spilled.part)
                 else:
                     # One segment per run: snapshot commits add a chunk's rows and its
                     # assertion as separate pieces, and a flush may commit several chunks.
-                    tables = [self._spilled_table(chunk) if isinstance(chunk, _BlockChunk)
-                              else chunk.landed if chunk.landed is not None
-                              else self._arrow_table(chunk) for chunk in run]
-                    table = tables[0] if len(tables) == 1 else pa.concat_tables(
-                        tables, promote_options="default")
+                    table = self._run_table(run)
                     first, last = _first_position(run[0]), _last_position(run[-1])
                 written.append(self.landing.write_segment(run[0].schema, table, first, last))
                 self.stats.records_by_table[table_id] = (
@@ -1119,27 +1115,57 @@ class CaptureEngine:
                           "parts": [part.to_dict() for part in prepared.records]}
         return state
 
-    def _spilled_table(self, chunk: _BlockChunk) -> pa.Table:
-        """A block's records in changelog form; EngineError (table, GTID, file) when a
+    def _run_table(self, run: list[_Chunk | _BlockChunk]) -> pa.Table:
+        """One segment's records: consecutive blocks in changelog form together, chunks of
+        records each, in order; one contiguous table (a column of many small pieces writes
+        slowly)."""
+        tables: list[pa.Table] = []
+        blocks: list[_BlockChunk] = []
+        for chunk in [*run, None]:
+            if isinstance(chunk, _BlockChunk):
+                blocks.append(chunk)
+                continue
+            if blocks:
+                tables.append(self._blocks_table(blocks))
+                blocks = []
+            if chunk is not None:
+                tables.append(chunk.landed if chunk.landed is not None
+                              else self._arrow_table(chunk))
+        table = tables[0] if len(tables) == 1 else pa.concat_tables(
+            tables, promote_options="default")
+        return table.combine_chunks() if table.num_columns and (
+            table.column(0).num_chunks > 1) else table
+
+    def _blocks_table(self, blocks: list[_BlockChunk]) -> pa.Table:
+        """Blocks of one schema in changelog form, numbered column-wise (each block's records
+        take consecutive positions from its first); EngineError (table, GTID, file) when a
         spilled file does not read back as the schema it was written with."""
-        schema = chunk.schema
+        schema = blocks[0].schema
         try:
-            records = chunk.part.read()
-            count = records.num_rows
+            parts = [block.part.read() for block in blocks]
+            records = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+            counts = np.fromiter((part.num_rows for part in parts), np.int64, len(parts))
+            owner = np.repeat(np.arange(len(blocks)), counts)  # the block of each record
+            starts = np.fromiter((b.first_pos for b in blocks), np.int64, len(blocks))
+            within = np.arange(records.num_rows, dtype=np.int64) - np.repeat(
+                np.cumsum(counts) - counts, counts)
+            stamps = np.fromiter((b.timestamp_ms for b in blocks), np.int64, len(blocks))
             arrays = [
-                pa.array(np.arange(chunk.first_pos, chunk.first_pos + count, dtype=np.int64)),
-                pa.repeat(pa.scalar(chunk.gtid, pa.string()), count),
+                pa.array(starts[owner] + within),
+                pa.array([b.gtid for b in blocks], pa.string()).take(pa.array(owner)),
                 records.column(OP_COLUMN),
-                pa.repeat(pa.scalar(chunk.timestamp_ms, pa.int64()), count),
+                pa.array(stamps[owner]),
             ]
             arrays += [records.column(column.name) for column in schema.columns]
             return pa.Table.from_arrays(arrays, schema=schema.arrow_schema())
         except (pa.ArrowException, KeyError, OSError) as error:
+            block = blocks[0]
+            where = getattr(block.part, "path", None)
             raise EngineError(
-                f"table {schema.table_id} at GTID {chunk.gtid or '?'}: the spilled records of "
-                f"{getattr(chunk.part, 'path', 'memory')} do not read back as the table's schema ({error}). Fix: "
-                "restart the engine; if it stops here again, re-snapshot the table and move "
-                "the checkpoint past this GTID") from error
+                f"table {schema.table_id} at GTID {block.gtid or '?'}: the records of "
+                f"{where or 'a block in memory'} do not read back as the table's schema "
+                f"({error}). Fix: restart the engine; if it stops here again, re-snapshot the "
+                "table and move the checkpoint past this GTID") from error
 
     def _emit_snapshot(self, schema: TableSchema, op: str,
                        rows: list[tuple[Any, ...]] | pa.Table,

@@ -246,15 +246,22 @@ class _TableDecoder:
     table: Any  # the library's table map object it was built for
     decoder: Any  # None: the library decodes this table map's events
     full: bytes  # the columns-present bitmap of a full row image
+    specs: tuple[Any, ...] | None = None  # the decoder's column specs (no targets)
     schema: TableSchema | None = None
+    columnar: Any = None  # the decoder with the landing targets of ``schema``
     types: tuple[pa.DataType | None, ...] = ()  # per column: the type of a native target
 
 
 class RowsDecoders:
-    """One decoder per table map in use, rebuilt when the library's table map changes."""
+    """One decoder per table map in use, looked up again when the library's table map
+    changes. The server logs a table map before every transaction's rows: decoders are kept
+    by what they decode (column specs, and the schema of the landing targets), so a stream of
+    small transactions does not build them again each time."""
 
     def __init__(self) -> None:
         self._by_table_id: dict[int, _TableDecoder] = {}
+        self._decoders: dict[tuple[Any, ...], Any] = {}
+        self._columnar: dict[tuple[tuple[Any, ...], TableSchema], tuple[Any, tuple[Any, ...]]] = {}
 
     def rows(self, event: Any) -> list[tuple[Any, ...]] | None:
         """The event's rows as tuples in table-map column order (an update's as (before,
@@ -283,19 +290,25 @@ class RowsDecoders:
         the event to the library, whose values then fail the landing as loudly as ever.
         """
         entry = self._entry(event)
-        if entry.decoder is not None and entry.schema is not schema and entry.schema != schema:
-            specs = _specs(event, schema)
-            entry.decoder = None if specs is None else _rowcodec.Decoder(specs)
+        if entry.decoder is not None and entry.schema is not schema:
+            key = (entry.specs, schema)
+            found = self._columnar.get(key)
+            if found is None:
+                specs = _specs(event, schema)
+                found = self._columnar[key] = (
+                    None if specs is None else _rowcodec.Decoder(specs),
+                    tuple(None if spec[4] == _rowcodec.T_OBJECT else landing.arrow_type()
+                          for spec, landing in zip(specs or (), schema.columns, strict=False)))
             entry.schema = schema
-            entry.types = tuple(
-                None if spec[4] == _rowcodec.T_OBJECT else landing.arrow_type()
-                for spec, landing in zip(specs or (), schema.columns, strict=False))
+            entry.columnar, entry.types = found
         body = self._body(event, entry)
-        if body is None:
+        if body is None or entry.columnar is None:
+            if body is not None:
+                event.packet.unread(body[0])
             return None
         data, images = body
         try:
-            count, decoded = entry.decoder.decode_columns(data, images)
+            count, decoded = entry.columnar.decode_columns(data, images)
         except _rowcodec.Unsupported:
             event.packet.unread(data)  # the library decodes (and raises on) these bytes
             return None
@@ -308,8 +321,12 @@ class RowsDecoders:
         table = event.table_map.get(event.table_id)
         entry = self._by_table_id.get(event.table_id)
         if entry is None or entry.table is not table:
-            decoder = decoder_for(event) if table is not None else None
-            entry = _TableDecoder(table, decoder, _full_bitmap(len(event.columns)))
+            specs = _specs(event, None) if table is not None else None
+            key = None if specs is None else tuple(specs)
+            decoder = None if key is None else self._decoders.get(key)
+            if key is not None and decoder is None:
+                decoder = self._decoders[key] = _rowcodec.Decoder(specs)
+            entry = _TableDecoder(table, decoder, _full_bitmap(len(event.columns)), key)
             self._by_table_id[event.table_id] = entry
         return entry
 
@@ -328,6 +345,8 @@ class RowsDecoders:
 
     def clear(self) -> None:
         self._by_table_id.clear()
+        self._decoders.clear()
+        self._columnar.clear()
 
 
 def _array(arrow_type: pa.DataType, count: int, buffers: tuple[Any, ...]) -> pa.Array:

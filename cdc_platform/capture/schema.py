@@ -62,7 +62,15 @@ class ColumnSpec:
     source_type: str | None = field(default=None, compare=False)
 
     def arrow_type(self) -> pa.DataType:
-        """The Arrow type this column lands as (docs/landing-zone.md has the table)."""
+        """The Arrow type this column lands as (docs/landing-zone.md has the table). Built
+        once per spec: the stream asks for it per table map, so per transaction."""
+        cached = self.__dict__.get("_arrow_type")
+        if cached is None:
+            cached = self._build_arrow_type()
+            object.__setattr__(self, "_arrow_type", cached)  # (frozen: not a field)
+        return cached
+
+    def _build_arrow_type(self) -> pa.DataType:
         kind = self.kind
         if kind in ("int", "year"):
             return pa.int64()
@@ -145,7 +153,18 @@ class TableSchema:
         return TableSchema(self.database, self.table, kept, self.primary_key)
 
     def arrow_schema(self, metadata_columns: bool = True) -> pa.Schema:
-        """The changelog schema: metadata columns first, then the user columns."""
+        """The changelog schema: metadata columns first, then the user columns. Built once
+        per schema (the stream asks for it per block of rows; the metadata is JSON)."""
+        cache = self.__dict__.get("_arrow_schemas")
+        if cache is None:
+            cache = {}
+            object.__setattr__(self, "_arrow_schemas", cache)  # (frozen: not a field)
+        schema = cache.get(metadata_columns)
+        if schema is None:
+            schema = cache[metadata_columns] = self._build_arrow_schema(metadata_columns)
+        return schema
+
+    def _build_arrow_schema(self, metadata_columns: bool) -> pa.Schema:
         fields: list[pa.Field] = []
         if metadata_columns:
             fields += [
