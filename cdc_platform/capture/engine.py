@@ -67,6 +67,7 @@ from cdc_platform.capture.spill import (
     SpilledRecords,
     SpillStore,
     records_schema,
+    records_table,
 )
 from cdc_platform.capture.stale_markers import record_stale_targets
 from cdc_platform.capture.statement_dml import parse_statement_dml
@@ -410,30 +411,47 @@ class CaptureEngine:
     def _new_record_log(self) -> RecordLog:
         return RecordLog(self.options.transaction_memory_bytes, self._spill_records)
 
-    def _spill_records(self, records: list[tuple[_TableState, str, tuple[Any, ...]]] | HeldRecords
-                       ) -> list[SpilledRecords]:
-        """Write buffered records to spill files, one per run of one schema (at most
-        ``flush_max_rows`` records a file: converting them to Arrow costs memory too); a
-        block held in memory as one file."""
-        if isinstance(records, HeldRecords):
-            return [self._spill.write_table(records.schema, records.table)]
-        parts = []
-        start = 0
+    def _spill_records(self, held: list[list[tuple[_TableState, str, tuple[Any, ...]]]
+                                         | HeldRecords]) -> list[SpilledRecords]:
+        """Write consecutive held parts (lists of records, Arrow blocks) to spill files, one
+        per run of one schema, of at most ``flush_max_rows`` records (a larger block alone):
+        a landing reads one file at a time, and converting records to Arrow costs memory."""
         limit = self.options.flush_max_rows
+        runs: list[tuple[TableSchema, list[pa.Table]]] = []
+        for part in held:
+            tables = [(part.schema, part.table)] if isinstance(part, HeldRecords) else \
+                self._record_tables(part, limit)
+            for schema, table in tables:
+                last = runs[-1] if runs else None
+                if last is not None and last[0] == schema and (
+                        sum(t.num_rows for t in last[1]) + table.num_rows <= limit):
+                    last[1].append(table)
+                else:
+                    runs.append((schema, [table]))
+        return [self._spill.write_table(schema, tables[0] if len(tables) == 1 else
+                                        pa.concat_tables(tables).combine_chunks())
+                for schema, tables in runs]
+
+    def _record_tables(self, records: list[tuple[_TableState, str, tuple[Any, ...]]],
+                       limit: int) -> list[tuple[TableSchema, pa.Table]]:
+        """Records as Arrow tables in the spilled form, one per run of one schema of at most
+        ``limit`` records."""
+        tables = []
+        start = 0
         for index in range(1, len(records) + 1):
             if index == len(records) or index - start >= limit or (
                     records[index][0].schema is not records[start][0].schema):
                 run = records[start:index]
                 schema = run[0][0].schema
                 try:
-                    parts.append(self._spill.write(schema, [r[1] for r in run],
-                                                   [r[2] for r in run]))
+                    tables.append((schema, records_table(schema, [r[1] for r in run],
+                                                         [r[2] for r in run])))
                 except (ColumnValueError, pa.ArrowInvalid, pa.ArrowTypeError) as error:
                     raise EngineError(
                         f"table {schema.table_id} at GTID {self._buffer.open_gtid or '?'}: "
                         f"{error}") from error
                 start = index
-        return parts
+        return tables
 
     def _record_discovered_tables(self) -> None:
         """Note every captured table's schema, so empty tables still get a target."""
@@ -1162,10 +1180,11 @@ class CaptureEngine:
             block = blocks[0]
             where = getattr(block.part, "path", None)
             raise EngineError(
-                f"table {schema.table_id} at GTID {block.gtid or '?'}: the records of "
-                f"{where or 'a block in memory'} do not read back as the table's schema "
-                f"({error}). Fix: restart the engine; if it stops here again, re-snapshot the "
-                "table and move the checkpoint past this GTID") from error
+                f"table {schema.table_id} at GTID {block.gtid or '?'}: the "
+                f"{f'spilled records of {where}' if where else 'records held in memory'} do not "
+                f"read back as the table's schema ({error}). Fix: restart the engine; if it "
+                "stops here again, re-snapshot the table and move the checkpoint past this "
+                "GTID") from error
 
     def _emit_snapshot(self, schema: TableSchema, op: str,
                        rows: list[tuple[Any, ...]] | pa.Table,

@@ -38,7 +38,7 @@ class SpillStore:
     def write(self, schema: TableSchema, ops: list[str], rows: list[tuple[Any, ...]]
               ) -> SpilledRecords:
         """Write records of one schema durably (landing form, plus their op)."""
-        return self.write_table(schema, _table(schema, ops, rows))
+        return self.write_table(schema, records_table(schema, ops, rows))
 
     def write_table(self, schema: TableSchema, table: pa.Table) -> SpilledRecords:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -141,7 +141,8 @@ def records_schema(schema: TableSchema) -> pa.Schema:
     return pa.schema(fields, metadata={_SCHEMA_KEY: json.dumps(schema.to_dict()).encode()})
 
 
-def _table(schema: TableSchema, ops: list[str], rows: list[tuple[Any, ...]]) -> pa.Table:
+def records_table(schema: TableSchema, ops: list[str], rows: list[tuple[Any, ...]]) -> pa.Table:
+    """Records (ops, and rows in landing form) as a table of the spilled files' form."""
     arrays = [pa.array(ops, pa.string()), *landing_arrays(schema, rows)]
     return pa.Table.from_arrays(arrays, schema=records_schema(schema))
 

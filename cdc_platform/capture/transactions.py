@@ -58,8 +58,9 @@ class SpilledPart(Protocol):
         """Delete what backs the part (after it landed, or when its records are dropped)."""
 
 
-# Writes records held in memory (a list of records, or a block held in memory) out of memory.
-Spill = Callable[[list[Record] | SpilledPart], list[SpilledPart]]
+# Writes consecutive parts held in memory (lists of records, blocks held in memory) out of
+# memory, in order: spilled parts holding the same records.
+Spill = Callable[[list[list[Record] | SpilledPart]], list[SpilledPart]]
 
 
 def _size(part: list[Record] | SpilledPart) -> int:
@@ -124,14 +125,18 @@ class RecordLog:
             return
         parts: list[list[Record] | SpilledPart] = []
         part_bytes: list[int] = []
-        for part, size in zip(self.parts, self.part_bytes, strict=True):
-            if _held(part) and _size(part):
-                spilled = self._spill(part)
+        held: list[list[Record] | SpilledPart] = []
+        for part, size in [*zip(self.parts, self.part_bytes, strict=True), (None, 0)]:
+            if part is not None and _held(part):
+                if _size(part):  # (not an empty tail)
+                    held.append(part)
+                continue
+            if held:  # consecutive held parts together: as few files as their records need
+                spilled = self._spill(held)
                 parts.extend(spilled)
                 part_bytes.extend(0 for _ in spilled)
-            elif _held(part):
-                continue  # (an empty tail)
-            else:
+                held = []
+            if part is not None:
                 parts.append(part)
                 part_bytes.append(size)
         self.parts, self.part_bytes = parts, part_bytes

@@ -206,6 +206,16 @@ def _decimal_text(value: Any) -> str | None:
     return None if value is None else format(Decimal(value), "f")
 
 
+def _decimal128(value: Any) -> Decimal | None:
+    """A DECIMAL (precision <= 38) value as it lands: pyarrow wraps a Decimal of more than 38
+    digits modulo 2**128 instead of refusing it (a 39-digit value became 1E-10), so such a
+    value, which only damaged row bytes can give, is refused here."""
+    if isinstance(value, Decimal) and len(value.as_tuple().digits) > 38:
+        raise ValueError(f"{value} has more digits than its column can hold (a damaged row "
+                         "image?); check the source's binlog")
+    return value
+
+
 def _date_or_null(value: Any) -> dt.date | None:
     """Zero and invalid dates come back from SELECTs as text; the binlog gives None."""
     return value if isinstance(value, dt.date) else None
@@ -285,7 +295,7 @@ def converter_for(column: ColumnSpec, from_binlog: bool) -> Converter | None:
     if kind == "bit":
         return _bit_converter(column.precision or 1)
     if kind == "decimal":
-        return _decimal_text if (column.precision or 10) > 38 else None
+        return _decimal_text if (column.precision or 10) > 38 else _loudly(column, _decimal128)
     if kind == "float":
         return _float32
     if kind == "time":

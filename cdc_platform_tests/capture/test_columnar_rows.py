@@ -25,7 +25,7 @@ from cdc_platform.capture.events import Begin, Rows, TableMap
 from cdc_platform.capture.landing import LandingZone
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.source import TableSelector
-from cdc_platform.capture.spill import _table as records_table
+from cdc_platform.capture.spill import records_table
 
 SCHEMA = TableSchema("db", "t", (
     ColumnSpec("id", "int"),

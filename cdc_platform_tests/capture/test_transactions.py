@@ -43,10 +43,10 @@ class FakePart:
 
 
 def fake_spill(parts: list[FakePart]):
-    """The engine's spill: records, or a held block, written out as one spilled part."""
-    def spill(records):
-        assert isinstance(records, list) or records.in_memory
-        parts.append(FakePart(list(records if isinstance(records, list) else records.rows)))
+    """The engine's spill: consecutive held parts (records, blocks) as one spilled part."""
+    def spill(held):
+        assert held and all(isinstance(p, list) or p.in_memory for p in held)
+        parts.append(FakePart([r for p in held for r in (p if isinstance(p, list) else p.rows)]))
         return [parts[-1]]
 
     return spill
@@ -222,7 +222,7 @@ def test_held_blocks_count_against_the_budget_and_spill_in_order():
     log.append_block(FakePart([2, 3], in_memory=True), 20)
     assert not log.spilled and all_records(log) == [0, 1, 2, 3]
     log.extend([4], 10)  # 50 bytes held: everything held is written out, in order
-    assert log.spilled and [p.rows for p in parts] == [[0, 1], [2, 3], [4]]
+    assert log.spilled and [p.rows for p in parts] == [[0, 1, 2, 3, 4]]
     assert all_records(log) == [0, 1, 2, 3, 4]
     log.append_block(FakePart([5, 6, 7], in_memory=True), 30)
     log.truncate(6)  # a held block is cut in memory

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from decimal import Decimal
 
+import pyarrow as pa
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -263,3 +264,17 @@ def test_column_specs_from_table_maps_record_charsets_and_member_names():
     unknown = column(BINLOG_TYPE.VARCHAR, character_set_name="utf8", collation_name=None)
     with pytest.raises(ValueError, match="collation id is not known"):
         column_from_binlog(unknown)
+
+
+@pytest.mark.parametrize("from_binlog", [True, False])
+def test_a_decimal_of_more_digits_than_decimal128_holds_is_refused_not_wrapped(from_binlog):
+    """pyarrow turns a 39-digit Decimal into a wrong value (modulo 2**128) instead of refusing
+    it: the converter refuses it first, naming the column (damaged row bytes can give one)."""
+    column = ColumnSpec("amount", "decimal", 38, 10)
+    convert = converter_for(column, from_binlog=from_binlog)
+    wide = Decimal("3402823669209384634633746074.31768211466")
+    with pytest.raises(ColumnValueError, match="column amount"):
+        convert(wide)
+    fits = Decimal("1234567890123456789012345678.0123456789")
+    assert convert(fits) is fits and convert(None) is None
+    assert pa.array([fits], column.arrow_type()).to_pylist() == [fits]
