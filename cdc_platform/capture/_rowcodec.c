@@ -427,15 +427,21 @@ static PyObject *read_image(Decoder *self, Reader *r) {
     return row;
 }
 
+/* The (data, images) arguments of both decode methods; 0 with an exception set. */
+static int parse_body(PyObject *args, Py_buffer *view, int *images) {
+    if (!PyArg_ParseTuple(args, "y*i", view, images)) return 0;
+    if (*images != 1 && *images != 2) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_ValueError, "images must be 1 or 2");
+        return 0;
+    }
+    return 1;
+}
+
 static PyObject *Decoder_decode(Decoder *self, PyObject *args) {
     Py_buffer view;
     int images;
-    if (!PyArg_ParseTuple(args, "y*i", &view, &images)) return NULL;
-    if (images != 1 && images != 2) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "images must be 1 or 2");
-        return NULL;
-    }
+    if (!parse_body(args, &view, &images)) return NULL;
     Reader r = {(const unsigned char *)view.buf, 0, view.len};
     PyObject *rows = PyList_New(0);
     if (rows == NULL) goto fail;
@@ -921,12 +927,7 @@ fail:
 static PyObject *Decoder_decode_columns(Decoder *self, PyObject *args) {
     Py_buffer view;
     int images;
-    if (!PyArg_ParseTuple(args, "y*i", &view, &images)) return NULL;
-    if (images != 1 && images != 2) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "images must be 1 or 2");
-        return NULL;
-    }
+    if (!parse_body(args, &view, &images)) return NULL;
     Py_ssize_t ncols = self->ncols, nouts = images * ncols;
     PyObject *result = NULL, *image_lists = NULL;
     Out *outs = PyMem_Calloc(nouts ? (size_t)nouts : 1, sizeof(Out));

@@ -225,12 +225,11 @@ _COLUMNS = _columns()
 _ROW = st.tuples(*(st.none() | strategy for _, _, strategy in _COLUMNS))
 
 
-@settings(max_examples=12, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                 HealthCheck.data_too_large])
-@given(rows=st.lists(_ROW, min_size=1, max_size=8), seed=st.integers(0, 2**32))
-def test_generated_rows_decode_natively_as_the_library_does(mariadb, rows, seed):
-    db = "rowcodec_generated"
+def write_generated_rows(mariadb: Any, db: str, rows: list[tuple[Any, ...]],
+                         seed: int) -> tuple[str, int]:
+    """Generated rows into ``db.w`` (every natively decoded type): inserted, each then
+    updated to another row's values in a random half of its columns, every other deleted.
+    Returns the binlog position they start at."""
     mariadb.query(f"CREATE DATABASE IF NOT EXISTS {db}")
     names = [name for name, _, _ in _COLUMNS]
     rng = random.Random(seed)
@@ -251,6 +250,16 @@ def test_generated_rows_decode_natively_as_the_library_does(mariadb, rows, seed)
                 cur.execute(f"UPDATE w SET {', '.join(f'`{n}` = %s' for n in changed)} "
                             "WHERE id = %s", (*[other[names.index(n)] for n in changed], i))
         cur.execute("DELETE FROM w WHERE id % 2 = 0")
+    return start
+
+
+@settings(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.data_too_large])
+@given(rows=st.lists(_ROW, min_size=1, max_size=8), seed=st.integers(0, 2**32))
+def test_generated_rows_decode_natively_as_the_library_does(mariadb, rows, seed):
+    db = "rowcodec_generated"
+    start = write_generated_rows(mariadb, db, rows, seed)
     events = [e for e in _rows_events_since(mariadb, start) if e[0].schema == db]
     assert _assert_same_rows(events) == len(events) > 0
 
