@@ -142,6 +142,83 @@ static int64_t floordiv(int64_t a, int64_t b) {
     return q;
 }
 
+/* An integer column's value at ``r`` (K_INT8 .. K_UINT64; K_UINT64 as its 64 bits): what
+ * both decoders read. 0 when the data ends inside it. */
+static int read_integer(Reader *r, int kind, int64_t *out) {
+    static const int WIDTH[] = {[K_INT8] = 1, [K_UINT8] = 1, [K_INT16] = 2, [K_UINT16] = 2,
+                                [K_INT24] = 3, [K_UINT24] = 3, [K_INT32] = 4, [K_UINT32] = 4,
+                                [K_INT64] = 8, [K_UINT64] = 8};
+    int width = WIDTH[kind];
+    if (!need(r, width)) return 0;
+    uint64_t v = le_uint(r->p + r->pos, width);
+    r->pos += width;
+    switch (kind) {
+    case K_INT8: *out = (int8_t)v; break;
+    case K_INT16: *out = (int16_t)v; break;
+    case K_INT24: *out = v >= 0x800000 ? (int64_t)v - 0x1000000 : (int64_t)v; break;
+    case K_INT32: *out = (int32_t)(uint32_t)v; break;
+    default: *out = (int64_t)v;  /* unsigned kinds, and K_INT64 */
+    }
+    return 1;
+}
+
+typedef struct {
+    long year, month, day, hour, minute, second;
+    int64_t us;  /* the fraction, 0 .. 999999 */
+} Civil;
+
+/* The patched __read_date: 1 with the date, -1 for a zero or invalid date (None), 0 when the
+ * data ends inside it. */
+static int read_date(Reader *r, Civil *t) {
+    if (!need(r, 3)) return 0;
+    long v = (long)le_uint(r->p + r->pos, 3);
+    r->pos += 3;
+    t->year = (v >> 9) & 0x7FFF, t->month = (v >> 5) & 0xF, t->day = v & 0x1F;
+    return valid_date(t->year, t->month, t->day) ? 1 : -1;
+}
+
+/* RowsEvent.__read_datetime2 as patched: 1 with the value, -1 for a zero or invalid one
+ * (None), 0 with ``Unsupported`` set (data ends, a fraction out of range). */
+static int read_datetime2(Reader *r, int fsp, Civil *t) {
+    if (!need(r, 5)) return 0;
+    uint64_t v = be_uint(r->p + r->pos, 5);
+    r->pos += 5;
+    long ym = (long)((v >> 22) & 0x1FFFF);
+    t->year = ym / 13, t->month = ym % 13;
+    t->day = (long)((v >> 17) & 0x1F), t->hour = (long)((v >> 12) & 0x1F);
+    t->minute = (long)((v >> 6) & 0x3F), t->second = (long)(v & 0x3F);
+    if (!read_fsp(r, fsp, &t->us)) return 0;
+    if (!valid_date(t->year, t->month, t->day) || t->hour > 23 || t->minute > 59 ||
+        t->second > 59)
+        return -1;
+    if (t->us > 999999) { unsupported("DATETIME2 fraction out of range"); return 0; }
+    if (t->us < 0) t->us = 0;
+    return 1;
+}
+
+/* RowsEvent.__read_timestamp2: signed 4-byte big-endian seconds since the epoch and the
+ * fraction (0 .. 999999); 0 with ``Unsupported`` set (data ends, a fraction out of range). */
+static int read_timestamp2(Reader *r, int fsp, int64_t *secs, int64_t *us) {
+    if (!need(r, 4)) return 0;
+    *secs = be_int(r->p + r->pos, 4);
+    r->pos += 4;
+    if (!read_fsp(r, fsp, us)) return 0;
+    if (*us > 999999) { unsupported("TIMESTAMP2 fraction out of range"); return 0; }
+    if (*us < 0) *us = 0;
+    return 1;
+}
+
+/* A string or blob value: ``length_bytes`` of little-endian length, then its bytes. */
+static int read_counted(Reader *r, int length_bytes, const unsigned char **s, Py_ssize_t *n) {
+    if (!need(r, length_bytes)) return 0;
+    *n = (Py_ssize_t)le_uint(r->p + r->pos, length_bytes);
+    r->pos += length_bytes;
+    if (!need(r, *n)) return 0;
+    *s = r->p + r->pos;
+    r->pos += *n;
+    return 1;
+}
+
 /* Room for decimal_text (65 digits in groups of up to 11 characters, a sign and a point). */
 #define DECIMAL_TEXT 160
 
@@ -203,49 +280,18 @@ static PyObject *read_decimal(Reader *r, const Column *c) {
 }
 
 static PyObject *read_value(Reader *r, const Column *c) {
-    const unsigned char *p;
     switch (c->kind) {
-    case K_INT8:
-        if (!need(r, 1)) return NULL;
-        return PyLong_FromLong((signed char)r->p[r->pos++]);
-    case K_UINT8:
-        if (!need(r, 1)) return NULL;
-        return PyLong_FromLong(r->p[r->pos++]);
-    case K_INT16:
-        if (!need(r, 2)) return NULL;
-        p = r->p + r->pos; r->pos += 2;
-        return PyLong_FromLong((int16_t)le_uint(p, 2));
-    case K_UINT16:
-        if (!need(r, 2)) return NULL;
-        p = r->p + r->pos; r->pos += 2;
-        return PyLong_FromLong((long)le_uint(p, 2));
-    case K_INT24: {
-        if (!need(r, 3)) return NULL;
-        p = r->p + r->pos; r->pos += 3;
-        long v = (long)le_uint(p, 3);
-        if (v >= 0x800000) v -= 0x1000000;
-        return PyLong_FromLong(v);
+    case K_INT8: case K_UINT8: case K_INT16: case K_UINT16: case K_INT24: case K_UINT24:
+    case K_INT32: case K_UINT32: case K_INT64: {
+        int64_t v;
+        if (!read_integer(r, c->kind, &v)) return NULL;
+        return PyLong_FromLongLong(v);
     }
-    case K_UINT24:
-        if (!need(r, 3)) return NULL;
-        p = r->p + r->pos; r->pos += 3;
-        return PyLong_FromLong((long)le_uint(p, 3));
-    case K_INT32:
-        if (!need(r, 4)) return NULL;
-        p = r->p + r->pos; r->pos += 4;
-        return PyLong_FromLong((int32_t)(uint32_t)le_uint(p, 4));
-    case K_UINT32:
-        if (!need(r, 4)) return NULL;
-        p = r->p + r->pos; r->pos += 4;
-        return PyLong_FromUnsignedLong((unsigned long)le_uint(p, 4));
-    case K_INT64:
-        if (!need(r, 8)) return NULL;
-        p = r->p + r->pos; r->pos += 8;
-        return PyLong_FromLongLong((long long)le_uint(p, 8));
-    case K_UINT64:
-        if (!need(r, 8)) return NULL;
-        p = r->p + r->pos; r->pos += 8;
-        return PyLong_FromUnsignedLongLong((unsigned long long)le_uint(p, 8));
+    case K_UINT64: {
+        int64_t v;
+        if (!read_integer(r, c->kind, &v)) return NULL;
+        return PyLong_FromUnsignedLongLong((uint64_t)v);
+    }
     case K_FLOAT: {
         if (!need(r, 4)) return NULL;
         uint32_t bits = (uint32_t)le_uint(r->p + r->pos, 4);
@@ -265,45 +311,27 @@ static PyObject *read_value(Reader *r, const Column *c) {
     case K_DECIMAL:
         return read_decimal(r, c);
     case K_DATE: {
-        /* the patched __read_date: zero or invalid dates are None */
-        if (!need(r, 3)) return NULL;
-        long v = (long)le_uint(r->p + r->pos, 3);
-        r->pos += 3;
-        long year = (v >> 9) & 0x7FFF, month = (v >> 5) & 0xF, day = v & 0x1F;
-        if (!valid_date(year, month, day)) Py_RETURN_NONE;
-        return PyDate_FromDate((int)year, (int)month, (int)day);
+        Civil t;
+        int got = read_date(r, &t);
+        if (got <= 0) { if (got < 0) Py_RETURN_NONE; return NULL; }
+        return PyDate_FromDate((int)t.year, (int)t.month, (int)t.day);
     }
     case K_DATETIME2: {
-        if (!need(r, 5)) return NULL;
-        uint64_t v = be_uint(r->p + r->pos, 5);
-        r->pos += 5;
-        long ym = (long)((v >> 22) & 0x1FFFF);
-        long year = ym / 13, month = ym % 13;
-        long day = (long)((v >> 17) & 0x1F), hour = (long)((v >> 12) & 0x1F);
-        long minute = (long)((v >> 6) & 0x3F), second = (long)(v & 0x3F);
-        int64_t us;
-        if (!valid_date(year, month, day) || hour > 23 || minute > 59 || second > 59) {
-            if (!read_fsp(r, c->a, &us)) return NULL;
-            Py_RETURN_NONE;
-        }
-        if (!read_fsp(r, c->a, &us)) return NULL;
-        if (us > 999999) { unsupported("DATETIME2 fraction out of range"); return NULL; }
-        return PyDateTime_FromDateAndTime((int)year, (int)month, (int)day, (int)hour,
-                                          (int)minute, (int)second, us > 0 ? (int)us : 0);
+        Civil t;
+        int got = read_datetime2(r, c->a, &t);
+        if (got <= 0) { if (got < 0) Py_RETURN_NONE; return NULL; }
+        return PyDateTime_FromDateAndTime((int)t.year, (int)t.month, (int)t.day, (int)t.hour,
+                                          (int)t.minute, (int)t.second, (int)t.us);
     }
     case K_TIMESTAMP2: {
-        /* datetime.utcfromtimestamp(signed 4-byte big-endian seconds), naive UTC */
-        if (!need(r, 4)) return NULL;
-        int64_t secs = be_int(r->p + r->pos, 4);
-        r->pos += 4;
-        int64_t us;
-        if (!read_fsp(r, c->a, &us)) return NULL;
-        if (us > 999999) { unsupported("TIMESTAMP2 fraction out of range"); return NULL; }
+        /* datetime.utcfromtimestamp(seconds), naive UTC */
+        int64_t secs, us;
+        if (!read_timestamp2(r, c->a, &secs, &us)) return NULL;
         int64_t days = floordiv(secs, 86400), rest = secs - days * 86400;
         int y, m, d;
         civil_from_days(days, &y, &m, &d);
         return PyDateTime_FromDateAndTime(y, m, d, (int)(rest / 3600), (int)(rest / 60 % 60),
-                                          (int)(rest % 60), us > 0 ? (int)us : 0);
+                                          (int)(rest % 60), (int)us);
     }
     case K_TIME2: {
         if (!need(r, 3)) return NULL;
@@ -325,12 +353,10 @@ static PyObject *read_value(Reader *r, const Column *c) {
         return PyLong_FromLong(1900 + r->p[r->pos++]);
     case K_TEXT:
     case K_BYTES: {
-        if (!need(r, c->a)) return NULL;
-        Py_ssize_t n = (Py_ssize_t)le_uint(r->p + r->pos, c->a);
-        r->pos += c->a;
-        if (!need(r, n)) return NULL;
-        const char *s = (const char *)r->p + r->pos;
-        r->pos += n;
+        const unsigned char *bytes;
+        Py_ssize_t n;
+        if (!read_counted(r, c->a, &bytes, &n)) return NULL;
+        const char *s = (const char *)bytes;
         if (n == 0) {  /* b''.decode(any codec) is '' */
             Py_INCREF(EmptyStr);
             return EmptyStr;
@@ -715,48 +741,16 @@ static int64_t days_from_civil(int64_t y, int m, int d) {
  * 1, or -1 when its landing value is NULL (nothing appended), or 0 with an exception set.
  * Reads and refuses exactly what read_value does, kind by kind. */
 static int put_value(Reader *r, const Column *c, Out *o) {
-    const unsigned char *p;
     switch (c->kind) {
-    case K_INT8:
-        if (!need(r, 1)) return 0;
-        return put_int64(o, (signed char)r->p[r->pos++]);
-    case K_UINT8:
-        if (!need(r, 1)) return 0;
-        return put_int64(o, r->p[r->pos++]);
-    case K_INT16:
-        if (!need(r, 2)) return 0;
-        p = r->p + r->pos; r->pos += 2;
-        return put_int64(o, (int16_t)le_uint(p, 2));
-    case K_UINT16:
-        if (!need(r, 2)) return 0;
-        p = r->p + r->pos; r->pos += 2;
-        return put_int64(o, (int64_t)le_uint(p, 2));
-    case K_INT24: {
-        if (!need(r, 3)) return 0;
-        p = r->p + r->pos; r->pos += 3;
-        int64_t v = (int64_t)le_uint(p, 3);
-        return put_int64(o, v >= 0x800000 ? v - 0x1000000 : v);
+    case K_INT8: case K_UINT8: case K_INT16: case K_UINT16: case K_INT24: case K_UINT24:
+    case K_INT32: case K_UINT32: case K_INT64: {
+        int64_t v;
+        return read_integer(r, c->kind, &v) && put_int64(o, v);
     }
-    case K_UINT24:
-        if (!need(r, 3)) return 0;
-        p = r->p + r->pos; r->pos += 3;
-        return put_int64(o, (int64_t)le_uint(p, 3));
-    case K_INT32:
-        if (!need(r, 4)) return 0;
-        p = r->p + r->pos; r->pos += 4;
-        return put_int64(o, (int32_t)(uint32_t)le_uint(p, 4));
-    case K_UINT32:
-        if (!need(r, 4)) return 0;
-        p = r->p + r->pos; r->pos += 4;
-        return put_int64(o, (int64_t)le_uint(p, 4));
-    case K_INT64:
-        if (!need(r, 8)) return 0;
-        p = r->p + r->pos; r->pos += 8;
-        return put_int64(o, (int64_t)le_uint(p, 8));
-    case K_UINT64:  /* Decimal(int) in decimal128(20, 0) */
-        if (!need(r, 8)) return 0;
-        p = r->p + r->pos; r->pos += 8;
-        return put_int128(o, (__int128)le_uint(p, 8));
+    case K_UINT64: {  /* Decimal(int) in decimal128(20, 0) */
+        int64_t v;
+        return read_integer(r, c->kind, &v) && put_int128(o, (__int128)(uint64_t)v);
+    }
     case K_YEAR: {  /* values._binlog_year: the library's 1900 (the byte 0) is the year 0 */
         if (!need(r, 1)) return 0;
         int byte = r->p[r->pos++];
@@ -790,52 +784,31 @@ static int put_value(Reader *r, const Column *c, Out *o) {
         return put_int128(o, v);
     }
     case K_DATE: {
-        if (!need(r, 3)) return 0;
-        long v = (long)le_uint(r->p + r->pos, 3);
-        r->pos += 3;
-        long year = (v >> 9) & 0x7FFF, month = (v >> 5) & 0xF, day = v & 0x1F;
-        if (!valid_date(year, month, day)) return -1;
-        int32_t days = (int32_t)days_from_civil(year, (int)month, (int)day);
+        Civil t;
+        int got = read_date(r, &t);
+        if (got <= 0) return got;
+        int32_t days = (int32_t)days_from_civil(t.year, (int)t.month, (int)t.day);
         return put_fixed(o, &days, 4);
     }
     case K_DATETIME2: {
-        if (!need(r, 5)) return 0;
-        uint64_t v = be_uint(r->p + r->pos, 5);
-        r->pos += 5;
-        long ym = (long)((v >> 22) & 0x1FFFF);
-        long year = ym / 13, month = ym % 13;
-        long day = (long)((v >> 17) & 0x1F), hour = (long)((v >> 12) & 0x1F);
-        long minute = (long)((v >> 6) & 0x3F), second = (long)(v & 0x3F);
-        int64_t us;
-        if (!valid_date(year, month, day) || hour > 23 || minute > 59 || second > 59) {
-            if (!read_fsp(r, c->a, &us)) return 0;
-            return -1;
-        }
-        if (!read_fsp(r, c->a, &us)) return 0;
-        if (us > 999999) { unsupported("DATETIME2 fraction out of range"); return 0; }
-        int64_t seconds = days_from_civil(year, (int)month, (int)day) * 86400 +
-                          (hour * 60 + minute) * 60 + second;
-        return put_int64(o, seconds * 1000000 + (us > 0 ? us : 0));
+        Civil t;
+        int got = read_datetime2(r, c->a, &t);
+        if (got <= 0) return got;
+        int64_t seconds = days_from_civil(t.year, (int)t.month, (int)t.day) * 86400 +
+                          (t.hour * 60 + t.minute) * 60 + t.second;
+        return put_int64(o, seconds * 1000000 + t.us);
     }
     case K_TIMESTAMP2: {
-        if (!need(r, 4)) return 0;
-        int64_t secs = be_int(r->p + r->pos, 4);
-        r->pos += 4;
-        int64_t us;
-        if (!read_fsp(r, c->a, &us)) return 0;
-        if (us > 999999) { unsupported("TIMESTAMP2 fraction out of range"); return 0; }
-        if (us < 0) us = 0;
+        int64_t secs, us;
+        if (!read_timestamp2(r, c->a, &secs, &us)) return 0;
         if (secs == 0 && us == 0) return -1;  /* values._binlog_timestamp: the zero TIMESTAMP */
         return put_int64(o, secs * 1000000 + us);
     }
     case K_TEXT:
     case K_BYTES: {
-        if (!need(r, c->a)) return 0;
-        Py_ssize_t n = (Py_ssize_t)le_uint(r->p + r->pos, c->a);
-        r->pos += c->a;
-        if (!need(r, n)) return 0;
-        const unsigned char *s = r->p + r->pos;
-        r->pos += n;
+        const unsigned char *s;
+        Py_ssize_t n;
+        if (!read_counted(r, c->a, &s, &n)) return 0;
         if (c->kind == K_TEXT && !valid_utf8(s, n)) {
             unsupported("invalid UTF-8 in a UTF-8 column");
             return 0;

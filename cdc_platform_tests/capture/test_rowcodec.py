@@ -116,9 +116,11 @@ def _matrix_tables(cur: Any) -> dict[str, str]:
     return definitions
 
 
-@pytest.mark.parametrize("compressed", [False, True])
-def test_type_matrix_events_decode_natively_as_the_library_does(mariadb, compressed):
-    db = f"rowcodec_matrix_{int(compressed)}"
+def write_type_matrix(mariadb: Any, db: str, compressed: bool) -> tuple[tuple[str, int],
+                                                                          dict[str, str]]:
+    """Every type-matrix cell into its table of ``db`` (``log_bin_compress`` on when
+    ``compressed``), then updated, its value set NULL in every other row, deleted. Returns
+    the binlog position they start at and the tables' column types."""
     mariadb.query(f"DROP DATABASE IF EXISTS {db}")
     mariadb.query(f"CREATE DATABASE {db}")
     if compressed:
@@ -136,6 +138,13 @@ def test_type_matrix_events_decode_natively_as_the_library_does(mariadb, compres
     finally:
         if compressed:
             mariadb.query("SET GLOBAL log_bin_compress = OFF")
+    return start, definitions
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_type_matrix_events_decode_natively_as_the_library_does(mariadb, compressed):
+    db = f"rowcodec_matrix_{int(compressed)}"
+    start, definitions = write_type_matrix(mariadb, db, compressed)
     events = [e for e in _rows_events_since(mariadb, start) if e[0].schema == db]
     assert _assert_same_rows(events) > 0
     if compressed:

@@ -36,7 +36,6 @@ from cdc_platform_tests.capture.test_rowcodec import (
     _ROW,
     _ROWS_EVENT_TYPES,
     _master_status,
-    _matrix_tables,
     _parse,
     _rarely,
     _rows_event,
@@ -44,6 +43,7 @@ from cdc_platform_tests.capture.test_rowcodec import (
     _table_map_bytes,
     _value_bytes,
     write_generated_rows,
+    write_type_matrix,
 )
 from cdc_platform_tests.capture.test_type_matrix import LAX_MODE
 
@@ -183,23 +183,7 @@ def _assert_all_as_tuples(decoded: list[_Decoded]) -> int:
 @pytest.mark.parametrize("compressed", [False, True])
 def test_type_matrix_events_decode_column_wise_as_their_tuples_land(mariadb, compressed):
     db = f"rowcodec_columns_matrix_{int(compressed)}"
-    mariadb.query(f"DROP DATABASE IF EXISTS {db}")
-    mariadb.query(f"CREATE DATABASE {db}")
-    if compressed:
-        mariadb.query("SET GLOBAL log_bin_compress = ON")
-        mariadb.query("SET GLOBAL log_bin_compress_min_len = 10")
-    try:
-        start = _master_status(mariadb)
-        with mariadb.root_connect(database=db) as conn, conn.cursor() as cur:
-            cur.execute(LAX_MODE)
-            definitions = _matrix_tables(cur)
-            for name in definitions:
-                cur.execute(f"UPDATE `{name}` SET n = 1")
-                cur.execute(f"UPDATE `{name}` SET v = NULL WHERE id % 2 = 0")
-                cur.execute(f"DELETE FROM `{name}`")
-    finally:
-        if compressed:
-            mariadb.query("SET GLOBAL log_bin_compress = OFF")
+    start, _ = write_type_matrix(mariadb, db, compressed)
     decoded = _decoded_since(mariadb, start, db)
     assert _assert_all_as_tuples(decoded) > 0
     if compressed:
