@@ -928,7 +928,7 @@ class CaptureEngine:
         records = txn.records
         for part, part_bytes in zip(records.parts, records.part_bytes, strict=True):
             if not isinstance(part, list):  # a block: spilled, or held in memory
-                self._record_spilled_touches(part, gtid_value, position)
+                self._record_block_touches(part, gtid_value, position)
                 self._chunks.setdefault(part.schema.table_id, []).append(
                     _BlockChunk(part, position, gtid, ts_ms))
                 position += part.count
@@ -1010,7 +1010,7 @@ class CaptureEngine:
             position += 1
         return position
 
-    def _record_spilled_touches(self, part: SpilledRecords | HeldRecords, gtid: Any,
+    def _record_block_touches(self, part: SpilledRecords | HeldRecords, gtid: Any,
                                 first: int) -> None:
         """Touched keys of a block's records, for tables under a snapshot session."""
         table_id = part.schema.table_id

@@ -301,10 +301,8 @@ class RowsDecoders:
                           for spec, landing in zip(specs or (), schema.columns, strict=False)))
             entry.schema = schema
             entry.columnar, entry.types = found
-        body = self._body(event, entry)
-        if body is None or entry.columnar is None:
-            if body is not None:
-                event.packet.unread(body[0])
+        body = self._body(event, entry)  # (a decoder: so is the columnar one, same specs)
+        if body is None:
             return None
         data, images = body
         try:

@@ -35,12 +35,9 @@ class SpillStore:
         # Unique per engine run: a restored XA transaction's files keep their names.
         self._prefix = uuid.uuid4().hex[:16]
 
-    def write(self, schema: TableSchema, ops: list[str], rows: list[tuple[Any, ...]]
-              ) -> SpilledRecords:
-        """Write records of one schema durably (landing form, plus their op)."""
-        return self.write_table(schema, records_table(schema, ops, rows))
-
     def write_table(self, schema: TableSchema, table: pa.Table) -> SpilledRecords:
+        """Write records of one schema durably (``records_table``'s form: the op, then the
+        landing columns)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / f"{self._prefix}-{next(self._names):08d}.arrow"
         _write(path, table)

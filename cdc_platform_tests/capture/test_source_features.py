@@ -322,7 +322,7 @@ def test_a_failure_inside_an_xa_commit_keeps_the_prepared_transaction(cdc_env):
     env.mariadb.query("XA COMMIT 'x'")
     env.execute("INSERT INTO t VALUES (6, 'after')")
     engine = env.engine()
-    fail_on_call(engine, "_record_spilled_touches", 2)  # the second part of the commit
+    fail_on_call(engine, "_record_block_touches", 2)  # the second part of the commit
     with pytest.raises(OSError, match="simulated"):
         engine.run(stop_when_caught_up=True)
     assert "xa_prepared" in env.landing.read_checkpoint().extra
@@ -348,7 +348,7 @@ def test_a_failure_inside_a_commit_writes_no_checkpoint_of_half_of_it(cdc_env, e
     if rows_form == "columns":
         # Blocks: call 1 is the first transaction's, call 2 the big one's first (landed with
         # it, past flush_max_rows), call 3 fails.
-        fail_on_call(engine, "_record_spilled_touches", 3, error)
+        fail_on_call(engine, "_record_block_touches", 3, error)
     else:
         # Call 1 queues the first transaction, call 2 the big one's first piece (landed with
         # it in one segment), call 3 fails.
