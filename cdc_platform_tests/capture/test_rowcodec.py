@@ -419,6 +419,25 @@ def _value_bytes(column: Any) -> st.SearchStrategy[bytes]:
     return st.binary(min_size=size, max_size=size)
 
 
+def draw_row_images(data: Any, columns: list[Any], value_bytes: Any, images: int,
+                    rows: st.SearchStrategy[int], cut_one_in: int) -> tuple[bytes, bool]:
+    """Arbitrary row images of ``columns``: ``rows`` rows of ``images`` images, each a null
+    bitmap then every non-NULL value's bytes (``value_bytes(column)``); one body in
+    ``cut_one_in`` is cut at a random byte. Returns the body and whether it was cut."""
+    n = len(columns)
+    body = b""
+    for _ in range(data.draw(rows) * images):
+        nulls = data.draw(st.binary(min_size=(n + 7) // 8, max_size=(n + 7) // 8))
+        body += nulls
+        for i, column in enumerate(columns):
+            if not nulls[i // 8] & (1 << (i % 8)):  # (a NULL takes no bytes)
+                body += data.draw(value_bytes(column))
+    cut = data.draw(st.integers(0, cut_one_in - 1)) == 0
+    if cut:
+        body = body[:data.draw(st.integers(0, len(body)))]
+    return body, cut
+
+
 @pytest.fixture(scope="module")
 def table_map(mariadb):
     raw = _table_map_bytes(mariadb)
@@ -434,18 +453,10 @@ def table_map(mariadb):
 def test_arbitrary_row_bytes_decode_as_the_library_does_or_go_to_it(table_map, data, update):
     _, tables, table_event = table_map
     columns = table_event.columns
-    n = len(columns)
-    body = b""
-    for _ in range(data.draw(st.integers(1, 3)) * (2 if update else 1)):
-        nulls = data.draw(st.binary(min_size=(n + 7) // 8, max_size=(n + 7) // 8))
-        body += nulls
-        for i, column in enumerate(columns):
-            if not nulls[i // 8] & (1 << (i % 8)):  # (a NULL takes no bytes)
-                body += data.draw(_value_bytes(column))
-    cut = data.draw(st.booleans())
-    if cut:  # (the library then reads on into the checksum: refusing it is fine)
-        body = body[:data.draw(st.integers(0, len(body)))]
-    event = _parse(_rows_event(table_event.table_id, n, body, update), tables)
+    # (a body cut short: the library then reads on into the checksum; refusing it is fine)
+    body, cut = draw_row_images(data, columns, _value_bytes, 2 if update else 1,
+                                st.integers(1, 3), cut_one_in=2)
+    event = _parse(_rows_event(table_event.table_id, len(columns), body, update), tables)
     decoder = rowcodec.decoder_for(event)
     assert decoder is not None
     try:

@@ -42,6 +42,7 @@ from cdc_platform_tests.capture.test_rowcodec import (
     _same,
     _table_map_bytes,
     _value_bytes,
+    draw_row_images,
     write_generated_rows,
     write_type_matrix,
 )
@@ -397,17 +398,9 @@ def table_map(mariadb):
 def test_arbitrary_row_bytes_decode_column_wise_as_their_tuples_land(table_map, data, update):
     tables, table_event, schema = table_map
     columns = table_event.columns
-    n = len(columns)
-    body = b""
-    for _ in range(data.draw(st.integers(1, 3)) * (2 if update else 1)):
-        nulls = data.draw(st.binary(min_size=(n + 7) // 8, max_size=(n + 7) // 8))
-        body += nulls
-        for i, column in enumerate(columns):
-            if not nulls[i // 8] & (1 << (i % 8)):
-                body += data.draw(_value_bytes(column))
-    if data.draw(st.booleans()):
-        body = body[:data.draw(st.integers(0, len(body)))]
-    event = _parse(_rows_event(table_event.table_id, n, body, update), tables)
+    body, _ = draw_row_images(data, columns, _value_bytes, 2 if update else 1,
+                              st.integers(1, 3), cut_one_in=2)
+    event = _parse(_rows_event(table_event.table_id, len(columns), body, update), tables)
     specs = [rowcodec.column_spec(c, event.charset_to_encoding, landing)
              for c, landing in zip(columns, schema.columns, strict=True)]
     _check_bytes(rowcodec.decoder_for(event, schema), schema, [s[4] for s in specs], body,
@@ -502,16 +495,8 @@ def test_arbitrary_bytes_of_every_target_decode_as_their_tuples_land(data, updat
     schema = TableSchema("db", "w", tuple(landing for _, landing in chosen))
     specs = [rowcodec.column_spec(column, _keep_text_bytes, landing) for column, landing in chosen]
     assert all(spec[4] != _codec.T_OBJECT for spec in specs)
-    n = len(chosen)
-    body = b""
-    for _ in range(data.draw(st.integers(0, 20)) * (2 if update else 1)):
-        nulls = data.draw(st.binary(min_size=(n + 7) // 8, max_size=(n + 7) // 8))
-        body += nulls
-        for i, (column, _) in enumerate(chosen):
-            if not nulls[i // 8] & (1 << (i % 8)):
-                body += data.draw(_synthetic_value(column))
-    if data.draw(st.integers(0, 9)) == 0:
-        body = body[:data.draw(st.integers(0, len(body)))]
+    body, _ = draw_row_images(data, [column for column, _ in chosen], _synthetic_value,
+                              2 if update else 1, st.integers(0, 20), cut_one_in=10)
     _check_bytes(_codec.Decoder(specs), schema, [s[4] for s in specs], body, update)
 
 
