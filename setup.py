@@ -1,15 +1,43 @@
-"""The one compiled part of cdc_platform: the binlog rows decoder (capture/_rowcodec.c).
+"""The compiled parts of cdc_platform: the binlog rows decoder (capture/_rowcodec.c) and the
+snapshot chunk reader (capture/snapshot/_rawrows.c, linked with libmariadb, the client library
+mysqlclient is built against).
 
 Everything else is declared in pyproject.toml; setuptools reads both. ``pip install -e .``
-builds the extension in place; scripts/bootstrap.sh rebuilds it when the C source changes
-(``python setup.py build_ext --inplace``). Without it the engine decodes rows with
-mysql-replication alone (slower, same values): see capture/rowcodec.py.
+builds the extensions in place; scripts/bootstrap.sh rebuilds them when their C sources change
+(``python setup.py build_ext --inplace``). Without them the engine decodes rows with
+mysql-replication alone and the reader reads chunks through mysqlclient's rows (slower, same
+values): see capture/rowcodec.py and capture/snapshot/native.py.
 """
+
+import shlex
+import subprocess
 
 from setuptools import Extension, setup
 
+_WARNINGS = ["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter",
+             "-Wno-missing-field-initializers"]
+
+
+def _libmariadb() -> tuple[list[str], list[str]]:
+    """Compile and link flags of Debian's libmariadb-dev (pkg-config, else mariadb_config)."""
+    for command in (["pkg-config", "--cflags", "--libs", "libmariadb"],
+                    ["mariadb_config", "--include", "--libs"]):
+        try:
+            flags = shlex.split(subprocess.run(command, capture_output=True, text=True,
+                                               check=True).stdout)
+        except (OSError, subprocess.CalledProcessError):
+            continue
+        return ([f for f in flags if f.startswith("-I")],
+                [f for f in flags if not f.startswith("-I")])
+    return ["-I/usr/include/mariadb"], ["-lmariadb"]
+
+
+_cflags, _libs = _libmariadb()
+
 setup(ext_modules=[
     Extension("cdc_platform.capture._rowcodec", ["cdc_platform/capture/_rowcodec.c"],
-              extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter",
-                                  "-Wno-missing-field-initializers"]),
+              extra_compile_args=_WARNINGS),
+    Extension("cdc_platform.capture.snapshot._rawrows",
+              ["cdc_platform/capture/snapshot/_rawrows.c"],
+              extra_compile_args=_WARNINGS + _cflags, extra_link_args=_libs),
 ])

@@ -48,6 +48,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=300_000)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--chunk-size", type=int, default=None,
+                        help="rows per chunk (default: the reader's default)")
     parser.add_argument("--out", default=None, help="directory for the .prof files")
     args = parser.parse_args()
     from cdc_platform.capture import source as source_sql
@@ -78,7 +80,9 @@ def main() -> int:
             process.start()
             while landing.read_checkpoint() is None:
                 time.sleep(0.1)
-            reader = SnapshotReader(landing, settings, "mariadb", schema, selector=selector)
+            sizing = {} if args.chunk_size is None else {"chunk_size": args.chunk_size}
+            reader = SnapshotReader(landing, settings, "mariadb", schema, selector=selector,
+                                    **sizing)
             profile = cProfile.Profile()
             profile.enable()
             result = reader.run()

@@ -35,12 +35,14 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
-# The editable install built the extension in place; rebuild it whenever its source changed.
-ext_stamp="build/.rowcodec-$(sha1sum cdc_platform/capture/_rowcodec.c | cut -c1-12)"
-if [ ! -f "$ext_stamp" ] || ! .venv/bin/python -c 'import cdc_platform.capture._rowcodec' 2>/dev/null; then
-  echo "bootstrap: building the native rows decoder (cdc_platform/capture/_rowcodec.c)"
+# The editable install built the extensions in place; rebuild them whenever a source changed.
+ext_sources="cdc_platform/capture/_rowcodec.c cdc_platform/capture/snapshot/_rawrows.c setup.py"
+ext_stamp="build/.extensions-$(cat $ext_sources | sha1sum | cut -c1-12)"
+if [ ! -f "$ext_stamp" ] || ! .venv/bin/python -c \
+    'import cdc_platform.capture._rowcodec, cdc_platform.capture.snapshot._rawrows' 2>/dev/null; then
+  echo "bootstrap: building the native rows decoder and chunk reader (capture/_rowcodec.c, capture/snapshot/_rawrows.c)"
   .venv/bin/python setup.py -q build_ext --inplace >/dev/null
-  mkdir -p build && rm -f build/.rowcodec-*
+  mkdir -p build && rm -f build/.rowcodec-* build/.extensions-*
   touch "$ext_stamp"
 fi
 

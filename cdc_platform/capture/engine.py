@@ -207,10 +207,12 @@ class _Chunk:
     """Committed records of one table under one schema, waiting for the next flush."""
 
     schema: TableSchema
-    positions: list[int] = field(default_factory=list)
+    # (snapshot records: a range, with one GTID, op and timestamp for all in ``same``)
+    positions: list[int] | range = field(default_factory=list)
     gtids: list[str] = field(default_factory=list)
     ops: list[str] = field(default_factory=list)
     timestamps: list[int] = field(default_factory=list)
+    same: tuple[str, str, int] | None = None
     rows: list[tuple[Any, ...]] = field(default_factory=list)
     # Snapshot assertion/sweep records carry extra typed columns (docs/landing-zone.md).
     extra: dict[str, list[Any]] | None = None
@@ -1201,8 +1203,8 @@ class CaptureEngine:
         if not count:
             return first
         now_ms = int(time.time() * 1000)
-        chunk = _Chunk(schema, positions=list(range(first, first + count)), gtids=[""] * count,
-                       ops=[op] * count, timestamps=[now_ms] * count, extra=extra)
+        chunk = _Chunk(schema, positions=range(first, first + count), same=("", op, now_ms),
+                       extra=extra)
         chunk.landed = self._arrow_table(chunk, rows)
         self._next_pos += count
         self._chunks.setdefault(schema.table_id, []).append(chunk)
@@ -1222,12 +1224,23 @@ class CaptureEngine:
         arrow_schema = schema.arrow_schema()
         if chunk.extra:
             arrow_schema = _with_extra_fields(arrow_schema, schema, chunk.extra)
-        arrays = [
-            pa.array(chunk.positions, pa.int64()),
-            pa.array(chunk.gtids, pa.string()),
-            pa.array(chunk.ops, pa.string()),
-            pa.array(chunk.timestamps, pa.int64()),
-        ]
+        if chunk.same is not None:  # (no Python object per record)
+            assert isinstance(chunk.positions, range)
+            count = len(chunk.positions)
+            gtid, op, timestamp = chunk.same
+            arrays = [
+                pa.array(np.arange(chunk.positions.start, chunk.positions.stop, dtype=np.int64)),
+                pa.repeat(pa.scalar(gtid, pa.string()), count),
+                pa.repeat(pa.scalar(op, pa.string()), count),
+                pa.repeat(pa.scalar(timestamp, pa.int64()), count),
+            ]
+        else:
+            arrays = [
+                pa.array(chunk.positions, pa.int64()),
+                pa.array(chunk.gtids, pa.string()),
+                pa.array(chunk.ops, pa.string()),
+                pa.array(chunk.timestamps, pa.int64()),
+            ]
         try:
             if isinstance(rows, pa.Table):
                 arrays += [_cast_column(rows, column) for column in schema.columns]

@@ -122,7 +122,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomically(path: Path, data: bytes, *, durable: bool = True,
+def write_atomically(path: Path, data: bytes | memoryview, *, durable: bool = True,
                      sync_dir: bool = True) -> None:
     """Write ``data`` so that ``path`` either does not exist or holds all of it, durably.
 

@@ -533,7 +533,8 @@ def read_chunk(
                          f"and {max_bytes} bytes")
 
     native_conn = native.is_native(conn)
-    source: _RowSource = _NativeRows(conn, table) if native_conn else _PyMySQLRows(conn, table)
+    source: _RowSource = (_ColumnarRows if native.COLUMNAR else _NativeRows)(conn, table) \
+        if native_conn else _PyMySQLRows(conn, table)
 
     def select(cur: Any) -> _KeysetRead:
         return _read_keyset(source, table, chunk_size, after_key, max_key, max_bytes,
@@ -541,17 +542,30 @@ def read_chunk(
 
     read, marks = read_with_watermarks(conn, flavour, select)
     raw_rows = read.rows
-    # Column-wise from here: one C-level transpose, one converter pass per column, Arrow
-    # arrays built from columns (per-row Python is what a chunk's cost is made of).
-    raw_columns = list(zip(*raw_rows, strict=True)) if raw_rows else \
-        [() for _ in table.schema.columns]
-    key_columns = [raw_columns[i] for i in table.key_indexes]
-    raw_keys = list(zip(*key_columns, strict=True))
-    if len(set(raw_keys)) != len(raw_keys):
+    # Column-wise from here: one C-level transpose (none when read column-wise), one converter
+    # pass per column, Arrow arrays built from columns (per-row Python is what a chunk's cost
+    # is made of).
+    arrays: list[pa.Array] | None = None
+    if isinstance(raw_rows, native.RawRows):
+        raw_columns: list[Any] = raw_rows.columns()
+        assert isinstance(source, _NativeRows)
+        # (a value without an exact landing form: ColumnValueError naming the column)
+        arrays = native.landing_columns(table.schema, raw_columns, source.field_types(),
+                                        source.encoding)
+        repeated = native.repeated_key(raw_columns, table.key_indexes, arrays)
+        last_key = tuple(raw_rows[-1][i] for i in table.key_indexes) if raw_rows else None
+    else:
+        raw_columns = list(zip(*raw_rows, strict=True)) if raw_rows else \
+            [() for _ in table.schema.columns]
+        raw_keys = list(zip(*(raw_columns[i] for i in table.key_indexes), strict=True))
+        repeated = len(set(raw_keys)) != len(raw_keys)
+        last_key = raw_keys[-1] if raw_keys else None
+    if repeated:
         # (not only neighbours: rows whose keys a collation holds equal come in any order)
         # (raw keys: bytes on mysqlclient, decoded one to one, so duplicates are the same)
         seen: set[Key] = set()
-        for current in raw_keys:
+        for row in raw_rows:
+            current = tuple(row[i] for i in table.key_indexes)
             if current in seen:
                 raise ChunkKeyError(
                     f"{table.table_id}: chunk key ({', '.join(table.key.columns)}) = "
@@ -559,14 +573,14 @@ def read_chunk(
                     "identify rows; pick a unique surrogate-key"
                 )
             seen.add(current)
-    resume_key = source.key(raw_keys[-1]) if raw_keys else None
+    resume_key = source.key(last_key) if last_key is not None else None
     arrow: pa.Table | None = None
     columns: list[Sequence[Any]] | None = None
     if native_conn:
         assert isinstance(source, _NativeRows)
-        # (a value without an exact landing form: ColumnValueError naming the column)
-        arrays = native.landing_columns(table.schema, raw_columns, source.field_types(),
-                                        source.encoding)
+        if arrays is None:
+            arrays = native.landing_columns(table.schema, raw_columns, source.field_types(),
+                                            source.encoding)
         arrow = pa.Table.from_arrays(arrays,
                                      schema=table.schema.arrow_schema(metadata_columns=False))
         rows: Sequence[tuple[Any, ...]] = native.ArrowRows(arrow)
@@ -595,7 +609,7 @@ def read_chunk(
 
 @dataclass
 class _KeysetRead:
-    rows: list[tuple[Any, ...]]
+    rows: list[tuple[Any, ...]] | native.RawRows
     bytes: int
     exhausted: bool  # every row of the range is in ``rows`` (else they end at a cut)
 
@@ -620,6 +634,10 @@ class _RowSource:
 
     def key(self, raw: Key) -> Key:
         return raw
+
+    def empty(self) -> list[tuple[Any, ...]] | native.RawRows:
+        """Where a chunk's rows are gathered (``+=`` of what ``buffered``/``bounded`` read)."""
+        return []
 
 
 class _PyMySQLRows(_RowSource):
@@ -686,6 +704,35 @@ class _NativeRows(_RowSource):
         return native.decode_key(columns, types, raw, self.encoding)
 
 
+class _ColumnarRows(_NativeRows):
+    """mysqlclient's connection, results read column-wise in C (``native.read_columns``):
+    rows stay raw Arrow binary columns until ``native.landing_columns`` casts them."""
+
+    def _read(self, sql: str, params: Sequence[Any], max_bytes: int = -1,
+              take_one: bool = False) -> native.ColumnarRead:
+        variable = self.table.variable_indexes
+        fixed = _FIXED_VALUE_BYTES * (len(self.table.schema.columns) - len(variable))
+        read = native.read_columns(self.conn, sql, params, variable, fixed, max_bytes, take_one)
+        if self._types is None:
+            self._types = read.field_types
+        return read
+
+    def buffered(self, sql: str, params: Sequence[Any]) -> tuple[native.RawRows, int]:
+        read = self._read(sql, params)
+        return read.rows, read.size
+
+    def bounded(self, sql: str, params: Sequence[Any], max_bytes: int, take_one: bool
+                ) -> tuple[native.RawRows, int, bool]:
+        read = self._read(sql, params, max_bytes, take_one)
+        return read.rows, read.size, read.cut
+
+    def select(self, sql: str, params: Sequence[Any]) -> native.RawRows:
+        return self._read(sql, params).rows
+
+    def empty(self) -> native.RawRows:
+        return native.RawRows(len(self.table.schema.columns))
+
+
 def _read_keyset(source: _RowSource, table: ChunkedTable, chunk_size: int,
                  after_key: Key | None, max_key: Key | None, max_bytes: int,
                  row_bytes_hint: float | None) -> _KeysetRead:
@@ -698,7 +745,7 @@ def _read_keyset(source: _RowSource, table: ChunkedTable, chunk_size: int,
     are read too (their group may pass ``chunk_size`` and the budget): ``key > last`` leaves
     out the whole group.
     """
-    read = _KeysetRead([], 0, exhausted=False)
+    read = _KeysetRead(source.empty(), 0, exhausted=False)
     after = after_key
     limit = min(chunk_size, _FIRST_SELECT_ROWS if row_bytes_hint is None else
                 _rows_fitting(max_bytes, row_bytes_hint))

@@ -37,9 +37,14 @@ from cdc_platform.capture.values import converter_for
 
 try:
     import MySQLdb
+    import MySQLdb._mysql
     import MySQLdb.connections
 except ImportError:  # pragma: no cover - mysqlclient is a dependency (pyproject.toml)
     MySQLdb = None
+try:
+    from cdc_platform.capture.snapshot import _rawrows
+except ImportError:  # (not built: chunks come through mysqlclient's rows, as before)
+    _rawrows = None
 
 _log = logging.getLogger(__name__)
 
@@ -63,6 +68,17 @@ _ENCODINGS = {"utf8mb4": "utf8", "utf8mb3": "utf8", "utf8": "utf8", "latin1": "c
 
 def available() -> bool:
     return MySQLdb is not None
+
+
+def _columnar_available() -> bool:
+    """Whether ``_rawrows`` may read results on mysqlclient's connections: built, and linked
+    with the very client library mysqlclient uses (it reads that library's MYSQL handle, whose
+    layout is the library's own)."""
+    return (_rawrows is not None and MySQLdb is not None
+            and _rawrows.client_info() == MySQLdb._mysql.get_client_info())
+
+
+COLUMNAR = _columnar_available()
 
 
 def is_native(conn: Any) -> bool:
@@ -159,6 +175,110 @@ def select_raw(conn: Any, sql: str, params: Sequence[Any]) -> RawResult:
         result = conn.store_result()
     types = tuple(d[1] for d in result.describe())
     return RawResult(list(result.fetch_row(0, 0)), types)
+
+
+class RawRows(Sequence[tuple[Any, ...]]):
+    """A SELECT's rows as raw Arrow binary columns (each value the bytes the server sent, NULL
+    as null), in blocks as the SELECTs of a chunk read them. Rows as tuples are made only
+    when asked for, one at a time: the chunk path asks for a few (the last key, a collated
+    key's group) and takes the rest column-wise."""
+
+    def __init__(self, width: int, blocks: list[list[pa.Array]] | None = None) -> None:
+        self.width = width
+        self._blocks = [b for b in blocks or () if b and len(b[0])]
+        self._count = sum(len(b[0]) for b in self._blocks)
+
+    def columns(self) -> list[pa.Array]:
+        """The rows column-wise, one binary array a column."""
+        if not self._blocks:
+            return [pa.array([], pa.binary()) for _ in range(self.width)]
+        if len(self._blocks) > 1:
+            self._blocks = [[pa.concat_arrays(parts) for parts in zip(*self._blocks,
+                                                                      strict=True)]]
+        return self._blocks[0]
+
+    def __len__(self) -> int:
+        return self._count
+
+    def _row(self, index: int) -> tuple[Any, ...]:
+        for block in self._blocks:
+            if index < len(block[0]):
+                return tuple(column[index].as_py() for column in block)
+            index -= len(block[0])
+        raise IndexError(index)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self._row(i) for i in range(*index.indices(self._count))]
+        if index < 0:
+            index += self._count
+        if not 0 <= index < self._count:
+            raise IndexError(index)
+        return self._row(index)
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        return (self._row(i) for i in range(self._count))
+
+    def __iadd__(self, other: Sequence[tuple[Any, ...]]) -> RawRows:
+        """Append a block (another RawRows) or a few rows as tuples."""
+        if isinstance(other, RawRows):
+            blocks = other._blocks  # noqa: SLF001 - the same class
+        else:
+            rows = list(other)
+            blocks = [[pa.array(values, pa.binary()) for values in zip(*rows, strict=True)]
+                      ] if rows else []
+        self._blocks += blocks
+        self._count += sum(len(b[0]) for b in blocks)
+        return self
+
+
+class ColumnarRead:
+    """One SELECT read by ``read_columns``: its rows, the bytes counted against the budget,
+    whether the budget cut them, and the fields' MySQL types."""
+
+    __slots__ = ("cut", "field_types", "rows", "size")
+
+    def __init__(self, rows: RawRows, size: int, cut: bool, field_types: tuple[int, ...]
+                 ) -> None:
+        self.rows, self.size, self.cut, self.field_types = rows, size, cut, field_types
+
+
+def read_columns(conn: Any, sql: str, params: Sequence[Any], variable: Sequence[int],
+                 fixed: int, max_bytes: int = -1, take_one: bool = False) -> ColumnarRead:
+    """Run a SELECT on a mysqlclient connection and read its result column-wise in C
+    (``_rawrows``), up to the row that would pass ``max_bytes`` (the first row always, with
+    ``take_one``; no budget when negative), counted as ``chunks._within_budget`` counts: the
+    lengths of the ``variable`` columns' values, ``fixed`` per row for the rest."""
+    conn.query(render(conn, sql, params))
+    out = _rawrows.read_result(conn._get_native_connection(), tuple(variable), fixed,
+                               max_bytes, take_one)
+    if out[0] is None:
+        # (the server or the connection failed mid-result: mysqlclient raises the same class)
+        raise MySQLdb.OperationalError(out[1], out[2])
+    field_types, count, size, cut, columns = out
+    arrays = [pa.Array.from_buffers(pa.binary(), count, [
+        None if validity is None else pa.py_buffer(validity), pa.py_buffer(offsets),
+        pa.py_buffer(data)], null_count=nulls) for validity, offsets, data, nulls in columns]
+    return ColumnarRead(RawRows(len(arrays), [arrays]), size, cut, field_types)
+
+
+def repeated_key(columns: Sequence[pa.Array], key_indexes: Sequence[int],
+                 landed: Sequence[pa.Array] | None = None) -> bool:
+    """Whether two rows have the same key (raw values; NULL the same as NULL). ``landed``: the
+    same columns in landing types, when built: a one-column key of numbers or times that rises
+    strictly (the chunk's SELECT orders by it) has no repeat, with no hashing."""
+    if not columns or len(columns[0]) < 2:
+        return False
+    if landed is not None and len(key_indexes) == 1:
+        key = landed[key_indexes[0]]
+        if not key.null_count and (pa.types.is_integer(key.type) or pa.types.is_temporal(
+                key.type) or pa.types.is_decimal(key.type)) and pc.all(
+                pc.greater(key[1:], key[:-1])).as_py():
+            return False
+    if len(key_indexes) == 1:
+        return len(pc.unique(columns[key_indexes[0]])) != len(columns[0])
+    keys = pa.table({f"k{n}": columns[i] for n, i in enumerate(key_indexes)})
+    return keys.group_by(keys.column_names).aggregate([]).num_rows != keys.num_rows
 
 
 # ---- values as PyMySQL decodes them -----------------------------------------------------------
@@ -292,6 +412,8 @@ def _python_array(column: ColumnSpec, field_type: int, values: Sequence[Any],
     """The old path for one column: PyMySQL's decoding, the landing converter, pa.array."""
     decode = pymysql_decoder(column, field_type, encoding)
     convert = converter_for(column, from_binlog=False)
+    if isinstance(values, pa.Array):
+        values = values.to_pylist()
     try:
         decoded = [decode(v) for v in values]
         landed = decoded if convert is None else [convert(v) for v in decoded]
@@ -303,7 +425,7 @@ def _python_array(column: ColumnSpec, field_type: int, values: Sequence[Any],
         raise ColumnValueError(column, error) from error
 
 
-def landing_columns(schema: TableSchema, columns: Sequence[Sequence[Any]],
+def landing_columns(schema: TableSchema, columns: Sequence[Sequence[Any] | pa.Array],
                     field_types: Sequence[int], encoding: str = "utf8") -> list[pa.Array]:
     """Raw chunk columns (bytes/None, schema order) as landing Arrow arrays."""
     arrays = []
@@ -311,7 +433,8 @@ def landing_columns(schema: TableSchema, columns: Sequence[Sequence[Any]],
         array = None
         if column.kind not in ("bit", "json"):
             try:
-                array = _native_array(column, pa.array(values, pa.binary()))
+                raw = values if isinstance(values, pa.Array) else pa.array(values, pa.binary())
+                array = _native_array(column, raw)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
                 array = None  # (this chunk's values: the old path decides, or names the error)
         if array is None:

@@ -40,6 +40,8 @@ from cdc_platform.capture.snapshot.errors import SnapshotError
 # rows, after the column-wise conversion and background chunk writes), rows/s, ±15 % noise:
 #   2048: 70k   4096: 79k   8192: 62k   16384: 80k
 DEFAULT_CHUNK_SIZE = 4096
+# A chunk's rows beside its manifest (``<seq:08d>.arrow``): ``write_chunk``, ``read_chunk_rows``.
+CHUNK_ROWS_SUFFIX = ".arrow"
 
 
 class Action(enum.StrEnum):
@@ -371,19 +373,22 @@ def chunk_arrow_table(schema: TableSchema, rows: Sequence[Sequence[Any]],
 
 def write_chunk(landing: LandingZone, chunk: Chunk, session_id: str, seq: int,
                 complete: bool) -> ChunkManifest:
-    """Write the chunk's Parquet, then its manifest, each atomically (temp file + rename).
+    """Write the chunk's rows file, then its manifest, each atomically (temp file + rename).
 
     The engine lists manifests: one that exists always has its complete rows file beside it.
+    The rows are an Arrow IPC file (uncompressed): the file lives only until the engine
+    commits it, so what counts is the time to write and read it, and Arrow's own layout costs
+    a copy each way where Parquet encodes and decodes every value.
     """
     schema = chunk.table.schema
     directory = chunk_dir(landing, schema.database, schema.table, session_id)
-    sink = pa.BufferOutputStream()
-    # Uncompressed: the file lives until the engine commits it, and encoding time counts.
     table = chunk.arrow if chunk.arrow is not None else \
         chunk_arrow_table(schema, chunk.rows, chunk.columns)
-    pq.write_table(table, sink, compression="none")
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
     # (the manifest's directory fsync makes this rename durable too)
-    write_atomically(directory / f"{seq:08d}.parquet", sink.getvalue().to_pybytes(),
+    write_atomically(directory / f"{seq:08d}{CHUNK_ROWS_SUFFIX}", memoryview(sink.getvalue()),
                      sync_dir=False)
     key_columns = [schema.column(name) for name in chunk.table.key.columns]
     manifest = ChunkManifest(
@@ -395,6 +400,16 @@ def write_chunk(landing: LandingZone, chunk: Chunk, session_id: str, seq: int,
     )
     write_atomically(directory / f"{seq:08d}.json", manifest.to_json())
     return manifest
+
+
+def read_chunk_rows(manifest_path: Path) -> pa.Table:
+    """The rows file beside a chunk's manifest: Arrow IPC, or Parquet as readers before
+    issue 15 wrote it (a session a reader of that version left open)."""
+    rows_path = manifest_path.with_suffix(CHUNK_ROWS_SUFFIX)
+    if not rows_path.exists() and manifest_path.with_suffix(".parquet").exists():
+        return pq.read_table(manifest_path.with_suffix(".parquet"))
+    with pa.OSFile(str(rows_path)) as source:
+        return pa.ipc.open_file(source).read_all()
 
 
 # ---- the engine's session state (engine -> reader) --------------------------------------------

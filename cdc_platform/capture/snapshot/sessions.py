@@ -20,7 +20,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from cdc_platform.capture import names
 from cdc_platform.capture.gtid import Gtid, GtidSet, parse_position
@@ -42,6 +41,7 @@ from cdc_platform.capture.snapshot.commit_rule import (
 from cdc_platform.capture.snapshot.protocol import (
     SnapshotRequest,
     decode_key,
+    read_chunk_rows,
     read_request,
     reader_alive,
 )
@@ -460,7 +460,7 @@ class SnapshotCoordinator:
         decision = self._decide(chunk, processed, decisions, tracked)
         if not isinstance(decision, Commit):
             return decision
-        rows = pq.ParquetFile(manifest_path.with_suffix(".parquet")).read()
+        rows = read_chunk_rows(manifest_path)
         if not tracked.touched.touches:
             # No key of the table touched since the opening: none can be dropped, and the
             # rule decided from the manifest alone (the chunk's keys in Python cost as much

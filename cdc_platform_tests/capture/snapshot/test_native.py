@@ -1,9 +1,13 @@
 """Chunks read over mysqlclient into Arrow land exactly what the PyMySQL path landed, for every
 type of the torture suite's type matrix (NULLs, extremes, zero dates, charsets), as values and
-as chunk keys; and errors of both drivers are handled alike."""
+as chunk keys; and errors of both drivers are handled alike. Every test runs both ways of
+reading a mysqlclient result: column-wise in C (``_rawrows``, the default) and through
+mysqlclient's rows (the fallback where the extension is not built or linked otherwise)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,6 +39,19 @@ TYPE_CELLS = [c for c in (cells._text_cells() + cells._number_cells()  # noqa: S
 # Kinds a primary key can be without a prefix length (and with a meaningful order).
 _KEYABLE = ("text", "blob", "json", "geometry", "point", "linestring", "polygon", "multi",
             "collection", "set_", "boolean")
+
+
+@pytest.fixture(autouse=True, params=["columnar", "rows"])
+def reads(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """How mysqlclient results are read: the C reader, or mysqlclient's rows."""
+    monkeypatch.setattr(native, "COLUMNAR", request.param == "columnar")
+    return str(request.param)
+
+
+def test_the_columnar_reader_is_built_against_mysqlclient_s_library(reads: str) -> None:
+    """bootstrap builds ``_rawrows`` and mysqlclient against the same libmariadb: anything
+    else would leave snapshots on the slow path without a word."""
+    assert native._columnar_available()  # noqa: SLF001
 
 
 def _edges(cell: cells.Cell) -> str:
@@ -224,3 +241,35 @@ def test_collation_groups_are_read_whole_over_mysqlclient(
     _assert_same(old, new)
     assert sorted((r for c in new for r in c.rows), key=repr) == sorted(
         ((e, n, i) for i, (e, n) in enumerate(rows)), key=repr)
+
+
+def test_a_connection_lost_mid_result_is_a_retriable_error(
+        mariadb: Any, types_db: tuple[Any, Any], reads: str) -> None:
+    """The C reader reads a streamed result with the GIL released: a connection killed while
+    it reads raises mysqlclient's OperationalError with the client's error number (retried
+    by the reader), and the reader returns no partial rows."""
+    conn = native.connect(mariadb.connection_settings())
+    try:
+        thread_id = conn.thread_id()
+
+        def kill() -> None:
+            time.sleep(0.3)
+            mariadb.query(f"KILL CONNECTION {thread_id}")
+
+        killer = threading.Thread(target=kill)
+        killer.start()
+        sql = (f"SELECT a.seq, REPEAT('x', 100) FROM {DB}.seq_1_to_100000 a, "
+               f"{DB}.seq_1_to_1000 b WHERE %s = %s")
+        try:
+            with pytest.raises(MySQLdb.OperationalError) as lost:
+                if reads == "columnar":
+                    native.read_columns(conn, sql, (1, 1), (1,), 8)
+                else:
+                    result = native.query_raw(conn, sql, (1, 1))
+                    while result.fetch_row(10_000, 0):
+                        pass
+        finally:
+            killer.join()
+        assert is_retriable(lost.value), lost.value
+    finally:
+        conn.close()

@@ -52,6 +52,7 @@ from cdc_platform.capture.snapshot.protocol import (
     chunk_dir,
     decode_key,
     encode_key,
+    read_chunk_rows,
     read_request,
     write_chunk,
     write_request,
@@ -183,7 +184,22 @@ def _chunk(rows: tuple[tuple[Any, ...], ...], low: Any, high: Any, complete: boo
                  parse_position("mariadb", "0-1-12"), schema_fingerprint(SCHEMA), None, complete)
 
 
-def test_chunk_files_parquet_first_then_manifest(tmp_path: Path,
+def test_a_chunk_written_as_parquet_by_an_earlier_reader_still_reads(tmp_path: Path) -> None:
+    """Readers before issue 15 wrote a chunk's rows as Parquet: a session one of them left
+    open is committed by a newer engine all the same."""
+    landing = _landing(tmp_path)
+    at = dt.datetime(2025, 1, 1, 10, 0, 0, 5)
+    rows = ((3, Decimal("1.50"), at, "x"), (9, None, None, None))
+    write_chunk(landing, _chunk(rows, (2,), (9,), False), "run-1", 7, False)
+    directory = chunk_dir(landing, "shop", "orders", "run-1")
+    arrow = read_chunk_rows(directory / "00000007.json")
+    (directory / "00000007.arrow").unlink()
+    pq.write_table(arrow, directory / "00000007.parquet", compression="none")
+    assert read_chunk_rows(directory / "00000007.json").equals(arrow)
+    assert arrow.column("id").to_pylist() == [3, 9] and arrow.num_rows == 2
+
+
+def test_chunk_files_rows_first_then_manifest(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     landing = _landing(tmp_path)
     written: list[str] = []
@@ -197,9 +213,9 @@ def test_chunk_files_parquet_first_then_manifest(tmp_path: Path,
     at = dt.datetime(2025, 1, 1, 10, 0, 0, 5)
     rows = ((3, Decimal("1.50"), at, "x"), (9, None, None, None))
     manifest = write_chunk(landing, _chunk(rows, (2,), (9,), False), "run-1", 7, False)
-    assert written == ["00000007.parquet", "00000007.json"]
+    assert written == ["00000007.arrow", "00000007.json"]
     directory = chunk_dir(landing, "shop", "orders", "run-1")
-    assert sorted(p.name for p in directory.iterdir()) == ["00000007.json", "00000007.parquet"]
+    assert sorted(p.name for p in directory.iterdir()) == ["00000007.arrow", "00000007.json"]
     data = json.loads((directory / "00000007.json").read_bytes())
     assert set(data) == {"session_id", "seq", "rows", "complete", "range_low", "range_high",
                          "low_open", "high_open", "low_watermark", "after", "fingerprint",
@@ -209,7 +225,7 @@ def test_chunk_files_parquet_first_then_manifest(tmp_path: Path,
         "range_high": [9], "low_open": False, "high_open": False, "low_watermark": "0-1-10",
         "after": "0-1-12", "fingerprint": schema_fingerprint(SCHEMA), "read_at": None}
     assert ChunkManifest.from_json((directory / "00000007.json").read_bytes()) == manifest
-    table = pq.read_table(directory / "00000007.parquet")
+    table = read_chunk_rows(directory / "00000007.json")
     assert table.schema.equals(SCHEMA.arrow_schema(metadata_columns=False),
                                check_metadata=True)
     assert [tuple(r.values()) for r in table.to_pylist()] == [
@@ -361,7 +377,7 @@ class ScriptedEngine:
             self.max_undecided = max(self.max_undecided, len(pending))
             for seq in pending:
                 manifest = json.loads((directory / f"{seq:08d}.json").read_bytes())
-                assert (directory / f"{seq:08d}.parquet").exists()
+                assert (directory / f"{seq:08d}.arrow").exists()
                 self.manifests[seq] = manifest
                 decision = self.decide(seq, manifest)
                 if decision == "wait":
@@ -458,8 +474,8 @@ def _ids(landing: LandingZone, db: str, manifests: list[dict[str, Any]]) -> list
     ids = []
     for manifest in manifests:
         path = chunk_dir(landing, db, "items", manifest["session_id"]) / \
-            f"{manifest['seq']:08d}.parquet"
-        ids += [row["id"] for row in pq.read_table(path).to_pylist()]
+            f"{manifest['seq']:08d}.json"
+        ids += [row["id"] for row in read_chunk_rows(path).to_pylist()]
     return ids
 
 

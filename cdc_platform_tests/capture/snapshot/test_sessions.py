@@ -148,20 +148,20 @@ def test_a_waiting_chunk_is_decided_from_its_manifest_and_its_rows_read_once(
     coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed())
     _publish(landing, 0, ((1, 10), (2, 20)), read_at=15, high=2)
     opened: list[Path] = []
-    parquet_file = sessions.pq.ParquetFile
+    read_rows = sessions.read_chunk_rows
 
-    def counting(path: Any, *args: Any, **kwargs: Any) -> Any:
-        opened.append(Path(path))
-        return parquet_file(path, *args, **kwargs)
+    def counting(manifest_path: Path) -> Any:
+        opened.append(manifest_path)
+        return read_rows(manifest_path)
 
-    monkeypatch.setattr(sessions.pq, "ParquetFile", counting)
+    monkeypatch.setattr(sessions, "read_chunk_rows", counting)
     for processed in range(10, 15):
         assert not coordinator.tick(_pos(processed), 1, {"db.t": SCHEMA}, Landed())
     assert opened == [] and _session(coordinator)["committed"] == []
     landed = Landed()
     coordinator.tick(_pos(15), 1, {"db.t": SCHEMA}, landed)
     assert _session(coordinator)["committed"] == [0] and landed.rows() == [(1, 10), (2, 20)]
-    assert [p.name for p in opened] == ["00000000.parquet"]
+    assert [p.name for p in opened] == ["00000000.json"]
 
 
 def test_a_session_whose_chunks_are_always_rejected_is_stopped_with_the_reason(

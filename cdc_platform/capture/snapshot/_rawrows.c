@@ -1,0 +1,285 @@
+/* Chunk SELECT results read column-wise in C, straight into Arrow binary buffers (issue 15).
+ *
+ * mysqlclient's fetch_row makes a Python bytes object per value and a tuple per row; the
+ * chunk path then transposes them and copies them again into Arrow arrays. Here the rows of a
+ * result are read with libmariadb (mysql_use_result / mysql_fetch_row, the C client's own
+ * loop) on the connection mysqlclient opened (its MYSQL handle, from _get_native_connection),
+ * with the GIL released, into one growing buffer set per column: Arrow's binary layout
+ * (validity bits, int32 offsets, data). Python wraps them with pa.Array.from_buffers; the
+ * casts to landing types are Arrow's, as before. Values stay the server's bytes: nothing is
+ * decoded here, so nothing can be decoded differently.
+ *
+ * The byte budget is the Python path's rule (chunks._within_budget), row by row: a row counts
+ * `fixed` plus the lengths of its non-NULL values in the `variable` columns; the first row
+ * that would pass `max_bytes` ends the read (unless it is the first row and take_one is set),
+ * and mysql_free_result reads the rest of the result off the wire.
+ *
+ * Only the owner of the connection calls this, between a query and the next one (the
+ * snapshot reader's thread): the MYSQL handle is not locked.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <mysql.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CAPSULE_NAME "_mysql.connection.native_connection"
+
+typedef struct {
+    char *data;
+    size_t len;
+    size_t cap;
+} Buf;
+
+static int buf_reserve(Buf *buf, size_t extra) {
+    if (buf->len + extra <= buf->cap)
+        return 0;
+    size_t cap = buf->cap ? buf->cap : 1024;
+    while (cap < buf->len + extra)
+        cap *= 2;
+    char *grown = realloc(buf->data, cap);
+    if (grown == NULL)
+        return -1;
+    buf->data = grown;
+    buf->cap = cap;
+    return 0;
+}
+
+typedef struct {
+    Buf offsets; /* int32, rows + 1 */
+    Buf data;
+    Buf validity; /* one bit a row, least significant first */
+    Py_ssize_t nulls;
+} Column;
+
+enum { READ_OK = 0, READ_NO_MEMORY, READ_TOO_LARGE, READ_SERVER };
+
+/* One row onto the columns; READ_TOO_LARGE when a column's data would pass int32 offsets. */
+static int append_row(Column *columns, unsigned count, MYSQL_ROW row, unsigned long *lengths,
+                      Py_ssize_t index) {
+    for (unsigned i = 0; i < count; i++) {
+        Column *column = &columns[i];
+        size_t length = row[i] == NULL ? 0 : lengths[i];
+        if (column->data.len + length > INT32_MAX)
+            return READ_TOO_LARGE;
+        if ((index & 7) == 0) {
+            if (buf_reserve(&column->validity, 1) < 0)
+                return READ_NO_MEMORY;
+            column->validity.data[column->validity.len++] = 0;
+        }
+        if (row[i] == NULL) {
+            column->nulls++;
+        } else {
+            column->validity.data[index >> 3] |= (char)(1 << (index & 7));
+            if (length) {
+                if (buf_reserve(&column->data, length) < 0)
+                    return READ_NO_MEMORY;
+                memcpy(column->data.data + column->data.len, row[i], length);
+                column->data.len += length;
+            }
+        }
+        if (buf_reserve(&column->offsets, sizeof(int32_t)) < 0)
+            return READ_NO_MEMORY;
+        int32_t end = (int32_t)column->data.len;
+        memcpy(column->offsets.data + column->offsets.len, &end, sizeof end);
+        column->offsets.len += sizeof end;
+    }
+    return READ_OK;
+}
+
+static void free_columns(Column *columns, unsigned count) {
+    if (columns == NULL)
+        return;
+    for (unsigned i = 0; i < count; i++) {
+        free(columns[i].offsets.data);
+        free(columns[i].data.data);
+        free(columns[i].validity.data);
+    }
+    free(columns);
+}
+
+static PyObject *bytes_of(Buf *buf) {
+    return PyBytes_FromStringAndSize(buf->data ? buf->data : "", (Py_ssize_t)buf->len);
+}
+
+/* The result as Python objects: (field types, rows, size, cut, [(validity|None, offsets, data,
+ * nulls), ...]). */
+static PyObject *result_tuple(Column *columns, unsigned count, const int *types,
+                              Py_ssize_t rows, long long size, int cut) {
+    PyObject *type_tuple = PyTuple_New(count);
+    PyObject *column_list = PyList_New(count);
+    if (type_tuple == NULL || column_list == NULL)
+        goto fail;
+    for (unsigned i = 0; i < count; i++) {
+        PyObject *field_type = PyLong_FromLong(types[i]);
+        if (field_type == NULL)
+            goto fail;
+        PyTuple_SET_ITEM(type_tuple, i, field_type);
+        Column *column = &columns[i];
+        PyObject *validity;
+        if (column->nulls) {
+            validity = bytes_of(&column->validity);
+        } else {
+            validity = Py_None;
+            Py_INCREF(validity);
+        }
+        PyObject *entry = Py_BuildValue("(NNNn)", validity, bytes_of(&column->offsets),
+                                        bytes_of(&column->data), column->nulls);
+        if (entry == NULL)
+            goto fail;
+        PyList_SET_ITEM(column_list, i, entry);
+    }
+    return Py_BuildValue("(NnLNN)", type_tuple, rows, size, PyBool_FromLong(cut), column_list);
+fail:
+    Py_XDECREF(type_tuple);
+    Py_XDECREF(column_list);
+    return NULL;
+}
+
+PyDoc_STRVAR(read_result_doc,
+"read_result(connection, variable, fixed, max_bytes, take_one)\n"
+"\n"
+"Read the result of the query just sent on `connection` (mysqlclient's native-connection\n"
+"capsule) column-wise. `variable`: indexes of the columns counted by length; `fixed`: bytes\n"
+"counted per row for the others; `max_bytes` < 0: no budget. Returns (field types, rows,\n"
+"bytes counted, cut by the budget, [(validity or None, offsets, data, null count)]), or\n"
+"(None, errno, message) when the server or the connection failed.");
+
+static PyObject *read_result(PyObject *self, PyObject *args) {
+    PyObject *capsule, *variable_seq;
+    long long fixed, max_bytes;
+    int take_one;
+    if (!PyArg_ParseTuple(args, "OOLLp", &capsule, &variable_seq, &fixed, &max_bytes,
+                          &take_one))
+        return NULL;
+    MYSQL *mysql = PyCapsule_GetPointer(capsule, CAPSULE_NAME);
+    if (mysql == NULL)
+        return NULL;
+    PyObject *variable_fast = PySequence_Fast(variable_seq, "variable must be a sequence");
+    if (variable_fast == NULL)
+        return NULL;
+    Py_ssize_t variable_count = PySequence_Fast_GET_SIZE(variable_fast);
+    unsigned *variable = PyMem_Malloc(sizeof(unsigned) * (size_t)(variable_count + 1));
+    if (variable == NULL) {
+        Py_DECREF(variable_fast);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < variable_count; i++) {
+        long index = PyLong_AsLong(PySequence_Fast_GET_ITEM(variable_fast, i));
+        if (index < 0) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "column indexes are not negative");
+            PyMem_Free(variable);
+            Py_DECREF(variable_fast);
+            return NULL;
+        }
+        variable[i] = (unsigned)index;
+    }
+    Py_DECREF(variable_fast);
+
+    int status = READ_OK;
+    unsigned count = 0;
+    Column *columns = NULL;
+    int *types = NULL;
+    Py_ssize_t rows = 0;
+    long long size = 0;
+    int cut = 0;
+    unsigned int error_number = 0;
+    char error_message[512] = "";
+
+    Py_BEGIN_ALLOW_THREADS
+    MYSQL_RES *result = mysql_use_result(mysql);
+    if (result == NULL) {
+        status = READ_SERVER;
+    } else {
+        count = mysql_num_fields(result);
+        columns = calloc(count ? count : 1, sizeof(Column));
+        types = calloc(count ? count : 1, sizeof(int));
+        if (columns == NULL || types == NULL) {
+            status = READ_NO_MEMORY;
+        } else {
+            MYSQL_FIELD *fields = mysql_fetch_fields(result);
+            for (unsigned i = 0; i < count; i++)
+                types[i] = (int)fields[i].type;
+            for (unsigned i = 0; i < count && status == READ_OK; i++) {
+                if (buf_reserve(&columns[i].offsets, sizeof(int32_t)) < 0) {
+                    status = READ_NO_MEMORY;
+                } else {
+                    memset(columns[i].offsets.data, 0, sizeof(int32_t));
+                    columns[i].offsets.len = sizeof(int32_t);
+                }
+            }
+            for (Py_ssize_t i = 0; i < variable_count && status == READ_OK; i++) {
+                if (variable[i] >= count)
+                    status = READ_TOO_LARGE;  /* (reported as a bad index below) */
+            }
+            MYSQL_ROW row;
+            while (status == READ_OK && (row = mysql_fetch_row(result)) != NULL) {
+                unsigned long *lengths = mysql_fetch_lengths(result);
+                long long row_bytes = fixed;
+                for (Py_ssize_t i = 0; i < variable_count; i++) {
+                    if (row[variable[i]] != NULL)
+                        row_bytes += (long long)lengths[variable[i]];
+                }
+                if (max_bytes >= 0 && (rows > 0 || !take_one) && size + row_bytes > max_bytes) {
+                    cut = 1;
+                    break;
+                }
+                status = append_row(columns, count, row, lengths, rows);
+                rows++;
+                size += row_bytes;
+            }
+            if (status == READ_OK && !cut && mysql_errno(mysql))
+                status = READ_SERVER;
+        }
+        if (status == READ_SERVER) {
+            error_number = mysql_errno(mysql);
+            snprintf(error_message, sizeof error_message, "%s", mysql_error(mysql));
+        }
+        mysql_free_result(result);  /* (an unbuffered result: reads the rest off the wire) */
+    }
+    if (result == NULL) {
+        error_number = mysql_errno(mysql);
+        snprintf(error_message, sizeof error_message, "%s", mysql_error(mysql));
+    }
+    Py_END_ALLOW_THREADS
+
+    PyMem_Free(variable);
+    PyObject *out = NULL;
+    if (status == READ_OK) {
+        out = result_tuple(columns, count, types, rows, size, cut);
+    } else if (status == READ_NO_MEMORY) {
+        PyErr_NoMemory();
+    } else if (status == READ_TOO_LARGE) {
+        PyErr_SetString(PyExc_OverflowError,
+                        "a column of the chunk holds more than 2 GiB, or a column index is out "
+                        "of range: lower the snapshot's chunk_max_bytes");
+    } else if (error_number == 0) {
+        out = Py_BuildValue("(OIs)", Py_None, 0u, "the statement returned no result set");
+    } else {
+        out = Py_BuildValue("(OIs)", Py_None, error_number, error_message);
+    }
+    free_columns(columns, count);
+    free(types);
+    return out;
+}
+
+static PyObject *client_info(PyObject *self, PyObject *unused) {
+    return PyUnicode_FromString(mysql_get_client_info());
+}
+
+static PyMethodDef methods[] = {
+    {"read_result", read_result, METH_VARARGS, read_result_doc},
+    {"client_info", client_info, METH_NOARGS,
+     "The client library version this module was linked with (mysql_get_client_info)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_rawrows",
+    "Chunk SELECT results read column-wise into Arrow binary buffers (libmariadb).", -1,
+    methods,
+};
+
+PyMODINIT_FUNC PyInit__rawrows(void) { return PyModule_Create(&module); }
