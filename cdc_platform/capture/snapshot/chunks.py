@@ -519,6 +519,7 @@ def read_chunk(
     max_key: Key | None,
     max_bytes: int = DEFAULT_CHUNK_MAX_BYTES,
     row_bytes_hint: float | None = None,
+    defer_landing: bool = False,
 ) -> Chunk:
     """Read the chunk after ``after_key`` up to ``max_key`` inside one read view with watermarks:
     at most ``chunk_size`` rows and about ``max_bytes`` of values (at least one row).
@@ -527,6 +528,12 @@ def read_chunk(
     ``bytes_read`` gives the next one. ``schema_fingerprint`` is of the columns as selected; the
     caller re-reads the table's schema and restarts the chunk when the SELECT fails on a column
     a DDL dropped.
+
+    ``defer_landing``: where the rows were read column-wise (``native.RawRows``), cast them to
+    their landing form (and check their keys for repeats) only when the chunk's rows are first
+    looked at (``native.ArrowRows.table``): the reader does that in its writer thread, while
+    it reads the next chunk. A value without a landing form or a repeated key then raises
+    there, before the chunk's files are written.
     """
     if chunk_size < 1 or max_bytes < 1:
         raise ValueError(f"chunk size and byte budget must be at least 1, got {chunk_size} rows "
@@ -545,50 +552,37 @@ def read_chunk(
     # Column-wise from here: one C-level transpose (none when read column-wise), one converter
     # pass per column, Arrow arrays built from columns (per-row Python is what a chunk's cost
     # is made of).
-    arrays: list[pa.Array] | None = None
+    arrow: pa.Table | None = None
+    columns: list[Sequence[Any]] | None = None
+    rows: Sequence[tuple[Any, ...]]
     if isinstance(raw_rows, native.RawRows):
-        raw_columns: list[Any] = raw_rows.columns()
         assert isinstance(source, _NativeRows)
-        # (a value without an exact landing form: ColumnValueError naming the column)
-        arrays = native.landing_columns(table.schema, raw_columns, source.field_types(),
-                                        source.encoding)
-        repeated = native.repeated_key(raw_columns, table.key_indexes, arrays)
         last_key = tuple(raw_rows[-1][i] for i in table.key_indexes) if raw_rows else None
+        land = functools.partial(_landed_columns, table, raw_rows, source)
+        rows = native.ArrowRows(build=land, count=len(raw_rows))
+        if not defer_landing:
+            arrow = rows.table
     else:
         raw_columns = list(zip(*raw_rows, strict=True)) if raw_rows else \
             [() for _ in table.schema.columns]
         raw_keys = list(zip(*(raw_columns[i] for i in table.key_indexes), strict=True))
-        repeated = len(set(raw_keys)) != len(raw_keys)
+        if len(set(raw_keys)) != len(raw_keys):
+            _raise_repeated_key(table, raw_rows, source)
         last_key = raw_keys[-1] if raw_keys else None
-    if repeated:
-        # (not only neighbours: rows whose keys a collation holds equal come in any order)
-        # (raw keys: bytes on mysqlclient, decoded one to one, so duplicates are the same)
-        seen: set[Key] = set()
-        for row in raw_rows:
-            current = tuple(row[i] for i in table.key_indexes)
-            if current in seen:
-                raise ChunkKeyError(
-                    f"{table.table_id}: chunk key ({', '.join(table.key.columns)}) = "
-                    f"{source.key(current)!r} appears twice: the {table.key.origin} does not "
-                    "identify rows; pick a unique surrogate-key"
-                )
-            seen.add(current)
-    resume_key = source.key(last_key) if last_key is not None else None
-    arrow: pa.Table | None = None
-    columns: list[Sequence[Any]] | None = None
-    if native_conn:
-        assert isinstance(source, _NativeRows)
-        if arrays is None:
+        if native_conn:
+            assert isinstance(source, _NativeRows)
+            # (a value without an exact landing form: ColumnValueError naming the column)
             arrays = native.landing_columns(table.schema, raw_columns, source.field_types(),
                                             source.encoding)
-        arrow = pa.Table.from_arrays(arrays,
-                                     schema=table.schema.arrow_schema(metadata_columns=False))
-        rows: Sequence[tuple[Any, ...]] = native.ArrowRows(arrow)
-    else:
-        columns = [values if convert is None else [convert(v) for v in values]
-                   for convert, values in zip(_landing_converters(table.schema), raw_columns,
-                                              strict=True)]
-        rows = tuple(zip(*columns, strict=True))
+            arrow = pa.Table.from_arrays(
+                arrays, schema=table.schema.arrow_schema(metadata_columns=False))
+            rows = native.ArrowRows(arrow)
+        else:
+            columns = [values if convert is None else [convert(v) for v in values]
+                       for convert, values in zip(_landing_converters(table.schema),
+                                                  raw_columns, strict=True)]
+            rows = tuple(zip(*columns, strict=True))
+    resume_key = source.key(last_key) if last_key is not None else None
     range_high = landing_key(table, max_key) if read.exhausted else landing_key(table, resume_key)
     complete = read.exhausted or (max_key is not None and resume_key == max_key)
     return Chunk(
@@ -605,6 +599,35 @@ def read_chunk(
         bytes_read=read.bytes,
         arrow=arrow,
     )
+
+
+def _landed_columns(table: ChunkedTable, raw_rows: native.RawRows, source: _NativeRows
+                    ) -> pa.Table:
+    """Rows read column-wise in their landing form; ChunkKeyError if a key repeats, and
+    ColumnValueError naming a column whose value has no exact landing form."""
+    raw_columns = raw_rows.columns()
+    arrays = native.landing_columns(table.schema, raw_columns, source.field_types(),
+                                    source.encoding)
+    if native.repeated_key(raw_columns, table.key_indexes, arrays):
+        _raise_repeated_key(table, raw_rows, source)
+    return pa.Table.from_arrays(arrays, schema=table.schema.arrow_schema(metadata_columns=False))
+
+
+def _raise_repeated_key(table: ChunkedTable, raw_rows: Sequence[tuple[Any, ...]],
+                        source: _RowSource) -> None:
+    """ChunkKeyError naming the first key that appears twice among ``raw_rows`` (raw keys:
+    bytes on mysqlclient, decoded one to one, so duplicates are the same)."""
+    # (not only neighbours: rows whose keys a collation holds equal come in any order)
+    seen: set[Key] = set()
+    for row in raw_rows:
+        current = tuple(row[i] for i in table.key_indexes)
+        if current in seen:
+            raise ChunkKeyError(
+                f"{table.table_id}: chunk key ({', '.join(table.key.columns)}) = "
+                f"{source.key(current)!r} appears twice: the {table.key.origin} does not "
+                "identify rows; pick a unique surrogate-key"
+            )
+        seen.add(current)
 
 
 @dataclass

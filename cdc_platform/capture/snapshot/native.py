@@ -450,16 +450,33 @@ def encoding_of(conn: Any) -> str:
 
 class ArrowRows(Sequence[tuple[Any, ...]]):
     """A chunk's rows in landing form, made from its Arrow table only when asked for (the
-    snapshot path needs only their count; tests and diagnostics look at them)."""
+    snapshot path needs only their count; tests and diagnostics look at them). The table
+    itself may be built when first asked for (``build``: the reader casts a chunk in its
+    writer thread while it reads the next one); its row count is known before."""
 
-    def __init__(self, table: pa.Table) -> None:
+    def __init__(self, table: pa.Table | None = None, *,
+                 build: Callable[[], pa.Table] | None = None, count: int | None = None
+                 ) -> None:
+        if table is None and (build is None or count is None):
+            raise ValueError("ArrowRows needs a table, or a build function and a row count")
         self._table = table
+        self._build = build
+        self._count = table.num_rows if table is not None else count
         self._rows: list[tuple[Any, ...]] | None = None
+
+    @property
+    def table(self) -> pa.Table:
+        """The rows as a landing Arrow table (built now if it was not)."""
+        if self._table is None:
+            assert self._build is not None
+            self._table = self._build()
+            self._build = None
+        return self._table
 
     def _materialised(self) -> list[tuple[Any, ...]]:
         if self._rows is None:
             columns = []
-            for array in self._table.columns:
+            for array in self.table.columns:
                 if pa.types.is_timestamp(array.type) and array.type.tz is not None:
                     array = array.cast(pa.timestamp(array.type.unit))  # naive UTC, as landed
                 columns.append(array.to_pylist())
@@ -467,7 +484,7 @@ class ArrowRows(Sequence[tuple[Any, ...]]):
         return self._rows
 
     def __len__(self) -> int:
-        return self._table.num_rows
+        return self._count
 
     def __getitem__(self, index: Any) -> Any:
         return self._materialised()[index]

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from cdc_platform.capture.landing import Checkpoint, LandingZone, write_atomically
 from cdc_platform.capture.schema import ColumnSpec, ColumnValueError, TableSchema, landing_arrays
+from cdc_platform.capture.snapshot import native
 from cdc_platform.capture.snapshot.chunks import Chunk, Key
 from cdc_platform.capture.snapshot.errors import SnapshotError
 
@@ -382,8 +383,12 @@ def write_chunk(landing: LandingZone, chunk: Chunk, session_id: str, seq: int,
     """
     schema = chunk.table.schema
     directory = chunk_dir(landing, schema.database, schema.table, session_id)
-    table = chunk.arrow if chunk.arrow is not None else \
-        chunk_arrow_table(schema, chunk.rows, chunk.columns)
+    if chunk.arrow is not None:
+        table = chunk.arrow
+    elif isinstance(chunk.rows, native.ArrowRows):
+        table = chunk.rows.table  # (cast now, if the reader deferred it: ``read_chunk``)
+    else:
+        table = chunk_arrow_table(schema, chunk.rows, chunk.columns)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)

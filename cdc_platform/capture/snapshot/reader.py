@@ -754,8 +754,10 @@ class SnapshotReader:
             rng = KeyRange(rng.after, found, rng.last)
         chunk = self._with_connection(
             f"reading chunk {self._next_seq} (keys after {rng.after!r})",
+            # (cast to landing form in the writer thread, while the next chunk is read)
             lambda conn: read_chunk(conn, self.flavour, self._chunked, self.chunk_size, rng.after,
-                                    rng.high, self.chunk_max_bytes, self._row_bytes),
+                                    rng.high, self.chunk_max_bytes, self._row_bytes,
+                                    defer_landing=True),
             chunks=True)
         if chunk.rows:
             self._row_bytes = chunk.bytes_read / len(chunk.rows)

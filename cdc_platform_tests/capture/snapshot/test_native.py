@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import MySQLdb
@@ -25,8 +26,10 @@ from cdc_platform.capture.snapshot.chunks import (
     ChunkKey,
     chunk_key_for,
     read_chunk,
+    read_max_key,
     read_nullable_columns,
     read_table_in_chunks,
+    with_row_bound,
 )
 from cdc_platform.capture.snapshot.protocol import chunk_arrow_table
 from cdc_platform.capture.source import connect, read_table_schema
@@ -140,13 +143,19 @@ def _assert_same(old: list[Chunk], new: list[Chunk]) -> None:
 
 @pytest.mark.parametrize("cell", TYPE_CELLS, ids=lambda c: c.name)
 def test_mysqlclient_chunks_land_what_pymysql_chunks_landed(
-        types_db: tuple[Any, Any], cell: cells.Cell) -> None:
+        types_db: tuple[Any, Any], cell: cells.Cell, reads: str) -> None:
     conn, chunk_conn = types_db
     table = _chunked(conn, cell.name)
     for chunk_size in (100, 2):
         old = read_table_in_chunks(conn, "mariadb", table, chunk_size)
         new = read_table_in_chunks(conn, "mariadb", table, chunk_size, chunk_conn=chunk_conn)
         _assert_same(old, new)
+    # As the reader reads: cast when the rows are first looked at (its writer thread).
+    deferred = read_chunk(chunk_conn, "mariadb", with_row_bound(conn, table), 100, None,
+                          read_max_key(conn, table), defer_landing=True)
+    first = read_table_in_chunks(conn, "mariadb", table, 100)[:1]
+    assert (deferred.arrow is None) == (reads == "columnar")
+    _assert_same(first, [replace(deferred, arrow=deferred.rows.table)])
 
 
 @pytest.mark.parametrize(

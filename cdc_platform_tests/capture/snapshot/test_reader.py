@@ -34,7 +34,13 @@ from cdc_platform.capture.snapshot.actions import (
     signal_action,
     stop,
 )
-from cdc_platform.capture.snapshot.chunks import Chunk, ChunkedTable, ChunkKey, schema_fingerprint
+from cdc_platform.capture.snapshot.chunks import (
+    Chunk,
+    ChunkedTable,
+    ChunkKey,
+    ChunkKeyError,
+    schema_fingerprint,
+)
 from cdc_platform.capture.snapshot.conditions import UnsafeConditionError
 from cdc_platform.capture.snapshot.errors import (
     NoEngineError,
@@ -602,6 +608,23 @@ def test_composite_surrogate_key_with_null_parts(shop: tuple[Any, str, LandingZo
     assert [(c["range_low"], c["range_high"]) for c in _committed_chunks(engine)] == [
         (None, [None, "2025-01-01"]), ([None, "2025-01-01"], [1, "2025-01-01"]),
         ([1, "2025-01-01"], [2, None])]
+
+
+def test_a_repeated_key_found_in_the_writer_thread_stops_the_run_before_its_files(
+        shop: tuple[Any, str, LandingZone]) -> None:
+    """The reader casts chunks read column-wise, and checks their keys, in its writer thread
+    while it reads the next one: a repeated surrogate key there still ends the run loudly,
+    naming the key, and the chunk's files are never written."""
+    mariadb, db, landing = shop
+    mariadb.query(f"CREATE TABLE `{db}`.dups (a INT NOT NULL, v VARCHAR(4))")
+    mariadb.query(f"INSERT INTO `{db}`.dups VALUES (1, 'a'), (1, 'b'), (9, 'c')")
+    with ScriptedEngine(landing, f"{db}.dups"), pytest.raises(
+            ChunkKeyError, match=r"chunk key \(a\) = \(1,\) appears twice"):
+        _reader(mariadb, db, landing, "dups", chunk_size=10, surrogate_key=["a"]).run()
+    request = read_request(landing, db, "dups")
+    assert request is not None
+    directory = chunk_dir(landing, db, "dups", request.session_id)
+    assert not list(directory.glob("00000000.*"))
 
 
 def test_pause_holds_reading_resume_continues_and_stop_ends_the_run(
