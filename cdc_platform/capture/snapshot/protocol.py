@@ -30,17 +30,20 @@ from cdc_platform.capture.snapshot import native
 from cdc_platform.capture.snapshot.chunks import Chunk, Key
 from cdc_platform.capture.snapshot.errors import SnapshotError
 
-# Rows per chunk, chosen by measurement (MariaDB 10.11 dev server, 300k-row 6-column table;
-# read_chunk with watermarks + landing conversion + Parquet encoding, rows/s):
-#   256: 23k   1024: 36k   2048: 53k   4096: 60k   8192: 64k   16384: 66k   65536: 68k
-# Each chunk pays a fixed ~6 ms (watermark statements, opening the read view, planning the
-# SELECT; the two chunk files add their fsyncs): 9 % of a 4096-row chunk, 40 % of a 1024-row
-# one. Beyond 4096 the rate gains < 10 %, while reader and engine hold whole chunks in memory, a
-# chunk's window (keys touched while it waits are dropped) widens, and a rejected chunk costs
-# more to read again. Measured again end to end (reader + engine in its own process, 500k
-# rows, after the column-wise conversion and background chunk writes), rows/s, ±15 % noise:
-#   2048: 70k   4096: 79k   8192: 62k   16384: 80k
-DEFAULT_CHUNK_SIZE = 4096
+# Rows per chunk, chosen by measurement. Each chunk pays a fixed cost: its watermark
+# statements, opening the read view and planning the SELECT, the reader's state file and the
+# chunk's two files (renames, an fsync), the engine's look at them: some 5 ms on this machine's
+# disk. While rows cost ~60 us each (PyMySQL, 2025) that was 9 % of a 4096-row chunk, and
+# 4096 was where the rate levelled off:
+#   256: 23k   1024: 36k   2048: 53k   4096: 60k   8192: 64k   16384: 66k   65536: 68k rows/s
+# Read in C straight into Arrow (issue 15) a row costs ~1 us, and the fixed cost was 80 % of a
+# 4096-row chunk. Measured again end to end (bench/profile_snapshot-style: 1M rows, reader +
+# engine in its own process, 2-core machine shared with other work, rows/s):
+#   4096: 373-453k   8192: 337k   16384: 430-748k   32768: 599-984k   65536: 493-656k
+# Memory does not grow with it past ``chunk_max_bytes`` (32 MiB of values by default: a chunk
+# is cut there), and a wider chunk only widens the window in which touched keys are dropped
+# from it (each is then landed by the stream).
+DEFAULT_CHUNK_SIZE = 32768
 # A chunk's rows beside its manifest (``<seq:08d>.arrow``): ``write_chunk``, ``read_chunk_rows``.
 CHUNK_ROWS_SUFFIX = ".arrow"
 

@@ -255,7 +255,7 @@ def test_unsafe_condition_is_refused_naming_the_table(tmp_path: Path) -> None:
 
 
 def test_default_chunk_size() -> None:
-    assert DEFAULT_CHUNK_SIZE == 4096
+    assert DEFAULT_CHUNK_SIZE == 32768
 
 
 # ---- the reader's files as the engine's coordinator reads them (pure) --------------------------
