@@ -206,3 +206,22 @@ def test_a_kill_while_a_flush_is_written_loses_and_duplicates_nothing(cdc_env, t
     assert [first for first, _, _ in env.landing.segments(env.db, "t")][:2] == [1, 101]
     env.catch_up()
     _assert_landed_once(env, 500)
+
+
+def test_segments_dictionary_encode_the_change_metadata_only(cdc_env):
+    """docs/landing-zone.md: zstd, dictionaries for ``__cdc_gtid``/``__cdc_op``/``__cdc_ts_ms``
+    (a few values a segment), the plain encoding elsewhere; standard Parquet either way."""
+    env = cdc_env
+    _insert_batches(env, 2)
+    env.catch_up()
+    for _, _, path in env.landing.segments(env.db, "t"):
+        metadata = pq.ParquetFile(path).metadata
+        for group in range(metadata.num_row_groups):
+            for index in range(metadata.num_columns):
+                column = metadata.row_group(group).column(index)
+                dictionary = any("DICTIONARY" in e for e in column.encodings)
+                assert column.compression == "ZSTD"
+                assert dictionary == (column.path_in_schema in (
+                    "__cdc_gtid", "__cdc_op", "__cdc_ts_ms")), column.path_in_schema
+    _assert_landed_once(env, 200)
+    assert {r["v"] for r in _records(env)} == {"v"}
