@@ -847,8 +847,9 @@ class CaptureEngine:
                     table = _with_key_changes(
                         table, self._block(state, "d", self._tombstones(state, images[0], count),
                                            count), changed)
-        # (what it holds is the Arrow buffers: the event's bytes are gone once decoded)
-        self._buffer.add_block(HeldRecords(state.schema, table), table.nbytes)
+        # (what it holds is the Arrow buffers: the event's bytes are gone once decoded; their
+        # total size, not ``nbytes``, which costs as much as building the table)
+        self._buffer.add_block(HeldRecords(state.schema, table), table.get_total_buffer_size())
 
     def _landing_image(self, state: _TableState, image: list[Any], count: int) -> list[pa.Array]:
         """One row image's landed columns as Arrow arrays of their landing types: the
@@ -1293,7 +1294,12 @@ class CaptureEngine:
 def _key_changed(before: list[pa.Array], after: list[pa.Array],
                  key_indexes: tuple[int, ...]) -> pa.Array | None:
     """Which updates changed their key (None when none did): the row-wise path's ``before[i]
-    != after[i]`` over the key columns, column-wise (a NULL equals only a NULL)."""
+    != after[i]`` over the key columns, column-wise (a NULL equals only a NULL).
+
+    Most updates keep their key: equal key columns (``Array.equals``: same values and NULLs
+    in the same rows, one call a column) answer None without the element-wise kernels."""
+    if all(before[index].equals(after[index]) for index in key_indexes):
+        return None
     changed = None
     for index in key_indexes:
         old, new = before[index], after[index]
