@@ -13,6 +13,10 @@ Guarantees (ARCHITECTURE section 5): only committed transactions are emitted, in
 the checkpoint is written after every segment it covers is durable; on restart the engine
 deletes segments past the checkpoint and replays from the checkpoint's GTID position, giving
 the replayed records the same positions.
+
+Flushes are written by the landing writer (``capture/landing_writer.py``), a thread of its own,
+while the stream thread decodes on: one flush in flight at a time, in order, segments before
+their checkpoint, a failure raised on the stream thread at the next flush or at the stop.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from cdc_platform.capture.events import (
 from cdc_platform.capture.flavours import flavour_of
 from cdc_platform.capture.gtid import GtidSet
 from cdc_platform.capture.landing import Checkpoint, LandingZone
+from cdc_platform.capture.landing_writer import LandingWriter
 from cdc_platform.capture.schema import (
     ColumnSpec,
     ColumnValueError,
@@ -265,6 +270,7 @@ class CaptureEngine:
         self._buffer = TransactionBuffer(self._new_record_log)
         self._xa_dirty = False
         self._landed_spills: list[SpilledRecords] = []
+        self._writer = LandingWriter(f"landing-{options.server_name}", self.log)
         self._last_flush = time.monotonic()
         self._last_snapshot_poll = self._last_flush
         self._checkpointed_position = ""
@@ -305,11 +311,14 @@ class CaptureEngine:
                                  else "caught up with the source")
                 self._discard_open_transaction("engine stopping")
                 self.flush(force=True)
+                self._writer.wait()  # stopped means landed: the last flush is durable
                 self._transition(EngineState.STOPPED)
             except BaseException as error:
                 self._fail(error)
                 raise
             finally:
+                # (no write may go on once the engine lock is released)
+                self._writer.close()
                 self._close_control()
         return self.stats
 
@@ -324,9 +333,13 @@ class CaptureEngine:
             # or give positions twice. The last checkpoint is safe to replay from.
             self.log.warning("capture engine: failed while applying a commit; no final flush "
                              "(the next start replays from the last checkpoint)")
+        if self._writer.failed:
+            self.log.warning("capture engine: landing a flush failed; no final flush (the next "
+                             "start replays from the last checkpoint)")
         try:
-            if self._started and not self._applying:
+            if self._started and not self._applying and not self._writer.failed:
                 self.flush(force=True)
+                self._writer.wait()
         except Exception:  # noqa: BLE001 - the original error matters more
             self.log.error("capture engine: final flush failed", exc_info=True)
         reason = f"{type(error).__name__}: {error}"
@@ -841,8 +854,9 @@ class CaptureEngine:
                     table = _with_key_changes(
                         table, self._block(state, "d", self._tombstones(state, images[0], count),
                                            count), changed)
-        # (what it holds is the Arrow buffers: the event's bytes are gone once decoded)
-        self._buffer.add_block(HeldRecords(state.schema, table), table.nbytes)
+        # (what it holds is the Arrow buffers: the event's bytes are gone once decoded; their
+        # total size, not ``nbytes``, which costs as much as building the table)
+        self._buffer.add_block(HeldRecords(state.schema, table), table.get_total_buffer_size())
 
     def _landing_image(self, state: _TableState, image: list[Any], count: int) -> list[pa.Array]:
         """One row image's landed columns as Arrow arrays of their landing types: the
@@ -1056,7 +1070,12 @@ class CaptureEngine:
             self.flush(ticked=True)
 
     def flush(self, force: bool = False, ticked: bool = False) -> None:
-        """Land buffered transactions, then move the checkpoint past them."""
+        """Land buffered transactions, then move the checkpoint past them.
+
+        The flush is handed to the landing writer, which writes its segments, then its
+        checkpoint, while the stream goes on; this waits for the previous flush to be durable
+        first (and raises its failure). Everything the checkpoint says is taken here, on the
+        stream thread: the writer reads no engine state."""
         self._last_flush = self._last_snapshot_poll = time.monotonic()
         if not ticked and self._started and self._snapshots.tick(
                 self._processed, self._next_pos, self._schemas, self._emit_snapshot,
@@ -1067,17 +1086,15 @@ class CaptureEngine:
             self._schemas_dirty or self._snapshots_dirty or self._xa_dirty or force
         ):
             return
-        self._land_chunks()
-        if self._schemas_dirty:
-            self.landing.write_tables(self._schemas)
-            self._schemas_dirty = False
+        chunks = self._take_chunks()
+        tables = dict(self._schemas) if self._schemas_dirty else None
         extra: dict[str, Any] = {}
         if self._snapshots.sessions:
             extra["snapshots"] = self._snapshots.state()
-        if self._buffer.prepared:
+        xa_files = bool(self._buffer.prepared)
+        if xa_files:
             extra[_XA_CHECKPOINT_KEY] = self._persist_prepared_xa()
-            self._spill.sync_directory()  # the files the checkpoint names
-        self.landing.write_checkpoint(Checkpoint(
+        checkpoint = Checkpoint(
             server_name=self.options.server_name,
             flavour=self.options.flavour,
             gtid=position_text,
@@ -1085,48 +1102,80 @@ class CaptureEngine:
             written_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             lag_seconds=self.stats.lag_seconds,
             extra=extra,
-        ))
-        # Spill files dropped or landed before this checkpoint are not needed any more.
+        )
+        # Spill files dropped or landed before this checkpoint are not needed once it is
+        # durable (and not before: the previous checkpoint may name them).
         for part in self._landed_spills:
             part.remove()
         self._landed_spills = []
-        self._spill.collect()
+        doomed = self._spill.take_removed()
+
+        def land_and_checkpoint() -> None:
+            self._write_segments(chunks)
+            if tables is not None:
+                self.landing.write_tables(tables)
+            if xa_files:
+                self._spill.sync_directory()  # the files the checkpoint names
+            self.landing.write_checkpoint(checkpoint)
+            for path in doomed:
+                path.unlink(missing_ok=True)
+            self.stats.flushes += 1
+            self.stats.position = checkpoint.gtid
+            self.stats.next_pos = checkpoint.next_pos
+
+        self._writer.submit(land_and_checkpoint)
+        self._schemas_dirty = False
         self._snapshots_dirty = False
         self._xa_dirty = False
         self._checkpointed_position = position_text
-        self.stats.flushes += 1
-        self.stats.position = position_text
-        self.stats.next_pos = self._next_pos
 
     def _land_chunks(self) -> None:
-        """Write the queued chunks as segments, durably; the checkpoint that covers them comes
-        after. Besides ``flush``, the commit of a large transaction calls this every
-        ``flush_max_rows`` records, so the transaction lands in bounded batches: segments past
-        the checkpoint are removed at start and the transaction replays (readers never read
-        past the checkpoint)."""
+        """Hand the queued chunks to the landing writer as segments, without a checkpoint: the
+        commit of a large transaction calls this every ``flush_max_rows`` records (or
+        ``transaction_memory_bytes``), so the transaction lands in bounded batches. Segments
+        past the checkpoint are removed at start and the transaction replays (readers never
+        read past the checkpoint)."""
+        chunks = self._take_chunks()
+        self._writer.submit(lambda: self._write_segments(chunks))
+
+    def _take_chunks(self) -> dict[str, list[_Chunk | _BlockChunk]]:
+        """The queued chunks, for the landing writer; the buffer starts empty again."""
+        chunks = self._chunks
+        self._chunks = {}
+        self._buffered_rows = 0
+        self._buffered_bytes = 0
+        for table_chunks in chunks.values():
+            self._landed_spills += [c.part for c in table_chunks if isinstance(c, _BlockChunk)
+                                    and not c.part.in_memory]
+        return chunks
+
+    def _write_segments(self, chunks: dict[str, list[_Chunk | _BlockChunk]]) -> None:
+        """Write chunks as segments, durably (on the landing writer's thread); the checkpoint
+        that covers them comes after. One segment per run of one schema; a spilled part is a
+        segment of its own, read one at a time."""
         written = []
-        for table_id, chunks in self._chunks.items():
-            for run in _same_schema_runs(chunks):
+        landed: dict[str, int] = {}
+        for table_id, table_chunks in chunks.items():
+            for run in _same_schema_runs(table_chunks):
                 if isinstance(run[0], _BlockChunk) and not run[0].part.in_memory:
-                    # A spilled part lands as a segment of its own, read one at a time.
                     spilled = run[0]
                     table = self._blocks_table([spilled])
                     first, last = spilled.first_pos, spilled.first_pos + table.num_rows - 1
-                    self._landed_spills.append(spilled.part)
                 else:
                     # One segment per run: snapshot commits add a chunk's rows and its
                     # assertion as separate pieces, and a flush may commit several chunks.
                     table = self._run_table(run)
                     first, last = _first_position(run[0]), _last_position(run[-1])
                 written.append(self.landing.write_segment(run[0].schema, table, first, last))
-                self.stats.records_by_table[table_id] = (
-                    self.stats.records_by_table.get(table_id, 0) + table.num_rows)
+                landed[table_id] = landed.get(table_id, 0) + table.num_rows
         if written:
             self.landing.sync_dirs(written)
+        # (a new dict, not an update: another thread may be reading the old one)
+        by_table = dict(self.stats.records_by_table)
+        for table_id, count in landed.items():
+            by_table[table_id] = by_table.get(table_id, 0) + count
+        self.stats.records_by_table = by_table
         self.stats.segments_written += len(written)
-        self._chunks = {}
-        self._buffered_rows = 0
-        self._buffered_bytes = 0
 
     def _persist_prepared_xa(self) -> dict[str, Any]:
         """Prepared XA transactions as the checkpoint names them: every record in a spill
@@ -1266,7 +1315,12 @@ class CaptureEngine:
 def _key_changed(before: list[pa.Array], after: list[pa.Array],
                  key_indexes: tuple[int, ...]) -> pa.Array | None:
     """Which updates changed their key (None when none did): the row-wise path's ``before[i]
-    != after[i]`` over the key columns, column-wise (a NULL equals only a NULL)."""
+    != after[i]`` over the key columns, column-wise (a NULL equals only a NULL).
+
+    Most updates keep their key: equal key columns (``Array.equals``: same values and NULLs
+    in the same rows, one call a column) answer None without the element-wise kernels."""
+    if all(before[index].equals(after[index]) for index in key_indexes):
+        return None
     changed = None
     for index in key_indexes:
         old, new = before[index], after[index]

@@ -35,6 +35,11 @@ SNAPSHOTS_DIR = "snapshots"
 SEGMENT_NAME = re.compile(r"^(\d{20})-(\d{20})\.parquet$")
 COLUMN_RENAMES_DIR = "renames"
 COLUMN_RENAMES_NAME = re.compile(r"^(\d{20})\.json$")
+# Segment columns written dictionary-encoded: the change metadata, a few values per segment (one
+# GTID and commit time a transaction, three ops). Elsewhere a dictionary costs more than it
+# saves: on the bench's segments dictionaries on every column took 0.34 s to write 14.9 MB,
+# on these alone 0.21 s for 7.7 MB (zstd finds the repeats of low-cardinality user columns).
+DICTIONARY_COLUMNS = ("__cdc_gtid", "__cdc_op", "__cdc_ts_ms")
 
 log = logging.getLogger(__name__)
 
@@ -287,7 +292,8 @@ class LandingZone:
         path = self.segment_path(schema.database, schema.table, first_pos, last_pos)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        pq.write_table(table, tmp, compression="zstd")
+        pq.write_table(table, tmp, compression="zstd", use_dictionary=[
+            name for name in DICTIONARY_COLUMNS if name in table.column_names])
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)

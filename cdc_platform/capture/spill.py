@@ -3,8 +3,9 @@
 A transaction larger than ``capture.transaction_memory_bytes`` keeps its older records here
 (one file per run of one table schema), and a prepared XA transaction keeps all of its records
 here so that it survives engine restarts (the checkpoint names its files). Files are removed
-only after the checkpoint that no longer needs them is written (``collect``), so a crash never
-leaves a checkpoint pointing at a deleted file; files no checkpoint names are removed at start.
+only after the checkpoint that no longer needs them is written (``take_removed``), so a crash
+never leaves a checkpoint pointing at a deleted file; files no checkpoint names are removed at
+start.
 """
 
 from __future__ import annotations
@@ -56,11 +57,12 @@ class SpillStore:
     def remove_later(self, path: Path) -> None:
         self._doomed.append(path)
 
-    def collect(self) -> None:
-        """Delete the files dropped since the last checkpoint (call after writing one)."""
+    def take_removed(self) -> list[Path]:
+        """The files dropped since the last call, for the caller to delete once the checkpoint
+        it builds now (which no longer names them) is durable; the previous checkpoint may
+        still name them."""
         doomed, self._doomed = self._doomed, []
-        for path in doomed:
-            path.unlink(missing_ok=True)
+        return doomed
 
     def remove_unreferenced(self, keep: set[Path]) -> list[Path]:
         """At start: files of transactions that never finished (they are read again)."""

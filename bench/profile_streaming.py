@@ -1,0 +1,91 @@
+"""Time (and profile) the capture engine over the streaming benchmark's binlog.
+
+``python -m bench.profile_streaming --rows 800000 [--repeat 3] [--profile] [--top 25]``:
+writes the bench's binlog once (``bench._write_binlog``), then lands it ``--repeat`` times
+with a fresh landing zone each time, the engine in this process with the bench's options,
+and prints each run's rate and the median. With ``--profile`` one more run goes under
+cProfile and its top entries by own time (``tottime``) are printed. The rates are those of
+``make bench``'s streaming figure without the other baselines, for comparing changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from bench import __main__ as bench
+from cdc_platform.capture.engine import CaptureEngine, EngineOptions
+from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.source import TableSelector
+from cdc_platform.devservices.mariadb import MariaDBServer
+
+
+def _land(options: EngineOptions, landing: Path, profile: cProfile.Profile | None = None
+          ) -> tuple[int, float]:
+    """One engine run until caught up into a fresh ``landing``: (records, seconds)."""
+    shutil.rmtree(landing, ignore_errors=True)
+    engine = CaptureEngine(options, LandingZone(str(landing), "bench"))
+    started = time.perf_counter()
+    if profile is not None:
+        profile.enable()
+    try:
+        stats = engine.run(stop_when_caught_up=True)
+    finally:
+        if profile is not None:
+            profile.disable()
+    return stats.records, time.perf_counter() - started
+
+
+def _top(profile: cProfile.Profile, count: int) -> str:
+    out = io.StringIO()
+    pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(count)
+    lines = out.getvalue().splitlines()
+    start = next(i for i, line in enumerate(lines) if "ncalls" in line)
+    return "\n".join(lines[start - 2:])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rows", type=int, default=800_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="cdc-prof-") as tmp:
+        work = Path(tmp)
+        server = MariaDBServer(base_dir=work / "mariadb", server_id=1)
+        server.start()
+        try:
+            bench._write_binlog(server, args.rows)
+            # The bench's options (bench.__main__._engine), in this process.
+            options = EngineOptions(
+                server_name="bench", flavour="mariadb", server_id=7002,
+                connection_settings=server.connection_settings(),
+                selector=TableSelector(include=(r"bench\..*",)), heartbeat_seconds=0.1)
+            rates = []
+            for run in range(args.repeat):
+                records, seconds = _land(options, work / "landing")
+                rates.append(records / seconds)
+                print(f"run {run + 1}: {records:,} records in {seconds:.2f}s = "
+                      f"{records / seconds:,.0f} rows/s", flush=True)
+            if rates:
+                print(f"median: {statistics.median(rates):,.0f} rows/s")
+            if args.profile:
+                profile = cProfile.Profile()
+                records, seconds = _land(options, work / "landing", profile)
+                print(f"\nunder cProfile: {records:,} records in {seconds:.2f}s\n"
+                      f"{_top(profile, args.top)}")
+        finally:
+            server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
