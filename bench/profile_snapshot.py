@@ -36,9 +36,10 @@ def _profiled_engine(options: EngineOptions, landing_url: str, server_name: str,
         profile.dump_stats(stats_path)
 
 
-def _top(path: str, count: int) -> str:
+def top_entries(source: str | cProfile.Profile, count: int) -> str:
+    """A profile's (a stats file's) ``count`` top entries by own time, with their header."""
     out = io.StringIO()
-    pstats.Stats(path, stream=out).sort_stats("tottime").print_stats(count)
+    pstats.Stats(source, stream=out).sort_stats("tottime").print_stats(count)
     lines = out.getvalue().splitlines()
     start = next(i for i, line in enumerate(lines) if "ncalls" in line)
     return "\n".join(lines[start - 2:])
@@ -95,8 +96,8 @@ def main() -> int:
             server.stop()
         print(f"{result.rows:,} rows in {result.duration_seconds:.2f}s = "
               f"{result.rows_per_second:,.0f} rows/s (under cProfile), {result.chunks} chunks")
-        print(f"\n# reader ({reader_stats})\n{_top(reader_stats, args.top)}")
-        print(f"\n# engine ({engine_stats})\n{_top(engine_stats, args.top)}")
+        print(f"\n# reader ({reader_stats})\n{top_entries(reader_stats, args.top)}")
+        print(f"\n# engine ({engine_stats})\n{top_entries(engine_stats, args.top)}")
     return 0
 
 

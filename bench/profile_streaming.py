@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import io
-import pstats
 import shutil
 import statistics
 import tempfile
@@ -21,6 +19,7 @@ import time
 from pathlib import Path
 
 from bench import __main__ as bench
+from bench.profile_snapshot import top_entries
 from cdc_platform.capture.engine import CaptureEngine, EngineOptions
 from cdc_platform.capture.landing import LandingZone
 from cdc_platform.capture.source import TableSelector
@@ -41,14 +40,6 @@ def _land(options: EngineOptions, landing: Path, profile: cProfile.Profile | Non
         if profile is not None:
             profile.disable()
     return stats.records, time.perf_counter() - started
-
-
-def _top(profile: cProfile.Profile, count: int) -> str:
-    out = io.StringIO()
-    pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(count)
-    lines = out.getvalue().splitlines()
-    start = next(i for i, line in enumerate(lines) if "ncalls" in line)
-    return "\n".join(lines[start - 2:])
 
 
 def main() -> int:
@@ -81,7 +72,7 @@ def main() -> int:
                 profile = cProfile.Profile()
                 records, seconds = _land(options, work / "landing", profile)
                 print(f"\nunder cProfile: {records:,} records in {seconds:.2f}s\n"
-                      f"{_top(profile, args.top)}")
+                      f"{top_entries(profile, args.top)}")
         finally:
             server.stop()
     return 0
