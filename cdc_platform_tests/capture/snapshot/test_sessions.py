@@ -272,6 +272,35 @@ def test_an_unreadable_request_opens_nothing_until_it_is_written_again(
     assert _session(coordinator)["state"] == "open"
 
 
+def test_a_request_is_read_again_only_when_its_file_changed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine looks for requests every few hundredths of a second: an unchanged
+    request.json is a ``stat``, not a parse, and every action written after is seen."""
+    coordinator, landing = _coordinator(tmp_path)
+    reads: list[str] = []
+    read_request = sessions.read_request
+
+    def counting(landing: LandingZone, database: str, table: str) -> Any:
+        reads.append(table)
+        return read_request(landing, database, table)
+
+    monkeypatch.setattr(sessions, "read_request", counting)
+    assert coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed())
+    for _ in range(5):
+        coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed())
+    assert reads == ["t"] and _session(coordinator)["state"] == "open"
+    for action, state in (("pause", "paused"), ("resume", "open"), ("stop", "stopped")):
+        write_request(landing, "db", "t", SnapshotRequest("s1", action, ("k",), None, 10))
+        coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed())
+        assert _session(coordinator)["state"] == state, action
+    assert len(reads) == 4
+    request_path(landing, "db", "t").unlink()
+    coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed())
+    write_request(landing, "db", "t", SnapshotRequest("s2", "open", ("k",), None, 10))
+    coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed())
+    assert _session(coordinator)["session_id"] == "s2" and len(reads) == 5
+
+
 @pytest.mark.parametrize("end", ["done", "stopped", "restart"])
 def test_a_session_that_ends_no_longer_logs_touches(tmp_path: Path, end: str) -> None:
     """The engine logs touches only for tables under an open or paused session."""
