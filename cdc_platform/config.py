@@ -129,7 +129,8 @@ class CaptureSettings(_Section):
     heartbeat_interval_seconds: float = Field(
         default=5.0, gt=0, le=3600,
         description="Source heartbeat period: keeps an idle stream alive and lag measurable "
-        "(the engine asks for heartbeats at least every flush interval).",
+        "(the engine asks for them at least every 0.025 s, `HEARTBEAT_MAX_SECONDS`, so that "
+        "on an idle source snapshot chunks and lone commits do not wait for one).",
     )
     flush_interval_seconds: float = Field(
         default=1.0, gt=0,

@@ -106,8 +106,10 @@ _CONTIGUOUS_PIECE_ROWS = 8192
 # Without open sessions, new snapshot requests are looked for this often (a reader waits for
 # the engine's acknowledgement before it reads anything: at 0.25 s this was 0.3 s of a
 # 100k-row snapshot's 2 s; at 0.1 s, 0.10 s of a 1M-row snapshot's 0.91 s). A look is a
-# ``stat`` of each table's request file: only a changed one is read again.
-SNAPSHOT_REQUEST_POLL_SECONDS = 0.05
+# ``stat`` of each table's request file: only a changed one is read again. (At 0.05 s an
+# engine starting on a backlog opened sessions before it had passed their table's CREATE
+# TABLE more often, each then ended for a restart at that DDL: a wasted round trip.)
+SNAPSHOT_REQUEST_POLL_SECONDS = 0.1
 # The buffer's memory estimate of buffered records: the binlog bytes of their rows events (the
 # values' payload) plus Python's cost of a record and of each value object (tracemalloc of
 # 4-column records on this machine: 313 bytes each, estimated 311).

@@ -1162,10 +1162,7 @@ def test_changes_to_keys_of_chunks_waiting_for_the_engine_are_dropped_from_them(
     invisible(env, "INSERT INTO items SELECT seq, 'x', seq, 'a' FROM seq_1_to_200")
     engine = EngineThread(env)
     engine.start()
-    # (past the CREATE TABLE first: a session the engine opened before it would end for a
-    # restart at that DDL, and the stopped engine could not acknowledge the new one)
-    _wait_until(lambda: (env.landing.read_checkpoint() or Checkpoint("", "")).gtid == env.query(
-        "SELECT @@GLOBAL.gtid_binlog_pos")[0][0])
+    _wait_caught_up(env)
     reader = snapshot_reader(env, "items", chunk_size=50, max_pending=8)
     stopped: list[bool] = []
 
@@ -1201,6 +1198,14 @@ def test_changes_to_keys_of_chunks_waiting_for_the_engine_are_dropped_from_them(
             if r["id"] in (10, 20, 30)} == {10: "updated", 30: "inserted again"}
 
 
+def _wait_caught_up(env: CdcEnv) -> None:
+    """Until the engine's checkpoint is at the source's binlog position: past the table's
+    CREATE TABLE, so that a session it opens now does not end for a restart at that DDL (the
+    tests that stop the engine after the acknowledgement could not acknowledge a new one)."""
+    _wait_until(lambda: (env.landing.read_checkpoint() or Checkpoint("", "")).gtid == env.query(
+        "SELECT @@GLOBAL.gtid_binlog_pos")[0][0])
+
+
 def test_engine_restarts_mid_snapshot_reject_stale_chunks_which_are_read_again(
         cdc_env: CdcEnv, spark: Any) -> None:
     """After a restart the touched-key log starts empty at the resumed position: chunks whose
@@ -1210,6 +1215,7 @@ def test_engine_restarts_mid_snapshot_reject_stale_chunks_which_are_read_again(
     invisible(env, "INSERT INTO items SELECT seq, 'x', seq, 'a' FROM seq_1_to_400")
     engine = EngineThread(env)
     engine.start()
+    _wait_caught_up(env)
     reader = snapshot_reader(env, "items", chunk_size=20, max_pending=4)
 
     done: set[str] = set()  # each step once: progress repeats after the rejections
