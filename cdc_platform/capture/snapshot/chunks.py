@@ -571,11 +571,7 @@ def read_chunk(
         last_key = raw_keys[-1] if raw_keys else None
         if native_conn:
             assert isinstance(source, _NativeRows)
-            # (a value without an exact landing form: ColumnValueError naming the column)
-            arrays = native.landing_columns(table.schema, raw_columns, source.field_types(),
-                                            source.encoding)
-            arrow = pa.Table.from_arrays(
-                arrays, schema=table.schema.arrow_schema(metadata_columns=False))
+            arrow = _landing_table(table, raw_columns, source)
             rows = native.ArrowRows(arrow)
         else:
             columns = [values if convert is None else [convert(v) for v in values]
@@ -601,16 +597,24 @@ def read_chunk(
     )
 
 
+def _landing_table(table: ChunkedTable, raw_columns: Sequence[Sequence[Any] | pa.Array],
+                   source: _NativeRows) -> pa.Table:
+    """Raw mysqlclient columns as a landing Arrow table; ColumnValueError naming a column
+    whose value has no exact landing form."""
+    arrays = native.landing_columns(table.schema, raw_columns, source.field_types(),
+                                    source.encoding)
+    return pa.Table.from_arrays(arrays, schema=table.schema.arrow_schema(metadata_columns=False))
+
+
 def _landed_columns(table: ChunkedTable, raw_rows: native.RawRows, source: _NativeRows
                     ) -> pa.Table:
     """Rows read column-wise in their landing form; ChunkKeyError if a key repeats, and
     ColumnValueError naming a column whose value has no exact landing form."""
     raw_columns = raw_rows.columns()
-    arrays = native.landing_columns(table.schema, raw_columns, source.field_types(),
-                                    source.encoding)
-    if native.repeated_key(raw_columns, table.key_indexes, arrays):
+    landed = _landing_table(table, raw_columns, source)
+    if native.repeated_key(raw_columns, table.key_indexes, landed.columns):
         _raise_repeated_key(table, raw_rows, source)
-    return pa.Table.from_arrays(arrays, schema=table.schema.arrow_schema(metadata_columns=False))
+    return landed
 
 
 def _raise_repeated_key(table: ChunkedTable, raw_rows: Sequence[tuple[Any, ...]],

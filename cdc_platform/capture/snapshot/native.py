@@ -263,7 +263,7 @@ def read_columns(conn: Any, sql: str, params: Sequence[Any], variable: Sequence[
 
 
 def repeated_key(columns: Sequence[pa.Array], key_indexes: Sequence[int],
-                 landed: Sequence[pa.Array] | None = None) -> bool:
+                 landed: Sequence[pa.Array | pa.ChunkedArray] | None = None) -> bool:
     """Whether two rows have the same key (raw values; NULL the same as NULL). ``landed``: the
     same columns in landing types, when built: a one-column key of numbers or times that rises
     strictly (the chunk's SELECT orders by it) has no repeat, with no hashing."""

@@ -1148,8 +1148,7 @@ class EngineThread:
 def _wait_paused_and_caught_up(env: CdcEnv, table: str) -> None:
     """The engine holds the table's session paused and has checkpointed all of the binlog."""
     _wait_until(lambda: _engine_state(env, table) == "paused")
-    _wait_until(lambda: env.landing.read_checkpoint().gtid == env.query(
-        "SELECT @@GLOBAL.gtid_binlog_pos")[0][0])
+    _wait_caught_up(env)
 
 
 def test_changes_to_keys_of_chunks_waiting_for_the_engine_are_dropped_from_them(
