@@ -11,10 +11,13 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-# Tokens of a statement: comments and whitespace (skipped), quoted identifiers, string
-# literals (skipped), words, and single punctuation characters.
+# Tokens of a statement: comments and whitespace (skipped), the opening of an executable
+# comment (``/*!50001``, ``/*M!100100``: the server runs its text), the closing ``*/`` of one,
+# quoted identifiers, string literals (skipped), words, and single punctuation characters.
 _TOKEN = re.compile(
-    r"(?P<skip>\s+|/\*.*?(?:\*/|$)|--(?:[ \t][^\n]*)?(?:\n|$)|\#[^\n]*)"
+    r"(?P<executable>/\*M?!\d*)"
+    r"|(?P<skip>\s+|/\*.*?(?:\*/|$)|--(?:[ \t][^\n]*)?(?:\n|$)|\#[^\n]*)"
+    r"|(?P<close>\*/)"
     r"|(?P<quoted>`(?:[^`]|``)*`)"
     r"|(?P<string>'(?:[^'\\]|\\.|'')*'|\"(?:[^\"\\]|\\.|\"\")*\")"
     r"|(?P<word>[\w$]+)"
@@ -25,8 +28,10 @@ _TABLE_DDL_VERBS = ("ALTER", "CREATE", "DROP", "RENAME", "TRUNCATE")
 # Words between the verb and TABLE (ALTER ONLINE IGNORE TABLE, CREATE OR REPLACE TEMPORARY
 # TABLE, DROP TEMPORARY TABLE).
 _TABLE_DDL_MODIFIERS = frozenset({"ONLINE", "OFFLINE", "IGNORE", "TEMPORARY", "OR", "REPLACE"})
-# What a statement that may be a table DDL starts with: a verb, or a comment before it.
+# What a statement that may be a table DDL starts with: a verb, a comment (executable or
+# not) before it, or MariaDB's ``SET STATEMENT var=value FOR`` prefix.
 _COMMENT_STARTS = ("/", "-", "#")
+_PREFIXED_STARTS = ("SET",)
 
 
 @dataclass(frozen=True)
@@ -47,9 +52,20 @@ class TableDdl:
 
 
 def statement_tokens(query: str) -> list[tuple[str, str]]:
-    """(kind, text) tokens of ``query``: ``word`` (as written), ``name`` (a quoted identifier,
-    unquoted) or ``punct``; comments, whitespace and string literals are dropped."""
-    out = []
+    """(kind, text) tokens of the statement the server ran for ``query``: ``word`` (as
+    written), ``name`` (a quoted identifier, unquoted) or ``punct``.
+
+    Comments, whitespace and string literals are dropped. What the server runs although it
+    is not the statement proper is unwrapped, so that every parser of binlog statements sees
+    the statement itself: the text of executable comments (``/*!50001 ... */``, MariaDB's
+    ``/*M!100100 ... */``, which dump and migration tools write) is kept, their markers
+    dropped; MariaDB's ``SET STATEMENT var=value[, ...] FOR`` prefixes (DBAs and online
+    schema tools wrap DDL in them for lock and statement timeouts) are removed. A versioned
+    comment is kept whatever its version: reading a statement the server skipped as run
+    costs at most a needless re-snapshot, the other way round a silently stale target.
+    """
+    out: list[tuple[str, str]] = []
+    executable = False
     for match in _TOKEN.finditer(query):
         kind = match.lastgroup
         text = match.group()
@@ -59,7 +75,40 @@ def statement_tokens(query: str) -> list[tuple[str, str]]:
             out.append(("name", text[1:-1].replace("``", "`")))
         elif kind == "punct":
             out.append(("punct", text))
-    return out
+        elif kind == "executable":
+            executable = True
+        elif kind == "close":
+            if executable:
+                executable = False
+            else:
+                out += [("punct", "*"), ("punct", "/")]
+    return _without_set_statement(out)
+
+
+def _without_set_statement(tokens: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """``tokens`` without leading ``SET STATEMENT ... FOR`` prefixes (MariaDB): the variable
+    assignments end at the first ``FOR`` outside parentheses."""
+    while (len(tokens) > 2 and tokens[0][0] == "word" and tokens[0][1].upper() == "SET"
+           and tokens[1][0] == "word" and tokens[1][1].upper() == "STATEMENT"):
+        depth = 0
+        for at in range(2, len(tokens)):
+            kind, text = tokens[at]
+            if (kind, text) == ("punct", "("):
+                depth += 1
+            elif (kind, text) == ("punct", ")"):
+                depth = max(0, depth - 1)
+            elif depth == 0 and kind == "word" and text.upper() == "FOR":
+                tokens = tokens[at + 1:]
+                break
+        else:
+            return tokens  # not a prefix after all: no FOR
+    return tokens
+
+
+def may_be_wrapped(start: str) -> bool:
+    """Whether a statement starting with ``start`` (stripped) may hide another statement
+    behind a comment or a ``SET STATEMENT`` prefix: the fast paths tokenize only then."""
+    return start.startswith(_COMMENT_STARTS) or start[:3].upper().startswith(_PREFIXED_STARTS)
 
 
 Token = tuple[str, str]
@@ -135,8 +184,7 @@ def parse_table_ddl(query: str, default_db: str) -> TableDdl | None:
     restart; missing one would let a snapshot go wrong.
     """
     start = query.lstrip()
-    if not start.startswith(_COMMENT_STARTS) and not start[:8].upper().startswith(
-            _TABLE_DDL_VERBS):
+    if not may_be_wrapped(start) and not start[:8].upper().startswith(_TABLE_DDL_VERBS):
         return None  # the common case, without tokenizing
     tokens = statement_tokens(query)
 

@@ -45,7 +45,7 @@ from cdc_platform.capture.binlog import (
     learn_server_collations,
 )
 from cdc_platform.capture.column_renames import record_column_renames
-from cdc_platform.capture.ddl import TableDdl, parse_table_ddl
+from cdc_platform.capture.ddl import TableDdl
 from cdc_platform.capture.events import (
     EngineError,
     Event,
@@ -74,8 +74,9 @@ from cdc_platform.capture.spill import (
     records_schema,
     records_table,
 )
-from cdc_platform.capture.stale_markers import record_stale_targets
-from cdc_platform.capture.statement_dml import parse_statement_dml
+from cdc_platform.capture.stale_markers import record_stale_after_statement, record_stale_targets
+from cdc_platform.capture.statement_dml import StatementDml
+from cdc_platform.capture.statements import DatabaseDrop, Unclassified, classify_statement
 from cdc_platform.capture.transactions import (
     Committed,
     Outcome,
@@ -647,11 +648,13 @@ class CaptureEngine:
         if isinstance(outcome, Committed):
             self._commit(outcome)
         elif isinstance(outcome, Statement):
-            ddl = parse_table_ddl(outcome.text, outcome.database)
-            if ddl is not None:
-                self._on_ddl(ddl, outcome.gtid)
-            else:
-                self._check_statement_dml(outcome)
+            statement = classify_statement(outcome.text, outcome.database)
+            if isinstance(statement, TableDdl):
+                self._on_ddl(statement, outcome.gtid)
+            elif isinstance(statement, StatementDml):
+                self._check_statement_dml(statement, outcome)
+            elif statement is not None:
+                self._on_other_statement(statement, outcome)
         elif isinstance(outcome, Prepared):
             # The prepare's GTID is complete; its rows wait (persisted at the next flush) for
             # the XA COMMIT, whose GTID they land under.
@@ -670,14 +673,11 @@ class CaptureEngine:
             log(f"transaction {outcome.gtid or '?'}: {outcome.records} record(s) dropped "
                 f"({outcome.reason}); nothing emitted")
 
-    def _check_statement_dml(self, statement: Statement) -> None:
+    def _check_statement_dml(self, dml: StatementDml, statement: Statement) -> None:
         """A row change logged as a statement (binlog_format STATEMENT or MIXED, MariaDB's
         DELETE of a MEMORY table emptied by a restart) carries no rows: if it writes a
         captured table, or may (its target is unclear and it names a database holding
         captured tables), capture stops rather than skip it. Other tables' are ignored."""
-        dml = parse_statement_dml(statement.text, statement.database)
-        if dml is None:
-            return
         captures = self.options.selector.captures
         if dml.exact:
             touched = [t for t in dml.tables if t[1] and captures(*t)]
@@ -905,6 +905,26 @@ class CaptureEngine:
         return pa.Table.from_arrays([pa.repeat(pa.scalar(op, pa.string()), count), *arrays],
                                     schema=state.arrow)
 
+    def _on_other_statement(self, statement: DatabaseDrop | Unclassified,
+                            outcome: Statement) -> None:
+        """A dropped database, or a statement the platform cannot classify: the captured
+        tables it may have changed without row events are marked stale (never passed over
+        silently), and their snapshot sessions restart, as for table DDL."""
+        gtid = outcome.gtid
+        captured = [(s.database, s.table) for s in self._schemas.values()
+                    if self.options.selector.captures(s.database, s.table)]
+        markers = record_stale_after_statement(self.landing, statement, gtid or "?",
+                                               self._next_pos, captured)
+        if not markers:
+            if isinstance(statement, Unclassified):
+                self.log.info(f"GTID {gtid or '?'}: {statement.verb} statement left alone: it "
+                              "names no captured table nor a database holding one")
+            return
+        self.stats.ddl_statements += 1
+        for marker in markers:
+            self.log.warning(marker.describe())
+        self._tables_changed([(m.database, m.table) for m in markers], statement.verb, gtid)
+
     def _on_ddl(self, ddl: TableDdl, gtid: str) -> None:
         captured = [(d, t) for d, t in ddl.tables if self.options.selector.captures(d, t)]
         if not captured:
@@ -924,11 +944,16 @@ class CaptureEngine:
         if renames is not None:
             self._next_pos += 1
             self.log.info(renames.describe())
-        for database, table in captured:
+        self._tables_changed(captured, ddl.verb, gtid)
+
+    def _tables_changed(self, tables: list[tuple[str, str]], verb: str, gtid: str) -> None:
+        """A statement changed these captured tables without row events: their snapshot
+        sessions restart, and their schemas are learned again."""
+        for database, table in tables:
             table_id = names.table_id(database, table)
             if gtid and self._snapshots.record_ddl(table_id, self._flavour.parse_gtid(gtid)):
                 self._snapshots_dirty = True  # the session ends for a restart
-            self.log.info(f"table {table_id}: {ddl.verb} at GTID {gtid or '?'} (tracked, not "
+            self.log.info(f"table {table_id}: {verb} at GTID {gtid or '?'} (tracked, not "
                           "replicated; the new columns arrive with the next rows)")
             # Table ids of the old definition are stale from here on.
             self._table_ids = {k: v for k, v in self._table_ids.items()
@@ -938,7 +963,7 @@ class CaptureEngine:
             try:
                 self._read_source_schema(database, table)
             except pymysql.MySQLError as error:
-                self.log.warning(f"table {table_id}: schema not read after the {ddl.verb} at "
+                self.log.warning(f"table {table_id}: schema not read after the {verb} at "
                                  f"GTID {gtid or '?'} ({error}); the engine reads it again when "
                                  "a snapshot session of the table opens")
 

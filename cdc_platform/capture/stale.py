@@ -23,7 +23,7 @@ changing rows (a needless re-snapshot costs time; a missed one leaves the target
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from cdc_platform.capture import names
@@ -39,6 +39,7 @@ from cdc_platform.capture.ddl import (
     word_of,
 )
 from cdc_platform.capture.schema import TableSchema
+from cdc_platform.capture.statements import DatabaseDrop, Unclassified
 
 TableName = tuple[str, str]
 ColumnCaptured = Callable[[str, str, str], bool]
@@ -350,3 +351,29 @@ def stale_tables(ddl: TableDdl, schemas: Mapping[str, TableSchema] | None = None
             for reason in reasons:
                 mark(table, f"ALTER TABLE {_NO_ROW_EVENTS}: {reason}")
     return list(out.values())
+
+
+def stale_after_statement(statement: DatabaseDrop | Unclassified,
+                          captured: Iterable[TableName]) -> list[StaleTable]:
+    """The captured tables (of ``captured``) a statement other than table DDL leaves stale.
+
+    A dropped database takes every table of it. An unclassified statement marks the captured
+    tables it names (names compared case-insensitively, erring on marking); one that names
+    none marks every captured table of the databases it names when what it does is unknown
+    (``wide``): a needless re-snapshot costs time, a missed one leaves a target wrong.
+    """
+    captured = list(dict.fromkeys(captured))
+    if isinstance(statement, DatabaseDrop):
+        return [StaleTable(d, t, f"{statement.verb} {statement.database}: the source table "
+                                 "is gone", gone=True)
+                for d, t in captured if d.lower() == statement.database.lower()]
+    by_name = {(d.lower(), t.lower()): (d, t) for d, t in captured}
+    touched = [by_name[key] for d, t in statement.names
+               if (key := (d.lower(), t.lower())) in by_name]
+    if not touched and statement.wide:
+        databases = {d.lower() for d in statement.databases}
+        touched = [(d, t) for d, t in captured if d.lower() in databases]
+    text = " ".join(statement.query.split())
+    text = text if len(text) <= 160 else text[:160] + "..."
+    return [StaleTable(d, t, f"{statement.reason} {_NO_ROW_EVENTS}: {text!r}")
+            for d, t in dict.fromkeys(touched)]

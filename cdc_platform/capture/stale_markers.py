@@ -14,7 +14,7 @@ import dataclasses
 import datetime as dt
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,13 @@ from cdc_platform.capture.ddl import TableDdl
 from cdc_platform.capture.gtid import parse_gtid, parse_position
 from cdc_platform.capture.landing import LandingZone, write_atomically
 from cdc_platform.capture.schema import TableSchema
-from cdc_platform.capture.stale import ColumnCaptured, StaleTable, stale_tables
+from cdc_platform.capture.stale import (
+    ColumnCaptured,
+    StaleTable,
+    stale_after_statement,
+    stale_tables,
+)
+from cdc_platform.capture.statements import DatabaseDrop, Unclassified
 
 
 def _now() -> str:
@@ -40,7 +46,7 @@ class StaleMarker:
     database: str
     table: str
     gtid: str  # the DDL's GTID
-    verb: str  # ALTER | CREATE | DROP | RENAME | TRUNCATE
+    verb: str  # ALTER | CREATE | DROP | RENAME | TRUNCATE | DROP DATABASE | ... (the statement's)
     reason: str
     position: int  # the changelog position at the DDL: records before it precede it
     gone: bool = False  # no source table under this name any more: nothing to snapshot
@@ -123,8 +129,23 @@ def record_stale_targets(landing: LandingZone, ddl: TableDdl, gtid: str, positio
                 verdicts.append(StaleTable(database, table, "created again under the name of "
                                            "a table that is gone: the target still holds the "
                                            "old table's rows"))
+    return _record(landing, verdicts, gtid, ddl.verb, position)
+
+
+def record_stale_after_statement(landing: LandingZone, statement: DatabaseDrop | Unclassified,
+                                 gtid: str, position: int,
+                                 captured: Iterable[tuple[str, str]]) -> list[StaleMarker]:
+    """Write a marker for every table of ``captured`` a statement other than table DDL (a
+    dropped database, a statement the platform cannot classify) leaves stale; durably, as
+    :func:`record_stale_targets`."""
+    return _record(landing, stale_after_statement(statement, captured), gtid, statement.verb,
+                   position)
+
+
+def _record(landing: LandingZone, verdicts: Sequence[StaleTable], gtid: str, verb: str,
+            position: int) -> list[StaleMarker]:
     now = _now()
-    markers = [StaleMarker(v.database, v.table, gtid, ddl.verb, v.reason, position, v.gone,
+    markers = [StaleMarker(v.database, v.table, gtid, verb, v.reason, position, v.gone,
                            index, now) for index, v in enumerate(verdicts)]
     _write(landing, markers)
     return markers

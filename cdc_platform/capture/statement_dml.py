@@ -14,14 +14,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from cdc_platform.capture.ddl import statement_tokens
+from cdc_platform.capture.ddl import may_be_wrapped, statement_tokens
 
 _DML_VERBS = frozenset({"INSERT", "REPLACE", "UPDATE", "DELETE", "LOAD", "WITH"})
 _INSERT_MODIFIERS = frozenset({"LOW_PRIORITY", "DELAYED", "HIGH_PRIORITY", "IGNORE", "INTO"})
 _DELETE_MODIFIERS = frozenset({"LOW_PRIORITY", "QUICK", "IGNORE"})
 # What may follow the table of a single-table DELETE / UPDATE.
 _DELETE_TAIL = frozenset({"WHERE", "ORDER", "LIMIT", "RETURNING", "PARTITION", "FOR"})
-_STARTS = ("/", "-", "#", "(")
 _FIRST_WORD = re.compile(r"[\w$]+")
 
 
@@ -46,7 +45,7 @@ def parse_statement_dml(query: str, default_db: str) -> StatementDml | None:
     leading whitespace allowed; ``INSERT|REPLACE ... [INTO] t``, ``UPDATE t``, ``DELETE FROM
     t``, ``LOAD DATA|XML ... INTO TABLE t``; multi-table and ``WITH`` forms are inexact)."""
     start = query.lstrip()
-    if not start.startswith(_STARTS):
+    if not may_be_wrapped(start) and not start.startswith("("):
         first = _FIRST_WORD.match(start)
         if first is None or first.group().upper() not in _DML_VERBS:
             return None  # the common case, without tokenizing

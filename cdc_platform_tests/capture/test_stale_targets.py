@@ -35,6 +35,11 @@ class Case:
     partitioned: tuple[str, ...] = ()  # tables created partitioned (others plain)
     tables: tuple[str, ...] = ("items",)
     rows: tuple[str, ...] = ("seq_1_to_40",)  # ids of each table's rows
+    verb: str = ""  # the markers' verb, when not the statement's first word
+
+    @property
+    def marker_verb(self) -> str:
+        return self.verb or self.ddl.split()[0]
 
 
 CASES = {
@@ -58,6 +63,14 @@ CASES = {
     # a CHANGE to a new name and definition is marked and re-snapshotted there too.)
     "modify-temporal": Case("ALTER TABLE items MODIFY made DATETIME", {"items": False},
                             ("items",)),
+    # DDL behind the prefixes DBAs, online schema tools, dump and migration tools write.
+    "set-statement-truncate": Case("SET STATEMENT lock_wait_timeout=5 FOR TRUNCATE TABLE items",
+                                   {"items": False}, ("items",), verb="TRUNCATE"),
+    "set-statement-add-column": Case("SET STATEMENT max_statement_time=60 FOR ALTER TABLE items "
+                                     "ADD COLUMN z INT NOT NULL DEFAULT 5", {"items": False},
+                                     ("items",), verb="ALTER"),
+    "executable-comment-truncate": Case("/*!100100 TRUNCATE TABLE items */", {"items": False},
+                                        ("items",), verb="TRUNCATE"),
 }
 
 
@@ -89,7 +102,7 @@ def test_ddl_marks_the_target_stale_and_a_snapshot_makes_it_exact(cdc_env: CdcEn
 
     markers = read_markers(env.landing)
     assert {m.table: m.gone for m in markers} == case.stale, markers
-    assert all(m.verb == case.ddl.split()[0] and m.gtid and m.position > 1 for m in markers)
+    assert all(m.verb == case.marker_verb and m.gtid and m.position > 1 for m in markers)
     if name == "rename-table":
         [gone] = [m for m in markers if m.gone]
         assert f"renamed to {env.db}.renamed; the source table is gone" in gone.reason
@@ -172,3 +185,28 @@ def test_without_resnapshot_on_ddl_there_is_no_sensor(cdc_env: CdcEnv) -> None:
     defs = build_definitions(cdc_env.settings)
     with pytest.raises(Exception, match="sensor"):
         defs.resolve_sensor_def(sensor_name(cdc_env.settings))
+
+
+def test_statements_beside_table_ddl_mark_what_they_may_change(cdc_env: CdcEnv) -> None:
+    """On the real server: statements that change no rows mark nothing; a statement the
+    platform cannot classify marks the captured tables it names (REPAIR TABLE may drop rows
+    it cannot read); a dropped database marks every captured table of it as gone."""
+    env = cdc_env
+    env.execute(f"CREATE TABLE a ({_COLUMNS})", f"CREATE TABLE b ({_COLUMNS})")
+    env.execute(_ROWS.format(table="a", rows="seq_1_to_5"),
+                _ROWS.format(table="b", rows="seq_1_to_5"))
+    env.query("SET STATEMENT max_statement_time=60 FOR CREATE VIEW v AS SELECT * FROM a")
+    env.query("/*!100100 CREATE INDEX i ON a (name) */")
+    env.catch_up()
+    assert read_markers(env.landing) == []
+
+    env.query("SET STATEMENT lock_wait_timeout=5 FOR REPAIR TABLE a")
+    env.catch_up()
+    assert [(m.table, m.verb, m.gone) for m in read_markers(env.landing)] == [
+        ("a", "REPAIR", False)]
+
+    env.mariadb.query(f"/*!40000 DROP DATABASE `{env.db}` */")
+    env.catch_up()
+    dropped = [m for m in read_markers(env.landing) if m.verb == "DROP DATABASE"]
+    assert {m.table: m.gone for m in dropped} == {"a": True, "b": True}
+    assert all(m.gtid and "the source table is gone" in m.reason for m in dropped)
