@@ -365,6 +365,92 @@ class MysqlGtidSet(GtidSet):
         return self.intersection(other) if type(other) is type(self) else NotImplemented
 
 
+def _varlen_uint(value: int) -> bytes:
+    """A "mysql::serialization" unsigned integer (``binlog_decoding.write_varlen_uint``; kept
+    here so this module stays stdlib-only)."""
+    for width in range(1, 9):
+        if value < 1 << (7 * width):
+            return ((value << width) | ((1 << (width - 1)) - 1)).to_bytes(width, "little")
+    return b"\xff" + value.to_bytes(8, "little")
+
+
+def _read_varlen_uint(data: bytes, at: int) -> tuple[int, int]:
+    first = data[at]
+    ones = 0
+    while ones < 8 and first >> ones & 1:
+        ones += 1
+    if ones == 8:
+        return int.from_bytes(data[at + 1:at + 9], "little"), at + 9
+    return int.from_bytes(data[at:at + ones + 1], "little") >> (ones + 1), at + ones + 1
+
+
+_TAGGED_FORMAT = 1
+
+
+def encode_mysql_gtid_set(gtid_set: MysqlGtidSet) -> bytes:
+    """The binary form of a GTID set MySQL sends and reads (``Gtid_set::encode``): in
+    COM_BINLOG_DUMP_GTID (where a replica names what it has) and PREVIOUS_GTIDS_LOG_EVENT.
+
+    Untagged sets keep the format every MySQL 5.6+ reads: ``n_sids`` (8 bytes), then per
+    uuid its 16 bytes, ``n_intervals`` (8 bytes) and ``[start, end)`` pairs (8 bytes each).
+    A set with a tag (MySQL 8.3+) uses the tagged format: the first 8 bytes carry the format
+    (1) in the lowest and the highest byte and ``n_sids`` in between, and each uuid is
+    followed by its tag (a variable-length size, then ASCII; empty for untagged GTIDs).
+    """
+    tagged = any(tag for _, tag in gtid_set.intervals())
+    sids = gtid_set.intervals()
+    if tagged:
+        out = bytearray(((_TAGGED_FORMAT << 56) | (len(sids) << 8) | _TAGGED_FORMAT)
+                        .to_bytes(8, "little"))
+    else:
+        out = bytearray(len(sids).to_bytes(8, "little"))
+    for (uuid, tag), intervals in sids.items():
+        out += bytes.fromhex(uuid.replace("-", ""))
+        if tagged:
+            out += _varlen_uint(len(tag)) + tag.encode("ascii")
+        out += len(intervals).to_bytes(8, "little")
+        for lo, hi in intervals:
+            out += lo.to_bytes(8, "little") + (hi + 1).to_bytes(8, "little")
+    return bytes(out)
+
+
+def decode_mysql_gtid_set(data: bytes) -> MysqlGtidSet:
+    """The inverse of :func:`encode_mysql_gtid_set` (both formats); ValueError when the bytes
+    do not hold exactly one GTID set."""
+    try:
+        head = int.from_bytes(data[:8], "little")
+        tagged = head >> 56 == _TAGGED_FORMAT and head & 0xFF == _TAGGED_FORMAT
+        count = (head >> 8) & ((1 << 48) - 1) if tagged else head
+        at = 8
+        acc: dict[_Sid, list[tuple[int, int]]] = {}
+        for _ in range(count):
+            raw = data[at:at + 16]
+            if len(raw) != 16:
+                raise ValueError("a uuid runs past the end")
+            hexa = raw.hex()
+            uuid = f"{hexa[:8]}-{hexa[8:12]}-{hexa[12:16]}-{hexa[16:20]}-{hexa[20:]}"
+            at += 16
+            tag = ""
+            if tagged:
+                length, at = _read_varlen_uint(data, at)
+                tag = data[at:at + length].decode("ascii")
+                at += length
+            n_intervals = int.from_bytes(data[at:at + 8], "little")
+            at += 8
+            for _ in range(n_intervals):
+                if at + 16 > len(data):
+                    raise ValueError("an interval runs past the end")
+                lo = int.from_bytes(data[at:at + 8], "little")
+                end = int.from_bytes(data[at + 8:at + 16], "little")
+                acc.setdefault((uuid, tag), []).append((lo, end - 1))
+                at += 16
+        if at != len(data):
+            raise ValueError(f"{len(data) - at} bytes after the set")
+        return MysqlGtidSet(acc)
+    except (IndexError, UnicodeDecodeError) as error:
+        raise ValueError(f"not an encoded GTID set: {error}") from None
+
+
 # ---------------------------------------------------------------------------------------------
 # MariaDB
 
