@@ -10,19 +10,31 @@ Every event type is either turned into a project event, known to be ignorable
 (``IGNORABLE_EVENT_TYPES``), or a loud stop (``UnsupportedEvent`` naming the type, the GTID
 and the fix): an event the adapter does not understand may carry rows, and must never be
 filtered out silently.
+
+Table maps are decoded for every table of the server, captured or not (the library parses
+each before the adapter can tell), so a table map the library cannot parse must not stop
+the capture of other tables: ``_table_map_init`` reads the column metadata and the optional
+metadata by their declared lengths, so a column type or optional-metadata field that is new
+to the library (MySQL 9's VECTOR and its dimensionality field, say) is skipped by its size,
+and anything it cannot decode is kept in ``undecodable`` for the adapter to stop on when,
+and only when, the table is captured.
 """
 
 from __future__ import annotations
 
 import logging
+import struct
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pymysql
-from pymysqlreplication import BinLogStreamReader, json_binary
+import pymysql.protocol
+from pymysqlreplication import BinLogStreamReader, binlogstream, json_binary
+from pymysqlreplication.column import Column
 from pymysqlreplication.constants import CHARSET, FIELD_TYPE
 from pymysqlreplication.event import (
     BeginLoadQueryEvent,
+    BinLogEvent,
     ExecuteLoadQueryEvent,
     GtidEvent,
     HeartbeatLogEvent,
@@ -36,6 +48,8 @@ from pymysqlreplication.event import (
 from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import (
     DeleteRowsEvent,
+    MetadataFieldType,
+    OptionalMetaData,
     PartialUpdateRowsEvent,
     RowsEvent,
     TableMapEvent,
@@ -50,8 +64,10 @@ from cdc_platform.capture.binlog_decoding import (
     HEARTBEAT_EVENT_TYPES,
     IGNORABLE_EVENT_TYPES,
     PayloadError,
+    TaggedGtidEvent,
     TransactionPayloadEvent,
     event_type_name,
+    packed_int,
     read_mariadb_xa_id,
 )
 from cdc_platform.capture.charsets import (
@@ -73,6 +89,7 @@ from cdc_platform.capture.events import (
     xa_id,
 )
 from cdc_platform.capture.flavours import Flavour
+from cdc_platform.capture.gtid import MysqlGtidSet, encode_mysql_gtid_set
 from cdc_platform.capture.rowcodec import RowsDecoders
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.values import json_opaque_text
@@ -172,6 +189,10 @@ def column_from_binlog(column: Any) -> ColumnSpec:
     """
     ftype = column.type
     name = column.name
+    if getattr(column, "vector_dimensions", None) is not None or ftype == MYSQL_TYPE_VECTOR:
+        # MySQL 9 VECTOR: its value is the vector's float32 values, little-endian, as bytes;
+        # it lands as those bytes (what SELECT returns for it without VECTOR_TO_STRING).
+        return ColumnSpec(name, "binary")
     if ftype in _INT_TYPES:
         return ColumnSpec(name, "int")
     if ftype == FIELD_TYPE.LONGLONG:
@@ -291,6 +312,192 @@ def _table_init(self: Table, table_id: int, schema: str, table: str, columns: li
                           "column_name_flag": column_name_flag})
 
 
+# -- table maps --------------------------------------------------------------------------------
+
+MYSQL_TYPE_VECTOR = 242  # MySQL 9.0 (include/field_types.h)
+_VECTOR_DIMENSIONALITY = 13  # MySQL 9.0's optional-metadata field for VECTOR columns
+
+# Bytes of table-map column metadata each column type has (MySQL and MariaDB write the same:
+# ``Field::do_save_field_metadata``); the types of the second set have none.
+_COLUMN_METADATA_BYTES = {
+    FIELD_TYPE.VARCHAR: 2, FIELD_TYPE.VAR_STRING: 2, FIELD_TYPE.STRING: 2, FIELD_TYPE.FLOAT: 1,
+    FIELD_TYPE.DOUBLE: 1, FIELD_TYPE.TIMESTAMP2: 1, FIELD_TYPE.DATETIME2: 1,
+    FIELD_TYPE.TIME2: 1, FIELD_TYPE.BLOB: 1, FIELD_TYPE.GEOMETRY: 1, FIELD_TYPE.JSON: 1,
+    FIELD_TYPE.NEWDECIMAL: 2, FIELD_TYPE.BIT: 2, MYSQL_TYPE_VECTOR: 1,
+}
+_COLUMN_WITHOUT_METADATA = {
+    FIELD_TYPE.DECIMAL, FIELD_TYPE.TINY, FIELD_TYPE.SHORT, FIELD_TYPE.LONG, FIELD_TYPE.NULL,
+    FIELD_TYPE.TIMESTAMP, FIELD_TYPE.LONGLONG, FIELD_TYPE.INT24, FIELD_TYPE.DATE,
+    FIELD_TYPE.TIME, FIELD_TYPE.DATETIME, FIELD_TYPE.YEAR, FIELD_TYPE.NEWDATE,
+}
+_KNOWN_OPTIONAL_METADATA = {field.value for field in MetadataFieldType} - {
+    MetadataFieldType.UNKNOWN_METADATA_FIELD_TYPE.value}
+
+
+def _reader(data: bytes) -> BinLogPacketWrapper:
+    """A packet reader over ``data`` alone, with the library's read methods: the library's
+    column and optional-metadata parsers run on it and cannot read past its end."""
+    reader = object.__new__(BinLogPacketWrapper)
+    reader.packet = pymysql.protocol.MysqlPacket(data, "utf8")
+    reader.read_bytes = 0
+    reader._BinLogPacketWrapper__data_buffer = b""  # noqa: SLF001 - (as the library sets it)
+    return reader
+
+
+def _columns_from_metadata(column_types: bytes, metadata: bytes) -> tuple[list[Column], str]:
+    """The table map's columns from their types and their metadata block (its length is
+    written before it), and why some cannot be decoded ('' when all can).
+
+    The library reads each column's metadata by its type and knows no size for a type new
+    to it, so every later byte of the event (null bitmap, optional metadata) is misread.
+    Here a type of unknown metadata size gets what the block has left over once every known
+    type took its size: exact when there is one such column. With more, or when the sizes
+    do not add up, the columns from the first unknown one on are not decoded."""
+    unknown = [i for i, t in enumerate(column_types)
+               if t not in _COLUMN_METADATA_BYTES and t not in _COLUMN_WITHOUT_METADATA]
+    known_size = sum(_COLUMN_METADATA_BYTES.get(t, 0) for t in column_types)
+    spare = len(metadata) - known_size
+    reason = ""
+    if len(unknown) > 1 or spare < 0 or (spare and not unknown):
+        cut = unknown[0] if unknown else len(column_types)
+        reason = (f"its column metadata ({len(metadata)} bytes for types "
+                  f"{list(column_types)}) does not match the column types' sizes")
+    else:
+        cut = len(column_types)
+    reader = _reader(metadata)
+    columns = []
+    for i, column_type in enumerate(column_types):
+        if i >= cut:
+            column = Column(column_type, _reader(b""))
+        else:
+            column = Column(column_type, reader)
+            if i in unknown:
+                column.metadata = bytes(reader.read(spare))
+            elif column_type == MYSQL_TYPE_VECTOR:  # (the library reads nothing for it)
+                column.metadata = bytes(reader.read(_COLUMN_METADATA_BYTES[column_type]))
+        if i in unknown or i >= cut:
+            column.unknown_type = True
+        columns.append(column)
+    return columns, reason
+
+
+def _optional_metadata(event: TableMapEvent, data: bytes) -> OptionalMetaData:
+    """The library's optional-metadata parser over the fields it knows; each field it does
+    not know is skipped by its length (the block is type, length, value triples) and kept in
+    ``event.unknown_metadata`` (the library raises ValueError on the first one, and reads
+    every later field from the wrong place)."""
+    known = b""
+    at = 0
+    while at < len(data):
+        field_type = data[at]
+        length, start = packed_int(data, at + 1, "table map")
+        value = data[start:start + length]
+        if len(value) != length:
+            raise ValueError(f"optional metadata field {field_type} runs past the event")
+        if field_type in _KNOWN_OPTIONAL_METADATA:
+            known += data[at:start + length]
+        else:
+            event.unknown_metadata[field_type] = bytes(value)
+        at = start + length
+    packet = event.packet
+    # (the library's parser stops 4 bytes before the end, where a checksum would be)
+    event.packet = _reader(known + b"\0" * 4)
+    try:
+        return event._get_optional_meta_data()  # noqa: SLF001
+    finally:
+        event.packet = packet
+
+
+def _vector_columns(event: TableMapEvent) -> None:
+    """VECTOR columns (MySQL 9) read as the binary BLOBs they are stored as: a length of
+    ``length_size`` bytes, then the vector's float32 values. Their dimensions (optional
+    metadata field 13, one per VECTOR column in order) are kept in ``vector_dimensions``."""
+    dimensions: list[int] = []
+    raw = event.unknown_metadata.get(_VECTOR_DIMENSIONALITY, b"")
+    at = 0
+    while at < len(raw):
+        value, at = packed_int(raw, at, "table map")
+        dimensions.append(value)
+    vectors = [c for c in event.columns if c.type == MYSQL_TYPE_VECTOR]
+    for index, column in enumerate(vectors):
+        column.type = FIELD_TYPE.BLOB
+        column.length_size = column.metadata[0]
+        column.unknown_type = False
+        column.character_set_name = column.collation_name = "binary"
+        column.vector_dimensions = dimensions[index] if index < len(dimensions) else 0
+
+
+_library_is_character_column = TableMapEvent._is_character_column
+
+
+def _is_character_column(column_type: int, dbms: str = "mysql") -> bool:
+    """The library's test, and VECTOR: MySQL lists a charset (binary) for each VECTOR column
+    in the table map's charset metadata, so without it every text column after a VECTOR
+    column took its neighbour's charset (a TEXT column decoded as binary, silently)."""
+    return column_type == MYSQL_TYPE_VECTOR or _library_is_character_column(column_type,
+                                                                           dbms=dbms)
+
+
+def _table_map_init(self: TableMapEvent, from_packet: Any, event_size: int, table_map: Any,
+                    ctl_connection: Any, **kwargs: Any) -> None:
+    """TableMapEvent.__init__ that reads every part of the event by its declared length.
+
+    The same values result for the tables the library decodes. Whatever cannot be decoded
+    (a column type of unknown layout, a damaged block) leaves ``undecodable`` saying why,
+    and the table still maps to its name (its rows events are named, and skipped when the
+    table is not captured); the adapter stops on it only for a captured table."""
+    BinLogEvent.__init__(self, from_packet, event_size, table_map, ctl_connection, **kwargs)
+    private = {name: kwargs[name] for name in (
+        "only_tables", "ignored_tables", "only_schemas", "ignored_schemas", "freeze_schema",
+        "optional_meta_data")}
+    private["enable_logging"] = kwargs.get("enable_logging", False)
+    private["use_column_name_cache"] = kwargs.get("use_column_name_cache", False)
+    for name, value in private.items():
+        setattr(self, f"_TableMapEvent__{name}", value)
+    self.undecodable = ""
+    self.unknown_metadata = {}
+    self.table_id = self._read_table_id()
+    if self.table_id in table_map and private["freeze_schema"]:
+        self._processed = False
+        return
+    self.flags = struct.unpack("<H", self.packet.read(2))[0]
+    self._advance_to_payload(8)
+    self.schema_length = self.packet.read(1)[0]
+    self.schema = self.packet.read(self.schema_length).decode()
+    self.packet.advance(1)
+    self.table_length = self.packet.read(1)[0]
+    self.table = self.packet.read(self.table_length).decode()
+    only_tables, only_schemas = private["only_tables"], private["only_schemas"]
+    ignored_tables, ignored_schemas = private["ignored_tables"], private["ignored_schemas"]
+    if (only_tables is not None and self.table not in only_tables) or (
+            ignored_tables is not None and self.table in ignored_tables) or (
+            only_schemas is not None and self.schema not in only_schemas) or (
+            ignored_schemas is not None and self.schema in ignored_schemas):
+        self._processed = False
+        return
+    self.packet.advance(1)
+    self.column_count = self.packet.read_length_coded_binary()
+    self.dbms = self.dbms or self._ctl_connection._get_dbms()  # noqa: SLF001
+    self.columns = []
+    try:
+        column_types = bytes(self.packet.read(self.column_count))
+        metadata = bytes(self.packet.read(self.packet.read_length_coded_binary()))
+        self.null_bitmask = self.packet.read((self.column_count + 7) // 8)
+        optional = bytes(self.packet.read(self.event_size - self.packet.read_bytes))
+        self.columns, self.undecodable = _columns_from_metadata(column_types, metadata)
+        self.table_obj = Table(self.table_id, self.schema, self.table, self.columns)
+        table_map[self.table_id] = self.table_obj
+        self.optional_metadata = _optional_metadata(self, optional)
+        self._sync_column_info()
+        _vector_columns(self)
+    except Exception as error:  # noqa: BLE001 - kept for the adapter: see the docstring
+        self.undecodable = (f"its table map does not decode ({type(error).__name__}: "
+                            f"{error})")
+        self.optional_metadata = getattr(self, "optional_metadata", OptionalMetaData())
+        self.table_obj = Table(self.table_id, self.schema, self.table, self.columns)
+        table_map[self.table_id] = self.table_obj
+
+
 # Installed once, for every stream of this process (the library has no hooks for these).
 Table.__init__ = _table_init
 BinLogPacketWrapper.unread = _unread_first
@@ -298,7 +505,29 @@ RowsEvent._RowsEvent__read_date = _invalid_date_as_none(RowsEvent._RowsEvent__re
 RowsEvent._RowsEvent__read_datetime = _invalid_date_as_none(RowsEvent._RowsEvent__read_datetime)
 RowsEvent.charset_to_encoding = staticmethod(_keep_text_bytes)
 TableMapEvent._read_type_values = _type_values_as_bytes  # noqa: SLF001
+TableMapEvent.__init__ = _table_map_init
+TableMapEvent._is_character_column = staticmethod(_is_character_column)  # noqa: SLF001
 json_binary.parse_opaque = _json_opaque
+
+
+class _DumpGtidSet:
+    """What mysql-replication's COM_BINLOG_DUMP_GTID asks of its ``GtidSet``: the binary
+    form of the position the stream starts after. The library's own cannot parse a tagged set
+    (``uuid:tag:1-5``, MySQL 8.3+), so a stream could not resume after a tagged transaction;
+    this one encodes both formats (``gtid.encode_mysql_gtid_set``; untagged sets as before)."""
+
+    def __init__(self, text: str) -> None:
+        self._encoded = encode_mysql_gtid_set(MysqlGtidSet.parse(text))
+
+    @property
+    def encoded_length(self) -> int:
+        return len(self._encoded)
+
+    def encoded(self) -> bytes:
+        return self._encoded
+
+
+binlogstream.GtidSet = _DumpGtidSet
 
 
 def schema_from_table_map(event: TableMapEvent) -> TableSchema:
@@ -326,7 +555,6 @@ binlog_decoding.register(STREAM_EVENTS)
 _UNSUPPORTED_FIXES = {
     BeginLoadQueryEvent: "LOAD DATA logged as a statement: set binlog_format=ROW",
     ExecuteLoadQueryEvent: "LOAD DATA logged as a statement: set binlog_format=ROW",
-    PartialUpdateRowsEvent: "partial JSON updates: set binlog_row_value_options='' (empty)",
 }
 _ANONYMOUS_GTID = 0x22
 
@@ -415,8 +643,18 @@ class BinlogStream:
 
     def _convert(self, event: Any) -> Iterator[Event]:
         """The library's event -> the project's (none for ignorable or unwanted ones)."""
-        if isinstance(event, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent) and not (
-                isinstance(event, PartialUpdateRowsEvent)):
+        if isinstance(event, PartialUpdateRowsEvent):
+            if self._wanted(event.schema, event.table):
+                raise UnsupportedEvent(
+                    f"table {event.schema}.{event.table} at GTID {self._gtid or '?'}: a "
+                    "PARTIAL_UPDATE_ROWS_EVENT: the source logs partial JSON updates "
+                    "(binlog_row_value_options=PARTIAL_JSON, set since the engine started, "
+                    "globally or in a session), whose after-images hold only the changed parts "
+                    "of JSON values, so the row cannot be captured exactly. Fix: SET PERSIST "
+                    "binlog_row_value_options='' on the replica (and in sessions that set it), "
+                    "then re-snapshot the table and move the checkpoint past this GTID (or "
+                    "start from a fresh landing zone with capture.initial_position)")
+        elif isinstance(event, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent):
             if self._wanted(event.schema, event.table):
                 op = ("insert" if isinstance(event, WriteRowsEvent) else
                       "update" if isinstance(event, UpdateRowsEvent) else "delete")
@@ -436,7 +674,13 @@ class BinlogStream:
                 schema = self._table_schema(event)
                 self._table_schemas[event.table_id] = schema
                 yield TableMap(event.table_id, schema)
-        elif isinstance(event, MariadbGtidEvent | GtidEvent):
+        elif isinstance(event, MariadbGtidEvent | GtidEvent | TaggedGtidEvent):
+            if isinstance(event, TaggedGtidEvent) and event.error:
+                raise UnsupportedEvent(
+                    f"a GTID_TAGGED_LOG_EVENT after GTID {self._gtid or '(none)'} does not "
+                    f"decode: {event.error}. The transaction after it cannot be told, so the "
+                    "engine stops. Check the source's binlog with mysqlbinlog; if the server "
+                    "is newer than cdc_platform knows, upgrade cdc_platform")
             if isinstance(event, MariadbGtidEvent):
                 read_mariadb_xa_id(event)
             begin = self._flavour.begin(event)
@@ -481,6 +725,31 @@ class BinlogStream:
             "; then restart the engine (it resumes from its checkpoint)")
 
     def _table_schema(self, event: TableMapEvent) -> TableSchema:
+        where = f"table {event.schema}.{event.table} at GTID {self._gtid or '?'}"
+        if getattr(event, "undecodable", ""):
+            raise TableMapError(
+                f"{where}: {event.undecodable}, so its rows cannot be read exactly. Fix: "
+                "exclude the table (capture.tables), or upgrade cdc_platform to a version "
+                "that reads it; then restart the engine")
+        unknown = [(i, c) for i, c in enumerate(getattr(event, "columns", ()))
+                   if getattr(c, "unknown_type", False)]
+        if unknown:
+            index, column = unknown[0]
+            name = repr(column.name) if column.name else f"#{index + 1}"
+            raise TableMapError(
+                f"{where}: column {name} has binlog column type {column.type}, which "
+                "cdc_platform cannot decode, and its rows cannot be read past it. Fix: "
+                "exclude the table (capture.tables), or upgrade cdc_platform to a version "
+                "that reads the type; then restart the engine")
+        metadata = getattr(event, "optional_metadata", None)
+        if metadata is not None and not metadata.column_name_list:
+            raise TableMapError(
+                f"{where}: its table map carries no column names: the source wrote it with "
+                "binlog_row_metadata=MINIMAL (changed at runtime; capture needs FULL), so "
+                "its columns, their charsets and key cannot be told exactly. Fix: SET PERSIST "
+                "binlog_row_metadata=FULL on the replica, then re-snapshot the table and move "
+                "the checkpoint past the transactions written meanwhile (or start from a "
+                "fresh landing zone with capture.initial_position)")
         try:
             return schema_from_table_map(event)
         except (NotImplementedError, ValueError) as error:

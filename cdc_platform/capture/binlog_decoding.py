@@ -10,6 +10,10 @@
 * MySQL ``binlog_transaction_compression=ON``: TRANSACTION_PAYLOAD_EVENT (40) holds a whole
   transaction's events, zstd-compressed, without checksums. They are decompressed as a
   stream and parsed with the library's own classes one at a time, in order (``events()``).
+* MySQL 8.3+ tagged GTIDs (``SET gtid_next='AUTOMATIC:tag'``, ``uuid:tag:n``):
+  GTID_TAGGED_LOG_EVENT (42), written in MySQL's "mysql::serialization" format
+  (``libs/mysql/serialization``: variable-length integers, numbered fields) instead of the
+  fixed layout of GTID_LOG_EVENT (``TaggedGtidEvent``).
 
 Without this the library turns these into ``NotImplementedEvent`` and the rows are lost
 silently. New event types are registered into the library's packet event map (``register``,
@@ -43,6 +47,7 @@ WRITE_ROWS_COMPRESSED_EVENT = 0xA9
 UPDATE_ROWS_COMPRESSED_EVENT = 0xAA
 DELETE_ROWS_COMPRESSED_EVENT = 0xAB
 TRANSACTION_PAYLOAD_EVENT = 40
+GTID_TAGGED_LOG_EVENT = 42
 
 # compressed type -> the uncompressed type it is parsed as
 _UNCOMPRESSED = {
@@ -163,14 +168,17 @@ _ZSTD, _NONE = 0, 255
 _NO_CHECKSUM = b"\x00" * 4
 
 
-def _packed_int(data: bytes, at: int) -> tuple[int, int]:
-    """A MySQL length-encoded integer at ``at`` -> (value, next offset)."""
+def packed_int(data: bytes, at: int, what: str = "transaction payload") -> tuple[int, int]:
+    """A MySQL length-encoded integer at ``at`` -> (value, next offset); ``what`` names the
+    event in the error."""
+    if at >= len(data):
+        raise UnsupportedEvent(f"{what}: a length-encoded integer runs past the end")
     first = data[at]
     if first < 0xFB:
         return first, at + 1
     width = {0xFC: 2, 0xFD: 3, 0xFE: 8}.get(first)
     if width is None:
-        raise UnsupportedEvent(f"transaction payload: bad length-encoded integer 0x{first:x}")
+        raise UnsupportedEvent(f"{what}: bad length-encoded integer 0x{first:x}")
     return int.from_bytes(data[at + 1:at + 1 + width], "little"), at + 1 + width
 
 
@@ -193,12 +201,12 @@ def payload_header(body: bytes) -> PayloadHeader:
     """The fields before a TRANSACTION_PAYLOAD_EVENT body's data."""
     at, size, compression, uncompressed = 0, None, _ZSTD, None
     while at < len(body):
-        field, at = _packed_int(body, at)
+        field, at = packed_int(body, at)
         if field == _PAYLOAD_END:
             break
-        length, at = _packed_int(body, at)
+        length, at = packed_int(body, at)
         if field in (_PAYLOAD_SIZE, _PAYLOAD_COMPRESSION, _PAYLOAD_UNCOMPRESSED_SIZE):
-            value, at = _packed_int(body, at)
+            value, at = packed_int(body, at)
             if field == _PAYLOAD_SIZE:
                 size = value
             elif field == _PAYLOAD_COMPRESSION:
@@ -312,6 +320,176 @@ class TransactionPayloadEvent(BinLogEvent):
             yield event
 
 
+# -- MySQL tagged GTIDs (mysql::serialization) -----------------------------------------------
+
+
+def read_varlen_uint(data: bytes, at: int) -> tuple[int, int]:
+    """A "mysql::serialization" unsigned integer at ``at`` -> (value, next offset).
+
+    The number of trailing one bits of the first byte is the number of bytes that follow;
+    the value is the little-endian whole shifted right by that count plus one. A first byte
+    0xFF is followed by the 8 bytes of the value itself
+    (``libs/mysql/serialization/variable_length_integers.h``)."""
+    if at >= len(data):
+        raise ValueError("a variable-length integer runs past the end of the event")
+    first = data[at]
+    ones = 0
+    while ones < 8 and first >> ones & 1:
+        ones += 1
+    if ones == 8:
+        if at + 9 > len(data):
+            raise ValueError("a 9-byte variable-length integer runs past the end of the event")
+        return int.from_bytes(data[at + 1:at + 9], "little"), at + 9
+    width = ones + 1
+    if at + width > len(data):
+        raise ValueError("a variable-length integer runs past the end of the event")
+    return int.from_bytes(data[at:at + width], "little") >> width, at + width
+
+
+def write_varlen_uint(value: int) -> bytes:
+    """The inverse of ``read_varlen_uint`` (MySQL writes the shortest form)."""
+    if value < 0 or value >= 1 << 64:
+        raise ValueError(f"{value} does not fit an unsigned 64-bit integer")
+    for width in range(1, 9):
+        if value < 1 << (7 * width):
+            marker = (1 << (width - 1)) - 1
+            return ((value << width) | marker).to_bytes(width, "little")
+    return b"\xff" + value.to_bytes(8, "little")
+
+
+def read_varlen_int(data: bytes, at: int) -> tuple[int, int]:
+    """A signed "mysql::serialization" integer (zig-zag: the lowest bit is the sign)."""
+    raw, at = read_varlen_uint(data, at)
+    return (-(raw >> 1) - 1 if raw & 1 else raw >> 1), at
+
+
+def write_varlen_int(value: int) -> bytes:
+    return write_varlen_uint(value << 1 if value >= 0 else ((-value - 1) << 1) | 1)
+
+
+#: Gtid_event's fields in the tagged format (libs/mysql/binlog/event/control_events.h).
+_TAGGED_GTID_FIELDS = ("flags", "sid", "gno", "tag", "last_committed", "sequence_number",
+                       "immediate_commit_timestamp", "original_commit_timestamp",
+                       "transaction_length", "immediate_server_version",
+                       "original_server_version", "commit_group_ticket")
+_SIGNED_GTID_FIELDS = {"gno", "last_committed", "sequence_number"}
+_TAGGED_GTID_FORMAT = 2  # (the format byte MySQL 8.3-9.x write; rust_mysql_common's "V2")
+
+
+@dataclass(frozen=True)
+class TaggedGtid:
+    """What a GTID_TAGGED_LOG_EVENT says about its transaction."""
+
+    sid: str
+    tag: str
+    gno: int
+    flags: int = 0
+    immediate_commit_timestamp: int = 0
+
+    @property
+    def gtid(self) -> str:
+        """``uuid:tag:gno`` (``uuid:gno`` when the tag is empty), as MySQL prints it."""
+        return f"{self.sid}:{self.tag}:{self.gno}" if self.tag else f"{self.sid}:{self.gno}"
+
+
+def decode_tagged_gtid(body: bytes) -> TaggedGtid:
+    """A GTID_TAGGED_LOG_EVENT body (after the common header, without checksum).
+
+    Layout: a format byte; then the message: its size (counting from the format byte), the
+    id of its last field a reader must understand, and ``field id, value`` pairs in id order.
+    A field this reader does not know is an error when it is at or below that id; after it,
+    the rest of the message is ignorable (it cannot be skipped field by field: its width is
+    not written). ValueError says what does not check out."""
+    if not body:
+        raise ValueError("the event is empty")
+    if body[0] != _TAGGED_GTID_FORMAT:
+        raise ValueError(f"serialization format {body[0]}, which cdc_platform does not know "
+                         f"(it reads {_TAGGED_GTID_FORMAT})")
+    size, at = read_varlen_uint(body, 1)
+    last_non_ignorable, at = read_varlen_uint(body, at)
+    if size < at or size > len(body):
+        raise ValueError(f"the message declares {size} bytes, the event holds {len(body)}")
+    data = body[:size]
+    values: dict[str, object] = {}
+    while at < size:
+        field_id, at = read_varlen_uint(data, at)
+        if field_id >= len(_TAGGED_GTID_FIELDS):
+            if field_id <= last_non_ignorable:
+                raise ValueError(f"field {field_id} must be understood and is not known here")
+            break
+        name = _TAGGED_GTID_FIELDS[field_id]
+        if name == "sid":
+            uuid = bytearray()
+            for _ in range(16):
+                byte, at = read_varlen_uint(data, at)
+                if byte > 0xFF:
+                    raise ValueError(f"a UUID byte is {byte}")
+                uuid.append(byte)
+            values[name] = uuid
+        elif name == "tag":
+            length, at = read_varlen_uint(data, at)
+            if at + length > size:
+                raise ValueError("the tag runs past the end of the event")
+            try:
+                values[name] = data[at:at + length].decode("ascii")
+            except UnicodeDecodeError:
+                raise ValueError(f"the tag {data[at:at + length]!r} is not ASCII") from None
+            at += length
+        elif name in _SIGNED_GTID_FIELDS:
+            values[name], at = read_varlen_int(data, at)
+        else:
+            values[name], at = read_varlen_uint(data, at)
+    if "sid" not in values or "gno" not in values:
+        raise ValueError("the event names no UUID or no transaction number")
+    sid = bytes(values["sid"]).hex()  # type: ignore[arg-type]
+    gno = int(values["gno"])  # type: ignore[call-overload]
+    if gno < 1:
+        raise ValueError(f"transaction number {gno}")
+    return TaggedGtid(f"{sid[:8]}-{sid[8:12]}-{sid[12:16]}-{sid[16:20]}-{sid[20:]}",
+                      str(values.get("tag", "")), gno, int(values.get("flags", 0)),  # type: ignore[call-overload]
+                      int(values.get("immediate_commit_timestamp", 0)))  # type: ignore[call-overload]
+
+
+def encode_tagged_gtid(gtid: TaggedGtid, last_committed: int = 0,
+                       sequence_number: int = 1) -> bytes:
+    """A GTID_TAGGED_LOG_EVENT body as MySQL writes it (for tests that build events)."""
+    fields = write_varlen_uint(0) + write_varlen_uint(gtid.flags)
+    fields += write_varlen_uint(1) + b"".join(
+        write_varlen_uint(b) for b in bytes.fromhex(gtid.sid.replace("-", "")))
+    fields += write_varlen_uint(2) + write_varlen_int(gtid.gno)
+    if gtid.tag:
+        fields += write_varlen_uint(3) + write_varlen_uint(len(gtid.tag)) + gtid.tag.encode()
+    fields += write_varlen_uint(4) + write_varlen_int(last_committed)
+    fields += write_varlen_uint(5) + write_varlen_int(sequence_number)
+    fields += write_varlen_uint(6) + write_varlen_uint(gtid.immediate_commit_timestamp)
+    head = write_varlen_uint(0)  # last_non_ignorable_field_id
+    size = 1 + len(head) + len(fields)
+    while True:  # (the size counts its own encoding)
+        total = size + len(write_varlen_uint(size))
+        if total == size + len(write_varlen_uint(total)):
+            return bytes([_TAGGED_GTID_FORMAT]) + write_varlen_uint(total) + head + fields
+        size += 1
+
+
+class TaggedGtidEvent(BinLogEvent):
+    """GTID_TAGGED_LOG_EVENT: ``gtid`` is ``uuid:tag:gno``. An event that does not decode
+    keeps its reason in ``error`` (the adapter stops naming the GTID before it)."""
+
+    def __init__(self, from_packet: Any, event_size: int, table_map: Any, ctl_connection: Any,
+                 **kwargs: Any) -> None:
+        super().__init__(from_packet, event_size, table_map, ctl_connection, **kwargs)
+        self.error: str | None = None
+        self.gtid = ""
+        try:
+            decoded = decode_tagged_gtid(bytes(self.packet.read(event_size)))
+        except ValueError as error:
+            self.error = str(error)
+            return
+        self.gtid = decoded.gtid
+        self.sid, self.tag, self.gno = decoded.sid, decoded.tag, decoded.gno
+        self.commit_flag = bool(decoded.flags & 1)
+
+
 # -- the registry ----------------------------------------------------------------------------
 
 #: Event types that never carry row data or transaction boundaries the engine needs: dropped
@@ -341,6 +519,7 @@ _EVENT_NAMES.update({
     TRANSACTION_PAYLOAD_EVENT: "TRANSACTION_PAYLOAD_EVENT",
     0x24: "TRANSACTION_CONTEXT_EVENT", 0x25: "VIEW_CHANGE_EVENT",
     0x28: "TRANSACTION_PAYLOAD_EVENT", 0x29: "HEARTBEAT_LOG_EVENT_V2",
+    GTID_TAGGED_LOG_EVENT: "GTID_TAGGED_LOG_EVENT",
 })
 
 
@@ -358,6 +537,7 @@ _REGISTERED = {
     UPDATE_ROWS_COMPRESSED_EVENT: CompressedUpdateRowsEvent,
     DELETE_ROWS_COMPRESSED_EVENT: CompressedDeleteRowsEvent,
     TRANSACTION_PAYLOAD_EVENT: TransactionPayloadEvent,
+    GTID_TAGGED_LOG_EVENT: TaggedGtidEvent,
 }
 
 #: The library classes the adapter receives (the packet wrapper parses nothing else).
