@@ -52,6 +52,7 @@ from cdc_platform.capture.names import table_id
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.lake.changelog import (
     changelog_batch,
+    list_segments,
     read_checkpoint,
     read_column_renames,
     read_table_schemas,
@@ -205,6 +206,8 @@ def _materialise_once(
         if base is None:
             _create(target, _fallback_schema(landing_url, server_name, database, table,
                                              schema_hint), before_pos - 1)
+        elif checkpoint is not None:
+            _drop_columns_dropped_at_source(landing_url, target, after_pos, before_pos)
         return _result(target, started, attempt)
 
     if checkpoint is None:
@@ -381,6 +384,32 @@ def _create(target: LakeTable, schema: TableSchema, renamed_through: int) -> Non
         if target.current() is None:
             empty = target.spark.createDataFrame([], target.spark.table(target.identifier).schema)
             empty.writeTo(target.identifier).append()
+
+
+def _drop_columns_dropped_at_source(landing_url: str, target: LakeTable,
+                                    after_pos: int | None, before_pos: int) -> None:
+    """With nothing to merge, drop the target's columns the source dropped since its last
+    change (``ALTER TABLE .. DROP COLUMN`` with no row change after it): the engine's
+    recorded schema of the table (``tables.json``) no longer has them. A batch drops them
+    through ``evolve`` anyway; this is the case without one, so a target never keeps a
+    dropped column with its old values.
+
+    Only drops, and only when nothing else can be pending: no column rename the table does
+    not follow yet (a renamed column is not a dropped one), and no segment landed beyond the
+    checkpoint (the engine may have recorded the schema before a crash took its checkpoint:
+    records from before the DROP would be replayed, and they still carry the column)."""
+    server_name, database, table = target.server_name, target.database, target.table
+    recorded = read_table_schemas(landing_url, server_name).get(target.table_id)
+    if recorded is None:
+        return
+    current = [f.name for f in target.user_struct().fields]
+    if not set(recorded.column_names) < set(current):
+        return
+    renames = read_column_renames(landing_url, server_name, database, table, before_pos)
+    if _pending_renames(target, renames, after_pos) or list_segments(
+            landing_url, server_name, database, table, before_pos - 1):
+        return
+    target.evolve(recorded)
 
 
 def _pending_renames(target: LakeTable, renames: Sequence[ColumnRenames],
