@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pymysql
+import pymysql.converters
 import pymysql.protocol
 
 from cdc_platform.capture.binlog_decoding import decode_tagged_gtid
@@ -212,6 +213,10 @@ class FakeCursor:
         pass
 
     def execute(self, sql: str, args: Any = None) -> int:
+        if args is not None:  # (only string parameters are sent to it)
+            values = args if isinstance(args, tuple | list) else (args,)
+            sql = sql % tuple(pymysql.converters.escape_string(str(v)).join("''")
+                              for v in values)
         rows = self.conn.answer(sql)
         if self.conn.dict_cursor:
             rows = [{"Variable_name": r[0], "Value": r[1]} if len(r) == 2 else r for r in rows]

@@ -226,3 +226,30 @@ def test_snapshot_asset_fails_with_the_line(cdc_env: CdcEnv,
     [failure] = result.get_step_failure_events()
     description = failure.step_failure_data.user_failure_data.description
     assert expected in description and "\n" not in description
+
+
+# ---- MySQL settings, on a server made of a binlog file (no MySQL server runs here) ----------
+
+def test_mysql_partial_json_updates_are_refused_at_start_in_one_line(tmp_path: Any,
+                                                                    monkeypatch: Any) -> None:
+    """binlog_row_value_options=PARTIAL_JSON logs only the changed part of JSON values: it is
+    refused before streaming, like binlog_row_image, by the engine's own start."""
+    from cdc_platform.capture.source import check_prerequisites
+    from cdc_platform_tests.capture.mysql_binlog_files import BinlogFileServer, read_binlog
+    from cdc_platform_tests.capture.test_mysql_binlog_files import _engine
+
+    binlog = read_binlog("vector.binlog")
+    assert check_prerequisites(BinlogFileServer(binlog).connect(), "mysql") == []
+    partial = BinlogFileServer(binlog, binlog_row_value_options="PARTIAL_JSON")
+    [problem] = check_prerequisites(partial.connect(), "mysql")
+    assert "binlog_row_value_options is 'PARTIAL_JSON', needs '' (empty)" in problem
+
+    engine, _ = _engine(tmp_path, monkeypatch, binlog, binlog_row_value_options="PARTIAL_JSON")
+    with pytest.raises(PrerequisiteError) as raised:
+        engine.run(stop_when_caught_up=True)
+    line = describe_start_error(raised.value)
+    assert line is not None and "\n" not in line
+    assert "binlog_row_value_options is 'PARTIAL_JSON'" in line
+    assert "Set binlog_row_value_options=''" in line
+    checkpoint = engine.landing.read_checkpoint()  # (refused before streaming anything)
+    assert checkpoint is None or (checkpoint.gtid, checkpoint.next_pos) == ("", 1)

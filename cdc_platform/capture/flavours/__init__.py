@@ -50,7 +50,8 @@ class Flavour(Protocol):
         """The position at the start of the oldest binlog still on the server."""
 
     def replica_problems(self, conn: pymysql.Connection) -> list[str]:
-        """Why a replica's binlog would miss what it applies (empty: fine or not a replica)."""
+        """Why the binlog would miss what capture needs beyond ``required_variables``: on a
+        replica, what it applies; on MySQL, partial JSON updates (empty: fine)."""
 
 
 def flavour_of(name: str) -> Flavour:

@@ -10,6 +10,7 @@ import pymysql
 from cdc_platform.capture.events import Begin, EngineError
 from cdc_platform.capture.flavours.common import (
     error_code,
+    global_variable,
     gtid_variable_text,
     log_updates_problem,
     undecoded,
@@ -65,6 +66,24 @@ class MysqlFlavour:
             return str(cur.fetchone()[0] or "").replace("\n", "")
 
     def replica_problems(self, conn: pymysql.Connection) -> list[str]:
+        return self.setting_problems(conn) + self._replica_log_problems(conn)
+
+    @staticmethod
+    def setting_problems(conn: pymysql.Connection) -> list[str]:
+        """Settings ``required_variables`` cannot express. ``binlog_row_value_options`` must
+        be empty: with PARTIAL_JSON, an UPDATE of a JSON column logs only the changed part of
+        the value (PARTIAL_UPDATE_ROWS_EVENT), not the after-image capture lands. (A server
+        without the variable, older than MySQL 8.0.3, cannot log partial updates.)"""
+        value = global_variable(conn, "binlog_row_value_options")
+        if not value:
+            return []
+        return [f"server variable binlog_row_value_options is {value!r}, needs '' (empty): "
+                "partial JSON updates log only the changed part of JSON values, which "
+                "capture cannot land exactly. Set binlog_row_value_options='' (SET PERSIST, "
+                "and in sessions that set it)"]
+
+    @staticmethod
+    def _replica_log_problems(conn: pymysql.Connection) -> list[str]:
         # (the status row's error columns quote statements: bytes, see undecoded)
         with conn.cursor(pymysql.cursors.Cursor) as cur, undecoded(conn):
             try:
