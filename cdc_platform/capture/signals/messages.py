@@ -111,7 +111,9 @@ def parse_signal(message: SignalMessage, server_name: str, topic: str,
         return skip(f"message of {len(message.value):,} bytes exceeds the limit of "
                     f"{max_bytes:,} (signals.max_message_bytes)")
     try:
-        value = json.loads(message.value)
+        value = json.loads(message.value, object_pairs_hook=_unambiguous_object)
+    except _DuplicateKey as error:
+        return skip(str(error))
     except RecursionError:
         return skip("not valid JSON: nested too deeply to parse (a signal is an object of "
                     "strings and lists of strings)")
@@ -154,6 +156,25 @@ def parse_signal(message: SignalMessage, server_name: str, topic: str,
 
 class _Invalid(ValueError):
     pass
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unambiguous_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different. With a key twice, parsers disagree on
+    which value counts (Python's json takes the last, many gateways and audit tools the
+    first): a message that reads as a harmless ``log`` to one and as an ``execute-snapshot``
+    to another is refused, at any depth, rather than acted on."""
+    value: dict[str, Any] = {}
+    for key, item in pairs:
+        if key in value:
+            raise _DuplicateKey(f"ambiguous JSON: the key {key[:100]!r} appears twice in one "
+                                "object (parsers differ on which value counts); send each key "
+                                "once")
+        value[key] = item
+    return value
 
 
 def _collections(data: dict[str, Any], required: bool) -> tuple[str, ...]:

@@ -107,6 +107,17 @@ def test_the_legacy_single_condition_applies_to_every_table() -> None:
     (execute("inv.orders", **{"surrogate-key": 5}), "'surrogate-key' must be"),
     ({"type": "log", "data": {}}, "a log signal needs"),
     ({"id": "", "type": "log", "data": {"message": "x"}}, "'id' must be a non-empty string"),
+    # Duplicate keys, at any depth: parsers differ on which value counts (the first one
+    # reads as a harmless log to a gateway that keeps the first key).
+    (b'{"type": "log", "type": "execute-snapshot", "data": {"data-collections": ["inv.t"]}}',
+     "the key 'type' appears twice"),
+    (b'{"type": "execute-snapshot", "data": {"data-collections": ["inv.a"], '
+     b'"data-collections": ["inv.b"]}}', "the key 'data-collections' appears twice"),
+    (b'{"type": "execute-snapshot", "data": {"data-collections": ["inv.a"], '
+     b'"additional-conditions": [{"data-collection": "inv.a", "filter": "id > 1", '
+     b'"filter": "1 = 1"}]}}', "the key 'filter' appears twice"),
+    (b'{"id": "a", "id": "b", "type": "log", "data": {"message": "x"}}',
+     "the key 'id' appears twice"),
 ])
 def test_bad_messages_are_skipped_with_the_reason(value: Any, expected: str) -> None:
     [action] = plan(message(value, offset=3))
