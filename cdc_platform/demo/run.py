@@ -25,9 +25,9 @@ from typing import Any
 
 import yaml
 
-from cdc_platform.devservices._process import pdeathsig_preexec
 from cdc_platform.devservices.kafka import TansuBroker
 from cdc_platform.devservices.mariadb import MariaDBServer
+from cdc_platform.devservices.supervisor import Interrupted, ProcessSupervisor
 
 CDC_HOME = Path(os.environ.get("CDC_HOME", ".cdc")).absolute()
 DEMO_DIR = CDC_HOME / "demo"
@@ -88,13 +88,20 @@ def use_demo_broker() -> None:
         os.environ["CDC_KAFKA_BOOTSTRAP"] = broker.bootstrap_servers
 
 
-def _background(env: dict[str, str], command: list[str], log_name: str
-                ) -> subprocess.Popen[bytes]:
-    """A child process logging to ``DEMO_DIR/log_name``; if the demo dies it gets SIGTERM
-    (a run checkpoints and exits instead of lingering)."""
-    log = open(DEMO_DIR / log_name, "ab")  # noqa: SIM115 - handed to the child
-    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            preexec_fn=pdeathsig_preexec(signal.SIGTERM))
+#: How long a ``dagster job execute`` gets after SIGTERM (the stream flushes and checkpoints).
+JOB_STOP_GRACE_SECONDS = 20.0
+#: How long ``dagster dev`` and the daemon get after SIGINT to stop what they started.
+DAGSTER_STOP_GRACE_SECONDS = 10.0
+
+
+def _background(supervisor: ProcessSupervisor, env: dict[str, str], command: list[str],
+                log_name: str, stop_signal: int = signal.SIGTERM,
+                grace: float = JOB_STOP_GRACE_SECONDS) -> subprocess.Popen[bytes]:
+    """A child process logging to ``DEMO_DIR/log_name``, stopped with the demo (SIGTERM: a run
+    checkpoints and exits instead of lingering), even if the demo is killed."""
+    with open(DEMO_DIR / log_name, "ab") as log:
+        return supervisor.spawn(log_name.removesuffix(".log"), command, env=env, output=log,
+                                stop_signal=stop_signal, grace=grace)
 
 
 def create_dagster_storage(home: Path) -> None:
@@ -116,7 +123,8 @@ def _prepare_dagster_home() -> None:
     create_dagster_storage(DAGSTER_HOME)
 
 
-def _dagster_job(env: dict[str, str], job: str, run_config: dict[str, Any] | None = None,
+def _dagster_job(supervisor: ProcessSupervisor, env: dict[str, str], job: str,
+                 run_config: dict[str, Any] | None = None,
                  background: bool = False) -> subprocess.Popen[bytes] | int:
     command = [str(Path(sys.executable).with_name("dagster")), "job", "execute",
                "-m", "cdc_platform.definitions", "-j", job]
@@ -124,19 +132,21 @@ def _dagster_job(env: dict[str, str], job: str, run_config: dict[str, Any] | Non
         path = DEMO_DIR / f"{job}.run_config.yaml"
         path.write_text(yaml.safe_dump(run_config))
         command += ["-c", str(path)]
-    process = _background(env, command, f"{job}.log")
+    process = _background(supervisor, env, command, f"{job}.log")
     if background:
         return process
-    return process.wait()
+    return supervisor.wait(process)
 
 
-def _dagster_daemon(env: dict[str, str]) -> subprocess.Popen[bytes]:
+def _dagster_daemon(supervisor: ProcessSupervisor, env: dict[str, str]
+                    ) -> subprocess.Popen[bytes]:
     """The Dagster daemon (sensors, run queue) on the repository's workspace.yaml, as in
     production; it runs the signal sensor and launches the runs the sensor requests."""
     workspace = Path(__file__).resolve().parents[2] / "workspace.yaml"
     command = [str(Path(sys.executable).with_name("dagster-daemon")), "run", "-w",
                str(workspace)]
-    return _background(env, command, "dagster-daemon.log")
+    return _background(supervisor, env, command, "dagster-daemon.log", signal.SIGINT,
+                       DAGSTER_STOP_GRACE_SECONDS)
 
 
 def _send_signal(env: dict[str, str], *args: str) -> bool:
@@ -207,6 +217,16 @@ def _snapshot_summary(run: Any) -> str:
 
 
 def run_demo(orders: int = 100_000, workload_seconds: float = 20.0) -> int:
+    """The demo; Ctrl-C or SIGTERM stops it and everything it started (exit code 128 + the
+    signal's number)."""
+    try:
+        with ProcessSupervisor() as supervisor:
+            return _run_demo(supervisor, orders, workload_seconds)
+    except Interrupted as stop:
+        return stop.exit_code
+
+
+def _run_demo(supervisor: ProcessSupervisor, orders: int, workload_seconds: float) -> int:
     from cdc_platform.demo.inventory import Workload, create_schema, load_initial_data
 
     if DEMO_DIR.exists():
@@ -218,11 +238,10 @@ def run_demo(orders: int = 100_000, workload_seconds: float = 20.0) -> int:
     broker = _broker()
     _say(f"starting a private MariaDB in {DEMO_DIR / 'mariadb'} and a Kafka-compatible broker "
          "(Tansu) for the signal topic")
-    server.start()
-    children: list[subprocess.Popen[bytes]] = []
+    supervisor.start_service(server)
     workload: Workload | None = None
     try:
-        broker.start()
+        supervisor.start_service(broker)
         env = _environment(server, broker)
         from cdc_platform.config import parse_settings
         from cdc_platform.defs.signals.sensors import sensor_name
@@ -230,7 +249,7 @@ def run_demo(orders: int = 100_000, workload_seconds: float = 20.0) -> int:
         settings = parse_settings(yaml.safe_load(DEMO_CONFIG_PATH.read_text()), "demo config")
         sensor = sensor_name(settings)
         _say("starting the Dagster daemon (runs the signal sensor and launches its runs)")
-        children.append(_dagster_daemon(env))
+        daemon = _dagster_daemon(supervisor, env)
         started = time.monotonic()
         _say(f"creating the inventory database with {orders:,} orders")
         with server.root_connect() as conn:
@@ -240,12 +259,11 @@ def run_demo(orders: int = 100_000, workload_seconds: float = 20.0) -> int:
 
         workload = Workload(server.connection_settings(user="root"), rate=150.0)
         _say("streaming (job stream_changes) while a write workload runs")
-        launched = _dagster_job(env, "stream_changes", {"ops": {"capture_changes": {"config": {
-            "stop_when_caught_up": True, "caught_up_idle_seconds": 4.0,
-            "progress_seconds": 5.0}}}}, background=True)
+        launched = _dagster_job(supervisor, env, "stream_changes", {"ops": {"capture_changes": {
+            "config": {"stop_when_caught_up": True, "caught_up_idle_seconds": 4.0,
+                       "progress_seconds": 5.0}}}}, background=True)
         assert isinstance(launched, subprocess.Popen)
         stream = launched
-        children.append(stream)
         workload.start(seconds=24 * 3600)  # until the snapshot has finished, stopped below
         workload_started = time.monotonic()
         _say(f"asking for a snapshot of {SNAPSHOT_TABLE} through the signal topic "
@@ -254,7 +272,7 @@ def run_demo(orders: int = 100_000, workload_seconds: float = 20.0) -> int:
             _say("the signal could not be sent")
             return 1
         run = _wait_for_snapshot_run(sensor, workload_started, workload_seconds,
-                                     {"dagster-daemon": children[0], "stream_changes": stream})
+                                     {"dagster-daemon": daemon, "stream_changes": stream})
         stats = workload.stop()
         workload = None
         _say(f"workload done: {stats.transactions} transactions committed, "
@@ -267,15 +285,15 @@ def run_demo(orders: int = 100_000, workload_seconds: float = 20.0) -> int:
                  f"(make ui) or {DEMO_DIR / 'dagster-daemon.log'}")
             return 1
         _say(_snapshot_summary(run))
-        if stream.wait() != 0:
+        if supervisor.wait(stream) != 0:
             _say(f"stream_changes failed: see {DEMO_DIR / 'stream_changes.log'}")
             return 1
 
         _say("materialising the lake tables and reconciling them (job materialise_targets)")
-        code = _dagster_job(env, "materialise_targets")
+        code = _dagster_job(supervisor, env, "materialise_targets")
         if code == 0:
             _say("building the dbt models on the lake tables (job build_dbt_models)")
-            code = _dagster_job(env, "build_dbt_models")
+            code = _dagster_job(supervisor, env, "build_dbt_models")
         ok = _print_summary(server, env) and code == 0
         _say("all tables reconcile: zero differences" if ok else
              f"differences found or a run failed: see {DEMO_DIR}/*.log")
@@ -287,15 +305,8 @@ def run_demo(orders: int = 100_000, workload_seconds: float = 20.0) -> int:
     finally:
         if workload is not None:
             workload.stop()
-        for child in reversed(children):  # the stream first: it checkpoints and stops
-            if child.poll() is None:
-                child.terminate()
-                try:
-                    child.wait(timeout=90)
-                except subprocess.TimeoutExpired:
-                    child.kill()
-        broker.stop()
-        server.stop()
+        # the supervisor then stops the stream first (it checkpoints), the daemon, the broker
+        # and the server
 
 
 def _print_summary(server: MariaDBServer, env: dict[str, str]) -> bool:
@@ -369,25 +380,28 @@ def _latest_check(instance: Any, key: Any) -> dict[str, Any] | None:
 
 
 def run_ui(port: int = 3000) -> int:
-    """Start the demo's MariaDB (its data survives from ``make demo``) and ``dagster dev``."""
-    _prepare_dagster_home()
-    server = MariaDBServer(base_dir=DEMO_DIR / "mariadb", server_id=1,
-                           cdc_password=DEMO_PASSWORD)
-    server.start()
-    broker = _broker()
+    """Start the demo's MariaDB (its data survives from ``make demo``), its broker and
+    ``dagster dev``. Ctrl-C or SIGTERM stops all of them (and whatever ``dagster dev`` started:
+    webserver, daemon, code servers, runs) and exits 0."""
     try:
-        broker.start()
-        env = _environment(server, broker)
-        _say(f"MariaDB on {server.host}:{server.port}, Kafka (Tansu) on "
-             f"{broker.bootstrap_servers}; Dagster UI on http://127.0.0.1:{port} (Ctrl-C stops "
-             "all three)")
-        _say("with the stream_changes job running, snapshot a table from another shell: "
-             ".venv/bin/python -m cdc_platform signal execute-snapshot inventory.customers")
-        command = [str(Path(sys.executable).with_name("dagster")), "dev", "-w",
-                   "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)]
-        return subprocess.call(command, env=env)
-    except KeyboardInterrupt:
+        with ProcessSupervisor() as supervisor:
+            _prepare_dagster_home()
+            server = MariaDBServer(base_dir=DEMO_DIR / "mariadb", server_id=1,
+                                   cdc_password=DEMO_PASSWORD)
+            supervisor.start_service(server)
+            broker = _broker()
+            supervisor.start_service(broker)
+            env = _environment(server, broker)
+            _say(f"MariaDB on {server.host}:{server.port}, Kafka (Tansu) on "
+                 f"{broker.bootstrap_servers}; Dagster UI on http://127.0.0.1:{port} (Ctrl-C "
+                 "stops all three)")
+            _say("with the stream_changes job running, snapshot a table from another shell: "
+                 ".venv/bin/python -m cdc_platform signal execute-snapshot inventory.customers")
+            command = [str(Path(sys.executable).with_name("dagster")), "dev", "-w",
+                       "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)]
+            dagster_dev = supervisor.spawn("dagster dev", command, env=env,
+                                           stop_signal=signal.SIGINT,
+                                           grace=DAGSTER_STOP_GRACE_SECONDS)
+            return supervisor.wait(dagster_dev, services=(server, broker))
+    except Interrupted:
         return 0
-    finally:
-        broker.stop()
-        server.stop()

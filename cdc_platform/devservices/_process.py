@@ -7,8 +7,10 @@ down``) can find it; ``<base>/.lock`` serialises concurrent starts on the same b
 Orphans are prevented three ways for services this process owns: an ``atexit`` hook (also runs
 after Ctrl-C, which raises ``KeyboardInterrupt``), a SIGTERM/SIGHUP handler when the signal still
 has its default disposition, and on Linux ``PR_SET_PDEATHSIG`` so the kernel sends the child
-SIGTERM even when the owner is SIGKILLed. Detached services (``start(detach=True)``) skip all
-three on purpose: they must outlive the command that started them.
+its stop signal even when the owner is SIGKILLed. Detached services (``start(detach=True)``) skip
+all three on purpose: they must outlive the command that started them. Foreground commands that
+start several processes go through :mod:`cdc_platform.devservices.supervisor`, which stops them
+all on the first SIGINT/SIGTERM/SIGHUP.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from cdc_platform.devservices.ports import free_port
 
-__all__ = ["DevServiceError", "ManagedService", "find_processes", "pid_alive"]
+__all__ = ["DevServiceError", "ManagedService", "child_preexec", "find_processes", "pid_alive"]
 
 
 class DevServiceError(RuntimeError):
@@ -185,27 +187,43 @@ def _unregister(service: ManagedService) -> None:
         _OWNED.pop(id(service), None)
 
 
-def _load_prctl() -> Callable[[int, int], int] | None:
+def _load_libc() -> ctypes.CDLL | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        libc.signal.restype = ctypes.c_void_p
+        libc.prctl  # noqa: B018 - fail here, not in a forked child
     except (OSError, AttributeError):
         return None
+    return libc
 
 
-_PRCTL = _load_prctl()  # resolved up front: the preexec hook must not load libraries after fork
+_LIBC = _load_libc()  # resolved up front: the preexec hook must not load libraries after fork
 _PR_SET_PDEATHSIG = 1
+_SIG_DFL = 0
+#: The signals a child is stopped with; a child must not inherit them ignored.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def pdeathsig_preexec(sig: int) -> Callable[[], None] | None:
-    """A ``preexec_fn`` asking the kernel to send ``sig`` to the child when its parent dies."""
-    prctl = _PRCTL
-    if prctl is None:
+def child_preexec(pdeathsig: int | None) -> Callable[[], None] | None:
+    """A ``preexec_fn``: the stop signals back to their default action, and (``pdeathsig``)
+    the kernel sends the child that signal when its parent dies.
+
+    Why the reset: a shell starts background commands (``make ui &`` in a script) with SIGINT
+    ignored, and an ignored signal stays ignored across ``exec``: the child would then ignore
+    the very signal it is stopped with (Tansu stops on SIGINT, ``dagster dev`` too).
+    """
+    libc = _LIBC
+    if libc is None:
         return None
 
     def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, sig)
+        for sig in _STOP_SIGNALS:
+            libc.signal(sig, _SIG_DFL)
+        if pdeathsig is not None:
+            libc.prctl(_PR_SET_PDEATHSIG, pdeathsig)
 
     return preexec
 
@@ -520,7 +538,7 @@ class ManagedService:
                         env=self._env(),
                         start_new_session=True,
                         close_fds=True,
-                        preexec_fn=pdeathsig_preexec(self.stop_signal) if use_pdeathsig else None,
+                        preexec_fn=child_preexec(self.stop_signal if use_pdeathsig else None),
                     )
                 except OSError as exc:
                     raise DevServiceError(
