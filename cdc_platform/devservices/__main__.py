@@ -4,6 +4,9 @@
 stdout, so ``eval "$(python -m cdc_platform.devservices up)"`` configures the current shell.
 Progress and errors go to stderr. State lives in ``<base-dir>/mariadb`` and ``<base-dir>/kafka``;
 ``down`` stops whatever is recorded there, from any shell.
+
+``up --foreground`` instead keeps both attached to the command, as ``make ui`` does: it prints
+the same lines, then runs until Ctrl-C, SIGTERM or SIGHUP, and stops both before it exits.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 from cdc_platform.devservices._process import DevServiceError, ManagedService, terminate_pid
 from cdc_platform.devservices.kafka import TansuBroker
 from cdc_platform.devservices.mariadb import MariaDBServer
+from cdc_platform.devservices.supervisor import Interrupted, ProcessSupervisor
 
 
 def _services(args: argparse.Namespace) -> tuple[MariaDBServer, TansuBroker]:
@@ -33,7 +37,37 @@ def _err(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _print_exports(mariadb: MariaDBServer, kafka: TansuBroker) -> None:
+    settings = mariadb.connection_settings()
+    print(f"export CDC_SOURCE_HOST={settings['host']}")
+    print(f"export CDC_SOURCE_PORT={settings['port']}")
+    print(f"export CDC_SOURCE_USER={settings['user']}")
+    print(f"export CDC_SOURCE_PASSWORD={settings['password']}")
+    print(f"export CDC_KAFKA_BOOTSTRAP={kafka.bootstrap_servers}", flush=True)
+
+
+def _up_foreground(args: argparse.Namespace) -> int:
+    """Both services owned by this command: stopped on a signal, or if either dies."""
+    mariadb, kafka = _services(args)
+    try:
+        with ProcessSupervisor(log=_err) as supervisor:
+            for service in (mariadb, kafka):
+                supervisor.start_service(service)
+                _err(f"started {service.display_name}: pid {service.pid}, port {service.port}")
+            _print_exports(mariadb, kafka)
+            _err("running in the foreground; Ctrl-C stops both")
+            supervisor.wait_forever((mariadb, kafka))
+    except Interrupted:
+        return 0
+    except DevServiceError as exc:
+        _err(f"error: {exc}")
+        return 1
+    return 0
+
+
 def _up(args: argparse.Namespace) -> int:
+    if args.foreground:
+        return _up_foreground(args)
     mariadb, kafka = _services(args)
     started: list[ManagedService] = []
     try:
@@ -48,12 +82,7 @@ def _up(args: argparse.Namespace) -> int:
             service.stop()
         _err(f"error: {exc}")
         return 1
-    settings = mariadb.connection_settings()
-    print(f"export CDC_SOURCE_HOST={settings['host']}")
-    print(f"export CDC_SOURCE_PORT={settings['port']}")
-    print(f"export CDC_SOURCE_USER={settings['user']}")
-    print(f"export CDC_SOURCE_PASSWORD={settings['password']}")
-    print(f"export CDC_KAFKA_BOOTSTRAP={kafka.bootstrap_servers}")
+    _print_exports(mariadb, kafka)
     return 0
 
 
@@ -109,6 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             cmd.add_argument("--mariadb-port", type=int, default=None, help="default: free port")
             cmd.add_argument("--kafka-port", type=int, default=None, help="default: free port")
             cmd.add_argument("--server-id", type=int, default=1, help="MariaDB server_id (1)")
+            cmd.add_argument("--foreground", action="store_true",
+                             help="keep both attached: run until Ctrl-C/SIGTERM, then stop both")
     args = parser.parse_args(argv)
     handler = {"up": _up, "down": _down, "status": _status}[args.command]
     return handler(args)
