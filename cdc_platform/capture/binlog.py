@@ -367,8 +367,9 @@ def _columns_from_metadata(column_types: bytes, metadata: bytes) -> tuple[list[C
     reader = _reader(metadata)
     columns = []
     for i, column_type in enumerate(column_types):
-        if i >= cut:
-            column = Column(column_type, _reader(b""))
+        if i >= cut:  # (its attributes as the library sets them, its metadata unknown)
+            column = Column(column_type, _reader(bytes(_COLUMN_METADATA_BYTES.get(column_type,
+                                                                                  0))))
         else:
             column = Column(column_type, reader)
             if i in unknown:
@@ -491,8 +492,9 @@ def _table_map_init(self: TableMapEvent, from_packet: Any, event_size: int, tabl
         self._sync_column_info()
         _vector_columns(self)
     except Exception as error:  # noqa: BLE001 - kept for the adapter: see the docstring
-        self.undecodable = (f"its table map does not decode ({type(error).__name__}: "
-                            f"{error})")
+        # (the first reason found; one line, whatever the library's message holds)
+        self.undecodable = self.undecodable or " ".join(
+            f"its table map does not decode ({type(error).__name__}: {error})".split())
         self.optional_metadata = getattr(self, "optional_metadata", OptionalMetaData())
         self.table_obj = Table(self.table_id, self.schema, self.table, self.columns)
         table_map[self.table_id] = self.table_obj

@@ -261,3 +261,109 @@ class BinlogFileServer:
 
 def read_binlog(name: str, with_gtids: bool = True) -> BinlogFile:
     return BinlogFile.read(BINLOGS / name, with_gtids)
+
+
+# -- events built from MySQL's documented formats (what no public file holds) ------------------
+# libs/mysql/binlog/event/{control,statement,rows}_events.h; the row value formats of the
+# MySQL internals documentation (DATETIME2 packed big-endian, GEOMETRY as SRID + WKB).
+
+def lenenc(value: int) -> bytes:
+    """A MySQL length-encoded integer."""
+    if value < 0xFB:
+        return bytes([value])
+    if value < 1 << 16:
+        return b"\xfc" + value.to_bytes(2, "little")
+    if value < 1 << 24:
+        return b"\xfd" + value.to_bytes(3, "little")
+    return b"\xfe" + value.to_bytes(8, "little")
+
+
+def gtid_body(uuid: str, gno: int, sequence_number: int = 1) -> bytes:
+    """GTID_LOG_EVENT: flags, sid, gno, logical-clock type 2, last committed, sequence."""
+    return (b"\x00" + bytes.fromhex(uuid.replace("-", "")) + gno.to_bytes(8, "little")
+            + b"\x02" + (0).to_bytes(8, "little") + sequence_number.to_bytes(8, "little"))
+
+
+def query_body(database: str, statement: str) -> bytes:
+    """QUERY_EVENT: thread id, time, database length, error code, no status variables."""
+    db = database.encode()
+    return struct.pack("<IIBHH", 7, 0, len(db), 0, 0) + db + b"\0" + statement.encode()
+
+
+def xid_body(xid: int) -> bytes:
+    return xid.to_bytes(8, "little")
+
+
+def xa_prepare_body(format_id: int, gtrid: bytes, bqual: bytes, one_phase: bool = False
+                    ) -> bytes:
+    """XA_PREPARE_LOG_EVENT (38)."""
+    return (bytes([one_phase]) + struct.pack("<III", format_id, len(gtrid), len(bqual))
+            + gtrid + bqual)
+
+
+@dataclass(frozen=True)
+class BuiltColumn:
+    name: str
+    type: int
+    metadata: bytes = b""
+    collation: int | None = None  # (character columns)
+    unsigned: bool = False
+
+
+_NUMERIC = {1, 2, 3, 4, 5, 8, 9, 13, 246}
+
+
+def table_map_body(table_id: int, database: str, table: str, columns: list[BuiltColumn],
+                   key: tuple[int, ...] = (0,), extra_optional: bytes = b"") -> bytes:
+    """TABLE_MAP_EVENT with the optional metadata ``binlog_row_metadata=FULL`` writes:
+    signedness, column charsets, names, primary key (``extra_optional``: fields before
+    them)."""
+    count = len(columns)
+    body = table_id.to_bytes(6, "little") + b"\x01\x00"
+    body += bytes([len(database)]) + database.encode() + b"\0"
+    body += bytes([len(table)]) + table.encode() + b"\0"
+    body += lenenc(count) + bytes(c.type for c in columns)
+    metadata = b"".join(c.metadata for c in columns)
+    body += lenenc(len(metadata)) + metadata
+    body += bytes((count + 7) // 8 * [0xFF])  # (every column nullable)
+
+    def field(field_type: int, value: bytes) -> bytes:
+        return bytes([field_type]) + lenenc(len(value)) + value
+
+    numeric = [c for c in columns if c.type in _NUMERIC]
+    bits = 0
+    for i, column in enumerate(numeric):
+        if column.unsigned:
+            bits |= 0x80 >> (i % 8) << (8 * (i // 8))
+    optional = extra_optional
+    if numeric:
+        optional += field(1, bits.to_bytes((len(numeric) + 7) // 8, "little"))
+    charsets = [c.collation for c in columns if c.collation is not None]
+    if charsets:
+        optional += field(3, b"".join(lenenc(c) for c in charsets))
+    optional += field(4, b"".join(lenenc(len(c.name)) + c.name.encode() for c in columns))
+    optional += field(8, b"".join(lenenc(i) for i in key))
+    return body + optional
+
+
+def write_rows_body(table_id: int, count: int, rows: list[list[bytes | None]]) -> bytes:
+    """WRITE_ROWS_EVENT (v2, type 30): every column present; per row a null bitmap, then the
+    values of the non-null columns in their binlog form."""
+    body = table_id.to_bytes(6, "little") + b"\x00\x00" + b"\x02\x00" + lenenc(count)
+    body += bytes((count + 7) // 8 * [0xFF])
+    for row in rows:
+        nulls = sum(1 << i for i, v in enumerate(row) if v is None)
+        body += nulls.to_bytes((count + 7) // 8, "little")
+        body += b"".join(v for v in row if v is not None)
+    return body
+
+
+def datetime2(year: int, month: int, day: int, hour: int, minute: int, second: int,
+              micro: int, fsp: int) -> bytes:
+    """DATETIME2(fsp): 5 bytes big-endian (sign, year*13+month, day, hour, minute, second),
+    then the fraction in (fsp+1)//2 bytes big-endian."""
+    ym = year * 13 + month
+    packed = (1 << 39) | ym << 22 | day << 17 | hour << 12 | minute << 6 | second
+    width = (fsp + 1) // 2
+    fraction = micro // 10 ** (6 - 2 * width)
+    return packed.to_bytes(5, "big") + (fraction.to_bytes(width, "big") if width else b"")

@@ -15,7 +15,7 @@ from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import TableMapEvent, WriteRowsEvent
 
 from cdc_platform.capture import binlog_decoding
-from cdc_platform.capture.binlog import BinlogStream
+from cdc_platform.capture.binlog import BinlogStream, TableMapError
 from cdc_platform.capture.binlog_decoding import (
     TRANSACTION_PAYLOAD_EVENT,
     PayloadError,
@@ -27,6 +27,7 @@ from cdc_platform.capture.binlog_decoding import (
 from cdc_platform.capture.events import Heartbeat, Rows, TableMap, UnsupportedEvent, Xid
 from cdc_platform.capture.flavours import flavour_of
 from cdc_platform.capture.rowcodec import RowsDecoders
+from cdc_platform_tests.capture.mysql_binlog_files import BuiltColumn, lenenc, table_map_body
 
 
 def test_inflate_reads_mariadb_compressed_bodies_and_refuses_damaged_ones():
@@ -267,3 +268,163 @@ def test_a_statement_whose_default_database_is_not_utf8_is_a_loud_stop():
     event.schema = b"sh\xffop"
     with pytest.raises(UnsupportedEvent, match=r"GTID .*c80aa9429562:23: its default database"):
         list(_stream()._convert(event))
+
+
+# -- table maps the library does not know all of (MySQL 9 and later) ---------------------------
+
+
+def _mysql_table_map(body: bytes) -> TableMapEvent:
+    """A TABLE_MAP_EVENT parsed as the stream parses it (no checksum; a MySQL 8.0 source)."""
+    raw = struct.pack("<IBIIIH", 1700000000, 0x13, 1, 19 + len(body), 0, 0) + body
+    ctl = SimpleNamespace(_get_dbms=lambda: "mysql", charset="utf8mb4")
+    wrapper = BinLogPacketWrapper(
+        pymysql.protocol.MysqlPacket(b"\x00" + raw, "utf8"), {}, ctl, (8, 0, 40), False,
+        binlog_decoding.ALLOWED_EVENTS, None, None, None, None, False, False, False, True,
+        False, False, None)
+    return wrapper.event
+
+
+def _field(field_type: int, value: bytes) -> bytes:
+    return bytes([field_type]) + lenenc(len(value)) + value
+
+
+_ID = BuiltColumn("id", 3)
+_NAME = BuiltColumn("name", 15, (40).to_bytes(2, "little"), collation=255)
+
+
+def test_an_optional_metadata_field_the_library_does_not_know_is_skipped_by_its_length():
+    """(mysql-replication raised ValueError: 99 is not a valid MetadataFieldType, and read
+    every later field from the wrong place)"""
+    event = _mysql_table_map(table_map_body(
+        5, "shop", "t", [_ID, _NAME], extra_optional=_field(99, b"\x01\x02\x03")))
+    assert event.unknown_metadata == {99: b"\x01\x02\x03"} and not event.undecodable
+    [table_map] = _stream()._convert(event)
+    assert [(c.name, c.kind) for c in table_map.schema.columns] == [("id", "int"),
+                                                                     ("name", "string")]
+    assert table_map.schema.primary_key == ("id",)
+
+
+def test_a_column_type_the_library_does_not_know_stops_only_a_captured_table():
+    """One column of an unknown type: its metadata is what the block has left over, so the
+    columns after it and the optional metadata still decode; its values cannot."""
+    event = _mysql_table_map(table_map_body(
+        5, "shop", "t", [_ID, BuiltColumn("v", 243, b"\x07\x07"), _NAME]))
+    assert [c.name for c in event.columns] == ["id", "v", "name"]
+    assert event.columns[2].max_length == 40 and event.columns[2].collation_name
+    stream = _stream()
+    stream._wanted = lambda database, table: False
+    assert list(stream._convert(event)) == []
+    with pytest.raises(TableMapError) as raised:
+        list(_stream()._convert(event))
+    message = str(raised.value)
+    assert message.startswith("table shop.t at GTID 3e11fa47-71ca-11e1-9e33-c80aa9429562:23: "
+                              "column 'v' has binlog column type 243")
+    assert "exclude the table (capture.tables)" in message
+
+
+@pytest.mark.parametrize("case", ["two unknown types", "metadata cut short",
+                                  "optional metadata cut short"])
+def test_a_table_map_that_does_not_decode_stops_only_a_captured_table(case):
+    columns = [_ID, BuiltColumn("v", 243, b"\x07"), BuiltColumn("w", 244, b"\x07"), _NAME]
+    body = table_map_body(5, "shop", "t", columns if case == "two unknown types"
+                          else [_ID, _NAME])
+    if case == "metadata cut short":  # (VARCHAR's 2 bytes of metadata declared as 1)
+        body = body.replace(b"\x02\x28\x00", b"\x01\x28", 1)
+    elif case == "optional metadata cut short":
+        body = body[:-2]
+    event = _mysql_table_map(body)
+    assert event.undecodable and event.table == "t"
+    stream = _stream()
+    stream._wanted = lambda database, table: False
+    assert list(stream._convert(event)) == []
+    with pytest.raises(TableMapError, match=r"^table shop\.t at GTID .*:23: (its column "
+                                            r"metadata|its table map does not decode).*"
+                                            r"exclude the table"):
+        list(_stream()._convert(event))
+
+
+def test_vector_columns_decode_as_binary_with_their_dimensions():
+    """(MySQL lists a charset, binary, for each VECTOR column: the text column between them
+    keeps its own)"""
+    columns = [_ID, BuiltColumn("v", 242, b"\x04", collation=63), _NAME,
+               BuiltColumn("w", 242, b"\x04", collation=63)]
+    event = _mysql_table_map(table_map_body(5, "shop", "t", columns,
+                                            extra_optional=_field(13, b"\x03\x7f")))
+    assert not event.undecodable and event.columns[2].collation_name == "utf8mb4_0900_ai_ci"
+    assert [getattr(c, "vector_dimensions", None) for c in event.columns] == [None, 3, None, 127]
+    [table_map] = _stream()._convert(event)
+    assert [c.kind for c in table_map.schema.columns] == ["int", "binary", "string", "binary"]
+
+
+def test_a_table_map_without_column_names_names_binlog_row_metadata():
+    body = table_map_body(5, "shop", "t", [_ID, _NAME])
+    names = _field(4, lenenc(2) + b"id" + lenenc(4) + b"name")
+    event = _mysql_table_map(body.replace(names, b""))
+    with pytest.raises(TableMapError) as raised:
+        list(_stream()._convert(event))
+    message = str(raised.value)
+    assert "table shop.t at GTID 3e11fa47-71ca-11e1-9e33-c80aa9429562:23" in message
+    assert "binlog_row_metadata=MINIMAL" in message and "binlog_row_metadata=FULL" in message
+    assert "collation" not in message
+
+
+# -- tagged GTIDs (MySQL 8.3+) -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [0, 1, 63, 64, 127, 128, 2**14 - 1, 2**14, 2**56 - 1, 2**56,
+                                   2**63 - 1, 2**64 - 1])
+def test_mysql_serialization_integers_round_trip(value):
+    encoded = binlog_decoding.write_varlen_uint(value)
+    assert binlog_decoding.read_varlen_uint(encoded + b"tail", 0) == (value, len(encoded))
+    for signed in (value >> 1, -(value >> 1) - 1):
+        encoded = binlog_decoding.write_varlen_int(signed)
+        assert binlog_decoding.read_varlen_int(encoded, 0) == (signed, len(encoded))
+
+
+def test_the_mysql_9_6_tagged_gtid_event_decodes():
+    """The body of rust_mysql_common's GTID_TAG file's event (checksum cut)."""
+    body = bytes.fromhex(
+        "027800000002aaee25020804650222c503c502e1029cc10311035502dead03040c060a6d797461670800"
+        "0a040c7f1cf3b814244a0610a10412430f0b7872")
+    tagged = binlog_decoding.decode_tagged_gtid(body)
+    assert tagged.gtid == "55778904-0299-11f1-b1b8-4ef0c4956feb:mytag:3"
+    assert binlog_decoding.decode_tagged_gtid(binlog_decoding.encode_tagged_gtid(tagged)) == (
+        tagged)
+
+
+@pytest.mark.parametrize("tag, gno", [("a", 1), ("_x9", 2**63 - 1), ("t" * 32, 1000)])
+def test_tagged_gtid_events_round_trip(tag, gno):
+    gtid = binlog_decoding.TaggedGtid("3e11fa47-71ca-11e1-9e33-c80aa9429562", tag, gno, 1, 5)
+    assert binlog_decoding.decode_tagged_gtid(binlog_decoding.encode_tagged_gtid(gtid)) == gtid
+
+
+def _with_field(body: bytes, field: bytes, last_non_ignorable: int) -> bytes:
+    """The event with ``field`` appended and the message header rewritten."""
+    size, at = binlog_decoding.read_varlen_uint(body, 1)
+    _, at = binlog_decoding.read_varlen_uint(body, at)
+    fields = body[at:size] + field
+    head = binlog_decoding.write_varlen_uint(last_non_ignorable)
+    for extra in (1, 2):
+        total = 1 + extra + len(head) + len(fields)
+        encoded = binlog_decoding.write_varlen_uint(total)
+        if len(encoded) == extra:
+            return b"\x02" + encoded + head + fields
+    raise AssertionError
+
+
+def test_tagged_gtid_events_that_do_not_check_out_are_refused():
+    gtid = binlog_decoding.TaggedGtid("3e11fa47-71ca-11e1-9e33-c80aa9429562", "t", 5)
+    body = binlog_decoding.encode_tagged_gtid(gtid)
+    unknown = binlog_decoding.write_varlen_uint(40) + binlog_decoding.write_varlen_uint(1)
+    # an unknown field after the last one a reader must understand is ignorable
+    assert binlog_decoding.decode_tagged_gtid(_with_field(body, unknown, 0)) == gtid
+    damaged = {
+        "an unknown field a reader must understand": _with_field(body, unknown, 40),
+        "an unknown format": b"\x04" + body[1:],
+        "a message longer than the event": body[:-3],
+        "no transaction number": b"\x02\x0a\x00\x00\x00",  # (only the flags field)
+    }
+    for case, data in damaged.items():
+        with pytest.raises(ValueError):
+            binlog_decoding.decode_tagged_gtid(data)
+            raise AssertionError(case)

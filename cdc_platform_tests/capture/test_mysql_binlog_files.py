@@ -45,7 +45,15 @@ from cdc_platform_tests.capture.mysql_binlog_files import (
     BINLOGS,
     BinlogFile,
     BinlogFileServer,
+    BuiltColumn,
+    datetime2,
+    gtid_body,
+    query_body,
     read_binlog,
+    table_map_body,
+    write_rows_body,
+    xa_prepare_body,
+    xid_body,
 )
 
 CONNECTION = {"host": "binlog-file", "port": 3306, "user": "cdc", "password": ""}
@@ -343,3 +351,66 @@ def test_the_engine_stops_on_a_minimal_table_map_naming_the_setting(tmp_path, mo
     with pytest.raises(EngineError, match=r"table test\.tb1 at GTID .*binlog_row_metadata="
                                           r"MINIMAL"):
         engine.run(stop_when_caught_up=True)
+
+
+# -- what no public file holds: events built from MySQL's documented formats --------------------
+
+SOURCE_UUID = "3e11fa47-71ca-11e1-9e33-c80aa9429562"
+_SHOP_COLUMNS = [
+    BuiltColumn("id", 3),  # INT
+    BuiltColumn("dt", 18, b"\x06"),  # DATETIME(6)
+    BuiltColumn("g", 255, b"\x04"),  # GEOMETRY (4-byte length)
+    BuiltColumn("s", 15, (400).to_bytes(2, "little"), collation=255),  # VARCHAR(100) utf8mb4
+]
+_POINT = (0).to_bytes(4, "little") + bytes.fromhex("0101000000") + struct.pack("<2d", 1.5, -2)
+
+
+def _shop_rows(first_id: int) -> list[list[bytes | None]]:
+    text = "😀 ünï 𝄞".encode()
+    return [
+        [first_id.to_bytes(4, "little"), datetime2(2024, 2, 29, 23, 59, 59, 999999, 6),
+         len(_POINT).to_bytes(4, "little") + _POINT, len(text).to_bytes(2, "little") + text],
+        [(first_id + 1).to_bytes(4, "little"), datetime2(1000, 1, 1, 0, 0, 0, 1, 6), None,
+         (5).to_bytes(2, "little") + "𝄞".encode() + b"\x00"],  # (then a NUL)
+    ]
+
+
+def _built_binlog() -> BinlogFile:
+    """MySQL 8.0.40 (its real format description event) writing an XA transaction (XA
+    PREPARE, then XA COMMIT as its own GTID) and a plain one, over DATETIME(6), GEOMETRY and
+    4-byte UTF-8 values."""
+    real = read_binlog("time_issue.000001")
+    binlog = BinlogFile("built.000001", real.server_version, real.checksum, real.events[:1])
+    xa = "X'7831',X'',1"
+    table_map = table_map_body(200, "shop", "things", _SHOP_COLUMNS)
+    for event_type, body in (
+        (33, gtid_body(SOURCE_UUID, 1)), (2, query_body("shop", f"XA START {xa}")),
+        (19, table_map), (30, write_rows_body(200, 4, _shop_rows(1))),
+        (2, query_body("shop", f"XA END {xa}")), (38, xa_prepare_body(1, b"x1", b"")),
+        (33, gtid_body(SOURCE_UUID, 2)), (2, query_body("shop", f"XA COMMIT {xa}")),
+        (33, gtid_body(SOURCE_UUID, 3)), (2, query_body("shop", "BEGIN")),
+        (19, table_map), (30, write_rows_body(200, 4, _shop_rows(3))), (16, xid_body(9)),
+    ):
+        binlog.events.append(binlog.event(event_type, body, 1_700_000_000))
+    return binlog
+
+
+def test_xa_datetime6_geometry_and_4_byte_utf8_land_exactly(tmp_path, monkeypatch):
+    import datetime as dt
+
+    engine, _ = _engine(tmp_path, monkeypatch, _built_binlog())
+    engine.run(stop_when_caught_up=True)
+    landed = _landed(engine, "shop", "things")
+    expected = []
+    for first, gtid in ((1, 2), (3, 3)):  # (the XA rows land under the XA COMMIT's GTID)
+        expected += [
+            ("c", first, dt.datetime(2024, 2, 29, 23, 59, 59, 999999), _POINT, "😀 ünï 𝄞",
+             f"{SOURCE_UUID}:{gtid}"),
+            ("c", first + 1, dt.datetime(1000, 1, 1, 0, 0, 0, 1), None, "𝄞\x00",
+             f"{SOURCE_UUID}:{gtid}")]
+    got = [(*v, r["__cdc_gtid"]) for v, r in zip(_values(landed, "id", "dt", "g", "s"),
+                                                 landed, strict=True)]
+    assert [(op, i, d.replace(tzinfo=None) if d else d, g, s, gtid)
+            for op, i, d, g, s, gtid in got] == expected
+    assert MysqlGtidSet.parse(engine.landing.read_checkpoint().gtid) == MysqlGtidSet.parse(
+        f"{SOURCE_UUID}:1-3")
