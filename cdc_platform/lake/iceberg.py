@@ -6,9 +6,10 @@ the platform names a table by (server, database, table) and goes through ``Lake`
 ``LakeTable``; the catalog (Hadoop on the warehouse path by default, or REST, JDBC, Hive, Glue)
 is configuration (``warehouse.catalog``), never code.
 
-Names. A source database becomes the namespace ``<server>_<db>`` and a table keeps its name,
-both made valid for every catalog by ``names.valid_name`` (lower case, a hash where a name
-needed changing), so ``lake.demo_inventory.orders`` for the demo.
+Names. A source database becomes the namespace ``<server>_<db>`` and a table keeps its name
+wherever the catalog accepts it (``catalog_name``: lower case, Unicode letters where the catalog
+keeps them, else a slug and a hash), so ``lake.demo_inventory.orders`` for the demo; every
+target records its source's real names as table properties (``cdc.source-*``).
 
 Exactly once. A materialisation stores the changelog mark it consumed (``cdc.consumed-pos``,
 ``cdc.consumed-gtid``) in the summary of the snapshot it commits, and reads it back from the
@@ -25,6 +26,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import threading
 import time
 import uuid
@@ -65,6 +67,10 @@ CONSUMED_GTID = "cdc.consumed-gtid"
 # the newest column-rename record (capture.column_renames) the table's columns follow.
 PRIMARY_KEY_PROPERTY = "cdc.primary-key"
 RENAMED_THROUGH_PROPERTY = "cdc.renamed-through"
+# The source a target reflects, by its real names (a catalog name may be a slug with a hash).
+SOURCE_SERVER_PROPERTY = "cdc.source-server"
+SOURCE_DATABASE_PROPERTY = "cdc.source-database"
+SOURCE_TABLE_PROPERTY = "cdc.source-table"
 BRANCH_PREFIX = "cdc_commit_"
 # A private branch older than this belongs to a writer that died (a MERGE takes minutes).
 STALE_BRANCH_HOURS = 6.0
@@ -131,14 +137,37 @@ def catalog_properties(warehouse_url: str, catalog: Any) -> dict[str, str]:
     return props
 
 
+# Catalogs that keep any Unicode name as it is (a Hadoop catalog's directories, a JDBC
+# catalog's rows); Hive and Glue take ASCII letters, digits and "_" (Hive's name rule), and REST
+# services vary (S3 Tables: lower-case ASCII), so there names keep the ASCII rule.
+UNICODE_CATALOGS = frozenset({"hadoop", "jdbc"})
+_UNICODE_WORD = re.compile(r"\w+")
+
+
+def catalog_name(name: str, unicode_names: bool = False) -> str:
+    """A source name in the catalog: the real name wherever the catalog accepts it.
+
+    Every catalog takes lower-case ASCII letters, digits and ``_``, so such a name stays as
+    it is; where the catalog keeps Unicode (``unicode_names``), a lower-case name of Unicode
+    letters, digits and ``_`` (``ünï``) stays too. Any other name (capitals: catalogs compare
+    names case-insensitively; dashes, spaces, dots) becomes ``names.valid_name``'s slug plus a
+    hash of the real name, so two source names never share a catalog name. The real names are
+    table properties of every target (``cdc.source-database``, ``cdc.source-table``).
+    """
+    if unicode_names and name == name.lower() and _UNICODE_WORD.fullmatch(name):
+        return name
+    return valid_name(name, case_sensitive=False)
+
+
 def namespace_name(server_name: str, database: str) -> str:
-    """The namespace of a source database's tables: ``<server>_<db>``, valid in any catalog."""
-    return valid_name(f"{server_name}_{database}", case_sensitive=False)
+    """The namespace of a source database's tables: ``<server>_<db>`` in the ASCII rule of
+    ``catalog_name`` (dbt's sources and every catalog find it under that one name)."""
+    return catalog_name(f"{server_name}_{database}")
 
 
-def table_name(table: str) -> str:
-    """A source table's name in the catalog (unchanged when lower-case letters/digits/_)."""
-    return valid_name(table, case_sensitive=False)
+def table_name(table: str, unicode_names: bool = False) -> str:
+    """A source table's name in the catalog (``catalog_name``)."""
+    return catalog_name(table, unicode_names)
 
 
 def quote(identifier: str) -> str:
@@ -163,6 +192,7 @@ class Lake:
         self.spark = spark
         self.warehouse_url = warehouse_url
         self.properties = catalog_properties(warehouse_url, catalog)
+        self.unicode_names = getattr(catalog, "type", "hadoop") in UNICODE_CATALOGS
         base = getattr(catalog, "name", "lake")
         self.catalog = self._register(base)
         location = resolve(warehouse_url) if getattr(catalog, "type", "hadoop") == "hadoop" \
@@ -258,8 +288,31 @@ class LakeTable:
         self.database = database
         self.table = table
         self.namespace = namespace_name(server_name, database)
-        self.name = table_name(table)
+        self.name = table_name(table, lake.unicode_names)
+        if self.name != table_name(table):
+            self.name = self._existing_name(table_name(table))
         self.identifier = f"{quote(lake.catalog)}.{quote(self.namespace)}.{quote(self.name)}"
+
+    def _existing_name(self, ascii_name: str) -> str:
+        """The real name of a table with a Unicode name, unless its target already exists
+        under the ASCII name the platform gave such tables before (kept: a target is never
+        moved behind its readers' backs)."""
+        def exists(name: str) -> bool:
+            return bool(self.spark.catalog.tableExists(
+                f"{quote(self.lake.catalog)}.{quote(self.namespace)}.{quote(name)}"))
+
+        return ascii_name if not exists(self.name) and exists(ascii_name) else self.name
+
+    def record_source(self) -> None:
+        """Give a target made before the source properties existed its ``cdc.source-*``."""
+        if self.property(SOURCE_TABLE_PROPERTY) is None:
+            with self.writing():
+                self._commit_metadata({}, self.source_properties())
+
+    def source_properties(self) -> dict[str, str]:
+        """The table properties that name the source table by its real names."""
+        return {SOURCE_SERVER_PROPERTY: self.server_name,
+                SOURCE_DATABASE_PROPERTY: self.database, SOURCE_TABLE_PROPERTY: self.table}
 
     @property
     def table_id(self) -> str:
@@ -316,7 +369,8 @@ class LakeTable:
         columns = ", ".join(f"{quote(f.name)} {f.dataType.simpleString()}"
                             for f in user_struct(schema.columns).fields)
         properties = ", ".join(f"'{sql_string(k)}'='{sql_string(v)}'"
-                               for k, v in {**TABLE_PROPERTIES, **(properties or {})}.items())
+                               for k, v in {**TABLE_PROPERTIES, **self.source_properties(),
+                                            **(properties or {})}.items())
         comment = f"cdc_platform target of {self.table_id} on {self.server_name}"
         self.lake.sql(
             f"CREATE TABLE IF NOT EXISTS {self.identifier} ({columns}, {quote(POS)} bigint) "

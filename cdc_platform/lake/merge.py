@@ -236,6 +236,7 @@ def _materialise_once(
         base = target.current()
         assert base is not None
     else:
+        target.record_source()
         pending = _pending_renames(target, renames, after_pos)
         _check_primary_key(target, newest, pending)
         schema_changed = target.evolve(newest, pending)

@@ -66,6 +66,10 @@ def test_definitions_load_and_every_awkward_table_materialises(cdc_env, spark):
     for name in TABLES:
         rows = env.target_rows(spark, name)
         assert [(r["id"], r["v"]) for r in rows] == [(1, name), (2, "two")]
+        target = env.target(spark, name)  # found by its real names in the catalog
+        assert (target.property("cdc.source-database"), target.property("cdc.source-table")) \
+            == (env.db, name)
+    assert env.target(spark, "ünï").name == "ünï"  # the Hadoop catalog keeps Unicode names
     # Nothing escaped the landing zone or the warehouse; one directory per table.
     assert {p.name for p in env.root.iterdir()} >= {"landing", "warehouse"}
     landing = env.landing.root / "changelog" / env.db
