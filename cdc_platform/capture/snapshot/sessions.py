@@ -37,6 +37,7 @@ from cdc_platform.capture.snapshot.commit_rule import (
     Reject,
     TouchedKeyLog,
     decide_chunk_commit,
+    sweep_after_snapshot,
 )
 from cdc_platform.capture.snapshot.protocol import (
     SnapshotRequest,
@@ -544,9 +545,12 @@ class SnapshotCoordinator:
         first_pos = emit(schema, "r", rows, None)
         if decision.assertion is not None:
             self._emit_assertion(schema, decision.assertion, first_pos, emit)
-        if chunk.complete and session.condition is None:
+        sweep = sweep_after_snapshot(session.table_id, session.opening_pos,
+                                     filtered=session.condition is not None) if (
+            chunk.complete) else None
+        if sweep is not None:
             emit(schema, "s", [(None,) * len(schema.columns)],
-                 {"__cdc_threshold": [session.opening_pos]})
+                 {"__cdc_threshold": [sweep.before_pos]})
         session.committed.append(seq)
         session.rows += rows.num_rows
         if chunk.complete:
