@@ -16,6 +16,13 @@
  * values], type)`` with capture/values.py ``converter_for(column, from_binlog=True)``, bit for
  * bit. Where that path would fail (a DECIMAL that does not fit its decimal128), this raises
  * ``Unsupported`` too, so that the caller takes the tuple path and fails as loudly as before.
+ *
+ * Hostile inputs (issue 26: review, ASan/UBSan fuzzing) are refused, never trusted: a Decoder
+ * has at least one column, so every row image consumes at least its null bitmap and the row
+ * loops always advance; it is initialised exactly once (its columns are never freed while a
+ * decode that reads them runs: a second __init__ raises); no pointer is taken into a buffer
+ * that does not exist yet. The event kinds whose row images are not plain images (MySQL's
+ * partial JSON updates) are refused by the Python side before any bytes reach this file.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -464,14 +471,34 @@ static int parse_body(PyObject *args, Py_buffer *view, int *images) {
     return 1;
 }
 
+/* 0 with RuntimeError for a decoder __init__ never completed on (Decoder.__new__ alone, or a
+ * failed __init__): it has no columns, and a row of no columns would never end the body. */
+static int initialised(Decoder *self) {
+    if (self->cols == NULL || self->ncols < 1) {
+        PyErr_SetString(PyExc_RuntimeError, "Decoder used before a successful __init__");
+        return 0;
+    }
+    return 1;
+}
+
+/* A row loop's guard: 0 with RuntimeError when an iteration consumed no bytes (the loop would
+ * never end). Unreachable while every decoder has a column; kept so that no future kind of
+ * row can turn a body into an endless loop. */
+static int advanced(const Reader *r, Py_ssize_t before) {
+    if (r->pos > before) return 1;
+    PyErr_SetString(PyExc_RuntimeError, "rows decoder made no progress in the body");
+    return 0;
+}
+
 static PyObject *Decoder_decode(Decoder *self, PyObject *args) {
     Py_buffer view;
     int images;
-    if (!parse_body(args, &view, &images)) return NULL;
+    if (!initialised(self) || !parse_body(args, &view, &images)) return NULL;
     Reader r = {(const unsigned char *)view.buf, 0, view.len};
     PyObject *rows = PyList_New(0);
     if (rows == NULL) goto fail;
     while (r.pos < r.len) {
+        Py_ssize_t before = r.pos;
         PyObject *row = read_image(self, &r);
         if (row == NULL) goto fail;
         if (images == 2) {
@@ -485,7 +512,7 @@ static PyObject *Decoder_decode(Decoder *self, PyObject *args) {
         }
         int added = PyList_Append(rows, row);
         Py_DECREF(row);
-        if (added < 0) goto fail;
+        if (added < 0 || !advanced(&r, before)) goto fail;
     }
     PyBuffer_Release(&view);
     return rows;
@@ -504,10 +531,12 @@ typedef struct {
     Py_ssize_t len;
 } Buf;
 
-/* ``n`` more bytes at the end of ``b``: where to write them, or NULL (MemoryError). */
+/* ``n`` more bytes at the end of ``b``: where to write them, or NULL (MemoryError). The
+ * buffer is allocated on the first call even for n == 0 (an empty string or binary value):
+ * the pointer returned is then into a real object, never computed from NULL. */
 static inline char *grow(Buf *b, Py_ssize_t n) {
     Py_ssize_t cap = b->bytes == NULL ? 0 : PyBytes_GET_SIZE(b->bytes);
-    if (n > cap - b->len) {
+    if (b->bytes == NULL || n > cap - b->len) {
         Py_ssize_t want = cap ? cap : 256;
         while (want - b->len < n) {
             if (want > PY_SSIZE_T_MAX / 2) { PyErr_NoMemory(); return NULL; }
@@ -900,7 +929,7 @@ fail:
 static PyObject *Decoder_decode_columns(Decoder *self, PyObject *args) {
     Py_buffer view;
     int images;
-    if (!parse_body(args, &view, &images)) return NULL;
+    if (!initialised(self) || !parse_body(args, &view, &images)) return NULL;
     Py_ssize_t ncols = self->ncols, nouts = images * ncols;
     PyObject *result = NULL, *image_lists = NULL;
     Out *outs = PyMem_Calloc(nouts ? (size_t)nouts : 1, sizeof(Out));
@@ -919,9 +948,11 @@ static PyObject *Decoder_decode_columns(Decoder *self, PyObject *args) {
     Reader r = {(const unsigned char *)view.buf, 0, view.len};
     Py_ssize_t count = 0;
     while (r.pos < r.len) {
+        Py_ssize_t before = r.pos;
         for (int k = 0; k < images; k++) {
             if (!read_image_columns(self, &r, outs + k * ncols, count)) goto done;
         }
+        if (!advanced(&r, before)) goto done;
         count++;
     }
     if ((image_lists = PyTuple_New(images)) == NULL) goto done;
@@ -969,14 +1000,30 @@ static int target_fits(const Column *c) {
     return 0;
 }
 
+/* A decoder is initialised once: a second __init__ (only a hostile caller makes one) would
+ * free the columns a decode running on the same decoder reads (a decode calls back into
+ * Python: a SET member's __hash__, Decimal()). A failed __init__ leaves it uninitialised. A
+ * decoder has at least one column: a table has one, and a row of none consumes no bytes. */
 static int Decoder_init(Decoder *self, PyObject *args, PyObject *kwds) {
     PyObject *specs;
     static char *kwlist[] = {"columns", NULL};
+    if (self->cols != NULL) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "Decoder is already initialised: build a new Decoder for new columns");
+        return -1;
+    }
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O", kwlist, &specs)) return -1;
     PyObject *seq = PySequence_Fast(specs, "columns must be a sequence");
     if (seq == NULL) return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    Column *cols = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Column));
+    if (n < 1) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError,
+                        "Decoder needs at least one column (a table map of no columns has no "
+                        "row images to decode)");
+        return -1;
+    }
+    Column *cols = PyMem_Calloc((size_t)n, sizeof(Column));
     if (cols == NULL) { Py_DECREF(seq); PyErr_NoMemory(); return -1; }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *values = Py_None;
@@ -1029,8 +1076,12 @@ static int Decoder_init(Decoder *self, PyObject *args, PyObject *kwds) {
         }
     }
     Py_DECREF(seq);
-    for (Py_ssize_t i = 0; i < self->ncols; i++) Py_XDECREF(self->cols[i].values);
-    PyMem_Free(self->cols);
+    if (self->cols != NULL) {  /* (a column's members made __init__ run again meanwhile) */
+        for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(cols[i].values);
+        PyMem_Free(cols);
+        PyErr_SetString(PyExc_RuntimeError, "Decoder was initialised during its own __init__");
+        return -1;
+    }
     self->cols = cols;
     self->ncols = n;
     return 0;

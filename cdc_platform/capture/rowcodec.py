@@ -15,6 +15,12 @@ would raise on (the extension then raises ``Unsupported`` and the library decode
 raising its own error). If the extension is not built, every event takes the library's path
 (logged once): slower, never different.
 
+Two kinds of rows event no one reads exactly are refused here (``UnsupportedEvent``), whatever
+the caller checked before: MySQL's partial updates (PARTIAL_UPDATE_ROWS_EVENT, logged with
+binlog_row_value_options=PARTIAL_JSON), whose after images are JSON diffs behind an options
+field, which the extension would read as plain images (six rows as seven wrong ones); and a
+table map of no columns, whose rows neither the extension nor the library can step through.
+
 ``RowsDecoders.columns`` reads the same row images column-wise (``RowColumns``): a column
 whose landing type the extension writes (a *target*, chosen from the table map's column and
 its ``ColumnSpec`` by ``column_spec``) arrives as a ``pa.Array`` already in landing form,
@@ -31,9 +37,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from pymysqlreplication.constants import FIELD_TYPE
-from pymysqlreplication.row_event import UpdateRowsEvent
+from pymysqlreplication.constants import BINLOG, FIELD_TYPE
+from pymysqlreplication.row_event import PartialUpdateRowsEvent, UpdateRowsEvent
 
+from cdc_platform.capture.events import UnsupportedEvent
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 
 log = logging.getLogger(__name__)
@@ -190,12 +197,38 @@ def landing_target(spec: tuple[Any, ...], landing: ColumnSpec) -> tuple[int, int
     return getattr(_rowcodec, target), (landing.precision or 0) if target == "T_BINARY" else 0
 
 
+def refuse_unreadable(event: Any) -> None:
+    """Raise ``UnsupportedEvent`` for a rows event whose row images cannot be read exactly.
+
+    Checked here, before any decoder, although ``capture/binlog.py`` stops on partial updates
+    itself: the extension reads row images as plain ones, and turns a partial update's into
+    plausible wrong rows, so it must not depend on every caller remembering. The type byte is
+    checked as well as the class, for a library that would parse the event as another class.
+    """
+    where = f"table {getattr(event, 'schema', '?')}.{getattr(event, 'table', '?')}"
+    if isinstance(event, PartialUpdateRowsEvent) or (
+            getattr(event, "event_type", None) == BINLOG.PARTIAL_UPDATE_ROWS_EVENT):
+        raise UnsupportedEvent(
+            f"{where}: a partial update rows event (PARTIAL_UPDATE_ROWS_EVENT, logged with "
+            "binlog_row_value_options=PARTIAL_JSON) holds JSON diffs, not row images, and "
+            "cannot be captured exactly. Fix: set binlog_row_value_options='' (empty) on the "
+            "source (SET GLOBAL and its configuration file); rows already logged this way need "
+            "a re-snapshot of the table")
+    columns = getattr(event, "columns", None)
+    if columns is not None and len(columns) == 0:
+        raise UnsupportedEvent(
+            f"{where}: a rows event of a table map with no columns (a table has at least one: "
+            "the binlog is damaged). Check it with mysqlbinlog; re-snapshot the table")
+
+
 def decoder_for(event: Any, schema: TableSchema | None = None) -> Any:
     """The extension's decoder of the rows of ``event``'s table map, or None (library).
 
     With ``schema`` (the table map's, every column in table-map order) the decoder also has
-    the columns' landing targets, for ``decode_columns``.
+    the columns' landing targets, for ``decode_columns``. ``UnsupportedEvent`` for an event no
+    decoder reads exactly (``refuse_unreadable``).
     """
+    refuse_unreadable(event)
     specs = _specs(event, schema)
     return None if specs is None else _rowcodec.Decoder(specs)
 
@@ -268,7 +301,9 @@ class RowsDecoders:
         after) pairs), or None: the library must decode this event (``event.rows``).
 
         The row images are read from the event's packet here; the library never parses them.
+        ``UnsupportedEvent`` for an event neither may read (``refuse_unreadable``).
         """
+        refuse_unreadable(event)
         entry = self._entry(event)
         body = self._body(event, entry)
         if body is None:
@@ -288,7 +323,9 @@ class RowsDecoders:
         in table-map order): it decides which columns arrive as landing-form Arrow arrays.
         A value such an array cannot hold exactly (a DECIMAL past its precision) also sends
         the event to the library, whose values then fail the landing as loudly as ever.
+        ``UnsupportedEvent`` for an event neither may read (``refuse_unreadable``).
         """
+        refuse_unreadable(event)
         entry = self._entry(event)
         if entry.decoder is not None and entry.schema is not schema:
             key = (entry.specs, schema)
