@@ -16,9 +16,15 @@
  *
  * Only the owner of the connection calls this, between a query and the next one (the
  * snapshot reader's thread): the MYSQL handle is not locked.
+ *
+ * Arguments are checked, not trusted (issue 26): a column index is kept at full width and
+ * checked against the result's column count (an IndexError naming both, never a wrapped index
+ * or the 2 GiB message, which is for a real buffer overflow only); bytes are counted without
+ * overflow; buffer growth cannot wrap around.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <mysql.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -32,12 +38,17 @@ typedef struct {
     size_t cap;
 } Buf;
 
+/* Room for `extra` more bytes; -1 when it cannot be had (reported as MemoryError). The
+ * doubling stops at the size wanted: `cap` never wraps to 0 (a loop that would never end). */
 static int buf_reserve(Buf *buf, size_t extra) {
-    if (buf->len + extra <= buf->cap)
+    if (extra > SIZE_MAX - buf->len)
+        return -1;
+    size_t want = buf->len + extra;
+    if (want <= buf->cap)
         return 0;
     size_t cap = buf->cap ? buf->cap : 1024;
-    while (cap < buf->len + extra)
-        cap *= 2;
+    while (cap < want)
+        cap = cap > SIZE_MAX / 2 ? want : cap * 2;
     char *grown = realloc(buf->data, cap);
     if (grown == NULL)
         return -1;
@@ -53,7 +64,7 @@ typedef struct {
     Py_ssize_t nulls;
 } Column;
 
-enum { READ_OK = 0, READ_NO_MEMORY, READ_TOO_LARGE, READ_SERVER };
+enum { READ_OK = 0, READ_NO_MEMORY, READ_TOO_LARGE, READ_SERVER, READ_BAD_INDEX };
 
 /* One row onto the columns; READ_TOO_LARGE when a column's data would pass int32 offsets. */
 static int append_row(Column *columns, unsigned count, MYSQL_ROW row, unsigned long *lengths,
@@ -61,7 +72,7 @@ static int append_row(Column *columns, unsigned count, MYSQL_ROW row, unsigned l
     for (unsigned i = 0; i < count; i++) {
         Column *column = &columns[i];
         size_t length = row[i] == NULL ? 0 : lengths[i];
-        if (column->data.len + length > INT32_MAX)
+        if (length > (size_t)INT32_MAX - column->data.len) /* (data.len <= INT32_MAX) */
             return READ_TOO_LARGE;
         if ((index & 7) == 0) {
             if (buf_reserve(&column->validity, 1) < 0)
@@ -97,6 +108,15 @@ static void free_columns(Column *columns, unsigned count) {
         free(columns[i].validity.data);
     }
     free(columns);
+}
+
+/* Bytes are counted in 128 bits, as Python counts them (without bound): `fixed` and every
+ * length may be near 2**63 without the sum overflowing (undefined behaviour) or a saturated
+ * sum deciding the budget differently; only the size returned is held to long long. */
+typedef __int128 Count;
+
+static long long count_as_long_long(Count n) {
+    return n > LLONG_MAX ? LLONG_MAX : n < LLONG_MIN ? LLONG_MIN : (long long)n;
 }
 
 static PyObject *bytes_of(Buf *buf) {
@@ -144,46 +164,81 @@ PyDoc_STRVAR(read_result_doc,
 "capsule) column-wise. `variable`: indexes of the columns counted by length; `fixed`: bytes\n"
 "counted per row for the others; `max_bytes` < 0: no budget. Returns (field types, rows,\n"
 "bytes counted, cut by the budget, [(validity or None, offsets, data, null count)]), or\n"
-"(None, errno, message) when the server or the connection failed.");
+"(None, errno, message) when the server or the connection failed. IndexError when an index\n"
+"of `variable` is not a column of the result; on this and any other argument refused, the\n"
+"result is read off the wire first (the connection stays ready for its next query).");
+
+/* The result of the query just sent, read off the wire and dropped, the exception set kept:
+ * read_result refusing its arguments still consumes the result, or the connection would be
+ * left out of sync ("Commands out of sync" on its next query). */
+static PyObject *discard_result(MYSQL *mysql) {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    Py_BEGIN_ALLOW_THREADS
+    MYSQL_RES *result = mysql_use_result(mysql);
+    if (result != NULL)
+        mysql_free_result(result); /* (unbuffered: reads the rest off the wire) */
+    Py_END_ALLOW_THREADS
+    PyErr_Restore(type, value, traceback);
+    return NULL;
+}
 
 static PyObject *read_result(PyObject *self, PyObject *args) {
-    PyObject *capsule, *variable_seq;
-    long long fixed, max_bytes;
-    int take_one;
-    if (!PyArg_ParseTuple(args, "OOLLp", &capsule, &variable_seq, &fixed, &max_bytes,
-                          &take_one))
+    PyObject *capsule, *variable_seq, *fixed_arg, *max_bytes_arg, *take_one_arg;
+    if (!PyArg_UnpackTuple(args, "read_result", 5, 5, &capsule, &variable_seq, &fixed_arg,
+                           &max_bytes_arg, &take_one_arg))
         return NULL;
     MYSQL *mysql = PyCapsule_GetPointer(capsule, CAPSULE_NAME);
     if (mysql == NULL)
         return NULL;
-    PyObject *variable_fast = PySequence_Fast(variable_seq, "variable must be a sequence");
-    if (variable_fast == NULL)
-        return NULL;
-    Py_ssize_t variable_count = PySequence_Fast_GET_SIZE(variable_fast);
-    unsigned *variable = PyMem_Malloc(sizeof(unsigned) * (size_t)(variable_count + 1));
+    long long fixed = PyLong_AsLongLong(fixed_arg);
+    if (fixed == -1 && PyErr_Occurred())
+        return discard_result(mysql);
+    long long max_bytes = PyLong_AsLongLong(max_bytes_arg);
+    if (max_bytes == -1 && PyErr_Occurred())
+        return discard_result(mysql);
+    int take_one = PyObject_IsTrue(take_one_arg);
+    if (take_one < 0)
+        return discard_result(mysql);
+    /* (a tuple: it is read again after the GIL was released, and no thread can change it) */
+    PyObject *variable_tuple = PySequence_Tuple(variable_seq);
+    if (variable_tuple == NULL)
+        return discard_result(mysql);
+    /* Indexes at full width: out-of-range ones (negative, or past any column count) are
+     * flagged here and reported with the result's column count once it is known. */
+    Py_ssize_t variable_count = PyTuple_GET_SIZE(variable_tuple);
+    unsigned long long *variable = PyMem_New(unsigned long long, (size_t)variable_count + 1);
     if (variable == NULL) {
-        Py_DECREF(variable_fast);
-        return PyErr_NoMemory();
+        Py_DECREF(variable_tuple);
+        PyErr_NoMemory();
+        return discard_result(mysql);
     }
+    Py_ssize_t bad_index = -1; /* the position in `variable` of the first index out of range */
     for (Py_ssize_t i = 0; i < variable_count; i++) {
-        long index = PyLong_AsLong(PySequence_Fast_GET_ITEM(variable_fast, i));
-        if (index < 0) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_ValueError, "column indexes are not negative");
+        PyObject *number = PyNumber_Index(PyTuple_GET_ITEM(variable_tuple, i));
+        int overflow = 0;
+        long long index = number == NULL ? -1 : PyLong_AsLongLongAndOverflow(number, &overflow);
+        Py_XDECREF(number);
+        if (index == -1 && PyErr_Occurred()) { /* (not an integer: TypeError) */
             PyMem_Free(variable);
-            Py_DECREF(variable_fast);
-            return NULL;
+            Py_DECREF(variable_tuple);
+            return discard_result(mysql);
         }
-        variable[i] = (unsigned)index;
+        if (overflow || index < 0) {
+            variable[i] = ULLONG_MAX; /* (out of range of any result) */
+            if (bad_index < 0)
+                bad_index = i;
+        } else {
+            variable[i] = (unsigned long long)index;
+        }
     }
-    Py_DECREF(variable_fast);
 
     int status = READ_OK;
     unsigned count = 0;
     Column *columns = NULL;
     int *types = NULL;
     Py_ssize_t rows = 0;
-    long long size = 0;
+    Count size = 0;
     int cut = 0;
     unsigned int error_number = 0;
     char error_message[512] = "";
@@ -211,16 +266,18 @@ static PyObject *read_result(PyObject *self, PyObject *args) {
                 }
             }
             for (Py_ssize_t i = 0; i < variable_count && status == READ_OK; i++) {
-                if (variable[i] >= count)
-                    status = READ_TOO_LARGE;  /* (reported as a bad index below) */
+                if (variable[i] >= count) {
+                    status = READ_BAD_INDEX; /* (reported with the index and count below) */
+                    bad_index = i;
+                }
             }
             MYSQL_ROW row;
             while (status == READ_OK && (row = mysql_fetch_row(result)) != NULL) {
                 unsigned long *lengths = mysql_fetch_lengths(result);
-                long long row_bytes = fixed;
+                Count row_bytes = fixed;
                 for (Py_ssize_t i = 0; i < variable_count; i++) {
                     if (row[variable[i]] != NULL)
-                        row_bytes += (long long)lengths[variable[i]];
+                        row_bytes += lengths[variable[i]];
                 }
                 if (max_bytes >= 0 && (rows > 0 || !take_one) && size + row_bytes > max_bytes) {
                     cut = 1;
@@ -248,13 +305,18 @@ static PyObject *read_result(PyObject *self, PyObject *args) {
     PyMem_Free(variable);
     PyObject *out = NULL;
     if (status == READ_OK) {
-        out = result_tuple(columns, count, types, rows, size, cut);
+        out = result_tuple(columns, count, types, rows, count_as_long_long(size), cut);
     } else if (status == READ_NO_MEMORY) {
         PyErr_NoMemory();
     } else if (status == READ_TOO_LARGE) {
         PyErr_SetString(PyExc_OverflowError,
-                        "a column of the chunk holds more than 2 GiB, or a column index is out "
-                        "of range: lower the snapshot's chunk_max_bytes");
+                        "a column of the chunk holds more than 2 GiB (Arrow's int32 offsets): "
+                        "lower the snapshot's chunk_max_bytes");
+    } else if (status == READ_BAD_INDEX) {
+        PyErr_Format(PyExc_IndexError,
+                     "column index %R (variable[%zd]) is out of range: the result has %u "
+                     "columns", PyTuple_GET_ITEM(variable_tuple, bad_index), bad_index,
+                     count);
     } else if (error_number == 0) {
         out = Py_BuildValue("(OIs)", Py_None, 0u, "the statement returned no result set");
     } else {
@@ -262,6 +324,7 @@ static PyObject *read_result(PyObject *self, PyObject *args) {
     }
     free_columns(columns, count);
     free(types);
+    Py_DECREF(variable_tuple);
     return out;
 }
 

@@ -250,8 +250,9 @@ def read_columns(conn: Any, sql: str, params: Sequence[Any], variable: Sequence[
     ``take_one``; no budget when negative), counted as ``chunks._within_budget`` counts: the
     lengths of the ``variable`` columns' values, ``fixed`` per row for the rest."""
     conn.query(render(conn, sql, params))
-    out = _rawrows.read_result(conn._get_native_connection(), tuple(variable), fixed,
-                               max_bytes, take_one)
+    # (arguments go to C as given: refusing one, it still reads the result off the wire)
+    out = _rawrows.read_result(conn._get_native_connection(), variable, fixed, max_bytes,
+                               take_one)
     if out[0] is None:
         # (the server or the connection failed mid-result: mysqlclient raises the same class)
         raise MySQLdb.OperationalError(out[1], out[2])
