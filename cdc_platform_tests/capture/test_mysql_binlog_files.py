@@ -414,3 +414,21 @@ def test_xa_datetime6_geometry_and_4_byte_utf8_land_exactly(tmp_path, monkeypatc
             for op, i, d, g, s, gtid in got] == expected
     assert MysqlGtidSet.parse(engine.landing.read_checkpoint().gtid) == MysqlGtidSet.parse(
         f"{SOURCE_UUID}:1-3")
+
+
+@pytest.mark.parametrize("name", ["transaction_compression.000001", "mysql-bin.compressed"])
+def test_zstd_transaction_payloads_of_mysql_8_0_hold_their_transaction(name):
+    """The payloads (MySQL 8.0.32 and 8.0.28, binlog_transaction_compression=ON) decompress
+    to a statement, a table map, the rows and the commit (rust_mysql_common expects these
+    four for its file; mysql-binlog-connector-java reads its file as 5 events, the payload
+    one of them)."""
+    from pymysqlreplication.event import QueryEvent, XidEvent
+    from pymysqlreplication.row_event import UpdateRowsEvent, WriteRowsEvent
+
+    from cdc_platform.capture.binlog_decoding import TransactionPayloadEvent
+
+    binlog = read_binlog(name)
+    assert len(binlog.events) == 5
+    [payload] = _library_events(binlog, [TransactionPayloadEvent])
+    rows = WriteRowsEvent if name.startswith("transaction") else UpdateRowsEvent
+    assert [type(e) for e in payload.events()] == [QueryEvent, TableMapEvent, rows, XidEvent]
