@@ -154,12 +154,6 @@ def _renamed_columns(df: DataFrame, records: Sequence[ColumnRenames]) -> DataFra
     return df.select(*[col(c).alias(mapping.get(c, c)) for c in df.columns])
 
 
-def segment_schema(segment: Segment) -> TableSchema:
-    """The TableSchema a segment carries in its Parquet key/value metadata."""
-    metadata = pq.read_schema(segment.location.path, filesystem=segment.location.fs).metadata
-    return _schema_from_metadata(metadata, segment)
-
-
 def _schema_from_metadata(metadata: dict[bytes, bytes] | None, segment: Segment) -> TableSchema:
     try:
         return TableSchema.from_parquet_metadata(metadata or {})

@@ -25,12 +25,12 @@ from cdc_platform.capture.snapshot.chunks import (
     read_chunk,
     read_max_key,
     read_nullable_columns,
-    read_table_in_chunks,
     schema_fingerprint,
     with_row_bound,
 )
 from cdc_platform.capture.snapshot.conditions import UnsafeConditionError
 from cdc_platform.capture.source import connect, read_table_schema
+from cdc_platform_tests.capture.snapshot.chunk_reading import read_table_in_chunks
 
 ABC = TableSchema("shop", "t", (ColumnSpec("a", "int"), ColumnSpec("b", "int"),
                                 ColumnSpec("c", "string"), ColumnSpec("v", "float")))

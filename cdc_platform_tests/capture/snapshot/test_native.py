@@ -28,12 +28,12 @@ from cdc_platform.capture.snapshot.chunks import (
     read_chunk,
     read_max_key,
     read_nullable_columns,
-    read_table_in_chunks,
     with_row_bound,
 )
 from cdc_platform.capture.snapshot.protocol import chunk_arrow_table
 from cdc_platform.capture.source import connect, read_table_schema
 from cdc_platform.capture.start_errors import describe_start_error
+from cdc_platform_tests.capture.snapshot.chunk_reading import read_table_in_chunks
 from cdc_platform_tests.torture import cells
 
 DB = "native_types"
