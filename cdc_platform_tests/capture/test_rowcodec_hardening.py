@@ -39,6 +39,8 @@ from cdc_platform.capture import binlog as _binlog  # noqa: F401 - installs the 
 from cdc_platform.capture import binlog_decoding, rowcodec
 from cdc_platform.capture.binlog import schema_from_table_map
 from cdc_platform.capture.events import UnsupportedEvent
+from cdc_platform_tests.capture.mysql_binlog_files import read_binlog
+from cdc_platform_tests.capture.test_mysql_binlog_files import _library_events
 
 pytestmark = pytest.mark.skipif(not rowcodec.available(), reason="native decoder not built")
 
@@ -276,6 +278,16 @@ def test_a_partial_update_is_refused_by_every_decoder_entry():
         message = str(refused.value)
         assert "binlog_row_value_options='' (empty)" in message, name
         assert "table db.t" in message and "PARTIAL_JSON" in message, name
+
+
+def test_mysql_s_own_partial_update_is_refused():
+    """MySQL 8.0.22's bytes (binlog_row_value_options=PARTIAL_JSON, a JSON column updated in
+    place), as the stream reads them."""
+    events = _library_events(read_binlog("json.binlog.000001"),
+                             [TableMapEvent, PartialUpdateRowsEvent])
+    [partial] = [e for e in events if isinstance(e, PartialUpdateRowsEvent)]
+    with pytest.raises(UnsupportedEvent, match=r"table mysql\.t: .*binlog_row_value_options=''"):
+        rowcodec.RowsDecoders().rows(partial)
 
 
 def test_a_partial_update_is_refused_after_a_decoder_was_built_for_its_table():
