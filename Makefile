@@ -11,8 +11,9 @@ bootstrap:  ## Debian packages if missing, .venv with the package installed (ide
 demo: bootstrap  ## the zero-configuration demo: stream, materialise, reconcile, summary
 	$(PY) -m cdc_platform demo
 
-ui: bootstrap  ## Dagster UI (dagster dev) on the demo config and its services
-	$(PY) -m cdc_platform ui
+UI_PORT ?= 3000
+ui: bootstrap  ## Dagster UI (dagster dev) on the demo config and its services; Ctrl-C stops all
+	$(PY) -m cdc_platform ui --port $(UI_PORT)
 
 test: bootstrap lint  ## unit, integration and the `dagster job execute` run (not the torture)
 	$(PY) -m pytest -q -p no:cacheprovider -m "not torture" cdc_platform_tests

@@ -7,6 +7,9 @@
                     signal topic, as an operator would with a Kafka console producer
   demo              the zero-configuration demo (what ``make demo`` runs)
   ui                start the demo's services and ``dagster dev`` on the demo config
+
+``demo`` and ``ui`` stop everything they started on Ctrl-C, SIGTERM or SIGHUP, and leave no
+process behind (``devservices.supervisor``).
   config-reference  print every config key with its type, default and meaning (Markdown)
 """
 
