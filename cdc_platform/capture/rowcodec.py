@@ -211,9 +211,9 @@ def refuse_unreadable(event: Any) -> None:
         raise UnsupportedEvent(
             f"{where}: a partial update rows event (PARTIAL_UPDATE_ROWS_EVENT, logged with "
             "binlog_row_value_options=PARTIAL_JSON) holds JSON diffs, not row images, and "
-            "cannot be captured exactly. Fix: set binlog_row_value_options='' (empty) on the "
-            "source (SET GLOBAL and its configuration file); rows already logged this way need "
-            "a re-snapshot of the table")
+            "cannot be captured exactly. Fix: SET PERSIST binlog_row_value_options='' (empty) "
+            "on the source (and in sessions that set it), then re-snapshot the table and move "
+            "the checkpoint past this event")
     columns = getattr(event, "columns", None)
     if columns is not None and len(columns) == 0:
         raise UnsupportedEvent(
