@@ -1,4 +1,5 @@
-"""Column renames of captured tables: read from ALTER TABLE, recorded in the landing zone.
+"""Column renames (and drops) of captured tables: read from ALTER TABLE, recorded in the
+landing zone.
 
 A rename changes no value, but the binlog carries it only as statement text: the segments
 before it hold the column under its old name, the ones after under the new name. Read by name,
@@ -14,6 +15,12 @@ COLUMN x TO y`` is refused by the server), as MariaDB and MySQL apply them. A re
 changelog position of its own (the engine's next position, which it then skips): records
 below it precede the rename, records above it follow it, and a checkpoint covers it when its
 ``next_pos`` is above it. Column names compare case-insensitively, as at the source.
+
+The same record names the columns the ALTER **drops**: the binlog shows a drop only in the
+next row event's table map, and a table no row of which changes after the DROP would keep the
+column in its target with its old values. With the drop at a position, the lake drops the
+column from the target once no segment of the table holds records between the drop and its
+checkpoint (a later segment's schema decides otherwise: the column was added again).
 Format: docs/landing-zone.md, "Column renames".
 """
 
@@ -29,6 +36,7 @@ from cdc_platform.capture import names
 from cdc_platform.capture.ddl import (
     TableDdl,
     alter_clauses,
+    dropped_column,
     name_at,
     statement_tokens,
     token_at,
@@ -50,19 +58,26 @@ class ColumnRenames:
     position: int  # the record's own changelog position (see the module docstring)
     renames: tuple[Rename, ...]
     recorded_at: str = ""
+    # Columns the ALTER drops (as written): the lake drops them from the target once it has
+    # consumed the changelog past the record, whether or not a row change followed.
+    dropped: tuple[str, ...] = ()
 
     @property
     def table_id(self) -> str:
         return names.table_id(self.database, self.table)
 
     def describe(self) -> str:
-        pairs = ", ".join(f"{old} -> {new}" for old, new in self.renames)
-        return (f"table {self.table_id}: column(s) renamed at GTID {self.gtid} (changelog "
-                f"position {self.position}): {pairs}")
+        changes = [f"{old} -> {new}" for old, new in self.renames]
+        changes += [f"{column} dropped" for column in self.dropped]
+        return (f"table {self.table_id}: column(s) renamed or dropped at GTID {self.gtid} "
+                f"(changelog position {self.position}): {', '.join(changes)}")
 
     def to_json(self) -> bytes:
         data = dataclasses.asdict(self)
         data["renames"] = [list(pair) for pair in self.renames]
+        data["dropped"] = list(self.dropped)
+        if not self.dropped:
+            del data["dropped"]  # (the files of renames alone read as before)
         return json.dumps(data, indent=1).encode()
 
     @staticmethod
@@ -72,7 +87,8 @@ class ColumnRenames:
             database=str(data["database"]), table=str(data["table"]), gtid=str(data["gtid"]),
             position=int(data["position"]),
             renames=tuple((str(old), str(new)) for old, new in data["renames"]),
-            recorded_at=str(data.get("recorded_at", "")))
+            recorded_at=str(data.get("recorded_at", "")),
+            dropped=tuple(str(column) for column in data.get("dropped", ())))
 
 
 def renamed_columns(ddl: TableDdl) -> tuple[Rename, ...]:
@@ -102,6 +118,15 @@ def renamed_columns(ddl: TableDdl) -> tuple[Rename, ...]:
         if "?" not in (old, new) and old != new:
             found.append((old, new))
     return tuple(found)
+
+
+def dropped_columns(ddl: TableDdl) -> tuple[str, ...]:
+    """The columns an ALTER TABLE drops, in statement order (pure, from its text); none when
+    it also renames the table (the new name's target is re-snapshotted)."""
+    if ddl.verb != "ALTER" or ddl.renames:
+        return ()
+    return tuple(column for clause in alter_clauses(statement_tokens(ddl.query))
+                 if (column := dropped_column(clause)) is not None)
 
 
 def column_mapping(columns: Iterable[str], records: Sequence[ColumnRenames]) -> dict[str, str]:
@@ -139,15 +164,15 @@ def renamed_schema(schema: TableSchema, records: Sequence[ColumnRenames]) -> Tab
 
 def record_column_renames(landing: LandingZone, ddl: TableDdl, gtid: str, position: int,
                           captures: Callable[[str, str], bool]) -> ColumnRenames | None:
-    """Write the column renames ``ddl`` makes to a captured table at ``position``, durably
-    (the engine calls this before its checkpoint passes the DDL; a replay writes the same
-    file again); None when it renames no column of a captured table."""
-    renames = renamed_columns(ddl)
-    if not renames or not ddl.tables or not captures(*ddl.tables[0]):
+    """Write the column renames and drops ``ddl`` makes to a captured table at ``position``,
+    durably (the engine calls this before its checkpoint passes the DDL; a replay writes the
+    same file again); None when it renames or drops no column of a captured table."""
+    renames, dropped = renamed_columns(ddl), dropped_columns(ddl)
+    if not (renames or dropped) or not ddl.tables or not captures(*ddl.tables[0]):
         return None
     database, table = ddl.tables[0]
     record = ColumnRenames(database, table, gtid, position, renames,
-                           dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
+                           dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), dropped)
     directory = landing.column_renames_dir(database, table)
     write_atomically(directory / column_renames_name(position), record.to_json())
     return record

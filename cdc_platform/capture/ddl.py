@@ -170,6 +170,26 @@ def alter_clauses(tokens: Sequence[Token]) -> list[list[Token]]:
     return specs
 
 
+# DROP <word> clauses of an ALTER TABLE that drop something other than a column.
+_DROPS_OTHER_THAN_COLUMNS = frozenset({"INDEX", "KEY", "FOREIGN", "CONSTRAINT", "CHECK",
+                                       "PRIMARY", "PARTITION", "SYSTEM", "PERIOD"})
+
+
+def dropped_column(clause: Sequence[Token]) -> str | None:
+    """The column an ALTER TABLE clause drops (``DROP [COLUMN] [IF EXISTS] c``), as written;
+    None for any other clause (``DROP INDEX``, ``DROP PRIMARY KEY``, ``DROP PARTITION``...)."""
+    if word_of(token_at(clause, 0)) != "DROP":
+        return None
+    what = word_of(token_at(clause, 1))
+    if what in _DROPS_OTHER_THAN_COLUMNS:
+        return None
+    position = 2 if what == "COLUMN" else 1
+    if word_of(token_at(clause, position)) == "IF":  # IF EXISTS
+        position += 2
+    column = name_at(clause, position)
+    return None if column == "?" else column
+
+
 def parse_table_ddl(query: str, default_db: str) -> TableDdl | None:
     """The tables a DDL statement changes, or None when it is not a table DDL.
 

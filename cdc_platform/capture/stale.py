@@ -32,6 +32,7 @@ from cdc_platform.capture.ddl import (
     TableDdl,
     Token,
     alter_clauses,
+    dropped_column,
     name_at,
     split_top_level,
     statement_tokens,
@@ -152,10 +153,9 @@ def _drop_clause(spec: Sequence[Token], schema: TableSchema | None) -> str | Non
         return "DROP PARTITION removed rows"
     if what == "SYSTEM":
         return "system versioning changed (not followed by the platform)"
-    position = 2 if what == "COLUMN" else 1
-    if word_of(token_at(spec, position)) == "IF":  # IF EXISTS
-        position += 2
-    column = name_at(spec, position)
+    column = dropped_column(spec)
+    if column is None:
+        return f"ALTER TABLE clause {' '.join(t[1] for t in spec[:2])!r} is not known to keep rows"
     if schema is None:
         return f"column {column} dropped from a table whose key the engine does not know"
     if column.lower() in (c.lower() for c in schema.primary_key):

@@ -82,8 +82,7 @@ def read_checkpoint(landing_url: str, server_name: str) -> dict[str, Any] | None
 def read_table_schemas(landing_url: str, server_name: str) -> dict[str, TableSchema]:
     """The engine's ``tables.json`` (table id -> newest schema); empty if absent or unreadable.
 
-    The schema of a table that has no changelog yet, and what tells a column dropped at the
-    source when no change of the table followed the DROP (``merge``).
+    Used only as a fallback schema for a table that has no changelog yet.
     """
     data = _server(landing_url, server_name).join(TABLES_FILE).read_bytes()
     if data is None:

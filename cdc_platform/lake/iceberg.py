@@ -460,6 +460,12 @@ class LakeTable:
                 self.lake.sql(statement)
         return bool(mapping) or bool(statements)
 
+    def drop_columns(self, columns: Sequence[str]) -> None:
+        """Drop columns the source dropped (Iceberg keeps their values in older snapshots)."""
+        with self.writing():
+            for column in columns:
+                self.lake.sql(f"ALTER TABLE {self.identifier} DROP COLUMN {quote(column)}")
+
     def _rename_mapping(self, columns: list[str], records: Sequence[ColumnRenames]
                         ) -> dict[str, str]:
         """The table's columns -> their names after ``records`` (only those that change). A

@@ -203,12 +203,13 @@ def _materialise_once(
     before_pos = checkpoint["next_pos"] if checkpoint is not None else 1
 
     def unchanged() -> MergeResult:
+        dropped = False
         if base is None:
             _create(target, _fallback_schema(landing_url, server_name, database, table,
                                              schema_hint), before_pos - 1)
         elif checkpoint is not None:
-            _drop_columns_dropped_at_source(landing_url, target, after_pos, before_pos)
-        return _result(target, started, attempt)
+            dropped = _drop_columns_dropped_at_source(landing_url, target, before_pos)
+        return _result(target, started, attempt, schema_changed=dropped)
 
     if checkpoint is None:
         return unchanged()
@@ -281,6 +282,8 @@ def _materialise_once(
                 victims.unpersist()
     finally:
         folded.unpersist()
+    schema_changed = _drop_columns_dropped_at_source(landing_url, target, before_pos) or (
+        schema_changed)
 
     result = MergeResult(
         table_id=target.table_id,
@@ -388,29 +391,26 @@ def _create(target: LakeTable, schema: TableSchema, renamed_through: int) -> Non
 
 
 def _drop_columns_dropped_at_source(landing_url: str, target: LakeTable,
-                                    after_pos: int | None, before_pos: int) -> None:
-    """With nothing to merge, drop the target's columns the source dropped since its last
-    change (``ALTER TABLE .. DROP COLUMN`` with no row change after it): the engine's
-    recorded schema of the table (``tables.json``) no longer has them. A batch drops them
-    through ``evolve`` anyway; this is the case without one, so a target never keeps a
-    dropped column with its old values.
-
-    Only drops, and only when nothing else can be pending: no column rename the table does
-    not follow yet (a renamed column is not a dropped one), and no segment landed beyond the
-    checkpoint (the engine may have recorded the schema before a crash took its checkpoint:
-    records from before the DROP would be replayed, and they still carry the column)."""
+                                    before_pos: int) -> bool:
+    """Drop the target's columns that a covered column record (``capture.column_renames``)
+    says the source dropped, when no segment of the table holds records between that record
+    and the checkpoint (``before_pos``): the source's schema there is the one after the DROP.
+    Needed where no row of the table changed after the DROP (a batch's ``evolve`` follows its
+    newest segment, which then predates the DROP); a segment after the record decides instead
+    (``evolve``: the column is gone from it, or was added again). Returns whether it dropped.
+    """
     server_name, database, table = target.server_name, target.database, target.table
-    recorded = read_table_schemas(landing_url, server_name).get(target.table_id)
-    if recorded is None:
-        return
-    current = [f.name for f in target.user_struct().fields]
-    if not set(recorded.column_names) < set(current):
-        return
-    renames = read_column_renames(landing_url, server_name, database, table, before_pos)
-    if _pending_renames(target, renames, after_pos) or list_segments(
-            landing_url, server_name, database, table, before_pos - 1):
-        return
-    target.evolve(recorded)
+    records = [r for r in read_column_renames(landing_url, server_name, database, table,
+                                              before_pos) if r.dropped]
+    if not records:
+        return False
+    current = {f.name.lower(): f.name for f in target.user_struct().fields}
+    gone = {current[column.lower()] for record in records for column in record.dropped
+            if column.lower() in current and not list_segments(
+                landing_url, server_name, database, table, record.position, before_pos)}
+    if gone:
+        target.drop_columns(sorted(gone))
+    return bool(gone)
 
 
 def _pending_renames(target: LakeTable, renames: Sequence[ColumnRenames],
@@ -714,8 +714,9 @@ def _fallback_schema(
     return schema
 
 
-def _result(target: LakeTable, started: float, attempt: int) -> MergeResult:
-    """A run that committed nothing: the table as it is."""
+def _result(target: LakeTable, started: float, attempt: int,
+            schema_changed: bool = False) -> MergeResult:
+    """A run that committed no snapshot: the table as it is (its schema may have changed)."""
     snapshot, marked = target.base_and_mark()
     return MergeResult(
         table_id=target.table_id,
@@ -730,6 +731,6 @@ def _result(target: LakeTable, started: float, attempt: int) -> MergeResult:
         consumed_pos=marked.consumed_pos if marked is not None else None,
         consumed_gtid=marked.consumed_gtid if marked is not None else None,
         duration_seconds=time.monotonic() - started,
-        schema_changed=False,
+        schema_changed=schema_changed,
         attempts=attempt,
     )

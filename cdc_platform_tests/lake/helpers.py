@@ -99,14 +99,14 @@ class Landing:
         return first, last
 
     def rename_columns(self, table_schema: TableSchema, *renames: tuple[str, str],
-                       checkpoint: bool = True) -> int:
-        """Record one ALTER's column renames as the engine does (capture.column_renames), at a
-        position of their own; returns it."""
+                       checkpoint: bool = True, dropped: tuple[str, ...] = ()) -> int:
+        """Record one ALTER's column renames (and drops) as the engine does
+        (capture.column_renames), at a position of their own; returns it."""
         position = self.next_pos
         self.next_pos += 1
         self.txn += 1
         record = ColumnRenames(table_schema.database, table_schema.table, f"0-1-{self.txn}",
-                               position, tuple(renames))
+                               position, tuple(renames), dropped=dropped)
         directory = (self.root / self.server).joinpath(
             *column_renames_parts(table_schema.database, table_schema.table))
         directory.mkdir(parents=True, exist_ok=True)

@@ -130,3 +130,34 @@ def test_a_rename_that_does_not_fit_the_table_changes_nothing(spark, landing, wa
     with pytest.raises(SchemaEvolutionError, match=clash):
         materialise(spark, landing.url, warehouse, SERVER, AFTER, "shop", "items")
     assert table.read().columns == ["id", "name", "amount", "title"]
+
+
+def test_a_dropped_column_leaves_the_target_without_a_later_change(spark, landing, warehouse):
+    """A column record's drop, with no segment after it: the target drops the column (older
+    snapshots keep it); a segment after the drop that has the column again keeps it."""
+    landing.segment(BEFORE, [("c", {"id": i, "name": f"n{i}", "amount": Decimal(i)})
+                             for i in range(1, 4)])
+    materialise_table(spark, landing, warehouse, BEFORE)
+    before = target_table(spark, warehouse, BEFORE).current()
+    landing.rename_columns(BEFORE, dropped=("NAME",))  # (names compare case-insensitively)
+    result = materialise_table(spark, landing, warehouse, BEFORE)
+    assert result.schema_changed
+    table = target_table(spark, warehouse, BEFORE)
+    assert table.read().columns == ["id", "amount"]
+    assert "name" in table.read(snapshot_id=before.snapshot_id).columns
+    # Added again (ALTER TABLE .. ADD name), with rows: the segment after the drop decides.
+    landing.segment(BEFORE, [("u", {"id": 1, "name": "again", "amount": Decimal(1)})])
+    materialise_table(spark, landing, warehouse, BEFORE)
+    assert {r["id"]: r["name"] for r in rows_of(table.read()).values()} == {
+        1: "again", 2: None, 3: None}
+
+
+def test_a_drop_in_the_same_batch_as_the_rows_before_it(spark, landing, warehouse):
+    """Rows, then the DROP, in one batch (the newest segment predates the drop): the merge
+    applies the rows, then drops the column."""
+    landing.segment(BEFORE, [("c", {"id": 1, "name": "a", "amount": Decimal(1)})])
+    landing.rename_columns(BEFORE, dropped=("name",))
+    result = materialise_table(spark, landing, warehouse, BEFORE)
+    assert result.committed and result.schema_changed
+    assert rows_of(target_table(spark, warehouse, BEFORE).read()) == {
+        1: {"id": 1, "amount": Decimal("1.00")}}
