@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 TYPES_DB = "torture_types"
 FEATURES_DB = "torture_features"
 SNAPSHOTS_DB = "torture_snapshots"
+DROPPED_DB = "torture_dropped"  # (a cell drops it: a database of its own)
 #: A statement, or a statement and its parameters (pymysql binds bytes as raw binary literals,
 #: so the binlog's annotated statement text then holds arbitrary bytes).
 Statement = str | tuple[str, tuple]
@@ -352,62 +353,105 @@ def _features_cells() -> list[Cell]:
             f"INSERT INTO {t('savepoint')} VALUES (3, 'kept')", "COMMIT",
         ], column=None),
     ]
-    part = ("PARTITION BY RANGE (id) (PARTITION p0 VALUES LESS THAN (100), "
-            "PARTITION p1 VALUES LESS THAN MAXVALUE)")
+    cells += [ddl for suffix, wrapper in DDL_WRAPPERS.items()
+              for ddl in _ddl_cells(cell, t, plain, rows, suffix, wrapper)]
     cells += [
-        cell("rename_table", ("renamed_old", "renamed_new"), [
-            f"CREATE TABLE {t('renamed_old')} {plain}",
-            f"INSERT INTO {t('renamed_old')} VALUES {rows}",
-            f"RENAME TABLE {t('renamed_old')} TO {t('renamed_new')}",
-            f"INSERT INTO {t('renamed_new')} VALUES (4, 'after')",
-        ], column=None),
-        cell("truncate", ("truncated",), [
-            f"CREATE TABLE {t('truncated')} {plain}",
-            f"INSERT INTO {t('truncated')} VALUES {rows}",
-            f"TRUNCATE TABLE {t('truncated')}",
-            f"INSERT INTO {t('truncated')} VALUES (4, 'after')",
-        ], column=None),
-        cell("drop_partition", ("dropped_partition",), [
-            f"CREATE TABLE {t('dropped_partition')} {plain} {part}",
-            f"INSERT INTO {t('dropped_partition')} VALUES (1, 'p0'), (2, 'p0'), (101, 'p1')",
-            f"ALTER TABLE {t('dropped_partition')} DROP PARTITION p0",
-            f"INSERT INTO {t('dropped_partition')} VALUES (102, 'after')",
-        ], column=None),
-        cell("exchange_partition", ("exchanged", "exchanged_swap"), [
-            f"CREATE TABLE {t('exchanged')} {plain} {part}",
-            f"CREATE TABLE {t('exchanged_swap')} {plain}",
-            f"INSERT INTO {t('exchanged')} VALUES (1, 'in p0'), (101, 'in p1')",
-            f"INSERT INTO {t('exchanged_swap')} VALUES (5, 'swapped in'), (6, 'swapped in')",
-            f"ALTER TABLE {t('exchanged')} EXCHANGE PARTITION p0 WITH TABLE "
-            f"{t('exchanged_swap')}",
-            f"INSERT INTO {t('exchanged')} VALUES (102, 'after')",
-        ], column=None),
-        cell("add_column_default", ("added_column",), [
-            f"CREATE TABLE {t('added_column')} {plain}",
-            f"INSERT INTO {t('added_column')} VALUES {rows}",
-            f"ALTER TABLE {t('added_column')} ADD COLUMN c INT NOT NULL DEFAULT 7",
-            f"INSERT INTO {t('added_column')} VALUES (4, 'after', 8)",
-        ], column=None),
-        cell("rename_column", ("renamed_column",), [
-            f"CREATE TABLE {t('renamed_column')} {plain}",
-            f"INSERT INTO {t('renamed_column')} VALUES {rows}",
-            f"ALTER TABLE {t('renamed_column')} RENAME COLUMN v TO w",
-            f"INSERT INTO {t('renamed_column')} VALUES (4, 'after')",
-        ], column=None),
-        *(cell(f"modify_temporal_{name}", (f"modified_{name}",), [
-            f"CREATE TABLE {t('modified_' + name)} (id INT PRIMARY KEY, d DATETIME(6))",
-            f"INSERT INTO {t('modified_' + name)} VALUES "
-            "(1, '2024-01-01 12:34:56.789012'), (2, '1999-12-31 23:59:59.999999')",
-            f"ALTER TABLE {t('modified_' + name)} MODIFY d {kind}",
-            f"INSERT INTO {t('modified_' + name)} (id) VALUES (3)",
-        ], column=None) for name, kind in (("date", "DATE"), ("time", "TIME(6)"),
-                                           ("timestamp", "TIMESTAMP(6) NULL"))),
         cell("replica_without_log_slave_updates", ("no_log_slave_updates",), [
             f"CREATE TABLE {t('no_log_slave_updates')} {plain}",
             f"INSERT INTO {t('no_log_slave_updates')} VALUES {rows}",
         ], column=None, source="no_log_slave_updates", loud_words=("log_slave_updates",)),
     ]
     return cells
+
+
+#: The prefixes the server accepts before a statement, as DBAs and online schema tools (SET
+#: STATEMENT for lock and statement timeouts), dump and migration tools (executable comments)
+#: write them: every DDL cell runs with each ({} is the statement; the key suffixes the cell's
+#: name and tables).
+DDL_WRAPPERS = {
+    "": "{}",
+    "_set_statement": "SET STATEMENT lock_wait_timeout=5, max_statement_time=60 FOR {}",
+    "_executable_comment": "/*!100100 {} */",
+    "_mariadb_comment": "/*M!100100 {} */",
+}
+
+
+def _ddl_cells(cell, t, plain: str, rows: str, suffix: str, wrapper: str) -> list[Cell]:  # noqa: ANN001
+    """The DDL that changes rows without row events (and RENAME COLUMN, which changes none),
+    one cell each, the DDL written behind ``wrapper``; names take ``suffix``."""
+    part = ("PARTITION BY RANGE (id) (PARTITION p0 VALUES LESS THAN (100), "
+            "PARTITION p1 VALUES LESS THAN MAXVALUE)")
+
+    def w(statement: str) -> str:
+        return wrapper.format(statement)
+
+    def n(name: str) -> str:
+        return name + suffix
+
+    return [
+        cell(n("rename_table"), (n("renamed_old"), n("renamed_new")), [
+            f"CREATE TABLE {t(n('renamed_old'))} {plain}",
+            f"INSERT INTO {t(n('renamed_old'))} VALUES {rows}",
+            w(f"RENAME TABLE {t(n('renamed_old'))} TO {t(n('renamed_new'))}"),
+            f"INSERT INTO {t(n('renamed_new'))} VALUES (4, 'after')",
+        ], column=None),
+        cell(n("truncate"), (n("truncated"),), [
+            f"CREATE TABLE {t(n('truncated'))} {plain}",
+            f"INSERT INTO {t(n('truncated'))} VALUES {rows}",
+            w(f"TRUNCATE TABLE {t(n('truncated'))}"),
+            f"INSERT INTO {t(n('truncated'))} VALUES (4, 'after')",
+        ], column=None),
+        cell(n("drop_partition"), (n("dropped_partition"),), [
+            f"CREATE TABLE {t(n('dropped_partition'))} {plain} {part}",
+            f"INSERT INTO {t(n('dropped_partition'))} VALUES (1, 'p0'), (2, 'p0'), (101, 'p1')",
+            w(f"ALTER TABLE {t(n('dropped_partition'))} DROP PARTITION p0"),
+            f"INSERT INTO {t(n('dropped_partition'))} VALUES (102, 'after')",
+        ], column=None),
+        cell(n("exchange_partition"), (n("exchanged"), n("exchanged_swap")), [
+            f"CREATE TABLE {t(n('exchanged'))} {plain} {part}",
+            f"CREATE TABLE {t(n('exchanged_swap'))} {plain}",
+            f"INSERT INTO {t(n('exchanged'))} VALUES (1, 'in p0'), (101, 'in p1')",
+            f"INSERT INTO {t(n('exchanged_swap'))} VALUES (5, 'swapped in'), (6, 'swapped in')",
+            w(f"ALTER TABLE {t(n('exchanged'))} EXCHANGE PARTITION p0 WITH TABLE "
+              f"{t(n('exchanged_swap'))}"),
+            f"INSERT INTO {t(n('exchanged'))} VALUES (102, 'after')",
+        ], column=None),
+        cell(n("add_column_default"), (n("added_column"),), [
+            f"CREATE TABLE {t(n('added_column'))} {plain}",
+            f"INSERT INTO {t(n('added_column'))} VALUES {rows}",
+            w(f"ALTER TABLE {t(n('added_column'))} ADD COLUMN c INT NOT NULL DEFAULT 7"),
+            f"INSERT INTO {t(n('added_column'))} VALUES (4, 'after', 8)",
+        ], column=None),
+        cell(n("rename_column"), (n("renamed_column"),), [
+            f"CREATE TABLE {t(n('renamed_column'))} {plain}",
+            f"INSERT INTO {t(n('renamed_column'))} VALUES {rows}",
+            w(f"ALTER TABLE {t(n('renamed_column'))} RENAME COLUMN v TO w"),
+            f"INSERT INTO {t(n('renamed_column'))} VALUES (4, 'after')",
+        ], column=None),
+        *(cell(n(f"modify_temporal_{name}"), (n(f"modified_{name}"),), [
+            f"CREATE TABLE {t(n('modified_' + name))} (id INT PRIMARY KEY, d DATETIME(6))",
+            f"INSERT INTO {t(n('modified_' + name))} VALUES "
+            "(1, '2024-01-01 12:34:56.789012'), (2, '1999-12-31 23:59:59.999999')",
+            w(f"ALTER TABLE {t(n('modified_' + name))} MODIFY d {kind}"),
+            f"INSERT INTO {t(n('modified_' + name))} (id) VALUES (3)",
+        ], column=None) for name, kind in (("date", "DATE"), ("time", "TIME(6)"),
+                                           ("timestamp", "TIMESTAMP(6) NULL"))),
+        # Changes no remaining value: nothing is marked; the target drops the column although
+        # no row changed after the DROP.
+        cell(n("drop_column"), (n("dropped_column"),), [
+            f"CREATE TABLE {t(n('dropped_column'))} (id INT PRIMARY KEY, v INT, w INT)",
+            f"INSERT INTO {t(n('dropped_column'))} VALUES (1, 1, 1), (2, 2, 2)",
+            w(f"ALTER TABLE {t(n('dropped_column'))} DROP COLUMN w"),
+        ], column=None),
+        # Every captured table of the database is gone: targets marked stale as gone.
+        Cell("features", n("drop_database"), ((n(DROPPED_DB), "gone_a"), (n(DROPPED_DB), "gone_b")), (
+            f"CREATE TABLE {quote(n(DROPPED_DB))}.gone_a {plain}",
+            f"CREATE TABLE {quote(n(DROPPED_DB))}.gone_b {plain}",
+            f"INSERT INTO {quote(n(DROPPED_DB))}.gone_a VALUES {rows}",
+            f"INSERT INTO {quote(n(DROPPED_DB))}.gone_b VALUES {rows}",
+            w(f"DROP DATABASE {quote(n(DROPPED_DB))}"),
+        ), column=None),
+    ]
 
 
 def all_cells() -> list[Cell]:
