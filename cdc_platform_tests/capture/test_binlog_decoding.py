@@ -27,6 +27,7 @@ from cdc_platform.capture.binlog_decoding import (
 from cdc_platform.capture.events import Heartbeat, Rows, TableMap, UnsupportedEvent, Xid
 from cdc_platform.capture.flavours import flavour_of
 from cdc_platform.capture.rowcodec import RowsDecoders
+from cdc_platform.capture.schema import column_from_information_schema
 from cdc_platform_tests.capture.mysql_binlog_files import BuiltColumn, lenenc, table_map_body
 
 
@@ -354,6 +355,11 @@ def test_vector_columns_decode_as_binary_with_their_dimensions():
     assert [getattr(c, "vector_dimensions", None) for c in event.columns] == [None, 3, None, 127]
     [table_map] = _stream()._convert(event)
     assert [c.kind for c in table_map.schema.columns] == ["int", "binary", "string", "binary"]
+    # A snapshot's chunks describe the column from information_schema: the same spec, or
+    # every chunk of the table would be rejected as read with other columns.
+    vector = {"COLUMN_NAME": "v", "DATA_TYPE": "vector", "COLUMN_TYPE": "vector(3)",
+              "CHARACTER_SET_NAME": None, "CHARACTER_OCTET_LENGTH": 12}
+    assert column_from_information_schema(vector) == table_map.schema.columns[1]
 
 
 def test_a_table_map_without_column_names_names_binlog_row_metadata():
