@@ -96,7 +96,10 @@ def _all_stats() -> dict[int, list[str]]:
 
 def descendants(pid: int, *, include_zombies: bool = False) -> list[int]:
     """Pids of every live descendant of ``pid`` (children first), read from ``/proc``."""
-    stats = _all_stats()
+    return _descendants_in(_all_stats(), pid, include_zombies)
+
+
+def _descendants_in(stats: dict[int, list[str]], pid: int, include_zombies: bool) -> list[int]:
     children: dict[int, list[int]] = {}
     for child, fields in stats.items():
         children.setdefault(int(fields[1]), []).append(child)
@@ -150,6 +153,7 @@ class ProcessSupervisor:
         self._previous: dict[int, Any] = {}
         self._stopping = False
         self._hurry = threading.Event()
+        self._grandchildren: set[int] = set()
         self.signal_received: int | None = None
 
     # ---- entering and leaving ------------------------------------------------------------
@@ -249,15 +253,24 @@ class ProcessSupervisor:
                 pids.add(pid)
         return pids
 
-    def _reap_orphans(self) -> None:
-        """Collect the exit status of re-parented grandchildren (we are their subreaper);
-        never of a process a ``Popen`` here tracks, whose status belongs to it."""
+    def _reap_orphans(self, *, all_untracked: bool = False) -> None:
+        """Collect the exit status of grandchildren re-parented to us (we are their
+        subreaper), so they do not linger as zombies. While the command runs, only of pids
+        seen earlier as grandchildren: a child forked by other code (a ``subprocess.run`` in
+        another thread) keeps its status for its own ``wait``. ``all_untracked``: at the end,
+        every child no ``Popen`` here tracks."""
+        stats = _all_stats()
+        me = os.getpid()
+        self._grandchildren |= {pid for pid in _descendants_in(stats, me, True)
+                                if int(stats[pid][1]) != me}
         tracked = self._tracked_pids()
-        me = str(os.getpid())
-        for pid, fields in _all_stats().items():
-            if fields[0] == "Z" and fields[1] == me and pid not in tracked:
+        for pid, fields in stats.items():
+            if fields[0] != "Z" or int(fields[1]) != me or pid in tracked:
+                continue
+            if all_untracked or pid in self._grandchildren:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, os.WNOHANG)
+                self._grandchildren.discard(pid)
 
     # ---- stopping ------------------------------------------------------------------------
 
@@ -317,7 +330,7 @@ class ProcessSupervisor:
                         os.kill(pid, sig)
                 if self._wait(lambda: not descendants(me), seconds):
                     break
-        self._reap_orphans()
+        self._reap_orphans(all_untracked=True)
         left = [pid for pid in descendants(me) if pid_alive(pid)]
         if left:
             self._log(f"processes {left} survived SIGKILL; check `ps -o pid,stat,cmd -p "
