@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import logging
 import os
 import signal
 import subprocess
@@ -34,13 +33,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import IO, Any, Self
+from typing import IO, Any, Self, TypeVar
 
 from cdc_platform.devservices._process import ManagedService, child_preexec, pid_alive
 
 __all__ = ["Interrupted", "ProcessSupervisor", "descendants"]
 
-_LOG = logging.getLogger(__name__)
+_Service = TypeVar("_Service", bound=ManagedService)
 
 #: Signals that stop a foreground command. SIGHUP (terminal closed) only when not ignored:
 #: ``nohup`` asks for the command to outlive the terminal.
@@ -190,7 +189,7 @@ class ProcessSupervisor:
 
     # ---- starting ------------------------------------------------------------------------
 
-    def start_service(self, service: ManagedService, **start: Any) -> ManagedService:
+    def start_service(self, service: _Service, **start: Any) -> _Service:
         """``service.start(**start)``; stopped when the supervisor stops. Registered before it
         starts, so a signal during start-up still stops it."""
         self._stack.append(service)
@@ -209,7 +208,7 @@ class ProcessSupervisor:
             raise Interrupted(self.signal_received or signal.SIGTERM)
         process = subprocess.Popen(
             list(argv), env=dict(env) if env is not None else None, cwd=cwd,
-            stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT if output else None,
+            stdin=subprocess.DEVNULL, stdout=output, stderr=None if output is None else subprocess.STDOUT,
             start_new_session=True, preexec_fn=child_preexec(stop_signal))
         self._stack.append(_Child(name, process, stop_signal, grace))
         return process
