@@ -24,6 +24,7 @@ from cdc_platform.capture.ddl import TableDdl
 from cdc_platform.capture.gtid import parse_gtid, parse_position
 from cdc_platform.capture.landing import LandingZone, write_atomically
 from cdc_platform.capture.schema import TableSchema
+from cdc_platform.capture.snapshot.protocol import SessionState
 from cdc_platform.capture.stale import (
     ColumnCaptured,
     StaleTable,
@@ -175,9 +176,9 @@ def resolve_markers(landing: LandingZone) -> list[StaleMarker]:
     out, changed = [], []
     for marker in markers:
         session = sessions.get(marker.table_id)
-        if not marker.resolved and session is not None and session.get("state") == "done" and (
-                not session.get("condition")) and _opened_after(session, marker,
-                                                                 checkpoint.flavour):
+        if not marker.resolved and session is not None and (
+                session.get("state") == SessionState.DONE) and not session.get("condition") and (
+                _opened_after(session, marker, checkpoint.flavour)):
             ends = [last for _, last, _ in landing.segments(marker.database, marker.table)
                     if last < checkpoint.next_pos]
             marker = dataclasses.replace(

@@ -11,7 +11,6 @@ the checkpoint, so a chunk's rows and the record that it committed become durabl
 from __future__ import annotations
 
 import datetime as dt
-import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -40,6 +39,9 @@ from cdc_platform.capture.snapshot.commit_rule import (
     sweep_after_snapshot,
 )
 from cdc_platform.capture.snapshot.protocol import (
+    Action,
+    ChunkManifest,
+    SessionState,
     SnapshotRequest,
     decode_key,
     read_chunk_rows,
@@ -48,6 +50,9 @@ from cdc_platform.capture.snapshot.protocol import (
 )
 
 Key = tuple[Any, ...]
+# The state a reader's request asks for an existing session.
+_ACTION_STATES = {Action.PAUSE: SessionState.PAUSED, Action.RESUME: SessionState.OPEN,
+                  Action.STOP: SessionState.STOPPED}
 # Emits records into the changelog: (table schema, op, rows, extra columns) -> first position.
 # Rows are tuples in schema column order, or (chunk rows) an Arrow table of the user columns.
 # It raises, without emitting anything, when the records do not fit the schema.
@@ -123,7 +128,7 @@ class SnapshotSession:
 
     table_id: str
     session_id: str
-    state: str  # open | paused | stopped | done | restart
+    state: SessionState
     opening: str
     opening_pos: int
     horizon: str
@@ -138,7 +143,12 @@ class SnapshotSession:
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> SnapshotSession:
-        return SnapshotSession(**data)
+        return SnapshotSession(**{**data, "state": SessionState(data["state"])})
+
+    @property
+    def tracked(self) -> bool:
+        """Whether the engine tracks the session (open or paused): its touches are logged."""
+        return self.state in (SessionState.OPEN, SessionState.PAUSED)
 
 
 @dataclass(slots=True)
@@ -195,7 +205,7 @@ class SnapshotCoordinator:
         the resumed position, which becomes the horizon chunks' low watermarks must contain."""
         for table_id, data in state.items():
             session = SnapshotSession.from_dict(data)
-            if session.state in ("open", "paused"):
+            if session.tracked:
                 session.horizon = str(resumed_at)
                 self._track(session)
             self.sessions[table_id] = session
@@ -219,13 +229,13 @@ class SnapshotCoordinator:
     @property
     def active(self) -> bool:
         """Whether any session is open (chunks may be pending)."""
-        return any(s.state == "open" for s in self.sessions.values())
+        return any(s.state == SessionState.OPEN for s in self.sessions.values())
 
     def readers_alive(self) -> bool:
         """Whether a snapshot reader of an open or paused session is running (it holds its
         table's ``reader.lock``; a dead reader's lock is released with its process)."""
         return any(reader_alive(self.landing, *names.split_table_id(s.table_id))
-                   for s in self.sessions.values() if s.state in ("open", "paused"))
+                   for s in self.sessions.values() if s.tracked)
 
     # -- the engine's hot path -------------------------------------------------------------
 
@@ -250,9 +260,9 @@ class SnapshotCoordinator:
             return False
         tracked.ddl.append(gtid)
         session = self.sessions.get(table_id)
-        if session is None or session.state not in ("open", "paused"):
+        if session is None or not session.tracked:
             return False
-        session.state = "restart"
+        session.state = SessionState.RESTART
         session.ended_at = _now()
         session.reason = f"DDL at GTID {gtid} changed the table"
         self._untrack(table_id)
@@ -270,7 +280,7 @@ class SnapshotCoordinator:
         changed = self._poll_requests(processed, next_pos)
         changed |= self._prune(processed)
         for session in list(self.sessions.values()):
-            if session.state == "open":
+            if session.state == SessionState.OPEN:
                 changed |= self._decide_pending(session, processed, schemas, emit, read_schema)
         return changed
 
@@ -372,27 +382,28 @@ class SnapshotCoordinator:
         # A new session is opened by its "open", or by a "pause"/"resume" that reached the
         # request before this engine saw the "open" (the engine was down): the request is
         # the desired state.
-        if action in ("open", "pause", "resume") and request.chunk_key and (
+        if action in (Action.OPEN, Action.PAUSE, Action.RESUME) and request.chunk_key and (
                 session is None or session.session_id != session_id):
             session = SnapshotSession(
                 table_id=table_id, session_id=session_id,
-                state="paused" if action == "pause" else "open",
+                state=SessionState.PAUSED if action == Action.PAUSE else SessionState.OPEN,
                 opening=str(processed), opening_pos=next_pos, horizon=str(processed),
                 chunk_key=list(request.chunk_key), condition=request.condition)
             self.sessions[table_id] = session
             self._track(session)
             self.log.info(f"snapshot of {table_id}: session {session_id} opened at GTID "
                           f"{session.opening or '(start)'}, changelog position {next_pos}"
-                          + (" (paused)" if session.state == "paused" else ""))
+                          + (" (paused)" if session.state == SessionState.PAUSED else ""))
             return True
         if session is None or session.session_id != session_id:
             return False
-        target = {"pause": "paused", "resume": "open", "stop": "stopped"}.get(action)
-        if target is None or session.state in ("done", "stopped") or session.state == target:
+        target = _ACTION_STATES.get(action)
+        if target is None or session.state in (SessionState.DONE, SessionState.STOPPED) or (
+                session.state == target):
             return False
         session.state = target
         self.log.info(f"snapshot of {table_id}: session {session_id} {target}")
-        if target == "stopped":
+        if target == SessionState.STOPPED:
             session.ended_at = _now()
             self._untrack(table_id)
         return True
@@ -436,11 +447,11 @@ class SnapshotCoordinator:
             changed = True
             if isinstance(decision, Reject):
                 self._reject(session, tracked, seq, decision.reason)
-                if session.state != "open":
+                if session.state != SessionState.OPEN:
                     break
                 continue
             tracked.rejections_in_a_row = 0
-            if session.state == "done":
+            if session.state == SessionState.DONE:
                 break
         return changed
 
@@ -466,17 +477,17 @@ class SnapshotCoordinator:
         lagging engine is looked at every ``SNAPSHOT_POLL_SECONDS`` without re-reading its
         file each time."""
         key_names = decisions.keys_only.key.columns
-        manifest = json.loads(manifest_path.read_bytes())
+        manifest = ChunkManifest.from_json(manifest_path.read_bytes())
         # Bounds decode by the key's column specs: a bare kind cannot tell a DECIMAL wider
         # than 38 digits (landed as text) from a narrower one.
         chunk = Chunk(
             table=decisions.keys_only, rows=(),
-            range_low=decode_key(manifest.get("range_low"), decisions.key_specs),
-            range_high=decode_key(manifest.get("range_high"), decisions.key_specs),
-            low_watermark=parse_position(self.flavour, manifest["low_watermark"]),
-            after=parse_position(self.flavour, manifest["after"]),
-            schema_fingerprint=manifest["fingerprint"], resume_key=None,
-            complete=bool(manifest.get("complete")))
+            range_low=decode_key(manifest.range_low, decisions.key_specs),
+            range_high=decode_key(manifest.range_high, decisions.key_specs),
+            low_watermark=parse_position(self.flavour, manifest.low_watermark),
+            after=parse_position(self.flavour, manifest.after),
+            schema_fingerprint=manifest.fingerprint, resume_key=None,
+            complete=manifest.complete)
         decision = self._decide(chunk, processed, decisions, tracked)
         if not isinstance(decision, Commit):
             return decision
@@ -527,7 +538,7 @@ class SnapshotCoordinator:
         count = tracked.rejections_in_a_row
         if count < self.max_rejections_in_a_row:
             return
-        session.state = "stopped"
+        session.state = SessionState.STOPPED
         session.ended_at = _now()
         session.reason = (f"{count} chunks in a row were rejected with no commit between (the "
                           f"last, chunk {seq}: {reason})")
@@ -554,7 +565,7 @@ class SnapshotCoordinator:
         session.committed.append(seq)
         session.rows += rows.num_rows
         if chunk.complete:
-            session.state = "done"
+            session.state = SessionState.DONE
             session.ended_at = _now()
             self._untrack(session.table_id)
             self.log.info(f"snapshot of {session.table_id}: session {session.session_id} done, "
