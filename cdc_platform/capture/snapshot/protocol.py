@@ -70,6 +70,40 @@ class SessionState(enum.StrEnum):
     RESTART = "restart"  # ended for a DDL: the reader reads the table again in a new session
 
 
+def session_time() -> str:
+    """A session's ``started_at`` / ``ended_at``: UTC, to the second."""
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+@dataclass
+class SnapshotSession:
+    """One table's session as the checkpoint records it."""
+
+    table_id: str
+    session_id: str
+    state: SessionState
+    opening: str
+    opening_pos: int
+    horizon: str
+    chunk_key: list[str]
+    condition: str | None = None
+    committed: list[int] = field(default_factory=list)
+    rejected: dict[str, str] = field(default_factory=dict)
+    rows: int = 0
+    started_at: str = field(default_factory=session_time)
+    ended_at: str | None = None
+    reason: str | None = None  # why the engine ended it (a restart)
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> SnapshotSession:
+        return SnapshotSession(**{**data, "state": SessionState(data["state"])})
+
+    @property
+    def tracked(self) -> bool:
+        """Whether the engine tracks the session (open or paused): its touches are logged."""
+        return self.state in (SessionState.OPEN, SessionState.PAUSED)
+
+
 # ---- the layout ----------------------------------------------------------------------------------
 
 

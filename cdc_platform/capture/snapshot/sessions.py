@@ -10,7 +10,6 @@ the checkpoint, so a chunk's rows and the record that it committed become durabl
 
 from __future__ import annotations
 
-import datetime as dt
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -43,10 +42,12 @@ from cdc_platform.capture.snapshot.protocol import (
     ChunkManifest,
     SessionState,
     SnapshotRequest,
+    SnapshotSession,
     decode_key,
     read_chunk_rows,
     read_request,
     reader_alive,
+    session_time,
 )
 
 Key = tuple[Any, ...]
@@ -76,10 +77,6 @@ MIN_GENERATION_SECONDS = 30.0
 MAX_REJECTIONS_IN_A_ROW = 200
 # After the source could not give a table's schema, ask again no sooner than this.
 SCHEMA_RETRY_SECONDS = 5.0
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 def _key_values(column: pa.ChunkedArray) -> list[Any]:
@@ -120,35 +117,6 @@ def _touch_candidates(rows: pa.Table, key_names: tuple[str, ...],
         return None
     return pc.indices_nonzero(pc.fill_null(mask, False).combine_chunks()) \
         if isinstance(mask, pa.ChunkedArray) else pc.indices_nonzero(pc.fill_null(mask, False))
-
-
-@dataclass
-class SnapshotSession:
-    """One table's session as the checkpoint records it."""
-
-    table_id: str
-    session_id: str
-    state: SessionState
-    opening: str
-    opening_pos: int
-    horizon: str
-    chunk_key: list[str]
-    condition: str | None = None
-    committed: list[int] = field(default_factory=list)
-    rejected: dict[str, str] = field(default_factory=dict)
-    rows: int = 0
-    started_at: str = field(default_factory=_now)
-    ended_at: str | None = None
-    reason: str | None = None  # why the engine ended it (a restart)
-
-    @staticmethod
-    def from_dict(data: dict[str, Any]) -> SnapshotSession:
-        return SnapshotSession(**{**data, "state": SessionState(data["state"])})
-
-    @property
-    def tracked(self) -> bool:
-        """Whether the engine tracks the session (open or paused): its touches are logged."""
-        return self.state in (SessionState.OPEN, SessionState.PAUSED)
 
 
 @dataclass(slots=True)
@@ -263,7 +231,7 @@ class SnapshotCoordinator:
         if session is None or not session.tracked:
             return False
         session.state = SessionState.RESTART
-        session.ended_at = _now()
+        session.ended_at = session_time()
         session.reason = f"DDL at GTID {gtid} changed the table"
         self._untrack(table_id)
         self.log.info(f"snapshot of {table_id}: session {session.session_id} ends for a "
@@ -404,7 +372,7 @@ class SnapshotCoordinator:
         session.state = target
         self.log.info(f"snapshot of {table_id}: session {session_id} {target}")
         if target == SessionState.STOPPED:
-            session.ended_at = _now()
+            session.ended_at = session_time()
             self._untrack(table_id)
         return True
 
@@ -539,7 +507,7 @@ class SnapshotCoordinator:
         if count < self.max_rejections_in_a_row:
             return
         session.state = SessionState.STOPPED
-        session.ended_at = _now()
+        session.ended_at = session_time()
         session.reason = (f"{count} chunks in a row were rejected with no commit between (the "
                           f"last, chunk {seq}: {reason})")
         self._untrack(table_id)
@@ -566,7 +534,7 @@ class SnapshotCoordinator:
         session.rows += rows.num_rows
         if chunk.complete:
             session.state = SessionState.DONE
-            session.ended_at = _now()
+            session.ended_at = session_time()
             self._untrack(session.table_id)
             self.log.info(f"snapshot of {session.table_id}: session {session.session_id} done, "
                           f"{session.rows} rows in {len(session.committed)} chunks")
