@@ -1,6 +1,6 @@
 """The compiled parts of cdc_platform: the binlog rows decoder (capture/_rowcodec.c) and the
 snapshot chunk reader (capture/snapshot/_rawrows.c, linked with libmariadb, the client library
-mysqlclient is built against).
+mysqlclient is built against), which share the Arrow buffers of capture/_arrowbuf.h.
 
 Everything else is declared in pyproject.toml; setuptools reads both. ``pip install -e .``
 builds the extensions in place; scripts/bootstrap.sh rebuilds them when their C sources change
@@ -34,10 +34,14 @@ def _libmariadb() -> tuple[list[str], list[str]]:
 
 _cflags, _libs = _libmariadb()
 
+# Both extensions fill Arrow buffers with the one implementation of capture/_arrowbuf.h:
+# ``depends`` makes build_ext rebuild them when it changes.
+_ARROWBUF = ["cdc_platform/capture/_arrowbuf.h"]
+
 setup(ext_modules=[
     Extension("cdc_platform.capture._rowcodec", ["cdc_platform/capture/_rowcodec.c"],
-              extra_compile_args=_WARNINGS),
+              depends=_ARROWBUF, extra_compile_args=_WARNINGS),
     Extension("cdc_platform.capture.snapshot._rawrows",
-              ["cdc_platform/capture/snapshot/_rawrows.c"],
+              ["cdc_platform/capture/snapshot/_rawrows.c"], depends=_ARROWBUF,
               extra_compile_args=_WARNINGS + _cflags, extra_link_args=_libs),
 ])

@@ -36,7 +36,7 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
 fi
 # The editable install built the extensions in place; rebuild them whenever a source changed.
-ext_sources="cdc_platform/capture/_rowcodec.c cdc_platform/capture/snapshot/_rawrows.c setup.py"
+ext_sources="cdc_platform/capture/_rowcodec.c cdc_platform/capture/snapshot/_rawrows.c cdc_platform/capture/_arrowbuf.h setup.py"
 ext_stamp="build/.extensions-$(cat $ext_sources | sha1sum | cut -c1-12)"
 if [ ! -f "$ext_stamp" ] || ! .venv/bin/python -c \
     'import cdc_platform.capture._rowcodec, cdc_platform.capture.snapshot._rawrows' 2>/dev/null; then

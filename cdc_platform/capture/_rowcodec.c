@@ -23,6 +23,21 @@
  * decode that reads them runs: a second __init__ raises); no pointer is taken into a buffer
  * that does not exist yet. The event kinds whose row images are not plain images (MySQL's
  * partial JSON updates) are refused by the Python side before any bytes reach this file.
+ *
+ * The boundary: Decoder(columns) takes one (kind, a, b, members, target, target_arg) tuple a
+ * column, made in one place, ``ColumnCodec.native`` (capture/rowcodec.py), where each kind's
+ * meaning of ``a`` and ``b`` is named; ``KINDS`` and ``TARGETS`` (name -> value) are the
+ * constants the Python side builds its enums from. Arrow buffers are capture/_arrowbuf.h's,
+ * shared with the chunk reader (capture/snapshot/_rawrows.c).
+ *
+ * Return conventions (as in capture/snapshot/_rawrows.c and capture/_arrowbuf.h): a function
+ * returning PyObject * gives a new reference, or NULL with a Python exception set
+ * (``Unsupported`` when the library must decode the event); an int function gives 1 on
+ * success and 0 with an exception set, and where a value may be NULL (read_date,
+ * read_datetime2, put_value) -1 for NULL, nothing written; decimal_text gives a length, or -1
+ * with an exception set. Predicates (valid_utf8, decimal_groups: "the fast path applies",
+ * target_fits, is_varwidth) give 1 or 0 and set nothing. tp_init (Decoder_init) keeps
+ * CPython's 0 / -1.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -30,6 +45,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+
+#include "_arrowbuf.h"
 
 /* Column kinds (the Python side reads these constants from the module). */
 enum {
@@ -524,56 +541,28 @@ fail:
 
 /* ---- column-wise decoding into Arrow buffers (decode_columns) --------------------------- */
 
-/* A bytes object filled as it is read: grown geometrically (its size is the capacity), cut
- * to ``len`` at the end and handed to Python as is (pyarrow wraps it without a copy). */
-typedef struct {
-    PyObject *bytes;
-    Py_ssize_t len;
-} Buf;
-
-/* ``n`` more bytes at the end of ``b``: where to write them, or NULL (MemoryError). The
- * buffer is allocated on the first call even for n == 0 (an empty string or binary value):
- * the pointer returned is then into a real object, never computed from NULL. */
-static inline char *grow(Buf *b, Py_ssize_t n) {
-    Py_ssize_t cap = b->bytes == NULL ? 0 : PyBytes_GET_SIZE(b->bytes);
-    if (b->bytes == NULL || n > cap - b->len) {
-        Py_ssize_t want = cap ? cap : 256;
-        while (want - b->len < n) {
-            if (want > PY_SSIZE_T_MAX / 2) { PyErr_NoMemory(); return NULL; }
-            want *= 2;
-        }
-        if (b->bytes == NULL) {
-            b->bytes = PyBytes_FromStringAndSize(NULL, want);
-            if (b->bytes == NULL) return NULL;
-        } else if (_PyBytes_Resize(&b->bytes, want) < 0) {
-            return NULL;  /* (b->bytes is NULL: the old object was freed) */
-        }
-    }
-    char *at = PyBytes_AS_STRING(b->bytes) + b->len;
-    b->len += n;
+/* ``n`` more bytes at the end of ``b`` (capture/_arrowbuf.h): where to write them, or NULL
+ * with MemoryError set. */
+static inline char *grow(ArrowBuf *b, size_t n) {
+    char *at = arrowbuf_extend(b, n);
+    if (at == NULL) PyErr_NoMemory();
     return at;
 }
 
-/* The filled part of ``b`` as a new reference (emptied from ``b``). */
-static PyObject *take(Buf *b) {
-    if (b->bytes == NULL) return PyBytes_FromStringAndSize(NULL, 0);
-    if (_PyBytes_Resize(&b->bytes, b->len) < 0) return NULL;
-    PyObject *out = b->bytes;
-    b->bytes = NULL;
-    return out;
-}
+/* The filled part of ``b`` as a new bytes object (``b`` is freed by out_clear). */
+static PyObject *take(const ArrowBuf *b) { return arrowbuf_bytes(b); }
 
 /* One column of one row image: Arrow buffers (validity, data, offsets) or a list. */
 typedef struct {
-    Buf validity, data, offsets;
+    ArrowBuf validity, data, offsets;
     Py_ssize_t nulls;
     PyObject *list;  /* T_OBJECT */
 } Out;
 
 static void out_clear(Out *o) {
-    Py_CLEAR(o->validity.bytes);
-    Py_CLEAR(o->data.bytes);
-    Py_CLEAR(o->offsets.bytes);
+    arrowbuf_free(&o->validity);
+    arrowbuf_free(&o->data);
+    arrowbuf_free(&o->offsets);
     Py_CLEAR(o->list);
 }
 
@@ -586,40 +575,38 @@ static int is_varwidth(int target) { return target == T_UTF8 || target == T_BINA
 
 /* The validity bit of row ``row`` (rows are appended in order). */
 static int put_validity(Out *o, Py_ssize_t row, int valid) {
-    if ((row & 7) == 0) {
-        char *at = grow(&o->validity, 1);
-        if (at == NULL) return 0;
-        *at = 0;
+    if (!arrowbuf_set_validity(&o->validity, (size_t)row, valid)) {
+        PyErr_NoMemory();
+        return 0;
     }
-    if (valid) PyBytes_AS_STRING(o->validity.bytes)[row >> 3] |= (char)(1 << (row & 7));
-    else o->nulls++;
+    if (!valid) o->nulls++;
     return 1;
 }
 
 /* The end offset of the value just written to a string/binary column. */
 static int put_offset(Out *o) {
-    if (o->data.len > INT32_MAX) {
+    if (!arrowbuf_offset_fits(o->data.len)) {
         unsupported("string column over 2 GiB in one event (int32 Arrow offsets)");
         return 0;
     }
-    int32_t end = (int32_t)o->data.len;
-    char *at = grow(&o->offsets, 4);
-    if (at == NULL) return 0;
-    memcpy(at, &end, 4);
+    if (!arrowbuf_put_offset(&o->offsets, o->data.len)) {
+        PyErr_NoMemory();
+        return 0;
+    }
     return 1;
 }
 
 static int put_null(Out *o, const Column *c, Py_ssize_t row) {
     if (!put_validity(o, row, 0)) return 0;
     if (is_varwidth(c->target)) return put_offset(o);
-    char *at = grow(&o->data, TARGET_WIDTH[c->target]);
+    char *at = grow(&o->data, (size_t)TARGET_WIDTH[c->target]);
     if (at == NULL) return 0;
     memset(at, 0, (size_t)TARGET_WIDTH[c->target]);
     return 1;
 }
 
 static int put_fixed(Out *o, const void *value, int width) {
-    char *at = grow(&o->data, width);
+    char *at = grow(&o->data, (size_t)width);
     if (at == NULL) return 0;
     memcpy(at, value, (size_t)width);
     return 1;
@@ -844,7 +831,7 @@ static int put_value(Reader *r, const Column *c, Out *o) {
         }
         /* values._binlog_binary: BINARY(n) padded back with the 0x00 the binlog strips */
         Py_ssize_t pad = c->target == T_BINARY && n < c->target_arg ? c->target_arg - n : 0;
-        char *at = grow(&o->data, n + pad);
+        char *at = grow(&o->data, (size_t)(n + pad));
         if (at == NULL) return 0;
         if (n) memcpy(at, s, (size_t)n);
         if (pad) memset(at + n, 0, (size_t)pad);
@@ -1121,6 +1108,47 @@ static PyTypeObject DecoderType = {
     .tp_new = PyType_GenericNew,
 };
 
+typedef struct {
+    const char *name;
+    int value;
+} Constant;
+
+#define CONSTANT(prefix, name) {#name, prefix##name}
+static const Constant KIND_NAMES[] = {
+    CONSTANT(K_, INT8), CONSTANT(K_, UINT8), CONSTANT(K_, INT16), CONSTANT(K_, UINT16),
+    CONSTANT(K_, INT24), CONSTANT(K_, UINT24), CONSTANT(K_, INT32), CONSTANT(K_, UINT32),
+    CONSTANT(K_, INT64), CONSTANT(K_, UINT64), CONSTANT(K_, FLOAT), CONSTANT(K_, DOUBLE),
+    CONSTANT(K_, DECIMAL), CONSTANT(K_, DATE), CONSTANT(K_, DATETIME2), CONSTANT(K_, TIMESTAMP2),
+    CONSTANT(K_, TIME2), CONSTANT(K_, YEAR), CONSTANT(K_, TEXT), CONSTANT(K_, BYTES),
+    CONSTANT(K_, ENUM), CONSTANT(K_, SET), CONSTANT(K_, BIT),
+};
+static const Constant TARGET_NAMES[] = {
+    CONSTANT(T_, OBJECT), CONSTANT(T_, INT64), CONSTANT(T_, DECIMAL128), CONSTANT(T_, FLOAT32),
+    CONSTANT(T_, FLOAT64), CONSTANT(T_, DATE32), CONSTANT(T_, TIMESTAMP_US), CONSTANT(T_, UTF8),
+    CONSTANT(T_, BINARY),
+};
+#undef CONSTANT
+
+/* Each constant of ``table`` as the module's int ``prefix`` + name (K_INT8, ...), and all of
+ * them as the dict ``dict_name`` (name -> value: what rowcodec.Kind and .Target are built
+ * from). 1, or 0 with an exception set. */
+static int add_constants(PyObject *m, const char *prefix, const char *dict_name,
+                         const Constant *table, size_t count) {
+    PyObject *names = PyDict_New();
+    if (names == NULL) return 0;
+    for (size_t i = 0; i < count; i++) {
+        char attribute[64];
+        snprintf(attribute, sizeof attribute, "%s%s", prefix, table[i].name);
+        PyObject *value = PyLong_FromLong(table[i].value);
+        int failed = value == NULL || PyDict_SetItemString(names, table[i].name, value) < 0 ||
+                     PyModule_AddIntConstant(m, attribute, table[i].value) < 0;
+        Py_XDECREF(value);
+        if (failed) { Py_DECREF(names); return 0; }
+    }
+    if (PyModule_AddObject(m, dict_name, names) < 0) { Py_DECREF(names); return 0; }
+    return 1;
+}
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_rowcodec",
     "Native decoding of binlog row images (see capture/rowcodec.py).", -1, NULL,
@@ -1147,14 +1175,9 @@ PyMODINIT_FUNC PyInit__rowcodec(void) {
     PyModule_AddObject(m, "Unsupported", Unsupported);
     Py_INCREF(&DecoderType);
     PyModule_AddObject(m, "Decoder", (PyObject *)&DecoderType);
-#define KIND(name) PyModule_AddIntConstant(m, #name, name)
-    KIND(K_INT8); KIND(K_UINT8); KIND(K_INT16); KIND(K_UINT16); KIND(K_INT24); KIND(K_UINT24);
-    KIND(K_INT32); KIND(K_UINT32); KIND(K_INT64); KIND(K_UINT64); KIND(K_FLOAT);
-    KIND(K_DOUBLE); KIND(K_DECIMAL); KIND(K_DATE); KIND(K_DATETIME2); KIND(K_TIMESTAMP2);
-    KIND(K_TIME2); KIND(K_YEAR); KIND(K_TEXT); KIND(K_BYTES); KIND(K_ENUM); KIND(K_SET);
-    KIND(K_BIT);
-    KIND(T_OBJECT); KIND(T_INT64); KIND(T_DECIMAL128); KIND(T_FLOAT32); KIND(T_FLOAT64);
-    KIND(T_DATE32); KIND(T_TIMESTAMP_US); KIND(T_UTF8); KIND(T_BINARY);
-#undef KIND
+    if (!add_constants(m, "K_", "KINDS", KIND_NAMES, sizeof KIND_NAMES / sizeof *KIND_NAMES) ||
+        !add_constants(m, "T_", "TARGETS", TARGET_NAMES,
+                       sizeof TARGET_NAMES / sizeof *TARGET_NAMES))
+        return NULL;
     return m;
 }

@@ -20,7 +20,14 @@
  * Arguments are checked, not trusted (issue 26): a column index is kept at full width and
  * checked against the result's column count (an IndexError naming both, never a wrapped index
  * or the 2 GiB message, which is for a real buffer overflow only); bytes are counted without
- * overflow; buffer growth cannot wrap around.
+ * overflow; buffer growth cannot wrap around (capture/_arrowbuf.h: the buffers, shared with the
+ * rows decoder).
+ *
+ * Return conventions (as in capture/_rowcodec.c and capture/_arrowbuf.h): a function returning
+ * PyObject * gives a new reference, or NULL with a Python exception set; an int function gives
+ * 1 on success and 0 on failure. Code that runs with the GIL released cannot set an exception:
+ * there the read loop's functions return a READ_* status (READ_OK, or the failure read_result
+ * reports once it holds the GIL again).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -30,71 +37,36 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../_arrowbuf.h"
+
 #define CAPSULE_NAME "_mysql.connection.native_connection"
 
 typedef struct {
-    char *data;
-    size_t len;
-    size_t cap;
-} Buf;
-
-/* Room for `extra` more bytes; -1 when it cannot be had (reported as MemoryError). The
- * doubling stops at the size wanted: `cap` never wraps to 0 (a loop that would never end). */
-static int buf_reserve(Buf *buf, size_t extra) {
-    if (extra > SIZE_MAX - buf->len)
-        return -1;
-    size_t want = buf->len + extra;
-    if (want <= buf->cap)
-        return 0;
-    size_t cap = buf->cap ? buf->cap : 1024;
-    while (cap < want)
-        cap = cap > SIZE_MAX / 2 ? want : cap * 2;
-    char *grown = realloc(buf->data, cap);
-    if (grown == NULL)
-        return -1;
-    buf->data = grown;
-    buf->cap = cap;
-    return 0;
-}
-
-typedef struct {
-    Buf offsets; /* int32, rows + 1 */
-    Buf data;
-    Buf validity; /* one bit a row, least significant first */
+    ArrowBuf offsets; /* int32, rows + 1 */
+    ArrowBuf data;
+    ArrowBuf validity; /* one bit a row, least significant first */
     Py_ssize_t nulls;
 } Column;
 
 enum { READ_OK = 0, READ_NO_MEMORY, READ_TOO_LARGE, READ_SERVER, READ_BAD_INDEX };
 
-/* One row onto the columns; READ_TOO_LARGE when a column's data would pass int32 offsets. */
+/* One row onto the columns (GIL released): READ_OK, or READ_TOO_LARGE when a column's data
+ * would pass int32 offsets, READ_NO_MEMORY. */
 static int append_row(Column *columns, unsigned count, MYSQL_ROW row, unsigned long *lengths,
                       Py_ssize_t index) {
     for (unsigned i = 0; i < count; i++) {
         Column *column = &columns[i];
         size_t length = row[i] == NULL ? 0 : lengths[i];
-        if (length > (size_t)INT32_MAX - column->data.len) /* (data.len <= INT32_MAX) */
+        if (length > ARROWBUF_OFFSETS_MAX - column->data.len) /* (data.len <= the max) */
             return READ_TOO_LARGE;
-        if ((index & 7) == 0) {
-            if (buf_reserve(&column->validity, 1) < 0)
-                return READ_NO_MEMORY;
-            column->validity.data[column->validity.len++] = 0;
-        }
-        if (row[i] == NULL) {
-            column->nulls++;
-        } else {
-            column->validity.data[index >> 3] |= (char)(1 << (index & 7));
-            if (length) {
-                if (buf_reserve(&column->data, length) < 0)
-                    return READ_NO_MEMORY;
-                memcpy(column->data.data + column->data.len, row[i], length);
-                column->data.len += length;
-            }
-        }
-        if (buf_reserve(&column->offsets, sizeof(int32_t)) < 0)
+        if (!arrowbuf_set_validity(&column->validity, (size_t)index, row[i] != NULL))
             return READ_NO_MEMORY;
-        int32_t end = (int32_t)column->data.len;
-        memcpy(column->offsets.data + column->offsets.len, &end, sizeof end);
-        column->offsets.len += sizeof end;
+        if (row[i] == NULL)
+            column->nulls++;
+        else if (!arrowbuf_append(&column->data, row[i], length))
+            return READ_NO_MEMORY;
+        if (!arrowbuf_put_offset(&column->offsets, column->data.len))
+            return READ_NO_MEMORY; /* (the offset fits: checked above) */
     }
     return READ_OK;
 }
@@ -103,9 +75,9 @@ static void free_columns(Column *columns, unsigned count) {
     if (columns == NULL)
         return;
     for (unsigned i = 0; i < count; i++) {
-        free(columns[i].offsets.data);
-        free(columns[i].data.data);
-        free(columns[i].validity.data);
+        arrowbuf_free(&columns[i].offsets);
+        arrowbuf_free(&columns[i].data);
+        arrowbuf_free(&columns[i].validity);
     }
     free(columns);
 }
@@ -117,10 +89,6 @@ typedef __int128 Count;
 
 static long long count_as_long_long(Count n) {
     return n > LLONG_MAX ? LLONG_MAX : n < LLONG_MIN ? LLONG_MIN : (long long)n;
-}
-
-static PyObject *bytes_of(Buf *buf) {
-    return PyBytes_FromStringAndSize(buf->data ? buf->data : "", (Py_ssize_t)buf->len);
 }
 
 /* The result as Python objects: (field types, rows, size, cut, [(validity|None, offsets, data,
@@ -139,13 +107,13 @@ static PyObject *result_tuple(Column *columns, unsigned count, const int *types,
         Column *column = &columns[i];
         PyObject *validity;
         if (column->nulls) {
-            validity = bytes_of(&column->validity);
+            validity = arrowbuf_bytes(&column->validity);
         } else {
             validity = Py_None;
             Py_INCREF(validity);
         }
-        PyObject *entry = Py_BuildValue("(NNNn)", validity, bytes_of(&column->offsets),
-                                        bytes_of(&column->data), column->nulls);
+        PyObject *entry = Py_BuildValue("(NNNn)", validity, arrowbuf_bytes(&column->offsets),
+                                        arrowbuf_bytes(&column->data), column->nulls);
         if (entry == NULL)
             goto fail;
         PyList_SET_ITEM(column_list, i, entry);
@@ -258,12 +226,8 @@ static PyObject *read_result(PyObject *self, PyObject *args) {
             for (unsigned i = 0; i < count; i++)
                 types[i] = (int)fields[i].type;
             for (unsigned i = 0; i < count && status == READ_OK; i++) {
-                if (buf_reserve(&columns[i].offsets, sizeof(int32_t)) < 0) {
+                if (!arrowbuf_put_offset(&columns[i].offsets, 0))
                     status = READ_NO_MEMORY;
-                } else {
-                    memset(columns[i].offsets.data, 0, sizeof(int32_t));
-                    columns[i].offsets.len = sizeof(int32_t);
-                }
             }
             for (Py_ssize_t i = 0; i < variable_count && status == READ_OK; i++) {
                 if (variable[i] >= count) {
