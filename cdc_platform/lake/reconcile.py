@@ -34,6 +34,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from cdc_platform.capture.keys import Key, KeyOrder, key_order
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.watermark import WatermarkError, read_with_watermarks
 from cdc_platform.capture.source import connect, quote_identifier, server_flavour
@@ -50,7 +51,6 @@ _DRILL_BATCH_ROWS = 10_000  # rows per Arrow batch the drill-down sends back
 # Mixed into the hash of a target row that lacks a schema column, so it never equals the source.
 _MISSING_COLUMN_MARK = "\x00cdc_platform: column missing from the target\x00"
 
-Key = tuple[Any, ...]
 Checksum = tuple[int, int, int]  # (rows, xor mod 2**64, sum mod 2**64)
 _EMPTY: Checksum = (0, 0, 0)
 
@@ -121,12 +121,7 @@ def _key_value(value: Any) -> Any:
     return value
 
 
-def _order(key: Key) -> tuple[tuple[bool, Any], ...]:
-    """Sort key of a primary key: NULL-safe (NULLs last), component by component."""
-    return tuple((v is None, v) for v in key)
-
-
-def _range_of(order: tuple[tuple[bool, Any], ...], starts: Sequence[Any]) -> int:
+def _range_of(order: KeyOrder, starts: Sequence[Any]) -> int:
     """The range a key belongs to: the last range starting at or before it, else range 0.
 
     With no starts (empty source) everything is range 0; keys past the last start fall into the
@@ -221,7 +216,7 @@ def _read_source(settings: dict[str, Any], schema: TableSchema, hasher: _Hasher)
         raise ReconcileError(f"{schema.table_id}: reading the source failed: {exc}") from exc
     finally:
         conn.close()
-    pairs.sort(key=lambda pair: _order(pair[0]))
+    pairs.sort(key=lambda pair: key_order(pair[0]))
     return _SourceSide(pairs, gtid)
 
 
@@ -232,7 +227,7 @@ def _source_checksums(
     acc: dict[int, list[int]] = {}
     bounds: dict[int, tuple[int, int]] = {}
     for index, (key, digest) in enumerate(pairs):
-        range_id = _range_of(_order(key), starts)
+        range_id = _range_of(key_order(key), starts)
         _add(acc, range_id, digest)
         first, _ = bounds.get(range_id, (index, index))
         bounds[range_id] = (first, index + 1)
@@ -320,7 +315,7 @@ def _checksum_mapper(
         acc: dict[int, list[int]] = {}
         for batch in batches:
             for key, digest in hasher.pairs_of_batch(batch, positions):
-                _add(acc, _range_of(_order(key), range_starts), digest)
+                _add(acc, _range_of(key_order(key), range_starts), digest)
         if not acc:
             return
         ranges = sorted(acc)
@@ -357,7 +352,7 @@ def _drill_mapper(
         out: dict[str, list[Any]] = {"range_id": [], "key": [], "hash": []}
         for batch in batches:
             for key, digest in hasher.pairs_of_batch(batch, positions):
-                range_id = _range_of(_order(key), range_starts)
+                range_id = _range_of(key_order(key), range_starts)
                 if range_id in ranges:
                     out["range_id"].append(range_id)
                     out["key"].append(pickle.dumps(key, protocol=pickle.HIGHEST_PROTOCOL))
@@ -428,7 +423,7 @@ def reconcile_table(
 
     source = _read_source(source_settings, schema, _Hasher(kinds, key_columns))
     pairs = source.pairs
-    starts = [_order(pairs[i][0]) for i in range(0, len(pairs), range_rows)]
+    starts = [key_order(pairs[i][0]) for i in range(0, len(pairs), range_rows)]
     n_ranges = max(len(starts), 1)
     source_sums, bounds = _source_checksums(pairs, starts)
 
@@ -473,7 +468,7 @@ def reconcile_table(
             wanted_bc.destroy()
 
     def samples(keys: list[Key]) -> list[str]:
-        return [_render_key(key_kinds, k) for k in sorted(keys, key=_order)[:sample_keys]]
+        return [_render_key(key_kinds, k) for k in sorted(keys, key=key_order)[:sample_keys]]
 
     result = ReconcileResult(
         table_id=schema.table_id,

@@ -30,6 +30,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdc_platform.capture import source
+from cdc_platform.capture.keys import key_order
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.values import converter_for, row_hash, select_expression
 from cdc_platform.devservices.mariadb import MariaDBServer
@@ -38,7 +39,6 @@ from cdc_platform.lake.reconcile import (
     ReconcileResult,
     _checksum_mapper,
     _Hasher,
-    _order,
     _range_of,
     _source_checksums,
     reconcile_table,
@@ -526,11 +526,11 @@ def test_50k_rows_reconcile_in_reasonable_time(
 def test_ranges_partition_the_key_space(keys: list[int], probes: list[int], range_rows: int) -> None:
     """Source keys fall into their own chunk; any key falls into exactly one range, in order."""
     ordered = sorted((k,) for k in keys)
-    starts = [_order(ordered[i]) for i in range(0, len(ordered), range_rows)]
+    starts = [key_order(ordered[i]) for i in range(0, len(ordered), range_rows)]
     n_ranges = max(len(starts), 1)
     for index, key in enumerate(ordered):
-        assert _range_of(_order(key), starts) == index // range_rows
-    assigned = [(p, _range_of(_order((p,)), starts)) for p in sorted(probes)]
+        assert _range_of(key_order(key), starts) == index // range_rows
+    assigned = [(p, _range_of(key_order((p,)), starts)) for p in sorted(probes)]
     assert all(0 <= r < n_ranges for _, r in assigned)
     assert [r for _, r in assigned] == sorted(r for _, r in assigned)
 
@@ -547,8 +547,8 @@ def test_executor_partial_checksums_recombine_to_the_source_checksums(
     """Partials from arbitrary batches, summed as 32-bit halves, equal the one-pass checksums."""
     hasher = _Hasher(("int", "string"), (0,))
     values = [(i, f"v{i}") for i in ids]
-    pairs = sorted((hasher.pair(v) for v in values), key=lambda p: _order(p[0]))
-    starts = [_order(pairs[i][0]) for i in range(0, len(pairs), range_rows)]
+    pairs = sorted((hasher.pair(v) for v in values), key=lambda p: key_order(p[0]))
+    starts = [key_order(pairs[i][0]) for i in range(0, len(pairs), range_rows)]
     expected, _ = _source_checksums(pairs, starts)
     assert all(row_hash(("int", "string"), v) == hasher.pair(v)[1] for v in values)
 

@@ -42,14 +42,13 @@ import pymysql.cursors
 
 from cdc_platform.capture.charsets import as_information_schema_shows
 from cdc_platform.capture.gtid import GtidSet
+from cdc_platform.capture.keys import Key, range_ordered
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.snapshot import native
 from cdc_platform.capture.snapshot.conditions import validate_condition
 from cdc_platform.capture.snapshot.watermark import read_with_watermarks
 from cdc_platform.capture.source import quote_identifier
 from cdc_platform.capture.values import converter_for, select_expression
-
-Key = tuple[Any, ...]
 
 # Bytes of values a chunk holds at most (besides its first row, which is read whatever its
 # size): the reader holds a chunk, its landing form and its Arrow data at once, and the engine
@@ -66,26 +65,6 @@ _FIXED_VALUE_BYTES = 8
 _VARIABLE_KINDS = frozenset({"string", "binary", "json", "set", "enum"})
 # Kinds compared in a collation, where different values may compare equal.
 COLLATED_KINDS = frozenset({"string"})
-
-# Keys whose landing (Arrow) type sorts in the lake as the source's ORDER BY sorts them: only
-# chunks keyed by these carry a per-chunk range assertion (the lake compares target keys with
-# the range). Decided by the landed type, not the kind: a DECIMAL wider than 38 digits lands as
-# text. Text sorts by collation at the source and bytewise in the lake (TIME, ENUM, SET and
-# JSON land as text too). Keep in step with ``cdc_platform.lake.merge.RANGE_KEY_TYPES``, the
-# Spark types whose range assertions the lake accepts (it refuses them on text keys).
-_RANGE_ORDERED_TYPES: tuple[Callable[[pa.DataType], bool], ...] = (
-    pa.types.is_integer, pa.types.is_decimal, pa.types.is_floating, pa.types.is_date,
-    pa.types.is_timestamp, pa.types.is_binary,
-)
-
-
-def range_ordered(column: ColumnSpec) -> bool:
-    """Whether the lake orders ``column``'s landed values as the source orders the column."""
-    arrow_type = column.arrow_type()
-    if column.source_type == "uuid":  # lands as bytes, sorts by swapped segments
-        return False
-    return any(test(arrow_type) for test in _RANGE_ORDERED_TYPES)
-
 
 # Kinds that cannot be a chunk key: no meaningful order.
 UNORDERABLE_KINDS = frozenset({"json"})
