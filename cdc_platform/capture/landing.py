@@ -23,6 +23,7 @@ from urllib.parse import urlparse
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from cdc_platform.capture.landing_contract import DICTIONARY_COLUMNS
 from cdc_platform.capture.names import name_of_path_component, path_component
 from cdc_platform.capture.schema import TableSchema
 
@@ -35,11 +36,6 @@ SNAPSHOTS_DIR = "snapshots"
 SEGMENT_NAME = re.compile(r"^(\d{20})-(\d{20})\.parquet$")
 COLUMN_RENAMES_DIR = "renames"
 COLUMN_RENAMES_NAME = re.compile(r"^(\d{20})\.json$")
-# Segment columns written dictionary-encoded: the change metadata, a few values per segment (one
-# GTID and commit time a transaction, three ops). Elsewhere a dictionary costs more than it
-# saves: on the bench's segments dictionaries on every column took 0.34 s to write 14.9 MB,
-# on these alone 0.21 s for 7.7 MB (zstd finds the repeats of low-cardinality user columns).
-DICTIONARY_COLUMNS = ("__cdc_gtid", "__cdc_op", "__cdc_ts_ms")
 
 log = logging.getLogger(__name__)
 

@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from cdc_platform.capture.charsets import landing_charset
+from cdc_platform.capture.landing_contract import CHANGELOG_META_FIELDS
 from cdc_platform.capture.names import split_table_id, table_id
 
 # The kinds a source column is reduced to. One landing type per kind.
@@ -170,12 +171,7 @@ class TableSchema:
     def _build_arrow_schema(self, metadata_columns: bool) -> pa.Schema:
         fields: list[pa.Field] = []
         if metadata_columns:
-            fields += [
-                pa.field("__cdc_pos", pa.int64(), nullable=False),
-                pa.field("__cdc_gtid", pa.string()),
-                pa.field("__cdc_op", pa.string()),
-                pa.field("__cdc_ts_ms", pa.int64()),
-            ]
+            fields += CHANGELOG_META_FIELDS
         fields += [pa.field(c.name, c.arrow_type()) for c in self.columns]
         return pa.schema(fields, metadata=self.parquet_metadata())
 

@@ -20,9 +20,11 @@ from typing import Any
 
 import pyarrow as pa
 
+from cdc_platform.capture.landing_contract import OP
 from cdc_platform.capture.schema import TableSchema, landing_arrays
 
-OP_COLUMN = "__cdc_op"
+# The op column of spilled records is the changelog's (records land as they are spilled).
+OP_COLUMN = OP
 _SCHEMA_KEY = b"cdc_table_schema"
 
 

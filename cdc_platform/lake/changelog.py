@@ -31,14 +31,11 @@ from cdc_platform.capture.landing import (
     column_renames_parts,
     tables_from_json,
 )
+from cdc_platform.capture.landing_contract import HI_PREFIX, POS, RESERVED_PREFIX, THRESHOLD
 from cdc_platform.capture.names import table_id
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.lake.columns import (
     CHANGELOG_META,
-    HI_PREFIX,
-    POS,
-    RESERVED_PREFIX,
-    THRESHOLD,
     col,
     conform,
     refuse_reserved_columns,

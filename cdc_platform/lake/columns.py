@@ -27,35 +27,14 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from cdc_platform.capture.schema import ColumnSpec, TableSchema
-
-POS = "__cdc_pos"
-GTID = "__cdc_gtid"
-OP = "__cdc_op"
-TS_MS = "__cdc_ts_ms"
-
-# Metadata columns of changelog segments, and the ones kept in the warehouse's data files.
-CHANGELOG_META = StructType(
-    [
-        StructField(POS, LongType(), False),
-        StructField(GTID, StringType()),
-        StructField(OP, StringType()),
-        StructField(TS_MS, LongType()),
-    ]
+from cdc_platform.capture.landing_contract import (
+    CHANGELOG_META_FIELDS,
+    OP,
+    POS,
+    RESERVED_PREFIX,
+    snapshot_arrow_fields,
 )
-TABLE_META = StructType([StructField(POS, LongType()), StructField(OP, StringType())])
-
-# Snapshot records (docs/landing-zone.md, "Snapshot records"). ``r`` is a chunk row (a full row
-# image, folded like an upsert); ``a`` (range assertion) and ``s`` (sweep) are instructions to
-# the lake that never become rows. Their extra columns, NULL on every other record:
-SNAPSHOT_ROW, RANGE_ASSERTION, SWEEP = "r", "a", "s"
-THRESHOLD = "__cdc_threshold"  # int64: keys whose latest record position is below it go
-LO_OPEN = "__cdc_lo_open"  # bool: the range has no low bound (else: the key columns, exclusive)
-HI_OPEN = "__cdc_hi_open"  # bool: the range has no high bound (else: __cdc_hi__<key>, inclusive)
-HI_PREFIX = "__cdc_hi__"
-# Every column the changelog and the lake add (above, and the lake's working columns) starts
-# with this; Spark matches column names ignoring case.
-RESERVED_PREFIX = "__cdc_"
+from cdc_platform.capture.schema import ColumnSpec, TableSchema
 
 
 def refuse_reserved_columns(schema: TableSchema) -> None:
@@ -93,6 +72,13 @@ def spark_type(arrow_type: pa.DataType) -> DataType:
     if pa.types.is_boolean(t):
         return BooleanType()
     raise TypeError(f"Arrow type {t} has no mapping to a Spark type in the landing-zone contract")
+
+
+# Metadata columns of changelog segments (as the contract types them), and the ones kept in the
+# warehouse's data files.
+CHANGELOG_META = StructType(
+    [StructField(f.name, spark_type(f.type), f.nullable) for f in CHANGELOG_META_FIELDS])
+TABLE_META = StructType([StructField(POS, LongType()), StructField(OP, StringType())])
 
 
 def struct_from_arrow(schema: pa.Schema) -> StructType:
@@ -142,21 +128,6 @@ def conform(df: DataFrame, target: StructType) -> DataFrame:
             column = F.lit(None).cast(field.dataType)
         selected.append(column.alias(field.name))
     return df.select(*selected)
-
-
-def hi_column(key_column: str) -> str:
-    """The column holding a range assertion's high bound for one key column."""
-    return HI_PREFIX + key_column
-
-
-def snapshot_arrow_fields(schema: TableSchema) -> list[pa.Field]:
-    """The Arrow fields a segment holding ``a``/``s`` records adds after the user columns."""
-    fields = [pa.field(THRESHOLD, pa.int64()), pa.field(LO_OPEN, pa.bool_()),
-              pa.field(HI_OPEN, pa.bool_())]
-    names = set(schema.column_names)
-    fields += [pa.field(hi_column(k), schema.column(k).arrow_type())
-               for k in schema.primary_key if k in names]
-    return fields
 
 
 def snapshot_struct(schema: TableSchema) -> StructType:

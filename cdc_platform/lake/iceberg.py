@@ -48,9 +48,10 @@ from pyspark.sql.types import (
 )
 
 from cdc_platform.capture.column_renames import ColumnRenames, column_mapping
+from cdc_platform.capture.landing_contract import POS
 from cdc_platform.capture.names import table_id, valid_name
 from cdc_platform.capture.schema import TableSchema
-from cdc_platform.lake.columns import POS, user_struct
+from cdc_platform.lake.columns import user_struct
 from cdc_platform.lake.paths import resolve
 
 log = logging.getLogger(__name__)

@@ -36,11 +36,6 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import (
     BinaryType,
     DataType,
-    DateType,
-    DecimalType,
-    DoubleType,
-    FloatType,
-    IntegerType,
     LongType,
     StructField,
     TimestampNTZType,
@@ -48,6 +43,21 @@ from pyspark.sql.types import (
 )
 
 from cdc_platform.capture.column_renames import ColumnRenames, column_mapping
+from cdc_platform.capture.keys import Key, key_order, range_ordered
+from cdc_platform.capture.landing_contract import (
+    CREATE,
+    DELETE,
+    HI_OPEN,
+    INSTRUCTION_OPS,
+    LO_OPEN,
+    OP,
+    POS,
+    ROW_OPS,
+    SNAPSHOT_ROW,
+    SWEEP,
+    THRESHOLD,
+    hi_column,
+)
 from cdc_platform.capture.names import table_id
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.lake.changelog import (
@@ -57,19 +67,7 @@ from cdc_platform.lake.changelog import (
     read_column_renames,
     read_table_schemas,
 )
-from cdc_platform.lake.columns import (
-    HI_OPEN,
-    LO_OPEN,
-    OP,
-    POS,
-    RANGE_ASSERTION,
-    SNAPSHOT_ROW,
-    SWEEP,
-    THRESHOLD,
-    col,
-    hi_column,
-    table_struct,
-)
+from cdc_platform.lake.columns import col, table_struct
 from cdc_platform.lake.iceberg import (
     CONSUMED_GTID,
     CONSUMED_POS,
@@ -88,12 +86,6 @@ log = logging.getLogger(__name__)
 FIRST_OP = "__cdc_first_op"
 RECORDS = "__cdc_records"
 INSTRUCTION = "__cdc_instruction"
-KNOWN_OPS = ("c", "u", "d", SNAPSHOT_ROW)  # row records; "r": a snapshot chunk row, an upsert
-SNAPSHOT_OPS = (RANGE_ASSERTION, SWEEP)  # instructions to the lake, never rows
-# Key types whose Spark order is the source's (ARCHITECTURE section 4: the chunk reader only
-# asserts ranges of int, decimal, float, date, datetime, timestamp, bit and binary keys).
-RANGE_KEY_TYPES = (LongType, IntegerType, DecimalType, FloatType, DoubleType, DateType,
-                   TimestampType, TimestampNTZType, BinaryType)
 # Up to this many disjoint asserted spans are pushed down as a disjunction; beyond, their hull.
 MAX_FILTER_SPANS = 32
 # A materialisation that loses the commit race to another runs again from the new snapshot.
@@ -247,11 +239,11 @@ def _materialise_once(
         counts = _count(folded)
         if counts["records"] == 0:  # segments overlapped the range but held no record in it
             return unchanged()
-        unknown = counts["total"] - sum(counts[op] for op in KNOWN_OPS) - counts["instructions"]
+        unknown = counts["total"] - sum(counts[op] for op in ROW_OPS) - counts["instructions"]
         if unknown:
             raise ValueError(
                 f"changelog of {target.table_id} has {unknown} records with an __cdc_op outside "
-                f"{KNOWN_OPS + SNAPSHOT_OPS} before position {before_pos}, or {SNAPSHOT_OPS} "
+                f"{ROW_OPS + INSTRUCTION_OPS} before position {before_pos}, or {INSTRUCTION_OPS} "
                 f"records in segments without the {THRESHOLD}... columns; the segments were not "
                 "written by a compatible capture engine"
             )
@@ -322,9 +314,9 @@ def merge_statement(target: str, source: str, schema: TableSchema) -> str:
     newer = f"s.{quote(POS)} > t.{quote(POS)}"
     return (
         f"MERGE INTO {target} t USING {quote(source)} s ON {on} "
-        f"WHEN MATCHED AND s.{quote(OP)} = 'd' AND {newer} THEN DELETE "
+        f"WHEN MATCHED AND s.{quote(OP)} = '{DELETE}' AND {newer} THEN DELETE "
         f"WHEN MATCHED AND {newer} THEN UPDATE SET {assign} "
-        f"WHEN NOT MATCHED AND s.{quote(OP)} <> 'd' THEN INSERT ({names}) VALUES ({values})"
+        f"WHEN NOT MATCHED AND s.{quote(OP)} <> '{DELETE}' THEN INSERT ({names}) VALUES ({values})"
     )
 
 
@@ -346,7 +338,7 @@ def _fold(batch: DataFrame, schema: TableSchema) -> DataFrame:
     keys = list(schema.primary_key)
     if THRESHOLD in batch.columns:
         batch = batch.withColumn(
-            INSTRUCTION, F.coalesce(col(OP).isin(*SNAPSHOT_OPS), F.lit(False)))
+            INSTRUCTION, F.coalesce(col(OP).isin(*INSTRUCTION_OPS), F.lit(False)))
         keys.append(INSTRUCTION)
     history = Window.partitionBy(*[col(k) for k in keys]).orderBy(col(POS).desc()).rowsBetween(
         Window.unboundedPreceding, Window.unboundedFollowing)
@@ -360,13 +352,13 @@ def _count(folded: DataFrame) -> dict[str, int]:
     the effects (inserted: absent before and present after, and so on)."""
     instruction = col(INSTRUCTION) if INSTRUCTION in folded.columns else F.lit(False)
     row = ~instruction
-    existed, exists = col(FIRST_OP) != "c", col(OP) != "d"
+    existed, exists = col(FIRST_OP) != CREATE, col(OP) != DELETE
     aggregates = [
         F.sum(col(RECORDS)).alias("records"),
         F.max(col(POS)).alias("max_pos"),
         F.count(F.when(instruction, 1)).alias("instructions"),
         F.count(F.lit(1)).alias("total"),
-        *[F.count(F.when(row & (col(OP) == op), 1)).alias(op) for op in KNOWN_OPS],
+        *[F.count(F.when(row & (col(OP) == op), 1)).alias(op) for op in ROW_OPS],
         F.count(F.when(row & ~existed & exists, 1)).alias("inserted"),
         F.count(F.when(row & existed & exists, 1)).alias("updated"),
         F.count(F.when(row & existed & ~exists, 1)).alias("deleted"),
@@ -443,7 +435,6 @@ def _check_primary_key(target: LakeTable, newest: TableSchema,
 
 # ---- range assertions and sweeps -------------------------------------------------------------
 
-Key = tuple[Any, ...]
 Verdict = tuple[int, int]  # (threshold, position of the instruction that sets it)
 
 
@@ -473,14 +464,15 @@ def _tombstones(
     keys = list(schema.primary_key)
     types = {f.name: f.dataType for f in table_struct(schema).fields}
     key_types = [types[k] for k in keys]
-    instructions = _collect_instructions(batch, table_id, keys, key_types)
+    instructions = _collect_instructions(batch, table_id, keys, key_types,
+                                         unordered_key_columns(schema))
     intervals = _intervals(instructions)
     if all(verdict is None for _, verdict in intervals):
         return None
     candidates = folded.select(*[col(k) for k in keys], col(POS), col(OP))
     if state is not None:
         candidates = candidates.unionByName(
-            state.select(*[col(k) for k in keys], col(POS), F.lit("r").alias(OP)))
+            state.select(*[col(k) for k in keys], col(POS), F.lit(SNAPSHOT_ROW).alias(OP)))
     span_filter = _span_filter(intervals, keys, key_types)
     if span_filter is not None:
         candidates = candidates.where(span_filter)  # pushed down to the table's scan
@@ -489,7 +481,7 @@ def _tombstones(
         F.max(col(POS)).alias(latest_pos), F.max_by(col(OP), col(POS)).alias(latest_op)
     )
     tombstone_pos = _verdict_expression(intervals, keys, key_types, col(latest_pos))
-    victims = latest.where(col(latest_op) != "d").select(
+    victims = latest.where(col(latest_op) != DELETE).select(
         *[col(k) for k in keys], tombstone_pos.alias(POS)
     ).where(col(POS).isNotNull())
 
@@ -497,15 +489,23 @@ def _tombstones(
         if field.name in keys or field.name == POS:
             return col(field.name)
         if field.name == OP:
-            return F.lit("d").alias(OP)
+            return F.lit(DELETE).alias(OP)
         return F.lit(None).cast(field.dataType).alias(field.name)
 
     log.info("%s: applying %d range assertions/sweeps", table_id, len(instructions))
     return victims.select(*[tombstone(f) for f in table_struct(schema).fields])
 
 
+def unordered_key_columns(schema: TableSchema) -> list[str]:
+    """Key columns whose landed values the lake does not order as the source does
+    (``capture.keys.range_ordered``, the rule the chunk reader asserts ranges by): a range
+    assertion over them would judge the wrong keys, so it is refused."""
+    return [k for k in schema.primary_key if not range_ordered(schema.column(k))]
+
+
 def _collect_instructions(
-    batch: DataFrame, table_id: str, keys: list[str], key_types: list[DataType]
+    batch: DataFrame, table_id: str, keys: list[str], key_types: list[DataType],
+    unordered: list[str],
 ) -> list[_Instruction]:
     """Job A1: the batch's ``a``/``s`` records on the driver (few: one per chunk commit)."""
 
@@ -514,7 +514,7 @@ def _collect_instructions(
         value = F.unix_micros(col(name)) if isinstance(data_type, TimestampType) else col(name)
         return value.alias(alias)
 
-    rows = batch.where(col(OP).isin(*SNAPSHOT_OPS)).select(
+    rows = batch.where(col(OP).isin(*INSTRUCTION_OPS)).select(
         col(POS).alias("pos"), col(OP).alias("op"), col(THRESHOLD).alias("threshold"),
         col(LO_OPEN).alias("lo_open"), col(HI_OPEN).alias("hi_open"),
         *[exact(k, t, f"lo{i}") for i, (k, t) in enumerate(zip(keys, key_types, strict=True))],
@@ -537,8 +537,6 @@ def _collect_instructions(
         if row.lo_open is None or row.hi_open is None:
             raise ValueError(f"{what} lacks {LO_OPEN}/{HI_OPEN}; range assertions must carry "
                              "their bounds (docs/landing-zone.md, Snapshot records)")
-        unordered = [k for k, t in zip(keys, key_types, strict=True)
-                     if not isinstance(t, RANGE_KEY_TYPES)]
         if unordered:
             raise ValueError(f"{what}: key columns {unordered} do not sort in the lake as at "
                              "the source (text); such tables take the end-of-snapshot sweep, "
@@ -555,11 +553,6 @@ def _key(row: Any, prefix: str, width: int) -> Key:
     return tuple(bytes(v) if isinstance(v, bytearray) else v for v in values)
 
 
-def _order(key: Key) -> tuple[tuple[bool, Any], ...]:
-    """Sort key of a key tuple: lexicographic, NULL first (the source's ORDER BY)."""
-    return tuple((False, 0) if v is None else (True, v) for v in key)
-
-
 def _intervals(instructions: Sequence[_Instruction]) -> list[tuple[Key | None, Verdict | None]]:
     """The key space cut at every bound into ``(previous upper, upper]`` intervals, in order,
     each with the highest (threshold, position) of the instructions covering it (None: none).
@@ -571,13 +564,13 @@ def _intervals(instructions: Sequence[_Instruction]) -> list[tuple[Key | None, V
     for ins in instructions:
         for bound in (ins.low, ins.high):
             if bound is not None:
-                bounds.setdefault(_order(bound), bound)
+                bounds.setdefault(key_order(bound), bound)
     ordered = sorted(bounds)
     index = {o: i for i, o in enumerate(ordered)}
     verdicts: list[Verdict | None] = [None] * (len(ordered) + 1)
     for ins in instructions:
-        first = 0 if ins.low is None else index[_order(ins.low)] + 1
-        last = len(ordered) if ins.high is None else index[_order(ins.high)]
+        first = 0 if ins.low is None else index[key_order(ins.low)] + 1
+        last = len(ordered) if ins.high is None else index[key_order(ins.high)]
         for j in range(first, last + 1):  # empty when low >= high
             current = verdicts[j]
             if current is None or (ins.threshold, ins.pos) > current:

@@ -22,8 +22,8 @@ from cdc_platform.capture.landing import (
     column_renames_name,
     column_renames_parts,
 )
+from cdc_platform.capture.landing_contract import snapshot_arrow_fields
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
-from cdc_platform.lake.columns import snapshot_arrow_fields
 from cdc_platform.lake.iceberg import Lake, LakeTable
 
 SERVER = "demo"
