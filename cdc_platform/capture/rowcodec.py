@@ -23,9 +23,13 @@ table map of no columns, whose rows neither the extension nor the library can st
 
 ``RowsDecoders.columns`` reads the same row images column-wise (``RowColumns``): a column
 whose landing type the extension writes (a *target*, chosen from the table map's column and
-its ``ColumnSpec`` by ``column_spec``) arrives as a ``pa.Array`` already in landing form,
+its ``ColumnSpec`` by ``column_codec``) arrives as a ``pa.Array`` already in landing form,
 equal bit for bit to ``pa.array`` of the converted values (``capture.values``), without a
 Python object per value; any other column as the list of values ``rows`` would give.
+
+Each column is described to the extension by a ``ColumnCodec``: its ``Kind``, the sizes that
+kind reads under their own names, its ENUM/SET members, its ``Target``. The extension takes
+positional tuples; ``ColumnCodec.native`` makes them, and nothing else does.
 """
 
 from __future__ import annotations
@@ -33,7 +37,9 @@ from __future__ import annotations
 import codecs
 import logging
 import sys
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from enum import IntEnum
 from typing import Any
 
 import pyarrow as pa
@@ -67,66 +73,148 @@ def available() -> bool:
     return _rowcodec is not None
 
 
-_FIXED = {
-    FIELD_TYPE.FLOAT: "K_FLOAT", FIELD_TYPE.DOUBLE: "K_DOUBLE", FIELD_TYPE.DATE: "K_DATE",
-    FIELD_TYPE.YEAR: "K_YEAR",
+def _constants(name: str, table: str, doc: str) -> type[IntEnum]:
+    """An IntEnum of the extension's constants (``KINDS``/``TARGETS``: name -> value, the C
+    file's own enums), so no value is written twice. Empty when the extension is not built:
+    no codec is made then (``available()`` is False)."""
+    values = getattr(_rowcodec, table) if _rowcodec is not None else {}
+    enum = IntEnum(name, values, module=__name__)  # type: ignore[misc]
+    enum.__doc__ = doc
+    return enum
+
+
+Kind = _constants("Kind", "KINDS", "How the extension reads a column's bytes (_rowcodec.c K_*).")
+Target = _constants("Target", "TARGETS", "Where decode_columns puts a column's values: an Arrow "
+                    "layout of its landing type, or OBJECT, the values decode gives (T_*).")
+
+# Per kind, the ColumnCodec fields the extension reads, in the order of its (a, b) arguments;
+# a kind not listed reads none. This and ColumnCodec.native are the whole positional boundary.
+_NATIVE_ARGS: dict[str, tuple[str, ...]] = {
+    "DATETIME2": ("fsp",), "TIMESTAMP2": ("fsp",), "TIME2": ("fsp",),
+    "DECIMAL": ("precision", "scale"),
+    "TEXT": ("length_bytes",), "BYTES": ("length_bytes",),
+    "ENUM": ("storage_bytes",), "SET": ("storage_bytes",),
+    "BIT": ("bits", "storage_bytes"),
 }
+_SIZES = ("length_bytes", "fsp", "precision", "scale", "storage_bytes", "bits")
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnCodec:
+    """How the extension reads one table-map column, and where ``decode_columns`` puts it.
+
+    Each kind uses only the fields named for it (the others stay 0 / None):
+
+    * integers, FLOAT, DOUBLE, DATE, YEAR: none (the width follows from the kind);
+    * DATETIME2, TIMESTAMP2, TIME2: ``fsp``, the fraction digits (0..6);
+    * DECIMAL: ``precision`` (1..65) and ``scale`` (0..precision);
+    * TEXT, BYTES: ``length_bytes``, the little-endian length before each value (1..4);
+    * ENUM, SET: ``storage_bytes`` (1, 2, 3, 4, 8) and ``members`` (None: the library has
+      none, and reads the value as None);
+    * BIT: ``bits`` (1..64) in ``storage_bytes`` ((bits + 7) // 8).
+
+    ``target``: the landing layout ``decode_columns`` writes (``with_landing_target``), None
+    for the list of the values ``decode`` gives; ``pad_to``: for Target.BINARY, the length
+    BINARY(n) values are padded back to with 0x00.
+    """
+
+    kind: Kind
+    length_bytes: int = 0
+    fsp: int = 0
+    precision: int = 0
+    scale: int = 0
+    storage_bytes: int = 0
+    bits: int = 0
+    members: tuple[str, ...] | None = None
+    target: Target | None = None
+    pad_to: int = 0
+
+    def native(self) -> tuple[Any, ...]:
+        """The extension's (kind, a, b, members, target, target_arg) for this column: the one
+        place the named fields become positions. ValueError for a field the kind does not
+        use (it would be dropped silently)."""
+        used = _NATIVE_ARGS.get(self.kind.name, ())
+        unused = [name for name in _SIZES if name not in used and getattr(self, name)]
+        if self.members is not None and self.kind.name not in ("ENUM", "SET"):
+            unused.append("members")
+        if self.pad_to and self.target != Target["BINARY"]:
+            unused.append("pad_to")
+        if unused:
+            raise ValueError(f"{self.kind.name} column codec: {', '.join(unused)} not used by "
+                             "the kind")
+        a, b = (*(getattr(self, name) for name in used), 0, 0)[:2]
+        target = Target["OBJECT"] if self.target is None else self.target
+        return (int(self.kind), a, b, self.members, int(target), self.pad_to)
+
+
+def native_decoder(codecs: Sequence[ColumnCodec]) -> Any:
+    """The extension's Decoder of columns ``codecs`` (table-map order)."""
+    return _rowcodec.Decoder([codec.native() for codec in codecs])
+
+
+_FIXED = {FIELD_TYPE.FLOAT: "FLOAT", FIELD_TYPE.DOUBLE: "DOUBLE", FIELD_TYPE.DATE: "DATE",
+          FIELD_TYPE.YEAR: "YEAR"}
 _INTS = {  # type -> (signed kind, unsigned kind)
-    FIELD_TYPE.TINY: ("K_INT8", "K_UINT8"), FIELD_TYPE.SHORT: ("K_INT16", "K_UINT16"),
-    FIELD_TYPE.INT24: ("K_INT24", "K_UINT24"), FIELD_TYPE.LONG: ("K_INT32", "K_UINT32"),
-    FIELD_TYPE.LONGLONG: ("K_INT64", "K_UINT64"),
+    FIELD_TYPE.TINY: ("INT8", "UINT8"), FIELD_TYPE.SHORT: ("INT16", "UINT16"),
+    FIELD_TYPE.INT24: ("INT24", "UINT24"), FIELD_TYPE.LONG: ("INT32", "UINT32"),
+    FIELD_TYPE.LONGLONG: ("INT64", "UINT64"),
 }
-_FRACTIONAL = {FIELD_TYPE.DATETIME2: "K_DATETIME2", FIELD_TYPE.TIMESTAMP2: "K_TIMESTAMP2",
-               FIELD_TYPE.TIME2: "K_TIME2"}
+_FRACTIONAL = {FIELD_TYPE.DATETIME2: "DATETIME2", FIELD_TYPE.TIMESTAMP2: "TIMESTAMP2",
+               FIELD_TYPE.TIME2: "TIME2"}
 
 
 def _text_kind(column: Any, charset_to_encoding: Any) -> str | None:
-    """K_TEXT when the library decodes the column's bytes as strict UTF-8, K_BYTES when it
+    """TEXT when the library decodes the column's bytes as strict UTF-8, BYTES when it
     keeps them (its LookupError path), None for any other codec."""
     name = column.character_set_name
     if name is None:
-        return "K_TEXT"  # the library's default: UTF-8
+        return "TEXT"  # the library's default: UTF-8
     encoding = charset_to_encoding(name)
     try:
         codec = codecs.lookup(encoding)
     except LookupError:
-        return "K_BYTES"
-    return "K_TEXT" if codec.name == "utf-8" else None
+        return "BYTES"
+    return "TEXT" if codec.name == "utf-8" else None
+
+
+def column_codec(column: Any, charset_to_encoding: Any,
+                 landing: ColumnSpec | None = None) -> ColumnCodec | None:
+    """The extension's codec of a library table-map column, or None when the column is not
+    decoded natively. Mirrors RowsEvent.__read_values_name type by type.
+
+    With ``landing`` (the column's ``ColumnSpec`` in the table map's schema) the codec has a
+    target: where ``decode_columns`` puts the column's values (``with_landing_target``).
+    """
+    codec = _library_codec(column, charset_to_encoding)
+    if codec is None or landing is None:
+        return codec
+    return with_landing_target(codec, landing)
 
 
 def column_spec(column: Any, charset_to_encoding: Any,
                 landing: ColumnSpec | None = None) -> tuple[Any, ...] | None:
-    """The extension's (kind, a, b[, members]) for a library table-map column, or None when
-    the column is not decoded natively. Mirrors RowsEvent.__read_values_name type by type.
-
-    With ``landing`` (the column's ``ColumnSpec`` in the table map's schema) the spec is
-    (kind, a, b, members, target, target_arg): where ``decode_columns`` puts the column's
-    values (``landing_target``).
-    """
-    spec = _library_spec(column, charset_to_encoding)
-    if spec is None or landing is None:
-        return spec
-    members = spec[3] if len(spec) > 3 else None
-    return (*spec[:3], members, *landing_target(spec, landing))
+    """``column_codec`` as the extension's positional tuple (``ColumnCodec.native``), for
+    callers that build a ``_rowcodec.Decoder`` themselves."""
+    codec = column_codec(column, charset_to_encoding, landing)
+    return None if codec is None else codec.native()
 
 
-def _library_spec(column: Any, charset_to_encoding: Any) -> tuple[Any, ...] | None:
+def _library_codec(column: Any, charset_to_encoding: Any) -> ColumnCodec | None:
     ftype = column.type
     if ftype in _INTS:
-        kind = _INTS[ftype][1 if column.unsigned else 0]
-        return (getattr(_rowcodec, kind), 0, 0)
+        return ColumnCodec(Kind[_INTS[ftype][1 if column.unsigned else 0]])
     if ftype in _FIXED:
-        return (getattr(_rowcodec, _FIXED[ftype]), 0, 0)
+        return ColumnCodec(Kind[_FIXED[ftype]])
     if ftype in _FRACTIONAL:
         fsp = getattr(column, "fsp", None)
         if not isinstance(fsp, int) or not 0 <= fsp <= 6:
             return None
-        return (getattr(_rowcodec, _FRACTIONAL[ftype]), fsp, 0)
+        return ColumnCodec(Kind[_FRACTIONAL[ftype]], fsp=fsp)
     if ftype == FIELD_TYPE.NEWDECIMAL:
         precision, scale = column.precision, column.decimals
         if not 1 <= precision <= 65 or not 0 <= scale <= precision:
             return None
-        return (_rowcodec.K_DECIMAL, precision, scale)
+        return ColumnCodec(Kind["DECIMAL"], precision=precision, scale=scale)
     if ftype in (FIELD_TYPE.VARCHAR, FIELD_TYPE.STRING, FIELD_TYPE.BLOB):
         kind = _text_kind(column, charset_to_encoding)
         if kind is None:
@@ -137,64 +225,60 @@ def _library_spec(column: Any, charset_to_encoding: Any) -> tuple[Any, ...] | No
                 return None
         else:
             length_bytes = 2 if column.max_length > 255 else 1
-        return (getattr(_rowcodec, kind), length_bytes, 0)
+        return ColumnCodec(Kind[kind], length_bytes=length_bytes)
     if ftype in (FIELD_TYPE.ENUM, FIELD_TYPE.SET):
         if column.size not in (1, 2, 3, 4, 8):
             return None
         members = column.enum_values if ftype == FIELD_TYPE.ENUM else column.set_values
-        kind = _rowcodec.K_ENUM if ftype == FIELD_TYPE.ENUM else _rowcodec.K_SET
-        return (kind, column.size, 0, tuple(members) if members else None)
+        return ColumnCodec(Kind["ENUM" if ftype == FIELD_TYPE.ENUM else "SET"],
+                           storage_bytes=column.size,
+                           members=tuple(members) if members else None)
     if ftype == FIELD_TYPE.BIT:
         if not 1 <= column.bits <= 64 or column.bytes != (column.bits + 7) // 8:
             return None
-        return (_rowcodec.K_BIT, column.bits, column.bytes)
+        return ColumnCodec(Kind["BIT"], bits=column.bits, storage_bytes=column.bytes)
     return None
 
 
-# (extension kind, ColumnSpec kind) -> the target holding exactly the landing value
+# (Kind, ColumnSpec kind) -> the target holding exactly the landing value
 # (``values.converter_for(column, from_binlog=True)`` of the decoded value, in
-# ``column.arrow_type()``). Any other pair, or a doubtful one, is T_OBJECT: exactness first.
+# ``column.arrow_type()``). Any other pair, or a doubtful one, has none: exactness first.
 _TARGETS = {
-    **{(kind, "int"): "T_INT64" for kind in (
-        "K_INT8", "K_UINT8", "K_INT16", "K_UINT16", "K_INT24", "K_UINT24", "K_INT32",
-        "K_UINT32", "K_INT64")},
-    ("K_UINT64", "uint64"): "T_DECIMAL128",
-    ("K_YEAR", "year"): "T_INT64",
-    ("K_FLOAT", "float"): "T_FLOAT32",
-    ("K_DOUBLE", "double"): "T_FLOAT64",
-    ("K_DECIMAL", "decimal"): "T_DECIMAL128",
-    ("K_DATE", "date"): "T_DATE32",
-    ("K_DATETIME2", "datetime"): "T_TIMESTAMP_US",
-    ("K_TIMESTAMP2", "timestamp"): "T_TIMESTAMP_US",
-    ("K_TEXT", "string"): "T_UTF8",
-    ("K_BYTES", "binary"): "T_BINARY",
+    **{(kind, "int"): "INT64" for kind in (
+        "INT8", "UINT8", "INT16", "UINT16", "INT24", "UINT24", "INT32", "UINT32", "INT64")},
+    ("UINT64", "uint64"): "DECIMAL128",
+    ("YEAR", "year"): "INT64",
+    ("FLOAT", "float"): "FLOAT32",
+    ("DOUBLE", "double"): "FLOAT64",
+    ("DECIMAL", "decimal"): "DECIMAL128",
+    ("DATE", "date"): "DATE32",
+    ("DATETIME2", "datetime"): "TIMESTAMP_US",
+    ("TIMESTAMP2", "timestamp"): "TIMESTAMP_US",
+    ("TEXT", "string"): "UTF8",
+    ("BYTES", "binary"): "BINARY",
 }
 
 
-def _kind_name(kind: int) -> str:
-    return next((name for name in dir(_rowcodec)
-                 if name.startswith("K_") and getattr(_rowcodec, name) == kind), "")
-
-
-def landing_target(spec: tuple[Any, ...], landing: ColumnSpec) -> tuple[int, int]:
-    """(target, target_arg) of a column of extension spec ``spec`` landing as ``landing``.
+def with_landing_target(codec: ColumnCodec, landing: ColumnSpec) -> ColumnCodec:
+    """``codec`` with the target of a column landing as ``landing`` (target None: none).
 
     Arrow buffers are written in the host's byte order as Arrow's little-endian layout: on
-    any other host every column is T_OBJECT.
+    any other host no column has a target.
     """
-    object_ = (_rowcodec.T_OBJECT, 0)
+    none = replace(codec, target=None, pad_to=0)
     if sys.byteorder != "little":
-        return object_
-    kind, a, b = spec[:3]
-    target = _TARGETS.get((_kind_name(kind), landing.kind))
+        return none
+    target = _TARGETS.get((codec.kind.name, landing.kind))
     if target is None:
-        return object_
-    if target == "T_DECIMAL128" and kind == _rowcodec.K_DECIMAL and not (
-            a <= 38 and landing.precision == a and (landing.scale or 0) == b):
-        return object_  # (precision > 38 lands as text; a spec that disagrees: doubtful)
-    if target == "T_UTF8" and landing.charset is not None:
-        return object_  # (text of another charset is decoded by its converter)
-    return getattr(_rowcodec, target), (landing.precision or 0) if target == "T_BINARY" else 0
+        return none
+    if target == "DECIMAL128" and codec.kind.name == "DECIMAL" and not (
+            codec.precision <= 38 and landing.precision == codec.precision
+            and (landing.scale or 0) == codec.scale):
+        return none  # (precision > 38 lands as text; a codec that disagrees: doubtful)
+    if target == "UTF8" and landing.charset is not None:
+        return none  # (text of another charset is decoded by its converter)
+    return replace(codec, target=Target[target],
+                   pad_to=(landing.precision or 0) if target == "BINARY" else 0)
 
 
 def refuse_unreadable(event: Any) -> None:
@@ -229,11 +313,11 @@ def decoder_for(event: Any, schema: TableSchema | None = None) -> Any:
     decoder reads exactly (``refuse_unreadable``).
     """
     refuse_unreadable(event)
-    specs = _specs(event, schema)
-    return None if specs is None else _rowcodec.Decoder(specs)
+    codecs_ = _codecs(event, schema)
+    return None if codecs_ is None else native_decoder(codecs_)
 
 
-def _specs(event: Any, schema: TableSchema | None) -> list[tuple[Any, ...]] | None:
+def _codecs(event: Any, schema: TableSchema | None) -> tuple[ColumnCodec, ...] | None:
     if not available() or event._ignore_decode_errors:  # noqa: SLF001 - the library's flag
         return None
     if schema is not None and len(schema.columns) != len(event.columns):
@@ -241,14 +325,14 @@ def _specs(event: Any, schema: TableSchema | None) -> list[tuple[Any, ...]] | No
                          f"columns, its table map {len(event.columns)}; columns() needs the "
                          "table map's own schema (binlog.schema_from_table_map), before any "
                          "column is excluded")
-    specs = []
+    found = []
     for index, column in enumerate(event.columns):
         landing = schema.columns[index] if schema is not None else None
-        spec = column_spec(column, event.charset_to_encoding, landing)
-        if spec is None:
+        codec = column_codec(column, event.charset_to_encoding, landing)
+        if codec is None:
             return None
-        specs.append(spec)
-    return specs
+        found.append(codec)
+    return tuple(found)
 
 
 def _full_bitmap(count: int) -> bytes:
@@ -279,7 +363,7 @@ class _TableDecoder:
     table: Any  # the library's table map object it was built for
     decoder: Any  # None: the library decodes this table map's events
     full: bytes  # the columns-present bitmap of a full row image
-    specs: tuple[Any, ...] | None = None  # the decoder's column specs (no targets)
+    codecs: tuple[ColumnCodec, ...] | None = None  # the decoder's columns (no targets)
     schema: TableSchema | None = None
     columnar: Any = None  # the decoder with the landing targets of ``schema``
     types: tuple[pa.DataType | None, ...] = ()  # per column: the type of a native target
@@ -288,13 +372,14 @@ class _TableDecoder:
 class RowsDecoders:
     """One decoder per table map in use, looked up again when the library's table map
     changes. The server logs a table map before every transaction's rows: decoders are kept
-    by what they decode (column specs, and the schema of the landing targets), so a stream of
+    by what they decode (column codecs, and the schema of the landing targets), so a stream of
     small transactions does not build them again each time."""
 
     def __init__(self) -> None:
         self._by_table_id: dict[int, _TableDecoder] = {}
-        self._decoders: dict[tuple[Any, ...], Any] = {}
-        self._columnar: dict[tuple[tuple[Any, ...], TableSchema], tuple[Any, tuple[Any, ...]]] = {}
+        self._decoders: dict[tuple[ColumnCodec, ...], Any] = {}
+        self._columnar: dict[tuple[tuple[ColumnCodec, ...], TableSchema],
+                             tuple[Any, tuple[Any, ...]]] = {}
 
     def rows(self, event: Any) -> list[tuple[Any, ...]] | None:
         """The event's rows as tuples in table-map column order (an update's as (before,
@@ -328,14 +413,15 @@ class RowsDecoders:
         refuse_unreadable(event)
         entry = self._entry(event)
         if entry.decoder is not None and entry.schema is not schema:
-            key = (entry.specs, schema)
+            key = (entry.codecs, schema)
             found = self._columnar.get(key)
             if found is None:
-                specs = _specs(event, schema)
+                targeted = _codecs(event, schema)
                 found = self._columnar[key] = (
-                    None if specs is None else _rowcodec.Decoder(specs),
-                    tuple(None if spec[4] == _rowcodec.T_OBJECT else landing.arrow_type()
-                          for spec, landing in zip(specs or (), schema.columns, strict=False)))
+                    None if targeted is None else native_decoder(targeted),
+                    tuple(None if codec.target is None else landing.arrow_type()
+                          for codec, landing in zip(targeted or (), schema.columns,
+                                                    strict=False)))
             entry.schema = schema
             entry.columnar, entry.types = found
         body = self._body(event, entry)  # (a decoder: so is the columnar one, same specs)
@@ -356,11 +442,10 @@ class RowsDecoders:
         table = event.table_map.get(event.table_id)
         entry = self._by_table_id.get(event.table_id)
         if entry is None or entry.table is not table:
-            specs = _specs(event, None) if table is not None else None
-            key = None if specs is None else tuple(specs)
+            key = _codecs(event, None) if table is not None else None
             decoder = None if key is None else self._decoders.get(key)
             if key is not None and decoder is None:
-                decoder = self._decoders[key] = _rowcodec.Decoder(specs)
+                decoder = self._decoders[key] = native_decoder(key)
             entry = _TableDecoder(table, decoder, _full_bitmap(len(event.columns)), key)
             self._by_table_id[event.table_id] = entry
         return entry
