@@ -13,12 +13,10 @@ import json
 import logging
 import os
 import re
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -26,6 +24,10 @@ import pyarrow.parquet as pq
 from cdc_platform.capture.landing_contract import DICTIONARY_COLUMNS
 from cdc_platform.capture.names import name_of_path_component, path_component
 from cdc_platform.capture.schema import TableSchema
+from cdc_platform.capture.storage import FileStore, LocalFileStore, fsync_directory, open_store
+from cdc_platform.capture.storage import (
+    write_atomically as write_atomically,  # re-exported: the write below ``LandingZone.root``
+)
 
 # ---- the layout (docs/landing-zone.md), one definition for the engine and the lake ---------------
 
@@ -103,44 +105,16 @@ def tables_to_json(tables: dict[str, TableSchema]) -> bytes:
 def local_path(url: str) -> Path:
     """A local directory for a landing-zone URL (plain path or file:// URL).
 
-    Object-storage URLs need a different writer (put-if-absent instead of rename); the seam is
-    this module, which is the only place the engine touches files.
+    Object-storage URLs need a writer of their own (a conditional put instead of a rename):
+    ``capture.storage`` is the seam; the engine writes only local stores in this version.
     """
-    parsed = urlparse(url)
-    if parsed.scheme in ("", "file"):
-        return Path(parsed.path if parsed.scheme else url).expanduser().absolute()
-    raise ValueError(
-        f"landing zone URL {url!r}: only local paths and file:// URLs are supported by the "
-        "capture engine in this version"
-    )
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomically(path: Path, data: bytes | memoryview, *, durable: bool = True,
-                     sync_dir: bool = True) -> None:
-    """Write ``data`` so that ``path`` either does not exist or holds all of it, durably.
-
-    ``durable=False`` skips the fsyncs (atomic for readers, but a machine crash may lose it:
-    for files that can be rebuilt). ``sync_dir=False`` leaves the directory's fsync to a later
-    write into the same directory (its rename makes this one durable too).
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        if durable:
-            handle.flush()
-            os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    if durable and sync_dir:
-        _fsync_dir(path.parent)
+    root = open_store(url).local_root
+    if root is None:
+        raise ValueError(
+            f"landing zone URL {url!r}: only local paths and file:// URLs are supported by the "
+            "capture engine in this version"
+        )
+    return root
 
 
 class EngineLockedError(RuntimeError):
@@ -179,12 +153,68 @@ class Checkpoint:
         )
 
 
-class LandingZone:
-    """One source server's folder in the landing zone."""
+class LandingReader:
+    """One source server's folder in the landing zone, read through the file layer
+    (``capture.storage``): what the lake reads, from any store the layer opens."""
+
+    def __init__(self, store: FileStore, server_name: str) -> None:
+        self.store = store.child(server_name)
+        self.server_name = server_name
+
+    @staticmethod
+    def open(url: str, server_name: str) -> LandingReader:
+        """The reader of ``server_name``'s folder at a landing-zone URL (local or not)."""
+        return LandingReader(open_store(url), server_name)
+
+    def read_checkpoint(self) -> Checkpoint | None:
+        """The engine's checkpoint, or None before its first one. The one parser of
+        ``checkpoint.json`` (``Checkpoint.from_json``), for the engine and the lake."""
+        data = self.store.read_bytes(CHECKPOINT_FILE)
+        if data is None:
+            return None
+        try:
+            return Checkpoint.from_json(data)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(
+                f"checkpoint {self.store.uri_of(CHECKPOINT_FILE)} is not valid (expected JSON "
+                f"with server_name, flavour and next_pos): {exc!r}; it is written by the capture "
+                "engine, check that the landing URL is right"
+            ) from exc
+
+    def read_tables(self) -> dict[str, TableSchema]:
+        """The captured tables' newest schemas, as the engine last recorded them."""
+        data = self.store.read_bytes(TABLES_FILE)
+        return {} if data is None else tables_from_json(data)
+
+    def segment_names(self, database: str, table: str) -> list[tuple[int, int, str]]:
+        """``(first_pos, last_pos, file name)`` of a table's changelog segments, in position
+        order; temporary files and anything not named like a segment are left out."""
+        found = []
+        for name in self.store.list_names(*changelog_parts(database, table)):
+            match = SEGMENT_NAME.match(name)
+            if match:
+                found.append((int(match.group(1)), int(match.group(2)), name))
+        return sorted(found)
+
+    def column_renames_names(self, database: str, table: str) -> list[tuple[int, str]]:
+        """``(position, file name)`` of a table's column-rename records, in position order."""
+        found = []
+        for name in self.store.list_names(*column_renames_parts(database, table)):
+            match = COLUMN_RENAMES_NAME.match(name)
+            if match:
+                found.append((int(match.group(1)), name))
+        return sorted(found)
+
+
+class LandingZone(LandingReader):
+    """One source server's folder in the landing zone, as the engine writes it: a local
+    directory (object stores need the conditional puts ``capture.storage`` will bring)."""
+
+    store: LocalFileStore
 
     def __init__(self, url: str, server_name: str) -> None:
-        self.root = local_path(url) / server_name
-        self.server_name = server_name
+        super().__init__(LocalFileStore(local_path(url)), server_name)
+        self.root = self.store.root
 
     @property
     def checkpoint_path(self) -> Path:
@@ -249,7 +279,7 @@ class LandingZone:
                     table_dir.rmdir()
                 else:
                     os.replace(table_dir, target)
-                _fsync_dir(target.parent)
+                fsync_directory(target.parent)
                 with contextlib.suppress(OSError):  # another table may still live there
                     db_dir.rmdir()
                 moved.append((table_dir, target))
@@ -257,24 +287,11 @@ class LandingZone:
                             "since this version; docs/landing-zone.md)")
         return moved
 
-    def read_checkpoint(self) -> Checkpoint | None:
-        try:
-            return Checkpoint.from_json(self.checkpoint_path.read_bytes())
-        except FileNotFoundError:
-            return None
-
     def write_checkpoint(self, checkpoint: Checkpoint) -> None:
-        write_atomically(self.checkpoint_path, checkpoint.to_json())
-
-    def read_tables(self) -> dict[str, TableSchema]:
-        """The captured tables' newest schemas, as the engine last recorded them."""
-        try:
-            return tables_from_json(self.tables_path.read_bytes())
-        except FileNotFoundError:
-            return {}
+        self.store.write_atomically(CHECKPOINT_FILE, data=checkpoint.to_json())
 
     def write_tables(self, tables: dict[str, TableSchema]) -> None:
-        write_atomically(self.tables_path, tables_to_json(tables))
+        self.store.write_atomically(TABLES_FILE, data=tables_to_json(tables))
 
     def column_renames_dir(self, database: str, table: str) -> Path:
         return self.root.joinpath(*column_renames_parts(database, table))
@@ -284,31 +301,23 @@ class LandingZone:
 
     def write_segment(self, schema: TableSchema, table: pa.Table, first_pos: int,
                       last_pos: int) -> Path:
-        """Write one segment durably; the caller checkpoints after all segments of a flush."""
-        path = self.segment_path(schema.database, schema.table, first_pos, last_pos)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        pq.write_table(table, tmp, compression="zstd", use_dictionary=[
-            name for name in DICTIONARY_COLUMNS if name in table.column_names])
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        return path
+        """Write one segment durably; the caller checkpoints after all segments of a flush,
+        having synced their directories (``sync_dirs``)."""
+        parts = (*changelog_parts(schema.database, schema.table), segment_name(first_pos,
+                                                                               last_pos))
+        with self.store.atomic_output(*parts, sync_dir=False) as sink:
+            pq.write_table(table, sink, compression="zstd", use_dictionary=[
+                name for name in DICTIONARY_COLUMNS if name in table.column_names])
+        return self.store.path(*parts)
 
     def sync_dirs(self, paths: list[Path]) -> None:
         for directory in {p.parent for p in paths}:
-            _fsync_dir(directory)
+            fsync_directory(directory)
 
     def segments(self, database: str, table: str) -> list[tuple[int, int, Path]]:
         directory = self.table_dir(database, table)
-        if not directory.is_dir():
-            return []
-        found = []
-        for entry in directory.iterdir():
-            match = SEGMENT_NAME.match(entry.name)
-            if match:
-                found.append((int(match.group(1)), int(match.group(2)), entry))
-        return sorted(found)
+        return [(first, last, directory / name)
+                for first, last, name in self.segment_names(database, table)]
 
     def remove_uncommitted(self, next_pos: int) -> list[Path]:
         """Delete segments (and temp files) written after the last checkpoint.
@@ -321,13 +330,12 @@ class LandingZone:
         removed: list[Path] = []
         for top, pattern in ((CHANGELOG_DIR, SEGMENT_NAME),
                              (COLUMN_RENAMES_DIR, COLUMN_RENAMES_NAME)):
-            directory = self.root / top
-            if not directory.is_dir():
-                continue
-            for path in directory.glob("*/*/*"):
-                match = pattern.match(path.name)
-                stale_tmp = path.name.startswith(".") and ".tmp-" in path.name
-                if stale_tmp or (match and int(match.group(1)) >= next_pos):
-                    path.unlink(missing_ok=True)
-                    removed.append(path)
+            for db_dir in self.store.list_names(top):
+                for table_dir in self.store.list_names(top, db_dir):
+                    for name in self.store.list_names(top, db_dir, table_dir):
+                        match = pattern.match(name)
+                        stale_tmp = name.startswith(".") and ".tmp-" in name
+                        if stale_tmp or (match and int(match.group(1)) >= next_pos):
+                            self.store.delete(top, db_dir, table_dir, name)
+                            removed.append(self.store.path(top, db_dir, table_dir, name))
         return removed

@@ -10,26 +10,22 @@ newest segment's columns by name.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import reduce
-from typing import Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from cdc_platform.capture.column_renames import ColumnRenames, column_mapping, renamed_schema
 from cdc_platform.capture.landing import (
-    CHECKPOINT_FILE,
-    COLUMN_RENAMES_NAME,
-    SEGMENT_NAME,
-    TABLES_FILE,
+    Checkpoint,
+    LandingReader,
     changelog_parts,
     column_renames_parts,
-    tables_from_json,
 )
 from cdc_platform.capture.landing_contract import HI_PREFIX, POS, RESERVED_PREFIX, THRESHOLD
 from cdc_platform.capture.names import table_id
@@ -43,7 +39,6 @@ from cdc_platform.lake.columns import (
     struct_from_arrow,
     user_struct,
 )
-from cdc_platform.lake.paths import Location, resolve
 
 
 @dataclass(frozen=True)
@@ -52,28 +47,15 @@ class Segment:
 
     first_pos: int
     last_pos: int
-    location: Location
+    uri: str  # as Spark reads it
+    filesystem: pafs.FileSystem  # and pyarrow (its footer)
+    path: str
 
 
-def _server(landing_url: str, server_name: str) -> Location:
-    return resolve(landing_url).join(server_name)
-
-
-def read_checkpoint(landing_url: str, server_name: str) -> dict[str, Any] | None:
-    """The engine's checkpoint (``gtid``, ``next_pos``...), or None before its first one."""
-    location = _server(landing_url, server_name).join(CHECKPOINT_FILE)
-    data = location.read_bytes()
-    if data is None:
-        return None
-    try:
-        checkpoint = json.loads(data)
-        checkpoint["next_pos"] = int(checkpoint["next_pos"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(
-            f"checkpoint {location.spark_uri} is not valid (expected JSON with next_pos): {exc}; "
-            "it is written by the capture engine, check that the landing URL is right"
-        ) from exc
-    return checkpoint
+def read_checkpoint(landing_url: str, server_name: str) -> Checkpoint | None:
+    """The engine's checkpoint, or None before its first one (``LandingReader``: the one
+    parser of ``checkpoint.json``)."""
+    return LandingReader.open(landing_url, server_name).read_checkpoint()
 
 
 def read_table_schemas(landing_url: str, server_name: str) -> dict[str, TableSchema]:
@@ -81,11 +63,8 @@ def read_table_schemas(landing_url: str, server_name: str) -> dict[str, TableSch
 
     Used only as a fallback schema for a table that has no changelog yet.
     """
-    data = _server(landing_url, server_name).join(TABLES_FILE).read_bytes()
-    if data is None:
-        return {}
     try:
-        return tables_from_json(data)
+        return LandingReader.open(landing_url, server_name).read_tables()
     except (ValueError, KeyError, TypeError, AttributeError):
         return {}
 
@@ -102,38 +81,37 @@ def list_segments(
 
     Temporary files (written before a rename) and anything not named like a segment are ignored.
     """
-    directory = _server(landing_url, server_name).join(*changelog_parts(database, table))
+    landing = LandingReader.open(landing_url, server_name)
+    directory = changelog_parts(database, table)
     segments = []
-    for name in directory.list_names():
-        match = SEGMENT_NAME.match(name)
-        if not match:
-            continue
-        first, last = int(match.group(1)), int(match.group(2))
+    for first, last, name in landing.segment_names(database, table):
         if after_pos is not None and last <= after_pos:
             continue
         if before_pos is not None and first >= before_pos:
             continue
-        segments.append(Segment(first, last, directory.join(name)))
-    return sorted(segments, key=lambda s: (s.first_pos, s.last_pos))
+        filesystem, path = landing.store.arrow(*directory, name)
+        segments.append(Segment(first, last, landing.store.uri_of(*directory, name), filesystem,
+                                path))
+    return segments
 
 
 def read_column_renames(landing_url: str, server_name: str, database: str, table: str,
                         before_pos: int) -> list[ColumnRenames]:
     """The table's column renames a checkpoint with ``next_pos`` = ``before_pos`` covers, in
     changelog order (each record has a position of its own: ``capture.column_renames``)."""
-    directory = _server(landing_url, server_name).join(*column_renames_parts(database, table))
+    landing = LandingReader.open(landing_url, server_name)
+    directory = column_renames_parts(database, table)
     found = []
-    for name in directory.list_names():
-        match = COLUMN_RENAMES_NAME.match(name)
-        if not match or int(match.group(1)) >= before_pos:
+    for position, name in landing.column_renames_names(database, table):
+        if position >= before_pos:
             continue
-        location = directory.join(name)
         try:
-            found.append(ColumnRenames.from_json(location.read_bytes() or b""))
+            found.append(ColumnRenames.from_json(landing.store.read_bytes(*directory, name)
+                                                 or b""))
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(
-                f"column-rename record {location.spark_uri} is not valid ({exc!r}); it is "
-                "written by the capture engine: without it older segments of "
+                f"column-rename record {landing.store.uri_of(*directory, name)} is not valid "
+                f"({exc!r}); it is written by the capture engine: without it older segments of "
                 f"{table_id(database, table)} would lose the renamed columns' values"
             ) from exc
     return sorted(found, key=lambda r: r.position)
@@ -155,7 +133,7 @@ def _schema_from_metadata(metadata: dict[bytes, bytes] | None, segment: Segment)
         return TableSchema.from_parquet_metadata(metadata or {})
     except (KeyError, ValueError) as exc:
         raise ValueError(
-            f"segment {segment.location.spark_uri} lacks valid cdc.table / cdc.primary_key / "
+            f"segment {segment.uri} lacks valid cdc.table / cdc.primary_key / "
             f"cdc.columns metadata ({exc!r}); only files written by the capture engine belong "
             "in the changelog directory"
         ) from exc
@@ -189,7 +167,7 @@ def changelog_batch(
     groups: list[tuple[pa.Schema, tuple[ColumnRenames, ...], list[str]]] = []
     newest_metadata = None
     for segment in segments:
-        arrow_schema = pq.read_schema(segment.location.path, filesystem=segment.location.fs)
+        arrow_schema = pq.read_schema(segment.path, filesystem=segment.filesystem)
         newest_metadata = arrow_schema.metadata
         plain = arrow_schema.remove_metadata()
         # (a segment is a run of one flush between two positions; a rename's own position is
@@ -197,15 +175,15 @@ def changelog_batch(
         later = tuple(r for r in renames if r.position > segment.last_pos)
         for schema, after, uris in groups:
             if schema.equals(plain) and after == later:
-                uris.append(segment.location.spark_uri)
+                uris.append(segment.uri)
                 break
         else:
-            groups.append((plain, later, [segment.location.spark_uri]))
+            groups.append((plain, later, [segment.uri]))
     newest = renamed_schema(_schema_from_metadata(newest_metadata, segments[-1]),
                             [r for r in renames if r.position > segments[-1].last_pos])
     if (newest.database, newest.table) != (database, table):
         raise ValueError(
-            f"segment {segments[-1].location.spark_uri} says it belongs to {newest.table_id}, "
+            f"segment {segments[-1].uri} says it belongs to {newest.table_id}, "
             f"not {table_id(database, table)}; the landing zone's changelog directory is "
             "inconsistent"
         )

@@ -51,8 +51,8 @@ from cdc_platform.capture.column_renames import ColumnRenames, column_mapping
 from cdc_platform.capture.landing_contract import POS
 from cdc_platform.capture.names import table_id, valid_name
 from cdc_platform.capture.schema import TableSchema
+from cdc_platform.capture.storage import open_store
 from cdc_platform.lake.columns import user_struct
-from cdc_platform.lake.paths import resolve
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ def catalog_properties(warehouse_url: str, catalog: Any) -> dict[str, str]:
     """
     kind = getattr(catalog, "type", "hadoop")
     uri = getattr(catalog, "uri", "")
-    warehouse = resolve(warehouse_url).spark_uri if "://" not in warehouse_url or \
+    warehouse = open_store(warehouse_url).uri if "://" not in warehouse_url or \
         warehouse_url.startswith("file:") else warehouse_url
     props: dict[str, str] = {"cache-enabled": "false"}
     if kind == "glue":
@@ -196,7 +196,7 @@ class Lake:
         self.unicode_names = getattr(catalog, "type", "hadoop") in UNICODE_CATALOGS
         base = getattr(catalog, "name", "lake")
         self.catalog = self._register(base)
-        location = resolve(warehouse_url) if getattr(catalog, "type", "hadoop") == "hadoop" \
+        store = open_store(warehouse_url) if getattr(catalog, "type", "hadoop") == "hadoop" \
             else None
         # The Hadoop catalog commits a table version by checking that the next metadata file
         # does not exist and renaming onto it; on a local or mounted filesystem the rename
@@ -205,7 +205,8 @@ class Lake:
         # services are atomic by themselves).
         # The lock files are files in the warehouse root, which the catalog never lists (its
         # namespaces are directories).
-        self.lock_dir = location.path if (location is not None and location.is_local) else None
+        root = store.local_root if store is not None else None
+        self.lock_dir = str(root) if root is not None else None
 
     def _register(self, base: str) -> str:
         conf = self.spark.conf

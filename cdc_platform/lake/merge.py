@@ -192,7 +192,7 @@ def _materialise_once(
 
     # Renames below the checkpoint's next_pos are covered: a schema from the landing zone
     # reflects them, so a table created from it follows them all.
-    before_pos = checkpoint["next_pos"] if checkpoint is not None else 1
+    before_pos = checkpoint.next_pos if checkpoint is not None else 1
 
     def unchanged() -> MergeResult:
         dropped = False
@@ -205,7 +205,7 @@ def _materialise_once(
 
     if checkpoint is None:
         return unchanged()
-    gtid = checkpoint.get("gtid")
+    gtid = checkpoint.gtid
     if after_pos is not None and after_pos >= before_pos:
         raise RuntimeError(
             f"target {target.table_id} already consumed the changelog up to position {after_pos}, "

@@ -25,7 +25,7 @@ def test_checkpoint_absent_present_and_invalid(tmp_path: Path):
     assert read_checkpoint(landing.url, SERVER) is None
     landing.checkpoint(next_pos=42)
     checkpoint = read_checkpoint(f"file://{tmp_path}", SERVER)
-    assert checkpoint is not None and checkpoint["next_pos"] == 42
+    assert checkpoint is not None and checkpoint.next_pos == 42
     (tmp_path / SERVER / "checkpoint.json").write_text("{not json")
     with pytest.raises(ValueError, match="checkpoint .* is not valid"):
         read_checkpoint(landing.url, SERVER)
@@ -51,7 +51,7 @@ def test_segments_are_selected_by_their_position_range(tmp_path: Path):
     assert ranges(None, 1) == []
     assert list_segments(landing.url, SERVER, "shop", "nothing", None, None) == []
     segment = list_segments(landing.url, SERVER, "shop", "items")[0]
-    metadata = pq.read_schema(segment.location.path, filesystem=segment.location.fs).metadata
+    metadata = pq.read_schema(segment.path, filesystem=segment.filesystem).metadata
     assert TableSchema.from_parquet_metadata(metadata) == S
 
 

@@ -1,0 +1,322 @@
+"""One filesystem layer for the landing zone, shared by the capture engine and the lake.
+
+A ``FileStore`` is the files below one root URL, addressed by path parts relative to it. It is
+the seam an object-storage backend plugs into: everything the landing zone does to files is
+one of its few operations (read, write atomically, write exclusively, list, delete, exists),
+and the lake's pyarrow reads take their filesystem from it (``arrow``) while Spark reads the
+same files by URL (``uri``).
+
+Implementations: ``LocalFileStore`` (local paths and ``file://`` URLs: temporary file, fsync,
+rename; what the engine writes through) and ``ArrowFileStore`` (any other URL pyarrow opens,
+e.g. ``s3://``: reads and listings for the lake; a put is atomic there, but an exclusive put
+needs a conditional request pyarrow does not make, so it is refused until a backend brings it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import posixpath
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+# Spark (Hadoop) scheme -> pyarrow scheme, and back, for object stores.
+_ARROW_SCHEME = {"s3a": "s3", "s3n": "s3"}
+_SPARK_SCHEME = {"s3": "s3a"}
+
+
+def _checked(parts: tuple[str, ...], below: str) -> tuple[str, ...]:
+    """``parts`` if each is a relative path that stays below the root, else ValueError.
+
+    A source name is a part only once escaped (``capture.landing.table_parts``); a part that
+    could leave the root (absolute, or with a ``.`` or ``..`` segment) is refused, never joined.
+    """
+    for part in parts:
+        if not part or part.startswith("/") or {".", ".."} & set(part.split("/")):
+            raise ValueError(f"{part!r} is not a relative path below {below}; "
+                             "escape source names with capture.names.path_component")
+    return parts
+
+
+class FileStore(ABC):
+    """The files below one root. Paths are given as parts relative to the root (``"changelog",
+    db_dir, table_dir, name``); no operation reaches above the root."""
+
+    @property
+    @abstractmethod
+    def uri(self) -> str:
+        """The root as Spark reads it (``file:///...``, ``s3a://...``)."""
+
+    @property
+    def local_root(self) -> Path | None:
+        """The root as a local directory, or None when the files are not local."""
+        return None
+
+    @abstractmethod
+    def child(self, *parts: str) -> FileStore:
+        """The store rooted at a directory below this root."""
+
+    def uri_of(self, *parts: str) -> str:
+        """A file's (or directory's) URL as Spark reads it."""
+        return posixpath.join(self.uri, *_checked(parts, self.uri))
+
+    @abstractmethod
+    def arrow(self, *parts: str) -> tuple[pafs.FileSystem, str]:
+        """The pyarrow filesystem and path of a file, for pyarrow reads (Parquet footers)."""
+
+    @abstractmethod
+    def read_bytes(self, *parts: str) -> bytes | None:
+        """The file's content, or None when it does not exist."""
+
+    @abstractmethod
+    def write_atomically(self, *parts: str, data: bytes | memoryview,
+                         durable: bool = True) -> None:
+        """Write the file so that a reader sees either the previous content (or none) or all
+        of ``data``. ``durable``: on stable storage before returning (False: for files that can
+        be rebuilt)."""
+
+    @abstractmethod
+    def write_exclusively(self, *parts: str, data: bytes | memoryview) -> bool:
+        """Create the file with ``data`` only if it does not exist, atomically, durably;
+        False (and nothing written) if it exists."""
+
+    @abstractmethod
+    def list_names(self, *parts: str) -> list[str]:
+        """Names directly below a directory, sorted; empty when it does not exist."""
+
+    @abstractmethod
+    def delete(self, *parts: str) -> None:
+        """Remove a file; nothing when it does not exist."""
+
+    @abstractmethod
+    def exists(self, *parts: str) -> bool:
+        """Whether the file or directory exists."""
+
+    @abstractmethod
+    @contextlib.contextmanager
+    def atomic_output(self, *parts: str) -> Iterator[pa.NativeFile]:
+        """A stream whose content becomes the file, whole and durable, when the block ends
+        without an error (and never otherwise): for large files written by pyarrow (segments),
+        which writes a native stream without holding the GIL."""
+
+
+def write_atomically(path: Path, data: bytes | memoryview, *, durable: bool = True,
+                          sync_dir: bool = True) -> None:
+    """Write ``data`` so that ``path`` either does not exist or holds all of it, durably.
+
+    ``durable=False`` skips the fsyncs (atomic for readers, but a machine crash may lose it:
+    for files that can be rebuilt). ``sync_dir=False`` leaves the directory's fsync to a later
+    write into the same directory (its rename makes this one durable too).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temporary(path)
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        if durable:
+            handle.flush()
+            os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    if durable and sync_dir:
+        fsync_directory(path.parent)
+
+
+def fsync_directory(path: Path) -> None:
+    """Make the names in a directory durable (a renamed file can vanish in a crash until its
+    directory is synced)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _temporary(path: Path) -> Path:
+    """A temporary name beside ``path``: hidden, and unique per process and thread (readers
+    skip names starting with a dot; ``LandingZone.remove_uncommitted`` removes stale ones)."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb+") as handle:
+        os.fsync(handle.fileno())
+
+
+class LocalFileStore(FileStore):
+    """Files in a local directory: write to a temporary name, fsync, rename."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def __repr__(self) -> str:
+        return f"LocalFileStore({str(self.root)!r})"
+
+    @property
+    def uri(self) -> str:
+        return f"file://{self.root}"
+
+    @property
+    def local_root(self) -> Path:
+        return self.root
+
+    def path(self, *parts: str) -> Path:
+        """The local path of a file below the root."""
+        return self.root.joinpath(*_checked(parts, self.uri))
+
+    def child(self, *parts: str) -> LocalFileStore:
+        return LocalFileStore(self.path(*parts))
+
+    def arrow(self, *parts: str) -> tuple[pafs.FileSystem, str]:
+        return pafs.LocalFileSystem(), str(self.path(*parts))
+
+    def read_bytes(self, *parts: str) -> bytes | None:
+        try:
+            return self.path(*parts).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def write_atomically(self, *parts: str, data: bytes | memoryview,
+                         durable: bool = True) -> None:
+        write_atomically(self.path(*parts), data, durable=durable)
+
+    def write_exclusively(self, *parts: str, data: bytes | memoryview) -> bool:
+        """Written under a temporary name and linked to the final one: a link never replaces
+        an existing file, so of two writers exactly one succeeds, and readers never see a
+        partial file."""
+        path = self.path(*parts)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _temporary(path)
+        try:
+            with open(tmp, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+        finally:
+            tmp.unlink(missing_ok=True)
+        fsync_directory(path.parent)
+        return True
+
+    def list_names(self, *parts: str) -> list[str]:
+        directory = self.path(*parts)
+        try:
+            return sorted(entry.name for entry in directory.iterdir())
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def delete(self, *parts: str) -> None:
+        self.path(*parts).unlink(missing_ok=True)
+
+    def exists(self, *parts: str) -> bool:
+        return self.path(*parts).exists()
+
+    @contextlib.contextmanager
+    def atomic_output(self, *parts: str, sync_dir: bool = True) -> Iterator[pa.NativeFile]:
+        """``sync_dir=False`` leaves the directory's fsync to the caller (one per directory
+        after a batch of files: ``LandingZone.sync_dirs``)."""
+        path = self.path(*parts)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _temporary(path)
+        try:
+            with pa.OSFile(str(tmp), "wb") as sink:
+                yield sink
+            _fsync_file(tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        if sync_dir:
+            fsync_directory(path.parent)
+
+
+class ArrowFileStore(FileStore):
+    """Files wherever a pyarrow filesystem reaches (object stores). A put is atomic and durable
+    there, so ``write_atomically`` is one put; ``write_exclusively`` needs a conditional put
+    (``If-None-Match``) and is refused until a backend provides it."""
+
+    def __init__(self, fs: pafs.FileSystem, root: str, uri: str) -> None:
+        self.fs = fs
+        self.root = root
+        self._uri = uri
+
+    def __repr__(self) -> str:
+        return f"ArrowFileStore({self._uri!r})"
+
+    @property
+    def uri(self) -> str:
+        return self._uri
+
+    def _path(self, *parts: str) -> str:
+        return posixpath.join(self.root, *_checked(parts, self._uri))
+
+    def child(self, *parts: str) -> ArrowFileStore:
+        return ArrowFileStore(self.fs, self._path(*parts), self.uri_of(*parts))
+
+    def arrow(self, *parts: str) -> tuple[pafs.FileSystem, str]:
+        return self.fs, self._path(*parts)
+
+    def read_bytes(self, *parts: str) -> bytes | None:
+        try:
+            with self.fs.open_input_stream(self._path(*parts)) as stream:
+                return stream.read()
+        except FileNotFoundError:
+            return None
+
+    def write_atomically(self, *parts: str, data: bytes | memoryview,
+                         durable: bool = True) -> None:
+        path = self._path(*parts)
+        # (filesystems with directories need the parents; on a bucket this is a marker at most)
+        self.fs.create_dir(posixpath.dirname(path), recursive=True)
+        with self.fs.open_output_stream(path) as stream:
+            stream.write(data)
+
+    def write_exclusively(self, *parts: str, data: bytes | memoryview) -> bool:
+        raise NotImplementedError(
+            f"{self.uri_of(*parts)}: creating a file only if absent needs a conditional put "
+            "(If-None-Match), which this storage backend does not make yet")
+
+    def list_names(self, *parts: str) -> list[str]:
+        selector = pafs.FileSelector(self._path(*parts), allow_not_found=True, recursive=False)
+        return sorted(posixpath.basename(info.path) for info in self.fs.get_file_info(selector))
+
+    def delete(self, *parts: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.delete_file(self._path(*parts))
+
+    def exists(self, *parts: str) -> bool:
+        return self.fs.get_file_info(self._path(*parts)).type != pafs.FileType.NotFound
+
+    @contextlib.contextmanager
+    def atomic_output(self, *parts: str) -> Iterator[pa.NativeFile]:
+        # (an object appears when its upload completes; an aborted block must not complete it)
+        raise NotImplementedError(
+            f"{self.uri_of(*parts)}: streaming writes to this storage backend are not "
+            "supported yet")
+        yield  # pragma: no cover
+
+
+def open_store(url: str) -> FileStore:
+    """The store of a landing-zone or warehouse URL: a path (relative ones made absolute
+    against the current directory, so Spark executors and the driver agree), ``file://``, or an
+    object-store URL (``s3://``, ``s3a://``...)."""
+    parsed = urlparse(url)
+    scheme = parsed.scheme.lower()
+    if scheme in ("", "file"):
+        local = parsed.path if scheme == "file" else url
+        if scheme == "file" and parsed.netloc not in ("", "localhost"):
+            raise ValueError(f"URL {url!r}: file:// URLs must not name a host")
+        absolute = os.path.abspath(os.path.expanduser(local)).rstrip("/") or "/"
+        return LocalFileStore(Path(absolute))
+    arrow_scheme = _ARROW_SCHEME.get(scheme, scheme)
+    spark_scheme = _SPARK_SCHEME.get(scheme, scheme)
+    rest = url.split("://", 1)[1].rstrip("/")
+    fs, path = pafs.FileSystem.from_uri(f"{arrow_scheme}://{rest}")
+    return ArrowFileStore(fs, path.rstrip("/"), f"{spark_scheme}://{rest}")
