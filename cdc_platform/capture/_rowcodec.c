@@ -61,11 +61,17 @@ enum {
     T_UTF8, T_BINARY
 };
 
+/* One column as Decoder_init names the spec's positional (a, b) for its kind (name_arguments);
+ * a field the kind does not read stays 0. */
 typedef struct {
     int kind;
-    int a;            /* length bytes (TEXT/BYTES), fsp, precision, size (ENUM/SET), bits */
-    int b;            /* scale (DECIMAL), bytes (BIT) */
-    PyObject *values; /* ENUM/SET members (a tuple), or NULL when the library has none */
+    int length_bytes;  /* TEXT, BYTES: the little-endian length before each value (1..4) */
+    int fsp;           /* DATETIME2, TIMESTAMP2, TIME2: fraction digits (0..6) */
+    int precision;     /* DECIMAL (1..65) */
+    int scale;         /* DECIMAL (0..precision) */
+    int storage_bytes; /* ENUM, SET: bytes of the index or mask; BIT: bytes of the bits */
+    int bits;          /* BIT (1..64) */
+    PyObject *values;  /* ENUM/SET members (a tuple), or NULL when the library has none */
     int target;       /* T_*: where decode_columns puts the column's values */
     int target_arg;   /* T_BINARY: the length values are padded to with 0x00 (BINARY(n)) */
     /* DECIMAL layout, derived from precision and scale as the library does */
@@ -342,7 +348,7 @@ static PyObject *read_value(Reader *r, const Column *c) {
     }
     case K_DATETIME2: {
         Civil t;
-        int got = read_datetime2(r, c->a, &t);
+        int got = read_datetime2(r, c->fsp, &t);
         if (got <= 0) { if (got < 0) Py_RETURN_NONE; return NULL; }
         return PyDateTime_FromDateAndTime((int)t.year, (int)t.month, (int)t.day, (int)t.hour,
                                           (int)t.minute, (int)t.second, (int)t.us);
@@ -350,7 +356,7 @@ static PyObject *read_value(Reader *r, const Column *c) {
     case K_TIMESTAMP2: {
         /* datetime.utcfromtimestamp(seconds), naive UTC */
         int64_t secs, us;
-        if (!read_timestamp2(r, c->a, &secs, &us)) return NULL;
+        if (!read_timestamp2(r, c->fsp, &secs, &us)) return NULL;
         int64_t days = floordiv(secs, 86400), rest = secs - days * 86400;
         int y, m, d;
         civil_from_days(days, &y, &m, &d);
@@ -365,7 +371,7 @@ static PyObject *read_value(Reader *r, const Column *c) {
         uint32_t bits = positive ? raw : ((0x1000000u - raw) & 0xFFFFFFu);
         int64_t hours = (bits >> 12) & 0x3FF, minutes = (bits >> 6) & 0x3F, seconds = bits & 0x3F;
         int64_t us;
-        if (!read_fsp(r, c->a, &us)) return NULL;
+        if (!read_fsp(r, c->fsp, &us)) return NULL;
         int64_t total = ((hours * 60 + minutes) * 60 + seconds) * 1000000 + us;
         if (!positive) total = -total;
         int64_t days = floordiv(total, 86400000000LL);
@@ -379,7 +385,7 @@ static PyObject *read_value(Reader *r, const Column *c) {
     case K_BYTES: {
         const unsigned char *bytes;
         Py_ssize_t n;
-        if (!read_counted(r, c->a, &bytes, &n)) return NULL;
+        if (!read_counted(r, c->length_bytes, &bytes, &n)) return NULL;
         const char *s = (const char *)bytes;
         if (n == 0) {  /* b''.decode(any codec) is '' */
             Py_INCREF(EmptyStr);
@@ -394,9 +400,9 @@ static PyObject *read_value(Reader *r, const Column *c) {
         return text;
     }
     case K_ENUM: {
-        if (!need(r, c->a)) return NULL;
-        uint64_t index = le_uint(r->p + r->pos, c->a);
-        r->pos += c->a;
+        if (!need(r, c->storage_bytes)) return NULL;
+        uint64_t index = le_uint(r->p + r->pos, c->storage_bytes);
+        r->pos += c->storage_bytes;
         if (c->values == NULL) Py_RETURN_NONE;
         if (index >= (uint64_t)PyTuple_GET_SIZE(c->values)) {
             unsupported("ENUM index past its members");
@@ -407,9 +413,9 @@ static PyObject *read_value(Reader *r, const Column *c) {
         return member;
     }
     case K_SET: {
-        if (!need(r, c->a)) return NULL;
-        uint64_t mask = le_uint(r->p + r->pos, c->a);
-        r->pos += c->a;
+        if (!need(r, c->storage_bytes)) return NULL;
+        uint64_t mask = le_uint(r->p + r->pos, c->storage_bytes);
+        r->pos += c->storage_bytes;
         if (c->values == NULL || mask == 0) Py_RETURN_NONE;
         Py_ssize_t count = PyTuple_GET_SIZE(c->values);
         if (count > 64) count = 64;
@@ -431,7 +437,7 @@ static PyObject *read_value(Reader *r, const Column *c) {
     }
     case K_BIT: {
         /* RowsEvent.__read_bit: '0'/'1' text, the first byte holding bits % 8 of them */
-        int nbytes = c->b, bits = c->a;
+        int nbytes = c->storage_bytes, bits = c->bits;
         if (!need(r, nbytes)) return NULL;
         char text[8 * 256 + 1];
         int at = 0;
@@ -796,7 +802,7 @@ static int put_value(Reader *r, const Column *c, Out *o) {
         }
         char text[DECIMAL_TEXT];
         int len = decimal_text(r, c, text);
-        if (len < 0 || !decimal_value(text, len, c->a, c->b, &v)) return 0;
+        if (len < 0 || !decimal_value(text, len, c->precision, c->scale, &v)) return 0;
         return put_int128(o, v);
     }
     case K_DATE: {
@@ -808,7 +814,7 @@ static int put_value(Reader *r, const Column *c, Out *o) {
     }
     case K_DATETIME2: {
         Civil t;
-        int got = read_datetime2(r, c->a, &t);
+        int got = read_datetime2(r, c->fsp, &t);
         if (got <= 0) return got;
         int64_t seconds = days_from_civil(t.year, (int)t.month, (int)t.day) * 86400 +
                           (t.hour * 60 + t.minute) * 60 + t.second;
@@ -816,7 +822,7 @@ static int put_value(Reader *r, const Column *c, Out *o) {
     }
     case K_TIMESTAMP2: {
         int64_t secs, us;
-        if (!read_timestamp2(r, c->a, &secs, &us)) return 0;
+        if (!read_timestamp2(r, c->fsp, &secs, &us)) return 0;
         if (secs == 0 && us == 0) return -1;  /* values._binlog_timestamp: the zero TIMESTAMP */
         return put_int64(o, secs * 1000000 + us);
     }
@@ -824,7 +830,7 @@ static int put_value(Reader *r, const Column *c, Out *o) {
     case K_BYTES: {
         const unsigned char *s;
         Py_ssize_t n;
-        if (!read_counted(r, c->a, &s, &n)) return 0;
+        if (!read_counted(r, c->length_bytes, &s, &n)) return 0;
         if (c->kind == K_TEXT && !valid_utf8(s, n)) {
             unsupported("invalid UTF-8 in a UTF-8 column");
             return 0;
@@ -970,7 +976,7 @@ static int target_fits(const Column *c) {
     case T_INT64:
         return (c->kind >= K_INT8 && c->kind <= K_INT64) || c->kind == K_YEAR;
     case T_DECIMAL128:
-        return c->kind == K_UINT64 || (c->kind == K_DECIMAL && c->a >= 1 && c->a <= 38);
+        return c->kind == K_UINT64 || (c->kind == K_DECIMAL && c->precision >= 1 && c->precision <= 38);
     case T_FLOAT32:
         return c->kind == K_FLOAT;
     case T_FLOAT64:
@@ -985,6 +991,18 @@ static int target_fits(const Column *c) {
         return c->kind == K_BYTES && c->target_arg >= 0;
     }
     return 0;
+}
+
+/* The spec's positional (a, b) under the names the kind reads them by, in the order
+ * ColumnCodec.native (capture/rowcodec.py) writes them; a kind reads no other. */
+static void name_arguments(Column *c, int a, int b) {
+    switch (c->kind) {
+    case K_DATETIME2: case K_TIMESTAMP2: case K_TIME2: c->fsp = a; break;
+    case K_DECIMAL: c->precision = a; c->scale = b; break;
+    case K_TEXT: case K_BYTES: c->length_bytes = a; break;
+    case K_ENUM: case K_SET: c->storage_bytes = a; break;
+    case K_BIT: c->bits = a; c->storage_bytes = b; break;
+    }
 }
 
 /* A decoder is initialised once: a second __init__ (only a hostile caller makes one) would
@@ -1015,36 +1033,42 @@ static int Decoder_init(Decoder *self, PyObject *args, PyObject *kwds) {
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *values = Py_None;
         Column *c = &cols[i];
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "iii|Oii", &c->kind, &c->a, &c->b,
+        int a = 0, b = 0;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "iii|Oii", &c->kind, &a, &b,
                               &values, &c->target, &c->target_arg)) goto fail;
         if (c->kind < K_INT8 || c->kind > K_BIT) {
             PyErr_Format(PyExc_ValueError, "column %zd: unknown kind %d", i, c->kind);
             goto fail;
         }
+        name_arguments(c, a, b);
         if (!target_fits(c)) {
             PyErr_Format(PyExc_ValueError, "column %zd: no target %d (argument %d) for kind %d",
                          i, c->target, c->target_arg, c->kind);
             goto fail;
         }
-        if ((c->kind == K_TEXT || c->kind == K_BYTES) && (c->a < 1 || c->a > 4)) {
-            PyErr_Format(PyExc_ValueError, "column %zd: length bytes %d", i, c->a);
+        if ((c->kind == K_TEXT || c->kind == K_BYTES) &&
+            (c->length_bytes < 1 || c->length_bytes > 4)) {
+            PyErr_Format(PyExc_ValueError, "column %zd: length bytes %d", i, c->length_bytes);
             goto fail;
         }
-        if ((c->kind == K_ENUM || c->kind == K_SET) && (c->a < 1 || c->a > 8)) {
-            PyErr_Format(PyExc_ValueError, "column %zd: ENUM/SET size %d", i, c->a);
+        if ((c->kind == K_ENUM || c->kind == K_SET) &&
+            (c->storage_bytes < 1 || c->storage_bytes > 8)) {
+            PyErr_Format(PyExc_ValueError, "column %zd: ENUM/SET size %d", i, c->storage_bytes);
             goto fail;
         }
         if ((c->kind == K_DATETIME2 || c->kind == K_TIMESTAMP2 || c->kind == K_TIME2) &&
-            (c->a < 0 || c->a > 6)) {
-            PyErr_Format(PyExc_ValueError, "column %zd: fsp %d", i, c->a);
+            (c->fsp < 0 || c->fsp > 6)) {
+            PyErr_Format(PyExc_ValueError, "column %zd: fsp %d", i, c->fsp);
             goto fail;
         }
-        if (c->kind == K_BIT && (c->a < 1 || c->a > 64 || c->b != (c->a + 7) / 8)) {
-            PyErr_Format(PyExc_ValueError, "column %zd: BIT(%d) in %d bytes", i, c->a, c->b);
+        if (c->kind == K_BIT &&
+            (c->bits < 1 || c->bits > 64 || c->storage_bytes != (c->bits + 7) / 8)) {
+            PyErr_Format(PyExc_ValueError, "column %zd: BIT(%d) in %d bytes", i, c->bits,
+                         c->storage_bytes);
             goto fail;
         }
         if (c->kind == K_DECIMAL) {
-            int precision = c->a, scale = c->b;
+            int precision = c->precision, scale = c->scale;
             if (precision < 1 || precision > 65 || scale < 0 || scale > precision) {
                 PyErr_Format(PyExc_ValueError, "column %zd: DECIMAL(%d,%d)", i, precision, scale);
                 goto fail;
