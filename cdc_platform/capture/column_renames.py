@@ -42,8 +42,9 @@ from cdc_platform.capture.ddl import (
     token_at,
     word_of,
 )
-from cdc_platform.capture.landing import LandingZone, column_renames_name, write_atomically
+from cdc_platform.capture.landing import LandingZone, column_renames_name
 from cdc_platform.capture.schema import TableSchema
+from cdc_platform.capture.storage import write_atomically
 
 Rename = tuple[str, str]  # (old column name, new column name) as the statement writes them
 

@@ -1,4 +1,8 @@
-"""The landing zone as the engine writes it: segment files, checkpoint, table catalog.
+"""The landing zone's layout and checkpoint, for the engine that writes it and the lake that
+reads it: file and directory names, the ``Checkpoint`` (its one parser), the table catalog,
+``LandingReader`` (one server's folder, read from any store of ``capture.storage``) and
+``LandingZone`` (the engine's local, writable folder). The records' columns are
+``capture.landing_contract``'s.
 
 Layout and contracts: docs/landing-zone.md. Every file appears atomically (temporary name,
 fsync, rename), and the checkpoint is replaced only after every segment it covers is durable,
@@ -220,10 +224,6 @@ class LandingZone(LandingReader):
     def checkpoint_path(self) -> Path:
         return self.root / CHECKPOINT_FILE
 
-    @property
-    def tables_path(self) -> Path:
-        return self.root / TABLES_FILE
-
     def table_dir(self, database: str, table: str) -> Path:
         return self.root.joinpath(*changelog_parts(database, table))
 
@@ -295,9 +295,6 @@ class LandingZone(LandingReader):
 
     def column_renames_dir(self, database: str, table: str) -> Path:
         return self.root.joinpath(*column_renames_parts(database, table))
-
-    def segment_path(self, database: str, table: str, first_pos: int, last_pos: int) -> Path:
-        return self.table_dir(database, table) / segment_name(first_pos, last_pos)
 
     def write_segment(self, schema: TableSchema, table: pa.Table, first_pos: int,
                       last_pos: int) -> Path:
