@@ -176,14 +176,15 @@ class LandingReader:
         data = self.store.read_bytes(CHECKPOINT_FILE)
         if data is None:
             return None
+        what = (f"checkpoint {self.store.uri_of(CHECKPOINT_FILE)} is not valid (expected JSON "
+                "with server_name, flavour and next_pos; it is written by the capture engine, "
+                "check that the landing URL is right)")
         try:
             return Checkpoint.from_json(data)
+        except json.JSONDecodeError as exc:  # (still one, for callers that catch it)
+            raise json.JSONDecodeError(f"{what}: {exc.msg}", exc.doc, exc.pos) from exc
         except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(
-                f"checkpoint {self.store.uri_of(CHECKPOINT_FILE)} is not valid (expected JSON "
-                f"with server_name, flavour and next_pos): {exc!r}; it is written by the capture "
-                "engine, check that the landing URL is right"
-            ) from exc
+            raise ValueError(f"{what}: {exc!r}") from exc
 
     def read_tables(self) -> dict[str, TableSchema]:
         """The captured tables' newest schemas, as the engine last recorded them."""

@@ -3,6 +3,7 @@ capture and lake sides go through, on the local store and on a pyarrow (object-s
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from pathlib import Path
@@ -133,3 +134,11 @@ def test_the_engine_and_a_reader_of_any_store_read_one_checkpoint(tmp_path: Path
     assert LandingReader(objects, "demo").read_checkpoint() == written
     with pytest.raises(ValueError, match="only local paths"):
         LandingZone("mock://bucket", "demo")
+
+    objects.write_atomically("demo", "checkpoint.json", data=b'{"next_pos": 3}')
+    with pytest.raises(ValueError, match=r"checkpoint mock://bucket/demo/checkpoint.json is not "
+                                         r"valid .*server_name"):
+        LandingReader(objects, "demo").read_checkpoint()
+    objects.write_atomically("demo", "checkpoint.json", data=b"{not json")
+    with pytest.raises(json.JSONDecodeError, match="checkpoint .* is not valid"):
+        LandingReader(objects, "demo").read_checkpoint()
