@@ -17,14 +17,17 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from cdc_platform.capture import names
 from cdc_platform.capture.ddl import TableDdl
 from cdc_platform.capture.gtid import parse_gtid, parse_position
 from cdc_platform.capture.landing import LandingZone, write_atomically
 from cdc_platform.capture.schema import TableSchema
-from cdc_platform.capture.snapshot.protocol import SessionState
+from cdc_platform.capture.snapshot.protocol import (
+    SessionState,
+    SnapshotSession,
+    read_session_state,
+)
 from cdc_platform.capture.stale import (
     ColumnCaptured,
     StaleTable,
@@ -152,13 +155,13 @@ def _record(landing: LandingZone, verdicts: Sequence[StaleTable], gtid: str, ver
     return markers
 
 
-def _opened_after(session: Mapping[str, Any], marker: StaleMarker, flavour: str) -> bool:
+def _opened_after(session: SnapshotSession, marker: StaleMarker, flavour: str) -> bool:
     """Whether a snapshot session opened after the marker's DDL was processed."""
     try:
-        opening = parse_position(flavour, str(session.get("opening") or ""))
+        opening = parse_position(flavour, session.opening)
         return opening.contains_gtid(parse_gtid(flavour, marker.gtid))
     except ValueError:  # (no GTID known for the DDL): by changelog position
-        return int(session.get("opening_pos") or 0) > marker.position
+        return session.opening_pos > marker.position
 
 
 def resolve_markers(landing: LandingZone) -> list[StaleMarker]:
@@ -172,18 +175,17 @@ def resolve_markers(landing: LandingZone) -> list[StaleMarker]:
     checkpoint = landing.read_checkpoint()
     if checkpoint is None:
         return markers
-    sessions: Mapping[str, Any] = checkpoint.extra.get("snapshots") or {}
     out, changed = [], []
     for marker in markers:
-        session = sessions.get(marker.table_id)
+        session = read_session_state(checkpoint, marker.table_id)
         if not marker.resolved and session is not None and (
-                session.get("state") == SessionState.DONE) and not session.get("condition") and (
+                session.state == SessionState.DONE) and not session.condition and (
                 _opened_after(session, marker, checkpoint.flavour)):
             ends = [last for _, last, _ in landing.segments(marker.database, marker.table)
                     if last < checkpoint.next_pos]
             marker = dataclasses.replace(
-                marker, resolved_by=str(session.get("session_id")),
-                resolved_pos=max(ends, default=int(session.get("opening_pos") or 0)))
+                marker, resolved_by=session.session_id,
+                resolved_pos=max(ends, default=session.opening_pos))
             changed.append(marker)
         out.append(marker)
     _write(landing, changed)

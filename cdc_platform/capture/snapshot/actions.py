@@ -16,7 +16,6 @@ from cdc_platform.capture.snapshot.protocol import (
     DEFAULT_CHUNK_SIZE,
     NO_SESSION,
     Action,
-    SessionState,
     SignalRef,
     SnapshotRequest,
     read_control,
@@ -56,8 +55,8 @@ def session_live(landing: LandingZone, database: str, table: str,
     if request is None or request.session_id == NO_SESSION or request.action == Action.STOP:
         return False
     state = read_session_state(landing.read_checkpoint(), names.table_id(database, table))
-    if state is not None and state.get("session_id") == request.session_id:
-        return state.get("state") in (SessionState.OPEN, SessionState.PAUSED)
+    if state is not None and state.session_id == request.session_id:
+        return state.tracked
     return reader_alive(landing, database, table)
 
 

@@ -16,7 +16,7 @@ import json
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -95,8 +95,16 @@ class SnapshotSession:
     reason: str | None = None  # why the engine ended it (a restart)
 
     @staticmethod
-    def from_dict(data: dict[str, Any]) -> SnapshotSession:
-        return SnapshotSession(**{**data, "state": SessionState(data["state"])})
+    def from_dict(data: dict[str, Any], table_id: str = "") -> SnapshotSession:
+        """The session a checkpoint records (``table_id``: its key there). Fields a record
+        lacks take their defaults, and fields this version does not know are left out, so a
+        checkpoint of another version reads too; ``state`` must be one of ``SessionState``."""
+        known = {f.name for f in fields(SnapshotSession)}
+        opening = str(data.get("opening") or "")
+        defaults = {"table_id": table_id, "opening": opening, "opening_pos": 0,
+                    "horizon": opening, "chunk_key": []}
+        return SnapshotSession(**{**defaults, **{k: v for k, v in data.items() if k in known},
+                                  "state": SessionState(data["state"])})
 
     @property
     def tracked(self) -> bool:
@@ -457,12 +465,12 @@ def read_chunk_rows(manifest_path: Path) -> pa.Table:
 # ---- the engine's session state (engine -> reader) --------------------------------------------
 
 
-def read_session_state(checkpoint: Checkpoint | None, table_id: str) -> dict[str, Any] | None:
-    """The engine's state of the table's snapshot session, from its checkpoint."""
+def read_session_state(checkpoint: Checkpoint | None, table_id: str) -> SnapshotSession | None:
+    """The engine's record of the table's snapshot session, from its checkpoint."""
     if checkpoint is None:
         return None
     state = (checkpoint.extra.get("snapshots") or {}).get(table_id)
-    return state if isinstance(state, dict) else None
+    return SnapshotSession.from_dict(state, table_id) if isinstance(state, dict) else None
 
 
 # ---- reader.lock: one reader per table ---------------------------------------------------------

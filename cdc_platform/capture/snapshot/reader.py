@@ -555,8 +555,7 @@ class SnapshotReader:
         if request is None or request.action == Action.STOP:
             return False
         state = read_session_state(self._poll_checkpoint(), self.table_id)
-        if (state is None or state.get("session_id") != request.session_id
-                or state.get("state") not in (SessionState.OPEN, SessionState.PAUSED)):
+        if state is None or state.session_id != request.session_id or not state.tracked:
             return False
         if request.chunk_key != self._chunked.key.columns or request.condition != self.condition:
             self.log.info(f"snapshot of {self.table_id}: session {request.session_id} is open with "
@@ -643,10 +642,10 @@ class SnapshotReader:
                     self._stop_for(request)
                 return False
             state = read_session_state(self._poll_checkpoint(), self.table_id)
-            if state is not None and state.get("session_id") == self.session_id:
+            if state is not None and state.session_id == self.session_id:
                 self.log.info(f"{self._where()}: acknowledged by the capture engine at GTID "
-                              f"{state.get('opening') or '(start)'}, changelog position "
-                              f"{state.get('opening_pos')}")
+                              f"{state.opening or '(start)'}, changelog position "
+                              f"{state.opening_pos}")
                 return True
             if time.monotonic() >= deadline:
                 # A later engine must not open a session nobody reads.
@@ -796,14 +795,14 @@ class SnapshotReader:
     def _absorb_engine_state(self) -> SnapshotResult | None:
         """Apply what the engine decided since the last look; a result when the run ends."""
         state = read_session_state(self._poll_checkpoint(), self.table_id)
-        if state is None or state.get("session_id") != self.session_id:
+        if state is None or state.session_id != self.session_id:
             if state is not None and self._state != ReaderState.WAITING:
                 raise SnapshotError(f"{self._where()}: replaced by session "
-                                    f"{state.get('session_id')} (another snapshot of the table "
+                                    f"{state.session_id} (another snapshot of the table "
                                     "started); this one ends")
             return None
-        committed = {int(s) for s in state.get("committed") or ()}
-        rejected = {int(s): str(reason) for s, reason in (state.get("rejected") or {}).items()}
+        committed = {int(s) for s in state.committed}
+        rejected = {int(s): str(reason) for s, reason in state.rejected.items()}
         changed = False
         reread: list[KeyRange] = []
         for seq in sorted(self._pending):
@@ -829,29 +828,29 @@ class SnapshotReader:
             # columns again before reading the ranges again, in key order, before new ranges.
             self._with_connection("re-reading the table's schema", lambda _c: self.reload_schema())
             self._todo.extendleft(reversed(reread))
-        self._engine_rows = int(state.get("rows") or 0)
+        self._engine_rows = state.rows
         if changed:
             self._save()
             self._progress()
-        if state.get("state") == SessionState.RESTART:
+        if state.state == SessionState.RESTART:
             self.log.info(f"{self._where()}: the capture engine ended the session for a restart "
-                          f"({state.get('reason')}): the table is read again in a new session, "
+                          f"({state.reason}): the table is read again in a new session, "
                           "so rows the DDL changed without row events reach the target")
             self._restart_requested = True
             return None
-        if state.get("state") == SessionState.STOPPED:
-            if state.get("reason"):  # the engine gave up on the session: an error, not a stop
+        if state.state == SessionState.STOPPED:
+            if state.reason:  # the engine gave up on the session: an error, not a stop
                 raise SnapshotError(f"{self._where()}: the capture engine stopped the session: "
-                                    f"{state['reason']}; fix the cause (the engine's log has "
+                                    f"{state.reason}; fix the cause (the engine's log has "
                                     "each rejection), then snapshot the table again")
             return self._stopped("the engine stopped the session")
         # (done without our final chunk: a resumed reader's predecessor published it unrecorded)
         if (self._final_seq is not None and self._final_seq in committed) or (
-                state.get("state") == SessionState.DONE):
-            if state.get("state") != SessionState.DONE:
+                state.state == SessionState.DONE):
+            if state.state != SessionState.DONE:
                 raise SnapshotError(f"{self._where()}: the engine committed the complete chunk "
                                     f"{self._final_seq} but reports state "
-                                    f"{state.get('state')!r}, not 'done'")
+                                    f"{str(state.state)!r}, not 'done'")
             self._state = ReaderState.DONE
             self._progress()
             self._check_writes(wait=True)  # nothing recreates the directory removed next

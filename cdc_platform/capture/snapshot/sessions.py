@@ -172,7 +172,7 @@ class SnapshotCoordinator:
         """Sessions from the checkpoint. The touched-key log was in memory: it restarts empty at
         the resumed position, which becomes the horizon chunks' low watermarks must contain."""
         for table_id, data in state.items():
-            session = SnapshotSession.from_dict(data)
+            session = SnapshotSession.from_dict(data, table_id)
             if session.tracked:
                 session.horizon = str(resumed_at)
                 self._track(session)

@@ -32,7 +32,6 @@ from cdc_platform.capture.snapshot.actions import (
 )
 from cdc_platform.capture.snapshot.protocol import (
     Action,
-    SessionState,
     SignalRef,
     SnapshotRequest,
     read_request,
@@ -111,11 +110,10 @@ def busy_tables(instance: dg.DagsterInstance, landing: LandingZone,
     checkpoint = landing.read_checkpoint()
     for table_id in snapshot_keys.values():
         state = read_session_state(checkpoint, table_id)
-        if table_id in busy or state is None or state.get("state") not in (
-                SessionState.OPEN, SessionState.PAUSED):
+        if table_id in busy or state is None or not state.tracked:
             continue
         if reader_alive(landing, *split_table_id(table_id)):
-            busy[table_id] = f"session {state.get('session_id')}, {state.get('state')}"
+            busy[table_id] = f"session {state.session_id}, {state.state}"
     return busy
 
 
