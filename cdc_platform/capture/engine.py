@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pymysql
 
 from cdc_platform.capture import names
@@ -58,6 +57,7 @@ from cdc_platform.capture.flavours import flavour_of
 from cdc_platform.capture.gtid import GtidSet
 from cdc_platform.capture.landing import Checkpoint, LandingZone
 from cdc_platform.capture.landing_writer import LandingWriter
+from cdc_platform.capture.row_images import TableState, column_block, row_records
 from cdc_platform.capture.schema import (
     ColumnSpec,
     ColumnValueError,
@@ -71,7 +71,6 @@ from cdc_platform.capture.spill import (
     HeldRecords,
     SpilledRecords,
     SpillStore,
-    records_schema,
     records_table,
 )
 from cdc_platform.capture.stale_markers import record_stale_after_statement, record_stale_targets
@@ -87,7 +86,6 @@ from cdc_platform.capture.transactions import (
     Statement,
     TransactionBuffer,
 )
-from cdc_platform.capture.values import Converter, converter_for
 
 if TYPE_CHECKING:
     from cdc_platform.config import Settings
@@ -200,24 +198,6 @@ class EngineStats:
 
 
 @dataclass
-class _TableState:
-    """How rows of one binlog table id become landing tuples (built once per table map)."""
-
-    schema: TableSchema  # after column exclusion
-    names: tuple[str, ...]
-    converters: list[tuple[int, Converter]]
-    key_indexes: tuple[int, ...]
-    # Rows decoded as tuples come in the table map's column order, all columns: the index of
-    # each landed column there (None: the same columns, in order), and how many there are.
-    picks: tuple[int, ...] | None = None
-    width: int = 0
-    # Rows decoded column-wise: the records' Arrow schema (op + landing columns), and the
-    # converter of each landed column that the decoder gives as Python values (or None).
-    arrow: pa.Schema | None = None
-    converter_of: tuple[Converter | None, ...] = ()
-
-
-@dataclass
 class _Chunk:
     """Committed records of one table under one schema, waiting for the next flush."""
 
@@ -265,7 +245,7 @@ class CaptureEngine:
         self._flavour = flavour_of(options.flavour)
         self._processed: GtidSet = self._flavour.parse_position("")
         self._next_pos = 1
-        self._table_ids: dict[int, _TableState] = {}
+        self._table_ids: dict[int, TableState] = {}
         self._schemas: dict[str, TableSchema] = {}
         self._schemas_dirty = False
         self._chunks: dict[str, list[_Chunk | _BlockChunk]] = {}
@@ -436,7 +416,7 @@ class CaptureEngine:
     def _new_record_log(self) -> RecordLog:
         return RecordLog(self.options.transaction_memory_bytes, self._spill_records)
 
-    def _spill_records(self, held: list[list[tuple[_TableState, str, tuple[Any, ...]]]
+    def _spill_records(self, held: list[list[tuple[TableState, str, tuple[Any, ...]]]
                                          | HeldRecords]) -> list[SpilledRecords]:
         """Write consecutive held parts (lists of records, Arrow blocks) to spill files, one
         per run of one schema, of at most ``flush_max_rows`` records (a larger block alone):
@@ -457,7 +437,7 @@ class CaptureEngine:
                                         pa.concat_tables(tables).combine_chunks())
                 for schema, tables in runs]
 
-    def _record_tables(self, records: list[tuple[_TableState, str, tuple[Any, ...]]],
+    def _record_tables(self, records: list[tuple[TableState, str, tuple[Any, ...]]],
                        limit: int) -> list[tuple[TableSchema, pa.Table]]:
         """Records as Arrow tables in the spilled form, one per run of one schema of at most
         ``limit`` records."""
@@ -723,187 +703,28 @@ class CaptureEngine:
                               f"dropped {dropped or 'none'})")
             self._schemas[schema.table_id] = schema
             self._schemas_dirty = True
-        converters = []
-        for index, column in enumerate(schema.columns):
-            converter = converter_for(column, from_binlog=True)
-            if converter is not None:
-                converters.append((index, converter))
-        key_indexes = tuple(schema.column_names.index(k) for k in schema.primary_key)
-        picks = tuple(full.column_names.index(name) for name in schema.column_names)
-        by_index = dict(converters)
-        self._table_ids[event.table_id] = _TableState(
-            schema, schema.column_names, converters, key_indexes,
-            None if picks == tuple(range(len(full.columns))) else picks, len(full.columns),
-            records_schema(schema), tuple(by_index.get(i) for i in range(len(schema.columns))))
-
-    def _row(self, state: _TableState, values: dict[str, Any]) -> tuple[Any, ...]:
-        try:
-            row = [values[name] for name in state.names]
-        except KeyError as missing:
-            raise EngineError(
-                f"table {state.schema.table_id}: binlog row lacks column {missing} at GTID "
-                f"{self._buffer.open_gtid or '?'}; is binlog_row_image FULL?"
-            ) from None
-        return self._converted(state, row)
-
-    def _row_of_tuple(self, state: _TableState, values: tuple[Any, ...]) -> tuple[Any, ...]:
-        """``_row`` for a row decoded as a tuple in table-map column order."""
-        if state.picks is not None:
-            values = tuple([values[i] for i in state.picks])
-        if not state.converters:
-            return values
-        return self._converted(state, list(values))
-
-    def _converted(self, state: _TableState, row: list[Any]) -> tuple[Any, ...]:
-        """The row with the table's converters applied: its landing values."""
-        try:
-            for index, convert in state.converters:
-                row[index] = convert(row[index])
-        except ColumnValueError as error:
-            raise EngineError(
-                f"table {state.schema.table_id} at GTID {self._buffer.open_gtid or '?'}: "
-                f"{error}. Capture stops here rather than land a wrong value") from error
-        return tuple(row)
-
-    def _tombstone(self, state: _TableState, row: tuple[Any, ...]) -> tuple[Any, ...]:
-        out: list[Any] = [None] * len(row)
-        for index in state.key_indexes:
-            out[index] = row[index]
-        return tuple(out)
+        self._table_ids[event.table_id] = TableState.of(full, schema)
 
     def _on_rows(self, event: Rows) -> None:
         state = self._table_ids.get(event.table_id)
+        gtid = self._buffer.open_gtid or "?"
         if state is None:
             raise EngineError(
-                f"table {event.database}.{event.table} at GTID "
-                f"{self._buffer.open_gtid or '?'}: a rows event without its table map; the "
-                "binlog stream is inconsistent: restart the engine (it resumes from its "
-                "checkpoint)")
+                f"table {event.database}.{event.table} at GTID {gtid}: a rows event without "
+                "its table map; the binlog stream is inconsistent: restart the engine (it "
+                "resumes from its checkpoint)")
         if event.columnar:
-            self._on_row_columns(state, event)
+            table = column_block(state, event, gtid)
+            if table is not None:
+                # (what it holds is the Arrow buffers: the event's bytes are gone once
+                # decoded; their total size, not ``nbytes``, which costs as much as building
+                # the table)
+                self._buffer.add_block(HeldRecords(state.schema, table),
+                                       table.get_total_buffer_size())
             return
-        records: list[tuple[_TableState, str, tuple[Any, ...]]] = []
-        if event.tuples:
-            self._on_row_tuples(state, event, records)
-        elif event.op == "insert":
-            for row in event.rows:
-                records.append((state, "c", self._row(state, row["values"])))
-        elif event.op == "update":
-            keys = state.key_indexes
-            for row in event.rows:
-                after = self._row(state, row["after_values"])
-                op = "u"
-                if keys:
-                    before = self._row(state, row["before_values"])
-                    if any(before[i] != after[i] for i in keys):
-                        # A key change is a delete of the old key and an insert of the new one.
-                        records.append((state, "d", self._tombstone(state, before)))
-                        op = "c"
-                records.append((state, op, after))
-        else:
-            for row in event.rows:
-                records.append((state, "d", self._tombstone(state, self._row(state, row["values"]))))
+        records = row_records(state, event, gtid)
         self._buffer.add(records, event.size + len(records) * (
             _MEMORY_PER_RECORD + _MEMORY_PER_VALUE * len(state.names)))
-
-    def _on_row_tuples(self, state: _TableState, event: Rows,
-                       records: list[tuple[_TableState, str, tuple[Any, ...]]]) -> None:
-        """``_on_rows`` for rows decoded as tuples (``Rows.tuples``)."""
-        rows = event.rows
-        if not rows:
-            return
-        first = rows[0][0] if event.op == "update" else rows[0]
-        if len(first) != state.width:
-            raise EngineError(
-                f"table {state.schema.table_id}: binlog row has {len(first)} columns at GTID "
-                f"{self._buffer.open_gtid or '?'}, its table map {state.width}; the binlog "
-                "stream is inconsistent: restart the engine (it resumes from its checkpoint)")
-        row_of = self._row_of_tuple
-        if event.op == "insert":
-            records.extend([(state, "c", row_of(state, row)) for row in rows])
-        elif event.op == "update":
-            keys = state.key_indexes
-            for before_values, after_values in rows:
-                after = row_of(state, after_values)
-                op = "u"
-                if keys:
-                    before = row_of(state, before_values)
-                    if any(before[i] != after[i] for i in keys):
-                        records.append((state, "d", self._tombstone(state, before)))
-                        op = "c"
-                records.append((state, op, after))
-        else:
-            records.extend([(state, "d", self._tombstone(state, row_of(state, row)))
-                            for row in rows])
-
-    def _on_row_columns(self, state: _TableState, event: Rows) -> None:
-        """``_on_rows`` for rows decoded column-wise (``Rows.columnar``): the event's records
-        become one Arrow block, built array by array (no Python object per value where the
-        decoder built the arrays), in the order the row-wise path gives them."""
-        columns = event.rows
-        count = columns.count
-        if not count:
-            return
-        images = [self._landing_image(state, image, count) for image in columns.images]
-        after = images[-1]
-        if event.op == "insert":
-            table = self._block(state, "c", after, count)
-        elif event.op == "delete":
-            table = self._block(state, "d", self._tombstones(state, after, count), count)
-        else:
-            table = self._block(state, "u", after, count)
-            if state.key_indexes:
-                changed = _key_changed(images[0], after, state.key_indexes)
-                if changed is not None:
-                    table = _with_key_changes(
-                        table, self._block(state, "d", self._tombstones(state, images[0], count),
-                                           count), changed)
-        # (what it holds is the Arrow buffers: the event's bytes are gone once decoded; their
-        # total size, not ``nbytes``, which costs as much as building the table)
-        self._buffer.add_block(HeldRecords(state.schema, table), table.get_total_buffer_size())
-
-    def _landing_image(self, state: _TableState, image: list[Any], count: int) -> list[pa.Array]:
-        """One row image's landed columns as Arrow arrays of their landing types: the
-        decoder's arrays as they are, Python values through the column's converter."""
-        if len(image) != state.width:
-            raise EngineError(
-                f"table {state.schema.table_id}: binlog rows have {len(image)} columns at GTID "
-                f"{self._buffer.open_gtid or '?'}, their table map {state.width}; the binlog "
-                "stream is inconsistent: restart the engine (it resumes from its checkpoint)")
-        arrays = []
-        for index, column in enumerate(state.schema.columns):
-            values = image[state.picks[index] if state.picks is not None else index]
-            if isinstance(values, list):
-                convert = state.converter_of[index]
-                if convert is not None:
-                    try:
-                        values = [convert(value) for value in values]
-                    except ColumnValueError as error:
-                        raise EngineError(
-                            f"table {state.schema.table_id} at GTID "
-                            f"{self._buffer.open_gtid or '?'}: {error}. Capture stops here "
-                            "rather than land a wrong value") from error
-                try:
-                    values = pa.array(values, column.arrow_type())
-                except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as error:
-                    raise EngineError(
-                        f"table {state.schema.table_id} at GTID "
-                        f"{self._buffer.open_gtid or '?'}: "
-                        f"{ColumnValueError(column, error)}") from error
-            arrays.append(values)
-        return arrays
-
-    @staticmethod
-    def _tombstones(state: _TableState, image: list[pa.Array], count: int) -> list[pa.Array]:
-        """Delete records keep only the key (``_tombstone`` column-wise)."""
-        keys = set(state.key_indexes)
-        return [array if index in keys else pa.nulls(count, array.type)
-                for index, array in enumerate(image)]
-
-    @staticmethod
-    def _block(state: _TableState, op: str, arrays: list[pa.Array], count: int) -> pa.Table:
-        return pa.Table.from_arrays([pa.repeat(pa.scalar(op, pa.string()), count), *arrays],
-                                    schema=state.arrow)
 
     def _on_other_statement(self, statement: DatabaseDrop | Unclassified,
                             outcome: Statement) -> None:
@@ -1027,7 +848,7 @@ class CaptureEngine:
         return self._buffered_rows >= self.options.flush_max_rows or bool(
             budget and self._buffered_bytes >= budget)
 
-    def _queue(self, records: list[tuple[_TableState, str, tuple[Any, ...]]], gtid: str,
+    def _queue(self, records: list[tuple[TableState, str, tuple[Any, ...]]], gtid: str,
                gtid_value: Any, ts_ms: int, position: int) -> int:
         """Queue committed records for landing from ``position``; returns the next one.
 
@@ -1339,42 +1160,6 @@ class CaptureEngine:
                 f"table {schema.table_id}, between positions {chunk.positions[0]} and "
                 f"{chunk.positions[-1]}: {error}") from error
         return pa.Table.from_arrays(arrays, schema=arrow_schema)
-
-
-def _key_changed(before: list[pa.Array], after: list[pa.Array],
-                 key_indexes: tuple[int, ...]) -> pa.Array | None:
-    """Which updates changed their key (None when none did): the row-wise path's ``before[i]
-    != after[i]`` over the key columns, column-wise (a NULL equals only a NULL).
-
-    Most updates keep their key: equal key columns (``Array.equals``: same values and NULLs
-    in the same rows, one call a column) answer None without the element-wise kernels."""
-    if all(before[index].equals(after[index]) for index in key_indexes):
-        return None
-    changed = None
-    for index in key_indexes:
-        old, new = before[index], after[index]
-        differs = pc.fill_null(pc.or_kleene(pc.not_equal(old, new),
-                                            pc.xor(pc.is_null(old), pc.is_null(new))), False)
-        changed = differs if changed is None else pc.or_(changed, differs)
-    if changed is None or not pc.any(changed).as_py():
-        return None
-    return changed
-
-
-def _with_key_changes(updates: pa.Table, tombstones: pa.Table, changed: pa.Array) -> pa.Table:
-    """Updates whose key changed become a delete of the old key then an insert of the new
-    one, in place (as ``_on_rows`` orders them)."""
-    count = updates.num_rows
-    order: list[int] = []
-    ops: list[str] = []
-    for index, flag in enumerate(changed.to_pylist()):
-        if flag:
-            order.append(count + index)
-            ops.append("d")
-        order.append(index)
-        ops.append("c" if flag else "u")
-    table = pa.concat_tables([updates, tombstones]).take(pa.array(order, pa.int64()))
-    return table.set_column(0, table.schema.field(0), pa.array(ops, pa.string()))
 
 
 def _cast_column(table: pa.Table, column: ColumnSpec) -> pa.ChunkedArray:
