@@ -248,7 +248,11 @@ def read_columns(conn: Any, sql: str, params: Sequence[Any], variable: Sequence[
     """Run a SELECT on a mysqlclient connection and read its result column-wise in C
     (``_rawrows``), up to the row that would pass ``max_bytes`` (the first row always, with
     ``take_one``; no budget when negative), counted as ``chunks._within_budget`` counts: the
-    lengths of the ``variable`` columns' values, ``fixed`` per row for the rest."""
+    lengths of the ``variable`` columns' values, ``fixed`` per row for the rest.
+
+    Each column arrives as Arrow binary buffers (validity or None, int32 offsets, data), filled
+    by capture/_arrowbuf.h as the rows decoder fills its own, and wrapped here without a copy.
+    """
     conn.query(render(conn, sql, params))
     # (arguments go to C as given: refusing one, it still reads the result off the wire)
     out = _rawrows.read_result(conn._get_native_connection(), variable, fixed, max_bytes,
