@@ -5,7 +5,9 @@ by their names (``<first_pos>-<last_pos>.parquet``), so a batch touches only the
 needs. Segments written before and after an ``ALTER TABLE`` have different columns: each group of
 files with the same Arrow schema is read with its own explicit Spark schema, its columns renamed
 by the column renames recorded after it (``capture.column_renames``), and then conformed to the
-newest segment's columns by name.
+newest segment's columns by name. Files are found and their footers read through the landing
+zone's own definitions (``capture.landing.LandingReader`` over ``capture.storage``); Spark reads
+the segments by the URLs the same layer gives.
 """
 
 from __future__ import annotations
