@@ -31,7 +31,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pyarrow as pa
 import pymysql
 
@@ -58,16 +57,11 @@ from cdc_platform.capture.gtid import GtidSet
 from cdc_platform.capture.landing import Checkpoint, LandingZone
 from cdc_platform.capture.landing_writer import LandingWriter
 from cdc_platform.capture.row_images import TableState, column_block, row_records
-from cdc_platform.capture.schema import (
-    ColumnSpec,
-    ColumnValueError,
-    TableSchema,
-    landing_arrays,
-)
+from cdc_platform.capture.schema import ColumnValueError, TableSchema
+from cdc_platform.capture.segment_buffer import Queued, SegmentBuffer, write_segments
 from cdc_platform.capture.snapshot.sessions import SnapshotCoordinator
 from cdc_platform.capture.source import TableSelector, selector_from_settings
 from cdc_platform.capture.spill import (
-    OP_COLUMN,
     HeldRecords,
     SpilledRecords,
     SpillStore,
@@ -99,9 +93,6 @@ if TYPE_CHECKING:
 # A heartbeat is one small event: 40 a second cost little.
 SNAPSHOT_POLL_SECONDS = 0.025
 HEARTBEAT_MAX_SECONDS = 0.025
-# A segment whose pieces average fewer rows than this is made contiguous before it is written
-# (``_run_table``).
-_CONTIGUOUS_PIECE_ROWS = 8192
 # Without open sessions, new snapshot requests are looked for this often (a reader waits for
 # the engine's acknowledgement before it reads anything: at 0.25 s this was 0.3 s of a
 # 100k-row snapshot's 2 s; at 0.1 s, 0.10 s of a 1M-row snapshot's 0.91 s). A look is a
@@ -197,41 +188,6 @@ class EngineStats:
         return time.time() - self.started_at
 
 
-@dataclass
-class _Chunk:
-    """Committed records of one table under one schema, waiting for the next flush."""
-
-    schema: TableSchema
-    # (snapshot records: a range, with one GTID, op and timestamp for all in ``same``)
-    positions: list[int] | range = field(default_factory=list)
-    gtids: list[str] = field(default_factory=list)
-    ops: list[str] = field(default_factory=list)
-    timestamps: list[int] = field(default_factory=list)
-    same: tuple[str, str, int] | None = None
-    rows: list[tuple[Any, ...]] = field(default_factory=list)
-    # Snapshot assertion/sweep records carry extra typed columns (docs/landing-zone.md).
-    extra: dict[str, list[Any]] | None = None
-    # Snapshot records are built into their changelog form when emitted (so a chunk that does
-    # not fit is rejected then, not found at the flush), and held only in that form (their
-    # ``rows`` stay empty); nothing is appended to them after.
-    landed: pa.Table | None = None
-
-
-@dataclass
-class _BlockChunk:
-    """Committed records of one block: a spilled file (landed as one segment of its own,
-    read one at a time), or held in memory (landed with the table's other records)."""
-
-    part: SpilledRecords | HeldRecords
-    first_pos: int
-    gtid: str
-    timestamp_ms: int
-
-    @property
-    def schema(self) -> TableSchema:
-        return self.part.schema
-
-
 class CaptureEngine:
     """Streams one source server into its landing-zone folder. One engine per server name."""
 
@@ -248,13 +204,11 @@ class CaptureEngine:
         self._table_ids: dict[int, TableState] = {}
         self._schemas: dict[str, TableSchema] = {}
         self._schemas_dirty = False
-        self._chunks: dict[str, list[_Chunk | _BlockChunk]] = {}
-        self._buffered_rows = 0
-        self._buffered_bytes = 0  # their estimated memory (RecordLog's estimate)
+        self._segments = SegmentBuffer(options.flush_max_rows,
+                                       options.transaction_memory_bytes)
         self._spill = SpillStore(landing.root / "spill")
         self._buffer = TransactionBuffer(self._new_record_log)
         self._xa_dirty = False
-        self._landed_spills: list[SpilledRecords] = []
         self._writer = LandingWriter(f"landing-{options.server_name}", self.log)
         self._last_flush = time.monotonic()
         self._last_snapshot_poll = self._last_flush
@@ -794,18 +748,14 @@ class CaptureEngine:
         gtid = txn.gtid
         ts_ms = int(txn.timestamp) * 1000
         gtid_value = self._flavour.parse_gtid(gtid) if gtid else None
-        rows_limit = self.options.flush_max_rows
-        bytes_limit = self.options.transaction_memory_bytes
+        segments = self._segments
         records = txn.records
         for part, part_bytes in zip(records.parts, records.part_bytes, strict=True):
             if not isinstance(part, list):  # a block: spilled, or held in memory
                 self._record_block_touches(part, gtid_value, position)
-                self._chunks.setdefault(part.schema.table_id, []).append(
-                    _BlockChunk(part, position, gtid, ts_ms))
+                segments.add_block(part, position, gtid, ts_ms, part_bytes)
                 position += part.count
-                self._buffered_rows += part.count
-                self._buffered_bytes += part_bytes
-                if self._landing_due():
+                if segments.due:
                     self._land_chunks()
             else:
                 # What a record of this part takes in memory (RecordLog's estimate).
@@ -814,15 +764,11 @@ class CaptureEngine:
                 while offset < len(part):
                     # At most up to the next landing (by rows or bytes): a large transaction
                     # lands in batches.
-                    room = rows_limit - self._buffered_rows
-                    if each and bytes_limit:
-                        room = min(room, int((bytes_limit - self._buffered_bytes) / each))
-                    piece = part[offset:offset + max(1, room)]
-                    position = self._queue(piece, gtid, gtid_value, ts_ms, position)
+                    piece = part[offset:offset + segments.room(each)]
+                    position = segments.queue(piece, gtid, gtid_value, ts_ms, position, each,
+                                              self._snapshots)
                     offset += len(piece)
-                    self._buffered_rows += len(piece)
-                    self._buffered_bytes += int(each * len(piece))
-                    if self._landing_due():
+                    if segments.due:
                         self._land_chunks()
         count = position - first
         self._next_pos = position
@@ -837,49 +783,8 @@ class CaptureEngine:
         self._last_activity = time.monotonic()
         self.stats.lag_seconds = max(0.0, time.time() - float(txn.timestamp))
         self.stats.caught_up = False
-        if self._landing_due():
+        if self._segments.due:
             self.flush()
-
-    def _landing_due(self) -> bool:
-        """Committed records waiting to land reached ``flush_max_rows`` rows, or
-        ``transaction_memory_bytes`` of (estimated) memory: many transactions of big rows
-        must not pile up between flushes."""
-        budget = self.options.transaction_memory_bytes
-        return self._buffered_rows >= self.options.flush_max_rows or bool(
-            budget and self._buffered_bytes >= budget)
-
-    def _queue(self, records: list[tuple[TableState, str, tuple[Any, ...]]], gtid: str,
-               gtid_value: Any, ts_ms: int, position: int) -> int:
-        """Queue committed records for landing from ``position``; returns the next one.
-
-        Records come in runs of one table: its chunk and touch-log key are looked up once a
-        run, not once a record (the per-record cost of streaming)."""
-        current = None
-        for state, op, row in records:
-            if state is not current:
-                current = state
-                table_id = state.schema.table_id
-                key_columns = self._snapshots.key_columns(table_id)
-                touch = None
-                if key_columns is not None and gtid_value is not None:
-                    names = state.schema.column_names
-                    touch = tuple(names.index(c) for c in key_columns if c in names)
-                chunks = self._chunks.setdefault(table_id, [])
-                last = chunks[-1] if chunks else None
-                if not isinstance(last, _Chunk) or last.schema is not state.schema or (
-                        last.landed is not None):
-                    last = _Chunk(state.schema)
-                    chunks.append(last)
-            if touch is not None:
-                self._snapshots.record_touch(table_id, tuple(row[i] for i in touch),
-                                             gtid_value, position)
-            last.positions.append(position)
-            last.gtids.append(gtid)
-            last.ops.append(op)
-            last.timestamps.append(ts_ms)
-            last.rows.append(row)
-            position += 1
-        return position
 
     def _record_block_touches(self, part: SpilledRecords | HeldRecords, gtid: Any,
                                 first: int) -> None:
@@ -932,11 +837,11 @@ class CaptureEngine:
                 self._schema_for_snapshot):
             self._snapshots_dirty = True
         position_text = str(self._processed)
-        if not self._chunks and position_text == self._checkpointed_position and not (
+        if self._segments.empty and position_text == self._checkpointed_position and not (
             self._schemas_dirty or self._snapshots_dirty or self._xa_dirty or force
         ):
             return
-        chunks = self._take_chunks()
+        chunks = self._segments.take()
         tables = dict(self._schemas) if self._schemas_dirty else None
         extra: dict[str, Any] = {}
         if self._snapshots.sessions:
@@ -955,9 +860,8 @@ class CaptureEngine:
         )
         # Spill files dropped or landed before this checkpoint are not needed once it is
         # durable (and not before: the previous checkpoint may name them).
-        for part in self._landed_spills:
+        for part in self._segments.take_landed_spills():
             part.remove()
-        self._landed_spills = []
         doomed = self._spill.take_removed()
 
         def land_and_checkpoint() -> None:
@@ -985,47 +889,18 @@ class CaptureEngine:
         ``transaction_memory_bytes``), so the transaction lands in bounded batches. Segments
         past the checkpoint are removed at start and the transaction replays (readers never
         read past the checkpoint)."""
-        chunks = self._take_chunks()
+        chunks = self._segments.take()
         self._writer.submit(lambda: self._write_segments(chunks))
 
-    def _take_chunks(self) -> dict[str, list[_Chunk | _BlockChunk]]:
-        """The queued chunks, for the landing writer; the buffer starts empty again."""
-        chunks = self._chunks
-        self._chunks = {}
-        self._buffered_rows = 0
-        self._buffered_bytes = 0
-        for table_chunks in chunks.values():
-            self._landed_spills += [c.part for c in table_chunks if isinstance(c, _BlockChunk)
-                                    and not c.part.in_memory]
-        return chunks
-
-    def _write_segments(self, chunks: dict[str, list[_Chunk | _BlockChunk]]) -> None:
-        """Write chunks as segments, durably (on the landing writer's thread); the checkpoint
-        that covers them comes after. One segment per run of one schema; a spilled part is a
-        segment of its own, read one at a time."""
-        written = []
-        landed: dict[str, int] = {}
-        for table_id, table_chunks in chunks.items():
-            for run in _same_schema_runs(table_chunks):
-                if isinstance(run[0], _BlockChunk) and not run[0].part.in_memory:
-                    spilled = run[0]
-                    table = self._blocks_table([spilled])
-                    first, last = spilled.first_pos, spilled.first_pos + table.num_rows - 1
-                else:
-                    # One segment per run: snapshot commits add a chunk's rows and its
-                    # assertion as separate pieces, and a flush may commit several chunks.
-                    table = self._run_table(run)
-                    first, last = _first_position(run[0]), _last_position(run[-1])
-                written.append(self.landing.write_segment(run[0].schema, table, first, last))
-                landed[table_id] = landed.get(table_id, 0) + table.num_rows
-        if written:
-            self.landing.sync_dirs(written)
+    def _write_segments(self, chunks: Queued) -> None:
+        """On the landing writer's thread: the chunks' segments, durably; then the stats."""
+        landed = write_segments(self.landing, chunks)
         # (a new dict, not an update: another thread may be reading the old one)
         by_table = dict(self.stats.records_by_table)
-        for table_id, count in landed.items():
+        for table_id, count in landed.records_by_table.items():
             by_table[table_id] = by_table.get(table_id, 0) + count
         self.stats.records_by_table = by_table
-        self.stats.segments_written += len(written)
+        self.stats.segments_written += landed.segments
 
     def _persist_prepared_xa(self) -> dict[str, Any]:
         """Prepared XA transactions as the checkpoint names them: every record in a spill
@@ -1039,62 +914,6 @@ class CaptureEngine:
                           "parts": [part.to_dict() for part in prepared.records]}
         return state
 
-    def _run_table(self, run: list[_Chunk | _BlockChunk]) -> pa.Table:
-        """One segment's records: consecutive blocks in changelog form together, chunks of
-        records each, in order; made contiguous where its pieces are small (a column of many
-        small pieces writes slowly; snapshot chunks, tens of thousands of rows each with a
-        one-row assertion between them, write as fast as they are, and copying them cost a
-        tenth of a snapshot's engine time)."""
-        tables: list[pa.Table] = []
-        blocks: list[_BlockChunk] = []
-        for chunk in [*run, None]:
-            if isinstance(chunk, _BlockChunk):
-                blocks.append(chunk)
-                continue
-            if blocks:
-                tables.append(self._blocks_table(blocks))
-                blocks = []
-            if chunk is not None:
-                tables.append(chunk.landed if chunk.landed is not None
-                              else self._arrow_table(chunk))
-        table = tables[0] if len(tables) == 1 else pa.concat_tables(
-            tables, promote_options="default")
-        pieces = table.column(0).num_chunks if table.num_columns else 0
-        return table.combine_chunks() if pieces > 1 and (
-            table.num_rows < pieces * _CONTIGUOUS_PIECE_ROWS) else table
-
-    def _blocks_table(self, blocks: list[_BlockChunk]) -> pa.Table:
-        """Blocks of one schema in changelog form, numbered column-wise (each block's records
-        take consecutive positions from its first); EngineError (table, GTID, file) when a
-        spilled file does not read back as the schema it was written with."""
-        schema = blocks[0].schema
-        try:
-            parts = [block.part.read() for block in blocks]
-            records = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
-            counts = np.fromiter((part.num_rows for part in parts), np.int64, len(parts))
-            owner = np.repeat(np.arange(len(blocks)), counts)  # the block of each record
-            starts = np.fromiter((b.first_pos for b in blocks), np.int64, len(blocks))
-            within = np.arange(records.num_rows, dtype=np.int64) - np.repeat(
-                np.cumsum(counts) - counts, counts)
-            stamps = np.fromiter((b.timestamp_ms for b in blocks), np.int64, len(blocks))
-            arrays = [
-                pa.array(starts[owner] + within),
-                pa.array([b.gtid for b in blocks], pa.string()).take(pa.array(owner)),
-                records.column(OP_COLUMN),
-                pa.array(stamps[owner]),
-            ]
-            arrays += [records.column(column.name) for column in schema.columns]
-            return pa.Table.from_arrays(arrays, schema=schema.arrow_schema())
-        except (pa.ArrowException, KeyError, OSError) as error:
-            block = blocks[0]
-            where = getattr(block.part, "path", None)
-            raise EngineError(
-                f"table {schema.table_id} at GTID {block.gtid or '?'}: the "
-                f"{f'spilled records of {where}' if where else 'records held in memory'} do not "
-                f"read back as the table's schema ({error}). Fix: restart the engine; if it "
-                "stops here again, re-snapshot the table and move the checkpoint past this "
-                "GTID") from error
-
     def _emit_snapshot(self, schema: TableSchema, op: str,
                        rows: list[tuple[Any, ...]] | pa.Table,
                        extra: dict[str, list[Any]] | None) -> int:
@@ -1106,106 +925,8 @@ class CaptureEngine:
         that do not fit the schema raise (the coordinator rejects the chunk) instead of failing
         the next flush, and with it every run of the engine while the chunk is pending."""
         first = self._next_pos
-        count = rows.num_rows if isinstance(rows, pa.Table) else len(rows)
-        if not count:
-            return first
-        now_ms = int(time.time() * 1000)
-        chunk = _Chunk(schema, positions=range(first, first + count), same=("", op, now_ms),
-                       extra=extra)
-        chunk.landed = self._arrow_table(chunk, rows)
+        count = self._segments.add_landed(schema, op, rows, extra, first,
+                                          int(time.time() * 1000))
         self._next_pos += count
-        self._chunks.setdefault(schema.table_id, []).append(chunk)
-        self._buffered_rows += count
-        self._buffered_bytes += chunk.landed.nbytes
         self.stats.records += count
         return first
-
-    def _arrow_table(self, chunk: _Chunk,
-                     rows: list[tuple[Any, ...]] | pa.Table | None = None) -> pa.Table:
-        """The chunk's records in changelog form. Their user columns are ``rows`` when given
-        (snapshot records, which the chunk does not hold: Arrow chunk rows are cast column by
-        column), else the chunk's own ``rows``."""
-        schema = chunk.schema
-        if rows is None:
-            rows = chunk.rows
-        arrow_schema = schema.arrow_schema()
-        if chunk.extra:
-            arrow_schema = _with_extra_fields(arrow_schema, schema, chunk.extra)
-        if chunk.same is not None:  # (no Python object per record)
-            assert isinstance(chunk.positions, range)
-            count = len(chunk.positions)
-            gtid, op, timestamp = chunk.same
-            arrays = [
-                pa.array(np.arange(chunk.positions.start, chunk.positions.stop, dtype=np.int64)),
-                pa.repeat(pa.scalar(gtid, pa.string()), count),
-                pa.repeat(pa.scalar(op, pa.string()), count),
-                pa.repeat(pa.scalar(timestamp, pa.int64()), count),
-            ]
-        else:
-            arrays = [
-                pa.array(chunk.positions, pa.int64()),
-                pa.array(chunk.gtids, pa.string()),
-                pa.array(chunk.ops, pa.string()),
-                pa.array(chunk.timestamps, pa.int64()),
-            ]
-        try:
-            if isinstance(rows, pa.Table):
-                arrays += [_cast_column(rows, column) for column in schema.columns]
-            else:
-                arrays += landing_arrays(schema, rows)
-            for name, values in (chunk.extra or {}).items():
-                arrays.append(pa.array(values, arrow_schema.field(name).type))
-        except (ColumnValueError, pa.ArrowInvalid, pa.ArrowTypeError, KeyError) as error:
-            raise EngineError(
-                f"table {schema.table_id}, between positions {chunk.positions[0]} and "
-                f"{chunk.positions[-1]}: {error}") from error
-        return pa.Table.from_arrays(arrays, schema=arrow_schema)
-
-
-def _cast_column(table: pa.Table, column: ColumnSpec) -> pa.ChunkedArray:
-    """A chunk's column in its landing type; ColumnValueError names the column that does not
-    fit (KeyError if the chunk lacks it)."""
-    try:
-        return table.column(column.name).cast(column.arrow_type())
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as error:
-        raise ColumnValueError(column, error) from error
-
-
-def _same_schema_runs(chunks: list[_Chunk | _BlockChunk]) -> list[list[_Chunk | _BlockChunk]]:
-    """Consecutive chunks of one table grouped while the schema stays the same (a segment
-    has one column list; records keep their order). A spilled chunk is a run of its own."""
-    runs: list[Any] = []
-    for chunk in chunks:
-        spilled = isinstance(chunk, _BlockChunk) and not chunk.part.in_memory
-        last = runs[-1][-1] if runs else None
-        if spilled or last is None or (
-                isinstance(last, _BlockChunk) and not last.part.in_memory) or (
-                last.schema != chunk.schema):
-            runs.append([chunk])
-        else:
-            runs[-1].append(chunk)
-    return runs
-
-
-def _first_position(chunk: _Chunk | _BlockChunk) -> int:
-    return chunk.first_pos if isinstance(chunk, _BlockChunk) else chunk.positions[0]
-
-
-def _last_position(chunk: _Chunk | _BlockChunk) -> int:
-    if isinstance(chunk, _BlockChunk):
-        return chunk.first_pos + chunk.part.count - 1
-    return chunk.positions[-1]
-
-
-def _with_extra_fields(arrow_schema: pa.Schema, schema: TableSchema,
-                       extra: dict[str, list[Any]]) -> pa.Schema:
-    """Typed columns of snapshot assertion/sweep records: high key as the key's own type."""
-    for name in extra:
-        if name.startswith("__cdc_hi__"):
-            field_type = schema.column(name[len("__cdc_hi__"):]).arrow_type()
-        elif name == "__cdc_threshold":
-            field_type = pa.int64()
-        else:
-            field_type = pa.bool_()
-        arrow_schema = arrow_schema.append(pa.field(name, field_type))
-    return arrow_schema

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager, suppress
+from typing import Any
 
 import pyarrow.parquet as pq
 import pymysql
@@ -297,9 +298,10 @@ def test_a_row_change_logged_as_a_statement_stops_loudly_unless_the_table_is_exc
         env.catch_up()
 
 
-def fail_on_call(engine: CaptureEngine, method: str, n: int,
+def fail_on_call(engine: Any, method: str, n: int,
                  error: type[Exception] = OSError) -> None:
-    """Make ``engine.<method>`` raise on its ``n``-th call (an I/O error mid-commit)."""
+    """Make ``engine.<method>`` (of the engine, or a part of it) raise on its ``n``-th call
+    (an I/O error mid-commit)."""
     original = getattr(engine, method)
     calls = []
 
@@ -352,7 +354,7 @@ def test_a_failure_inside_a_commit_writes_no_checkpoint_of_half_of_it(cdc_env, e
     else:
         # Call 1 queues the first transaction, call 2 the big one's first piece (landed with
         # it in one segment), call 3 fails.
-        fail_on_call(engine, "_queue", 3, error)
+        fail_on_call(engine._segments, "queue", 3, error)
     with pytest.raises(error, match="simulated"):
         engine.run(stop_when_caught_up=True)
     env.catch_up()
@@ -373,7 +375,7 @@ def test_committed_records_waiting_to_land_are_bounded_by_bytes(cdc_env):
     waiting = []
 
     def measured_land():
-        waiting.append(engine._buffered_bytes)
+        waiting.append(engine._segments.bytes)
         land()
 
     engine._land_chunks = measured_land
