@@ -74,12 +74,12 @@ from cdc_platform.capture.transactions import (
     Committed,
     Outcome,
     Prepared,
-    PreparedXa,
     RecordLog,
     RolledBack,
     Statement,
     TransactionBuffer,
 )
+from cdc_platform.capture.xa_state import XA_CHECKPOINT_KEY, persist_prepared, restore_prepared
 
 if TYPE_CHECKING:
     from cdc_platform.config import Settings
@@ -105,8 +105,6 @@ SNAPSHOT_REQUEST_POLL_SECONDS = 0.1
 # 4-column records on this machine: 313 bytes each, estimated 311).
 _MEMORY_PER_RECORD = 120
 _MEMORY_PER_VALUE = 40
-# The XA transactions prepared and not yet committed, in the checkpoint (with their files).
-_XA_CHECKPOINT_KEY = "xa_prepared"
 
 
 def _is_purged_position(error: BaseException) -> bool:
@@ -303,7 +301,7 @@ class CaptureEngine:
                               "segment(s) written after the last checkpoint; replaying them")
             self._checkpointed_position = checkpoint.gtid
             self._snapshots.load(checkpoint.extra.get("snapshots", {}), self._processed)
-        self._restore_prepared_xa(checkpoint.extra.get(_XA_CHECKPOINT_KEY, {})
+        self._restore_prepared_xa(checkpoint.extra.get(XA_CHECKPOINT_KEY, {})
                                   if checkpoint is not None else {})
         self._started = True
         self._schemas = self.landing.read_tables()
@@ -338,26 +336,9 @@ class CaptureEngine:
                               f"{self.options.flavour} GTID position: {error}") from None
 
     def _restore_prepared_xa(self, state: dict[str, Any]) -> None:
-        """XA transactions prepared before the checkpoint: their records, from their files
-        (the binlog will not send the prepare again). Spill files nothing names are removed:
-        they belong to transactions the engine reads again."""
-        keep = set()
-        for xid, entry in state.items():
-            missing = [data["file"] for data in entry["parts"]
-                       if not (self._spill.directory / data["file"]).is_file()]
-            if missing:
-                raise EngineError(
-                    f"XA transaction {xid} (prepared at GTID {entry['gtid']}): the checkpoint "
-                    f"names spill file(s) {', '.join(missing)} that are missing from "
-                    f"{self._spill.directory}, so its rows cannot land at its XA COMMIT. "
-                    "Re-snapshot the tables it wrote, and move the checkpoint away (the engine "
-                    "then starts from capture.initial_position)")
-            parts = [self._spill.part_from_dict(data) for data in entry["parts"]]
-            keep.update(part.path for part in parts)
-            log = self._new_record_log()
-            log.restore(parts)
-            self._buffer.prepared[xid] = PreparedXa(entry["gtid"], log, persisted=True)
-        removed = self._spill.remove_unreferenced(keep)
+        """XA transactions prepared before the checkpoint, from their files (``xa_state``)."""
+        restored, removed = restore_prepared(state, self._spill, self._new_record_log)
+        self._buffer.prepared.update(restored)
         if removed:
             self.log.info(f"capture engine {self.options.server_name}: removed {len(removed)} "
                           "spill file(s) of transactions read again from the binlog")
@@ -848,7 +829,7 @@ class CaptureEngine:
             extra["snapshots"] = self._snapshots.state()
         xa_files = bool(self._buffer.prepared)
         if xa_files:
-            extra[_XA_CHECKPOINT_KEY] = self._persist_prepared_xa()
+            extra[XA_CHECKPOINT_KEY] = persist_prepared(self._buffer.prepared)
         checkpoint = Checkpoint(
             server_name=self.options.server_name,
             flavour=self.options.flavour,
@@ -901,18 +882,6 @@ class CaptureEngine:
             by_table[table_id] = by_table.get(table_id, 0) + count
         self.stats.records_by_table = by_table
         self.stats.segments_written += landed.segments
-
-    def _persist_prepared_xa(self) -> dict[str, Any]:
-        """Prepared XA transactions as the checkpoint names them: every record in a spill
-        file (written now for those prepared since the last flush), since their prepare's
-        GTID is in the checkpoint and the binlog will not send their rows again."""
-        state = {}
-        for xid, prepared in self._buffer.prepared.items():
-            prepared.records.spill()
-            prepared.persisted = True
-            state[xid] = {"gtid": prepared.gtid,
-                          "parts": [part.to_dict() for part in prepared.records]}
-        return state
 
     def _emit_snapshot(self, schema: TableSchema, op: str,
                        rows: list[tuple[Any, ...]] | pa.Table,
