@@ -42,8 +42,6 @@ from cdc_platform.capture.binlog import (
     is_retriable,
     learn_server_collations,
 )
-from cdc_platform.capture.column_renames import record_column_renames
-from cdc_platform.capture.ddl import TableDdl
 from cdc_platform.capture.events import (
     EngineError,
     Event,
@@ -67,9 +65,7 @@ from cdc_platform.capture.spill import (
     SpillStore,
     records_table,
 )
-from cdc_platform.capture.stale_markers import record_stale_after_statement, record_stale_targets
-from cdc_platform.capture.statement_dml import StatementDml
-from cdc_platform.capture.statements import DatabaseDrop, Unclassified, classify_statement
+from cdc_platform.capture.statement_effects import statement_effects
 from cdc_platform.capture.transactions import (
     Committed,
     Outcome,
@@ -563,13 +559,7 @@ class CaptureEngine:
         if isinstance(outcome, Committed):
             self._commit(outcome)
         elif isinstance(outcome, Statement):
-            statement = classify_statement(outcome.text, outcome.database)
-            if isinstance(statement, TableDdl):
-                self._on_ddl(statement, outcome.gtid)
-            elif isinstance(statement, StatementDml):
-                self._check_statement_dml(statement, outcome)
-            elif statement is not None:
-                self._on_other_statement(statement, outcome)
+            self._on_statement(outcome)
         elif isinstance(outcome, Prepared):
             # The prepare's GTID is complete; its rows wait (persisted at the next flush) for
             # the XA COMMIT, whose GTID they land under.
@@ -587,29 +577,6 @@ class CaptureEngine:
             log = self.log.warning if outcome.abandoned and outcome.records else self.log.info
             log(f"transaction {outcome.gtid or '?'}: {outcome.records} record(s) dropped "
                 f"({outcome.reason}); nothing emitted")
-
-    def _check_statement_dml(self, dml: StatementDml, statement: Statement) -> None:
-        """A row change logged as a statement (binlog_format STATEMENT or MIXED, MariaDB's
-        DELETE of a MEMORY table emptied by a restart) carries no rows: if it writes a
-        captured table, or may (its target is unclear and it names a database holding
-        captured tables), capture stops rather than skip it. Other tables' are ignored."""
-        captures = self.options.selector.captures
-        if dml.exact:
-            touched = [t for t in dml.tables if t[1] and captures(*t)]
-        else:
-            captured_dbs = {s.database for s in self._schemas.values()}
-            touched = [(d, t or "?") for d, t in dml.tables if d in captured_dbs]
-        if not touched:
-            return
-        tables = ", ".join(names.table_id(d, t) if t != "?" else f"a table of {d}"
-                           for d, t in touched)
-        text = statement.text if len(statement.text) <= 200 else statement.text[:200] + "..."
-        raise EngineError(
-            f"GTID {statement.gtid or '?'}: {tables} changed by a statement logged as SQL "
-            f"({dml.verb}: {text!r}), not as row events, so its rows cannot be captured. "
-            "Fix: set binlog_format=ROW on the replica (globally, and for sessions that set "
-            "it), then re-snapshot the table(s) and move the checkpoint past this GTID (or "
-            "start from a fresh landing zone with capture.initial_position)")
 
     def _on_table_map(self, event: TableMap) -> None:
         if event.table_id in self._table_ids:
@@ -661,46 +628,28 @@ class CaptureEngine:
         self._buffer.add(records, event.size + len(records) * (
             _MEMORY_PER_RECORD + _MEMORY_PER_VALUE * len(state.names)))
 
-    def _on_other_statement(self, statement: DatabaseDrop | Unclassified,
-                            outcome: Statement) -> None:
-        """A dropped database, or a statement the platform cannot classify: the captured
-        tables it may have changed without row events are marked stale (never passed over
-        silently), and their snapshot sessions restart, as for table DDL."""
-        gtid = outcome.gtid
-        captured = [(s.database, s.table) for s in self._schemas.values()
-                    if self.options.selector.captures(s.database, s.table)]
-        markers = record_stale_after_statement(self.landing, statement, gtid or "?",
-                                               self._next_pos, captured)
-        if not markers:
-            if isinstance(statement, Unclassified):
-                self.log.info(f"GTID {gtid or '?'}: {statement.verb} statement left alone: it "
-                              "names no captured table nor a database holding one")
+    def _on_statement(self, statement: Statement) -> None:
+        """A statement outside row events: its effects are recorded durably before the
+        checkpoint passes it (``statement_effects``); the tables it changed without row
+        events restart their snapshot sessions and have their schemas read again."""
+        effects = statement_effects(statement.text, statement.database, statement.gtid,
+                                    self._next_pos, self.landing, self.options.selector,
+                                    self._schemas)
+        if effects is None:
+            return
+        for note in effects.notes:
+            self.log.info(note)
+        if not effects.tables:
             return
         self.stats.ddl_statements += 1
-        for marker in markers:
+        for marker in effects.markers:
             self.log.warning(marker.describe())
-        self._tables_changed([(m.database, m.table) for m in markers], statement.verb, gtid)
-
-    def _on_ddl(self, ddl: TableDdl, gtid: str) -> None:
-        captured = [(d, t) for d, t in ddl.tables if self.options.selector.captures(d, t)]
-        if not captured:
-            return
-        self.stats.ddl_statements += 1
-        # Rows the DDL changed without row events: mark those targets stale, durably, before
-        # the checkpoint passes the DDL (capture/stale_markers.py; a re-snapshot resolves it).
-        selector = self.options.selector
-        for marker in record_stale_targets(
-                self.landing, ddl, gtid or "?", self._next_pos, self._schemas, selector.captures,
-                lambda db, table, column: not selector.excluded_columns_of(db, table, [column])):
-            self.log.warning(marker.describe())
-        # Column renames, durably too; the record takes a position of its own, so the lake
-        # tells the segments before it from those after it (capture/column_renames.py).
-        renames = record_column_renames(self.landing, ddl, gtid or "?", self._next_pos,
-                                        selector.captures)
-        if renames is not None:
+        if effects.renames is not None:
+            # The record took a position of its own, so the lake tells the segments before
+            # it from those after it (capture/column_renames.py).
             self._next_pos += 1
-            self.log.info(renames.describe())
-        self._tables_changed(captured, ddl.verb, gtid)
+            self.log.info(effects.renames.describe())
+        self._tables_changed(list(effects.tables), effects.verb, statement.gtid)
 
     def _tables_changed(self, tables: list[tuple[str, str]], verb: str, gtid: str) -> None:
         """A statement changed these captured tables without row events: their snapshot
