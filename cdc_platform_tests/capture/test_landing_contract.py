@@ -33,7 +33,7 @@ CONTRACT = {
 }
 # Files not yet moved onto the contract (listed for their owners; shrink, never grow).
 COLUMN_LITERALS_ALLOWED = {
-    "capture/landing_contract.py", "capture/engine.py", "capture/snapshot/sessions.py",
+    "capture/landing_contract.py", "capture/segment_buffer.py", "capture/snapshot/sessions.py",
     "demo/run.py",
 }
 
