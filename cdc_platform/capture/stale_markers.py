@@ -21,7 +21,7 @@ from pathlib import Path
 from cdc_platform.capture import names
 from cdc_platform.capture.ddl import TableDdl
 from cdc_platform.capture.gtid import parse_gtid, parse_position
-from cdc_platform.capture.landing import LandingZone, write_atomically
+from cdc_platform.capture.landing import LandingZone
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.protocol import (
     SessionState,
@@ -35,6 +35,7 @@ from cdc_platform.capture.stale import (
     stale_tables,
 )
 from cdc_platform.capture.statements import DatabaseDrop, Unclassified
+from cdc_platform.capture.storage import write_atomically
 
 
 def _now() -> str:
