@@ -29,9 +29,6 @@ from cdc_platform.capture.landing_contract import DICTIONARY_COLUMNS
 from cdc_platform.capture.names import name_of_path_component, path_component
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.storage import FileStore, LocalFileStore, fsync_directory, open_store
-from cdc_platform.capture.storage import (
-    write_atomically as write_atomically,  # re-exported: the write below ``LandingZone.root``
-)
 
 # ---- the layout (docs/landing-zone.md), one definition for the engine and the lake ---------------
 

@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc_platform.capture.events import EngineError, Rows
+from cdc_platform.capture.landing_contract import CREATE, DELETE, UPDATE
 from cdc_platform.capture.schema import ColumnValueError, TableSchema
 from cdc_platform.capture.spill import records_schema
 from cdc_platform.capture.values import Converter, converter_for
@@ -128,9 +129,9 @@ def row_records(state: TableState, event: Rows, gtid: str) -> list[Record]:
         images = ([(r["before_values"], r["after_values"]) for r in rows]
                   if event.op == "update" else [r["values"] for r in rows])
     if event.op == "insert":
-        return [(state, "c", landed(row, gtid)) for row in images]
+        return [(state, CREATE, landed(row, gtid)) for row in images]
     if event.op == "delete":
-        return [(state, "d", state.tombstone(landed(row, gtid))) for row in images]
+        return [(state, DELETE, state.tombstone(landed(row, gtid))) for row in images]
     records: list[Record] = []
     for before, after in images:
         _update_records(state, landed(before, gtid) if state.key_indexes else None,
@@ -143,10 +144,10 @@ def _update_records(state: TableState, before: tuple[Any, ...] | None,
     """An update's records: ``u``, or for a key change a delete of the old key then an
     insert of the new one (``before`` None: a table without a key, nothing to compare)."""
     if before is not None and any(before[i] != after[i] for i in state.key_indexes):
-        records.append((state, "d", state.tombstone(before)))
-        records.append((state, "c", after))
+        records.append((state, DELETE, state.tombstone(before)))
+        records.append((state, CREATE, after))
     else:
-        records.append((state, "u", after))
+        records.append((state, UPDATE, after))
 
 
 def column_block(state: TableState, event: Rows, gtid: str) -> pa.Table | None:
@@ -159,15 +160,16 @@ def column_block(state: TableState, event: Rows, gtid: str) -> pa.Table | None:
     images = [_landing_image(state, image, count, gtid) for image in columns.images]
     after = images[-1]
     if event.op == "insert":
-        return _block(state, "c", after, count)
+        return _block(state, CREATE, after, count)
     if event.op == "delete":
-        return _block(state, "d", _tombstones(state, after, count), count)
-    table = _block(state, "u", after, count)
+        return _block(state, DELETE, _tombstones(state, after, count), count)
+    table = _block(state, UPDATE, after, count)
     if state.key_indexes:
         changed = _key_changed(images[0], after, state.key_indexes)
         if changed is not None:
             table = _with_key_changes(
-                table, _block(state, "d", _tombstones(state, images[0], count), count), changed)
+                table, _block(state, DELETE, _tombstones(state, images[0], count), count),
+                changed)
     return table
 
 
@@ -243,8 +245,8 @@ def _with_key_changes(updates: pa.Table, tombstones: pa.Table, changed: pa.Array
     for index, flag in enumerate(changed.to_pylist()):
         if flag:
             order.append(count + index)
-            ops.append("d")
+            ops.append(DELETE)
         order.append(index)
-        ops.append("c" if flag else "u")
+        ops.append(CREATE if flag else UPDATE)
     table = pa.concat_tables([updates, tombstones]).take(pa.array(order, pa.int64()))
     return table.set_column(0, table.schema.field(0), pa.array(ops, pa.string()))

@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from cdc_platform.capture.events import EngineError
 from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.landing_contract import OP, snapshot_field
 from cdc_platform.capture.row_images import Record
 from cdc_platform.capture.schema import (
     ColumnSpec,
@@ -30,7 +31,7 @@ from cdc_platform.capture.schema import (
     TableSchema,
     landing_arrays,
 )
-from cdc_platform.capture.spill import OP_COLUMN, HeldRecords, SpilledRecords
+from cdc_platform.capture.spill import HeldRecords, SpilledRecords
 
 # A segment whose pieces average fewer rows than this is made contiguous before it is written
 # (``_run_table``).
@@ -267,7 +268,7 @@ def _blocks_table(blocks: list[_BlockChunk]) -> pa.Table:
         arrays = [
             pa.array(starts[owner] + within),
             pa.array([b.gtid for b in blocks], pa.string()).take(pa.array(owner)),
-            records.column(OP_COLUMN),
+            records.column(OP),
             pa.array(stamps[owner]),
         ]
         arrays += [records.column(column.name) for column in schema.columns]
@@ -293,7 +294,8 @@ def _arrow_table(chunk: _Chunk, rows: list[tuple[Any, ...]] | pa.Table | None = 
         rows = chunk.rows
     arrow_schema = schema.arrow_schema()
     if chunk.extra:
-        arrow_schema = _with_extra_fields(arrow_schema, schema, chunk.extra)
+        for name in chunk.extra:
+            arrow_schema = arrow_schema.append(snapshot_field(schema, name))
     if chunk.same is not None:  # (no Python object per record)
         assert isinstance(chunk.positions, range)
         count = len(chunk.positions)
@@ -358,17 +360,3 @@ def _last_position(chunk: _Chunk | _BlockChunk) -> int:
     if isinstance(chunk, _BlockChunk):
         return chunk.first_pos + chunk.part.count - 1
     return chunk.positions[-1]
-
-
-def _with_extra_fields(arrow_schema: pa.Schema, schema: TableSchema,
-                       extra: dict[str, list[Any]]) -> pa.Schema:
-    """Typed columns of snapshot assertion/sweep records: high key as the key's own type."""
-    for name in extra:
-        if name.startswith("__cdc_hi__"):
-            field_type = schema.column(name[len("__cdc_hi__"):]).arrow_type()
-        elif name == "__cdc_threshold":
-            field_type = pa.int64()
-        else:
-            field_type = pa.bool_()
-        arrow_schema = arrow_schema.append(pa.field(name, field_type))
-    return arrow_schema

@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from cdc_platform.capture.landing_contract import TS_MS
 from cdc_platform.devservices.kafka import TansuBroker
 from cdc_platform.devservices.mariadb import MariaDBServer
 from cdc_platform.devservices.supervisor import Interrupted, ProcessSupervisor
@@ -362,7 +363,7 @@ def _events_by_table(landing: Any) -> dict[str, tuple[int, float | None]]:
         lag = None
         if segments:
             newest = segments[-1][2]
-            committed_ms = pc.max(pq.read_table(newest, columns=["__cdc_ts_ms"])[0]).as_py()
+            committed_ms = pc.max(pq.read_table(newest, columns=[TS_MS])[0]).as_py()
             lag = max(0.0, newest.stat().st_mtime - committed_ms / 1000)
         found[table] = (count, lag)
     return found

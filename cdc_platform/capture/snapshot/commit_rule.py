@@ -30,7 +30,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from cdc_platform.capture.gtid import Gtid, GtidSet
-from cdc_platform.capture.snapshot.chunks import Chunk, Key
+from cdc_platform.capture.keys import Key
+from cdc_platform.capture.snapshot.chunks import Chunk
 
 # One transaction's touches of one table beyond this many are logged as one table-wide touch
 # (``ALL_KEYS``): a 5M-row UPDATE of a table under snapshot keeps one entry, not 5M.
@@ -167,7 +168,7 @@ class RangeAssertion:
     apply assertions afterwards, in any order.
 
     Keys compare lexicographically, NULL first, as in the source's ORDER BY; range assertions
-    are only made for keys whose landed type sorts that way (``chunks.range_ordered``).
+    are only made for keys whose landed type sorts that way (``capture.keys.range_ordered``).
     """
 
     table_id: str

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from cdc_platform.capture.snapshot.chunks import Key
+from cdc_platform.capture.keys import Key
 
 # ---- progress and result -----------------------------------------------------------------------
 

@@ -24,11 +24,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from cdc_platform.capture.landing import Checkpoint, LandingZone, write_atomically
+from cdc_platform.capture.keys import Key
+from cdc_platform.capture.landing import Checkpoint, LandingZone
 from cdc_platform.capture.schema import ColumnSpec, ColumnValueError, TableSchema, landing_arrays
 from cdc_platform.capture.snapshot import native
-from cdc_platform.capture.snapshot.chunks import Chunk, Key
+from cdc_platform.capture.snapshot.chunks import Chunk
 from cdc_platform.capture.snapshot.errors import SnapshotError
+from cdc_platform.capture.storage import write_atomically
 
 # Rows per chunk, chosen by measurement. Each chunk pays a fixed cost: its watermark
 # statements, opening the read view and planning the SELECT, the reader's state file and the

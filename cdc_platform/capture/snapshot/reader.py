@@ -35,7 +35,8 @@ import pymysql
 from cdc_platform.capture import names
 from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.binlog import is_retriable
-from cdc_platform.capture.landing import Checkpoint, LandingZone, write_atomically
+from cdc_platform.capture.keys import Key
+from cdc_platform.capture.landing import Checkpoint, LandingZone
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot import native
 from cdc_platform.capture.snapshot.actions import request_action
@@ -44,7 +45,6 @@ from cdc_platform.capture.snapshot.chunks import (
     Chunk,
     ChunkedTable,
     ChunkKey,
-    Key,
     SkippedTable,
     chunk_key_for,
     landing_key,
@@ -94,6 +94,7 @@ from cdc_platform.capture.snapshot.watermark import (
     require_snapshot_prerequisites,
 )
 from cdc_platform.capture.source import PrerequisiteError, TableSelector, selector_from_settings
+from cdc_platform.capture.storage import write_atomically
 
 __all__ = ["DEFAULT_CHUNK_SIZE", "SnapshotError", "SnapshotReader", "reader_from_settings"]
 

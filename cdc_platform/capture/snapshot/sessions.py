@@ -21,7 +21,17 @@ import pyarrow.compute as pc
 
 from cdc_platform.capture import names
 from cdc_platform.capture.gtid import Gtid, GtidSet, parse_position
+from cdc_platform.capture.keys import Key
 from cdc_platform.capture.landing import SNAPSHOTS_DIR, LandingZone, table_of_parts
+from cdc_platform.capture.landing_contract import (
+    HI_OPEN,
+    LO_OPEN,
+    RANGE_ASSERTION,
+    SNAPSHOT_ROW,
+    SWEEP,
+    THRESHOLD,
+    hi_column,
+)
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.snapshot.chunks import (
     Chunk,
@@ -50,7 +60,6 @@ from cdc_platform.capture.snapshot.protocol import (
     session_time,
 )
 
-Key = tuple[Any, ...]
 # The state a reader's request asks for an existing session.
 _ACTION_STATES = {Action.PAUSE: SessionState.PAUSED, Action.RESUME: SessionState.OPEN,
                   Action.STOP: SessionState.STOPPED}
@@ -521,15 +530,15 @@ class SnapshotCoordinator:
         # Each emit lands all of its records or none. Should a later one fail, the chunk is
         # rejected with the earlier records landed: harmless, they are the rows' values at
         # this point (an assertion or a sweep only ever deletes).
-        first_pos = emit(schema, "r", rows, None)
+        first_pos = emit(schema, SNAPSHOT_ROW, rows, None)
         if decision.assertion is not None:
             self._emit_assertion(schema, decision.assertion, first_pos, emit)
         sweep = sweep_after_snapshot(session.table_id, session.opening_pos,
                                      filtered=session.condition is not None) if (
             chunk.complete) else None
         if sweep is not None:
-            emit(schema, "s", [(None,) * len(schema.columns)],
-                 {"__cdc_threshold": [sweep.before_pos]})
+            emit(schema, SWEEP, [(None,) * len(schema.columns)],
+                 {THRESHOLD: [sweep.before_pos]})
         session.committed.append(seq)
         session.rows += rows.num_rows
         if chunk.complete:
@@ -550,10 +559,10 @@ class SnapshotCoordinator:
                 row[schema.column_names.index(name)] = value
         high = assertion.range_high
         extra: dict[str, list[Any]] = {
-            "__cdc_lo_open": [assertion.range_low is None],
-            "__cdc_hi_open": [high is None],
-            "__cdc_threshold": [assertion.threshold(first_pos)],
+            LO_OPEN: [assertion.range_low is None],
+            HI_OPEN: [high is None],
+            THRESHOLD: [assertion.threshold(first_pos)],
         }
         for index, name in enumerate(key):
-            extra[f"__cdc_hi__{name}"] = [None if high is None else high[index]]
-        emit(schema, "a", [tuple(row)], extra)
+            extra[hi_column(name)] = [None if high is None else high[index]]
+        emit(schema, RANGE_ASSERTION, [tuple(row)], extra)
