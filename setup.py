@@ -6,7 +6,7 @@ Everything else is declared in pyproject.toml; setuptools reads both. ``pip inst
 builds the extensions in place; scripts/bootstrap.sh rebuilds them when their C sources change
 (``python setup.py build_ext --inplace``). Without them the engine decodes rows with
 mysql-replication alone and the reader reads chunks through mysqlclient's rows (slower, same
-values): see capture/rowcodec.py and capture/snapshot/native.py.
+values): see capture/binlog/rowcodec.py and capture/snapshot/native.py.
 """
 
 import shlex

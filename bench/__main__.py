@@ -44,7 +44,7 @@ import pyarrow as pa
 
 from bench._engine import engine_peak_rss, run_engine
 from cdc_platform.capture.engine import EngineOptions
-from cdc_platform.capture.landing import Checkpoint, LandingZone
+from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.source import TableSelector
 from cdc_platform.devservices.mariadb import MariaDBServer, gtid_position_covers

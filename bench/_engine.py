@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from cdc_platform.capture.engine import CaptureEngine, EngineOptions
-from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.landing.zone import LandingZone
 
 
 def rss_bytes(field: str = "VmHWM", pid: int | str = "self") -> int:

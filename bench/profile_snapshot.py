@@ -20,7 +20,7 @@ from typing import Any
 from bench import __main__ as bench
 from bench._engine import run_engine
 from cdc_platform.capture.engine import EngineOptions
-from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.source import TableSelector
 from cdc_platform.devservices.mariadb import MariaDBServer
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from bench import __main__ as bench
 from bench.profile_snapshot import top_entries
 from cdc_platform.capture.engine import CaptureEngine, EngineOptions
-from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.source import TableSelector
 from cdc_platform.devservices.mariadb import MariaDBServer
 

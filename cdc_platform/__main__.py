@@ -42,7 +42,7 @@ def _stop_on_signals(what: str) -> threading.Event:
 
 def _stream(args: argparse.Namespace) -> int:
     from cdc_platform.capture.engine import CaptureEngine, EngineOptions
-    from cdc_platform.capture.landing import LandingZone
+    from cdc_platform.capture.landing.zone import LandingZone
     from cdc_platform.capture.start_errors import check_source
     from cdc_platform.config import load_settings
 
@@ -78,7 +78,7 @@ def _progress_logger(describe: Callable[[Any], str], every_seconds: float = 5.0
 def _snapshot(args: argparse.Namespace) -> int:
     """Snapshot one table in the foreground (the snapshot asset does the same in Dagster), or
     pause/resume/stop its session. The capture engine (``stream``) must be running."""
-    from cdc_platform.capture.landing import LandingZone
+    from cdc_platform.capture.landing.zone import LandingZone
     from cdc_platform.capture.names import resolve_table_id, split_table_id
     from cdc_platform.capture.snapshot import reader as snapshot_reader
     from cdc_platform.capture.snapshot.actions import request_action

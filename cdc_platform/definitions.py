@@ -14,7 +14,7 @@ import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 
 from cdc_platform.capture import source as source_sql
-from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.names import table_id
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.source import selector_from_settings

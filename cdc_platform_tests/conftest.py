@@ -25,7 +25,7 @@ from cdc_platform.capture.engine import (
     EngineStats,
     selector_from_settings,
 )
-from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.config import Settings, parse_settings
 from cdc_platform.devservices.kafka import TansuBroker
 from cdc_platform.devservices.mariadb import MariaDBServer

@@ -2,7 +2,7 @@
  * event (after the columns-present bitmap(s)) -> a list of row tuples in column order.
  *
  * Every value equals, in type and value, what mysql-replication 1.0.17 returns for the column
- * as cdc_platform patches it (capture/binlog.py): the Python side (capture/rowcodec.py) builds
+ * as cdc_platform patches it (capture/binlog/stream.py): the Python side (capture/binlog/rowcodec.py) builds
  * one Decoder per table map, only when every column is of a kind decoded here, and falls back
  * to the library for anything else. Whenever the library would raise on the bytes (truncated
  * data, invalid UTF-8 in a UTF-8 column, an ENUM index past its members, a fraction out of
@@ -25,7 +25,7 @@
  * partial JSON updates) are refused by the Python side before any bytes reach this file.
  *
  * The boundary: Decoder(columns) takes one (kind, a, b, members, target, target_arg) tuple a
- * column, made in one place, ``ColumnCodec.native`` (capture/rowcodec.py), where each kind's
+ * column, made in one place, ``ColumnCodec.native`` (capture/binlog/rowcodec.py), where each kind's
  * meaning of ``a`` and ``b`` is named; ``KINDS`` and ``TARGETS`` (name -> value) are the
  * constants the Python side builds its enums from. Arrow buffers are capture/_arrowbuf.h's,
  * shared with the chunk reader (capture/snapshot/_rawrows.c).
@@ -994,7 +994,7 @@ static int target_fits(const Column *c) {
 }
 
 /* The spec's positional (a, b) under the names the kind reads them by, in the order
- * ColumnCodec.native (capture/rowcodec.py) writes them; a kind reads no other. */
+ * ColumnCodec.native (capture/binlog/rowcodec.py) writes them; a kind reads no other. */
 static void name_arguments(Column *c, int a, int b) {
     switch (c->kind) {
     case K_DATETIME2: case K_TIMESTAMP2: case K_TIME2: c->fsp = a; break;
@@ -1175,7 +1175,7 @@ static int add_constants(PyObject *m, const char *prefix, const char *dict_name,
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_rowcodec",
-    "Native decoding of binlog row images (see capture/rowcodec.py).", -1, NULL,
+    "Native decoding of binlog row images (see capture/binlog/rowcodec.py).", -1, NULL,
 };
 
 PyMODINIT_FUNC PyInit__rowcodec(void) {

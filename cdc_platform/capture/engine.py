@@ -1,7 +1,7 @@
 """The capture engine: binlog -> committed transactions -> changelog segments + checkpoint.
 
-The binlog adapter (``capture/binlog.py``) yields the project's events; the transaction buffer
-(``capture/transactions.py``) says which transactions committed (and XA, savepoints, spilling);
+The binlog adapter (``capture/binlog/stream.py``) yields the project's events; the transaction buffer
+(``capture/changes/transactions.py``) says which transactions committed (and XA, savepoints, spilling);
 this module gives their records positions, lands them and moves the checkpoint.
 
 Lifecycle (after the async embedded-engine design): CREATED -> STARTING -> STREAMING, with
@@ -14,7 +14,7 @@ the checkpoint is written after every segment it covers is durable; on restart t
 deletes segments past the checkpoint and replays from the checkpoint's GTID position, giving
 the replayed records the same positions.
 
-Flushes are written by the landing writer (``capture/landing_writer.py``), a thread of its own,
+Flushes are written by the landing writer (``capture/landing/writer.py``), a thread of its own,
 while the stream thread decodes on: one flush in flight at a time, in order, segments before
 their checkpoint, a failure raised on the stream thread at the next flush or at the stop.
 """
@@ -36,12 +36,34 @@ import pymysql
 
 from cdc_platform.capture import names
 from cdc_platform.capture import source as source_sql
-from cdc_platform.capture.binlog import (
+from cdc_platform.capture.binlog.stream import (
     BinlogStream,
     SourceDisconnected,
     is_retriable,
     learn_server_collations,
 )
+from cdc_platform.capture.changes.row_images import TableState, column_block, row_records
+from cdc_platform.capture.changes.spill import (
+    HeldRecords,
+    SpilledRecords,
+    SpillStore,
+    records_table,
+)
+from cdc_platform.capture.changes.transactions import (
+    Committed,
+    Outcome,
+    Prepared,
+    RecordLog,
+    RolledBack,
+    Statement,
+    TransactionBuffer,
+)
+from cdc_platform.capture.changes.xa_state import (
+    XA_CHECKPOINT_KEY,
+    persist_prepared,
+    restore_prepared,
+)
+from cdc_platform.capture.ddl.effects import statement_effects
 from cdc_platform.capture.events import (
     EngineError,
     Event,
@@ -52,30 +74,12 @@ from cdc_platform.capture.events import (
 )
 from cdc_platform.capture.flavours import flavour_of
 from cdc_platform.capture.gtid import GtidSet
-from cdc_platform.capture.landing import Checkpoint, LandingZone
-from cdc_platform.capture.landing_writer import LandingWriter
-from cdc_platform.capture.row_images import TableState, column_block, row_records
+from cdc_platform.capture.landing.segment_buffer import Queued, SegmentBuffer, write_segments
+from cdc_platform.capture.landing.writer import LandingWriter
+from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
 from cdc_platform.capture.schema import ColumnValueError, TableSchema
-from cdc_platform.capture.segment_buffer import Queued, SegmentBuffer, write_segments
 from cdc_platform.capture.snapshot.sessions import SnapshotCoordinator
 from cdc_platform.capture.source import TableSelector, selector_from_settings
-from cdc_platform.capture.spill import (
-    HeldRecords,
-    SpilledRecords,
-    SpillStore,
-    records_table,
-)
-from cdc_platform.capture.statement_effects import statement_effects
-from cdc_platform.capture.transactions import (
-    Committed,
-    Outcome,
-    Prepared,
-    RecordLog,
-    RolledBack,
-    Statement,
-    TransactionBuffer,
-)
-from cdc_platform.capture.xa_state import XA_CHECKPOINT_KEY, persist_prepared, restore_prepared
 
 if TYPE_CHECKING:
     from cdc_platform.config import Settings
@@ -646,7 +650,7 @@ class CaptureEngine:
             self.log.warning(marker.describe())
         if effects.renames is not None:
             # The record took a position of its own, so the lake tells the segments before
-            # it from those after it (capture/column_renames.py).
+            # it from those after it (capture/ddl/column_renames.py).
             self._next_pos += 1
             self.log.info(effects.renames.describe())
         self._tables_changed(list(effects.tables), effects.verb, statement.gtid)

@@ -1,7 +1,7 @@
 """The binlog as the project's own events, and the loud stop of the capture engine.
 
-The binlog adapter (``capture/binlog.py``) turns mysql-replication's events into these small
-frozen dataclasses, so the transaction logic (``capture/transactions.py``) and the engine are
+The binlog adapter (``capture/binlog/stream.py``) turns mysql-replication's events into these small
+frozen dataclasses, so the transaction logic (``capture/changes/transactions.py``) and the engine are
 written against a vocabulary the project owns, and are tested without a server. Only events
 that matter for capture exist here; the adapter drops the known-ignorable ones and stops on
 anything else (``UnsupportedEvent``).
@@ -55,7 +55,7 @@ class Rows:
     """A rows event of one table. ``rows`` are mysql-replication's row dicts (``values`` or
     ``before_values``/``after_values`` by column name); or with ``tuples`` the same values as
     tuples in the table map's column order (an update's as ``(before, after)`` pairs), as the
-    native decoder (``capture/rowcodec.py``) gives them; or with ``columnar`` one
+    native decoder (``capture/binlog/rowcodec.py``) gives them; or with ``columnar`` one
     ``rowcodec.RowColumns`` (the rows column-wise, Arrow arrays in landing form where the
     decoder builds them natively). ``size`` is the event's binlog size in bytes, the basis of
     the transaction buffer's memory estimate."""

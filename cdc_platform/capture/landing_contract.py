@@ -2,9 +2,9 @@
 
 One definition for the engine that writes segments and the lake that reads them
 (docs/landing-zone.md, "Segments" and "Snapshot records"). It sits in ``capture`` because the
-lake imports capture and never the reverse, and apart from ``capture.landing`` (the layout,
+lake imports capture and never the reverse, and apart from ``capture.landing.zone`` (the layout,
 the checkpoint and the files) because ``capture.schema`` builds each table's changelog schema
-from these columns while ``capture.landing`` needs ``capture.schema``: one module for both would
+from these columns while ``capture.landing.zone`` needs ``capture.schema``: one module for both would
 be an import cycle. It imports nothing of the project, so any module may import it.
 """
 

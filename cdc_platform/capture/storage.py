@@ -34,7 +34,7 @@ _SPARK_SCHEME = {"s3": "s3a"}
 def _checked(parts: tuple[str, ...], below: str) -> tuple[str, ...]:
     """``parts`` if each is a relative path that stays below the root, else ValueError.
 
-    A source name is a part only once escaped (``capture.landing.table_parts``); a part that
+    A source name is a part only once escaped (``capture.landing.zone.table_parts``); a part that
     could leave the root (absolute, or with a ``.`` or ``..`` segment) is refused, never joined.
     """
     for part in parts:

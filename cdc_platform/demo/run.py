@@ -315,7 +315,7 @@ def _print_summary(server: MariaDBServer, env: dict[str, str]) -> bool:
     os.environ["DAGSTER_HOME"] = env["DAGSTER_HOME"]
     import dagster as dg
 
-    from cdc_platform.capture.landing import LandingZone
+    from cdc_platform.capture.landing.zone import LandingZone
 
     instance = dg.DagsterInstance.get()
     landing = LandingZone(str(DEMO_DIR / "landing"), "demo")

@@ -4,9 +4,9 @@ Only records with ``__cdc_pos < checkpoint.next_pos`` are committed; segment fil
 by their names (``<first_pos>-<last_pos>.parquet``), so a batch touches only the segments it
 needs. Segments written before and after an ``ALTER TABLE`` have different columns: each group of
 files with the same Arrow schema is read with its own explicit Spark schema, its columns renamed
-by the column renames recorded after it (``capture.column_renames``), and then conformed to the
+by the column renames recorded after it (``capture.ddl.column_renames``), and then conformed to the
 newest segment's columns by name. Files are found and their footers read through the landing
-zone's own definitions (``capture.landing.LandingReader`` over ``capture.storage``); Spark reads
+zone's own definitions (``capture.landing.zone.LandingReader`` over ``capture.storage``); Spark reads
 the segments by the URLs the same layer gives.
 """
 
@@ -22,8 +22,8 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from cdc_platform.capture.column_renames import ColumnRenames, column_mapping, renamed_schema
-from cdc_platform.capture.landing import (
+from cdc_platform.capture.ddl.column_renames import ColumnRenames, column_mapping, renamed_schema
+from cdc_platform.capture.landing.zone import (
     Checkpoint,
     LandingReader,
     changelog_parts,
@@ -100,7 +100,7 @@ def list_segments(
 def read_column_renames(landing_url: str, server_name: str, database: str, table: str,
                         before_pos: int) -> list[ColumnRenames]:
     """The table's column renames a checkpoint with ``next_pos`` = ``before_pos`` covers, in
-    changelog order (each record has a position of its own: ``capture.column_renames``)."""
+    changelog order (each record has a position of its own: ``capture.ddl.column_renames``)."""
     landing = LandingReader.open(landing_url, server_name)
     directory = column_renames_parts(database, table)
     found = []

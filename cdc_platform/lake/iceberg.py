@@ -47,7 +47,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from cdc_platform.capture.column_renames import ColumnRenames, column_mapping
+from cdc_platform.capture.ddl.column_renames import ColumnRenames, column_mapping
 from cdc_platform.capture.landing_contract import POS
 from cdc_platform.capture.names import table_id, valid_name
 from cdc_platform.capture.schema import TableSchema
@@ -65,7 +65,7 @@ SPARK_CATALOG = "org.apache.iceberg.spark.SparkCatalog"
 CONSUMED_POS = "cdc.consumed-pos"
 CONSUMED_GTID = "cdc.consumed-gtid"
 # Table properties: the key the table is merged by (JSON list), and the changelog position of
-# the newest column-rename record (capture.column_renames) the table's columns follow.
+# the newest column-rename record (capture.ddl.column_renames) the table's columns follow.
 PRIMARY_KEY_PROPERTY = "cdc.primary-key"
 RENAMED_THROUGH_PROPERTY = "cdc.renamed-through"
 # The source a target reflects, by its real names (a catalog name may be a slug with a hash).

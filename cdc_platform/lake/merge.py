@@ -42,7 +42,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from cdc_platform.capture.column_renames import ColumnRenames, column_mapping
+from cdc_platform.capture.ddl.column_renames import ColumnRenames, column_mapping
 from cdc_platform.capture.keys import Key, key_order, range_ordered
 from cdc_platform.capture.landing_contract import (
     CREATE,
@@ -384,7 +384,7 @@ def _create(target: LakeTable, schema: TableSchema, renamed_through: int) -> Non
 
 def _drop_columns_dropped_at_source(landing_url: str, target: LakeTable,
                                     before_pos: int) -> bool:
-    """Drop the target's columns that a covered column record (``capture.column_renames``)
+    """Drop the target's columns that a covered column record (``capture.ddl.column_renames``)
     says the source dropped, when no segment of the table holds records between that record
     and the checkpoint (``before_pos``): the source's schema there is the one after the DROP.
     Needed where no row of the table changed after the DROP (a batch's ``evolve`` follows its

@@ -26,7 +26,7 @@ import pymysql
 import pymysql.converters
 import pymysql.protocol
 
-from cdc_platform.capture.binlog_decoding import decode_tagged_gtid
+from cdc_platform.capture.binlog.decoding import decode_tagged_gtid
 from cdc_platform.capture.gtid import MysqlGtid, MysqlGtidSet, decode_mysql_gtid_set
 
 BINLOGS = Path(__file__).parent / "binlogs"

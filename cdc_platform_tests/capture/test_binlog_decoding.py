@@ -14,9 +14,8 @@ from pymysqlreplication.event import NotImplementedEvent
 from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import TableMapEvent, WriteRowsEvent
 
-from cdc_platform.capture import binlog_decoding
-from cdc_platform.capture.binlog import BinlogStream, TableMapError
-from cdc_platform.capture.binlog_decoding import (
+from cdc_platform.capture.binlog import decoding as binlog_decoding
+from cdc_platform.capture.binlog.decoding import (
     TRANSACTION_PAYLOAD_EVENT,
     PayloadError,
     TransactionPayloadEvent,
@@ -24,9 +23,10 @@ from cdc_platform.capture.binlog_decoding import (
     inflate,
     payload_events,
 )
+from cdc_platform.capture.binlog.rowcodec import RowsDecoders
+from cdc_platform.capture.binlog.stream import BinlogStream, TableMapError
 from cdc_platform.capture.events import Heartbeat, Rows, TableMap, UnsupportedEvent, Xid
 from cdc_platform.capture.flavours import flavour_of
-from cdc_platform.capture.rowcodec import RowsDecoders
 from cdc_platform.capture.schema import column_from_information_schema
 from cdc_platform_tests.capture.mysql_binlog_files import BuiltColumn, lenenc, table_map_body
 
@@ -240,8 +240,8 @@ def test_registration_adds_event_types_and_replaces_none_the_library_maps():
 def test_an_undecodable_table_map_column_is_a_loud_stop_naming_the_gtid(monkeypatch):
     """A charset or ENUM member the adapter cannot decode (ValueError) stops like an
     unsupported type (NotImplementedError): with the table, the GTID and the fix."""
-    from cdc_platform.capture import binlog
-    from cdc_platform.capture.binlog import TableMapError
+    from cdc_platform.capture.binlog import stream as binlog
+    from cdc_platform.capture.binlog.stream import TableMapError
 
     def undecodable(event):
         try:

@@ -11,18 +11,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdc_platform.capture.column_renames import (
+from cdc_platform.capture.ddl.column_renames import (
     ColumnRenames,
     column_mapping,
     record_column_renames,
     renamed_columns,
     renamed_schema,
 )
-from cdc_platform.capture.ddl import parse_table_ddl
-from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.ddl.parse import parse_table_ddl
+from cdc_platform.capture.ddl.stale import stale_tables
+from cdc_platform.capture.ddl.stale_markers import read_markers
+from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
-from cdc_platform.capture.stale import stale_tables
-from cdc_platform.capture.stale_markers import read_markers
 from cdc_platform.lake.changelog import read_column_renames
 from cdc_platform_tests.conftest import CdcEnv
 

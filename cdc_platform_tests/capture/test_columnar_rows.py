@@ -20,12 +20,12 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cdc_platform.capture.changes.spill import records_table
 from cdc_platform.capture.engine import CaptureEngine, EngineOptions
 from cdc_platform.capture.events import Begin, Rows, TableMap
-from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.source import TableSelector
-from cdc_platform.capture.spill import records_table
 
 SCHEMA = TableSchema("db", "t", (
     ColumnSpec("id", "int"),

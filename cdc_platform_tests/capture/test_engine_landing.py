@@ -1,4 +1,4 @@
-"""Landing on the writer thread (``capture/landing_writer.py``) against a real MariaDB: segments
+"""Landing on the writer thread (``capture/landing/writer.py``) against a real MariaDB: segments
 are written while the stream goes on, yet every checkpoint covers only durable segments, a
 failed write stops the engine loudly with the checkpoint where it was, the stop waits for the
 last write, and a kill while a flush is being written loses and duplicates nothing."""
@@ -15,7 +15,7 @@ import pytest
 
 from cdc_platform.capture.engine import CaptureEngine
 from cdc_platform.capture.events import EngineError
-from cdc_platform.capture.landing_writer import LandingFailed
+from cdc_platform.capture.landing.writer import LandingFailed
 from cdc_platform_tests.conftest import CdcEnv
 
 # A flush after every event (with ``_slow_stream``): one flush (segment and checkpoint) per
@@ -162,7 +162,7 @@ def test_a_failure_of_the_last_flush_fails_the_run(cdc_env):
 _KILLED_MID_FLUSH = """
 import pathlib, sys, time
 from cdc_platform.capture.engine import CaptureEngine, EngineOptions
-from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.config import load_settings
 
 settings = load_settings(sys.argv[1])

@@ -92,6 +92,50 @@ def test_no_import_points_up_a_layer() -> None:
     assert offending == []
 
 
+# capture/'s floors, bottom up: the route binlog -> changes -> landing, then what builds on
+# it. A module imports only modules of its own floor or of floors below it.
+CAPTURE_FLOORS = (
+    {"schema", "names", "charsets", "landing_contract", "keys", "values", "events", "gtid",
+     "storage"},
+    {"flavours", "source"},
+    {"binlog", "_rowcodec"},
+    {"changes"},
+    {"landing"},
+    {"snapshot"},
+    {"ddl"},
+    {"signals"},
+    {"engine"},
+    {"start_errors"},
+)
+
+
+def _capture_floor(module: str) -> int | None:
+    """The floor of a capture module (its sub-package, or the module itself at the top)."""
+    parts = module.split(".")
+    if parts[:2] != ["cdc_platform", "capture"] or len(parts) < 3:
+        return None
+    return next((i for i, floor in enumerate(CAPTURE_FLOORS) if parts[2] in floor), None)
+
+
+def test_capture_floors_import_only_downwards() -> None:
+    """binlog/ never imports changes/ or landing/, changes/ never landing/, and so on: the
+    folders show the route, and no floor reaches into one above it (every module is placed)."""
+    modules = _modules()
+    unplaced, upward = [], []
+    for module, path in modules.items():
+        if module.count(".") < 2 or not module.startswith("cdc_platform.capture."):
+            continue
+        floor = _capture_floor(module)
+        if floor is None:
+            unplaced.append(module)
+            continue
+        for imported in _imports(module, path, top_level_only=False):
+            other = _capture_floor(imported)
+            if other is not None and other > floor:
+                upward.append(f"{module} imports {imported}")
+    assert unplaced == [] and upward == []
+
+
 def test_the_contract_modules_stand_on_their_own() -> None:
     modules = _modules()
     for module, allowed in CONTRACT.items():

@@ -1,4 +1,4 @@
-"""The landing writer's contract (``capture/landing_writer.py``), without a database: jobs in
+"""The landing writer's contract (``capture/landing/writer.py``), without a database: jobs in
 order, one in flight, a failure raised on the submitting thread and never followed by a job."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 import pytest
 
 from cdc_platform.capture.events import EngineError
-from cdc_platform.capture.landing_writer import LandingFailed, LandingWriter
+from cdc_platform.capture.landing.writer import LandingFailed, LandingWriter
 
 
 def test_jobs_run_in_order_one_at_a_time_off_the_submitting_thread():

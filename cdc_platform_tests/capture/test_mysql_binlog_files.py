@@ -20,12 +20,12 @@ import pytest
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.row_event import PartialUpdateRowsEvent, TableMapEvent
 
-from cdc_platform.capture.binlog import BinlogStream, TableMapError
-from cdc_platform.capture.binlog_decoding import (
+from cdc_platform.capture.binlog.decoding import (
     GTID_TAGGED_LOG_EVENT,
     TaggedGtid,
     encode_tagged_gtid,
 )
+from cdc_platform.capture.binlog.stream import BinlogStream, TableMapError
 from cdc_platform.capture.engine import CaptureEngine, EngineOptions
 from cdc_platform.capture.events import (
     Begin,
@@ -38,7 +38,7 @@ from cdc_platform.capture.events import (
 )
 from cdc_platform.capture.flavours import flavour_of
 from cdc_platform.capture.gtid import MysqlGtidSet
-from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.source import TableSelector
 from cdc_platform_tests.capture.mysql_binlog_files import (
     ANONYMOUS_UUID,
@@ -424,7 +424,7 @@ def test_zstd_transaction_payloads_of_mysql_8_0_hold_their_transaction(name):
     from pymysqlreplication.event import QueryEvent, XidEvent
     from pymysqlreplication.row_event import UpdateRowsEvent, WriteRowsEvent
 
-    from cdc_platform.capture.binlog_decoding import TransactionPayloadEvent
+    from cdc_platform.capture.binlog.decoding import TransactionPayloadEvent
 
     binlog = read_binlog(name)
     assert len(binlog.events) == 5

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdc_platform.capture.landing import changelog_parts, tables_from_json, tables_to_json
+from cdc_platform.capture.landing.zone import changelog_parts, tables_from_json, tables_to_json
 from cdc_platform.capture.names import (
     AmbiguousTableError,
     joined_name,
@@ -161,7 +161,7 @@ def test_parquet_metadata_keeps_database_and_table_apart():
 def test_the_engine_moves_directories_written_before_names_were_escaped(tmp_path):
     """A table `2024 sales` landed by an earlier engine (raw directory names) is moved to its
     escaped directory when the next engine takes the landing zone; plain names stay."""
-    from cdc_platform.capture.landing import LandingZone
+    from cdc_platform.capture.landing.zone import LandingZone
     from cdc_platform.lake.changelog import list_segments
 
     landing = LandingZone(str(tmp_path), "s1")

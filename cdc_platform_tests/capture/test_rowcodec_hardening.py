@@ -35,9 +35,10 @@ from hypothesis import strategies as st
 from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import PartialUpdateRowsEvent, TableMapEvent
 
-from cdc_platform.capture import binlog as _binlog  # noqa: F401 - installs the library patches
-from cdc_platform.capture import binlog_decoding, rowcodec
-from cdc_platform.capture.binlog import schema_from_table_map
+from cdc_platform.capture.binlog import decoding as binlog_decoding
+from cdc_platform.capture.binlog import rowcodec
+from cdc_platform.capture.binlog import stream as _binlog  # noqa: F401 - installs the library patches
+from cdc_platform.capture.binlog.stream import schema_from_table_map
 from cdc_platform.capture.events import UnsupportedEvent
 from cdc_platform_tests.capture.mysql_binlog_files import read_binlog
 from cdc_platform_tests.capture.test_mysql_binlog_files import _library_events

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from cdc_platform.capture import rowcodec
+from cdc_platform.capture.binlog import rowcodec
 from cdc_platform.capture.schema import ColumnSpec, ColumnValueError
 from cdc_platform.capture.values import converter_for
 

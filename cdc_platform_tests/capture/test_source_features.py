@@ -12,11 +12,11 @@ import pyarrow.parquet as pq
 import pymysql
 import pytest
 
-from cdc_platform.capture import binlog
+from cdc_platform.capture.binlog import stream as binlog
+from cdc_platform.capture.changes.transactions import Statement
 from cdc_platform.capture.engine import CaptureEngine, EngineOptions
 from cdc_platform.capture.events import EngineError
 from cdc_platform.capture.source import PrerequisiteError
-from cdc_platform.capture.transactions import Statement
 from cdc_platform.devservices.mariadb import MariaDBServer
 from cdc_platform_tests.conftest import CdcEnv
 

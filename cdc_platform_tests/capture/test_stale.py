@@ -9,11 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdc_platform.capture.ddl import parse_table_ddl
-from cdc_platform.capture.landing import Checkpoint, LandingZone
-from cdc_platform.capture.schema import ColumnSpec, TableSchema
-from cdc_platform.capture.stale import stale_tables
-from cdc_platform.capture.stale_markers import (
+from cdc_platform.capture.ddl.parse import parse_table_ddl
+from cdc_platform.capture.ddl.stale import stale_tables
+from cdc_platform.capture.ddl.stale_markers import (
     StaleMarker,
     read_markers,
     record_stale_targets,
@@ -21,6 +19,8 @@ from cdc_platform.capture.stale_markers import (
     snapshots_wanted,
     target_staleness,
 )
+from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
+from cdc_platform.capture.schema import ColumnSpec, TableSchema
 
 SCHEMAS = {"s.t": TableSchema("s", "t", (ColumnSpec("id", "int"), ColumnSpec("a", "int")),
                               ("id",))}
@@ -80,7 +80,7 @@ CASES: dict[str, dict[str, tuple[bool, str]]] = {
     "ALTER TABLE t MODIFY COLUMN a TINYINT NOT NULL": {"s.t": (False, "redefined as TINYINT")},
     # A CHANGE to a new name keeps its marker: its definition may rewrite values, and the old
     # definition is not in the binlog to compare with. The rename itself is recorded
-    # (capture.column_renames), so values stay under the new name until the re-snapshot.
+    # (capture.ddl.column_renames), so values stay under the new name until the re-snapshot.
     "ALTER TABLE t CHANGE a b INT": {"s.t": (False, "column a renamed to b and redefined as INT")},
     "ALTER TABLE t CHANGE COLUMN a a BIGINT": {"s.t": (False, "redefined as BIGINT")},
     # A RENAME COLUMN changes no value: the lake renames the Iceberg column instead.

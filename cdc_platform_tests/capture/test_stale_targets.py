@@ -11,7 +11,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from cdc_platform.capture.stale_markers import read_markers, resolve_markers, target_staleness
+from cdc_platform.capture.ddl.stale_markers import read_markers, resolve_markers, target_staleness
 from cdc_platform_tests.capture.snapshot.test_reader import (
     finish_and_reconcile,
     snapshot_reader,

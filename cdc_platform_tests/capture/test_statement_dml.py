@@ -1,10 +1,10 @@
-"""Row changes logged as statements: which tables they write (capture/statement_dml.py)."""
+"""Row changes logged as statements: which tables they write (capture/ddl/statement_dml.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from cdc_platform.capture.statement_dml import parse_statement_dml
+from cdc_platform.capture.ddl.statement_dml import parse_statement_dml
 
 
 @pytest.mark.parametrize(("query", "verb", "tables"), [

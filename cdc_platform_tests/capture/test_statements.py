@@ -1,7 +1,7 @@
 """Statements the server runs behind a prefix (``SET STATEMENT ... FOR``, comments,
 executable comments) are read as the statements they wrap, and every statement is placed:
 table DDL, a row change logged as SQL, a dropped database, known to change no rows, or
-unclassified, which marks the captured tables it may touch stale (``capture.statements``)."""
+unclassified, which marks the captured tables it may touch stale (``capture.ddl.statements``)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdc_platform.capture.ddl import TableDdl, parse_table_ddl
-from cdc_platform.capture.stale import stale_after_statement, stale_tables
-from cdc_platform.capture.statement_dml import StatementDml, parse_statement_dml
-from cdc_platform.capture.statements import DatabaseDrop, Unclassified, classify_statement
+from cdc_platform.capture.ddl.parse import TableDdl, parse_table_ddl
+from cdc_platform.capture.ddl.stale import stale_after_statement, stale_tables
+from cdc_platform.capture.ddl.statement_dml import StatementDml, parse_statement_dml
+from cdc_platform.capture.ddl.statements import DatabaseDrop, Unclassified, classify_statement
 from cdc_platform_tests.capture.test_stale import CASES, SCHEMAS
 
 # Every prefix the server accepts before a statement, as DBAs, online schema tools, dump and

@@ -13,7 +13,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from cdc_platform.capture.landing import Checkpoint, LandingReader, LandingZone
+from cdc_platform.capture.landing.zone import Checkpoint, LandingReader, LandingZone
 from cdc_platform.capture.storage import ArrowFileStore, FileStore, LocalFileStore, open_store
 
 

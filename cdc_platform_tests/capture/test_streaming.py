@@ -226,7 +226,7 @@ def test_first_start_after_purged_binlogs_still_catches_up(tmp_path):
     Its GTID state covers the purged domain, so 'caught up' can hold.
     """
     from cdc_platform.capture.engine import CaptureEngine, EngineOptions
-    from cdc_platform.capture.landing import LandingZone
+    from cdc_platform.capture.landing.zone import LandingZone
     from cdc_platform.capture.source import TableSelector
     from cdc_platform.devservices.mariadb import MariaDBServer
 

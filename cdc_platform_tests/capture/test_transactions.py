@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdc_platform.capture.events import Begin, EngineError, Query, XaPrepare, Xid, xa_id
-from cdc_platform.capture.transactions import (
+from cdc_platform.capture.changes.transactions import (
     Committed,
     Prepared,
     RecordLog,
@@ -18,6 +17,7 @@ from cdc_platform.capture.transactions import (
     TransactionBuffer,
     parse_xa_finish,
 )
+from cdc_platform.capture.events import Begin, EngineError, Query, XaPrepare, Xid, xa_id
 
 
 @dataclass

@@ -20,8 +20,8 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from cdc_platform.capture import binlog
 from cdc_platform.capture import source as source_sql
+from cdc_platform.capture.binlog import stream as binlog
 from cdc_platform.capture.charsets import (
     _CODECS,
     _SINGLE_BYTE,
@@ -339,7 +339,7 @@ def test_a_collation_mysql_replication_does_not_list_is_learnt_from_the_server(
     the library forgets latin1_german2_ci, and its column still lands exact latin1 text."""
     from pymysqlreplication.constants import CHARSET
 
-    from cdc_platform.capture import binlog
+    from cdc_platform.capture.binlog import stream as binlog
 
     known = CHARSET.charsets._by_id["mariadb"]  # noqa: SLF001 - the library's only table
     forgotten = next(i for i, c in known.items() if c.collation == "latin1_german2_ci")

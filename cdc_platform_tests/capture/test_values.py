@@ -227,7 +227,7 @@ def test_the_binlog_adapter_installs_its_decoders_into_mysql_replication():
     from pymysqlreplication import json_binary
     from pymysqlreplication.row_event import RowsEvent, TableMapEvent
 
-    from cdc_platform.capture import binlog
+    from cdc_platform.capture.binlog import stream as binlog
 
     assert RowsEvent.charset_to_encoding("cp1252") == "cdc-platform-keeps-bytes"
     assert RowsEvent.charset_to_encoding("utf8") == "utf8"
@@ -242,7 +242,7 @@ def test_column_specs_from_table_maps_record_charsets_and_member_names():
 
     from pymysqlreplication.constants import FIELD_TYPE as BINLOG_TYPE
 
-    from cdc_platform.capture.binlog import column_from_binlog
+    from cdc_platform.capture.binlog.stream import column_from_binlog
 
     def column(ftype, **attrs):
         return SimpleNamespace(type=ftype, name="c", **attrs)

@@ -16,8 +16,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from cdc_platform.capture.column_renames import ColumnRenames
-from cdc_platform.capture.landing import (
+from cdc_platform.capture.ddl.column_renames import ColumnRenames
+from cdc_platform.capture.landing.zone import (
     changelog_parts,
     column_renames_name,
     column_renames_parts,
@@ -101,7 +101,7 @@ class Landing:
     def rename_columns(self, table_schema: TableSchema, *renames: tuple[str, str],
                        checkpoint: bool = True, dropped: tuple[str, ...] = ()) -> int:
         """Record one ALTER's column renames (and drops) as the engine does
-        (capture.column_renames), at a position of their own; returns it."""
+        (capture.ddl.column_renames), at a position of their own; returns it."""
         position = self.next_pos
         self.next_pos += 1
         self.txn += 1

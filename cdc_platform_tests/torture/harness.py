@@ -155,8 +155,9 @@ def materialise_and_compare(spark: Any, settings: Any, primary: MariaDBServer,
                             tables: list[tuple[str, str]],
                             keys: dict[str, tuple[str, ...]] | None = None
                             ) -> list[TableVerdict]:
-    from cdc_platform.capture import names, stale_markers
-    from cdc_platform.capture.landing import LandingZone
+    from cdc_platform.capture import names
+    from cdc_platform.capture.ddl import stale_markers
+    from cdc_platform.capture.landing.zone import LandingZone
     from cdc_platform.lake.merge import materialise
 
     landing = LandingZone(settings.landing_zone.url, settings.source.server_name)
@@ -180,7 +181,7 @@ def materialise_and_compare(spark: Any, settings: Any, primary: MariaDBServer,
 
 
 def landed_tables(settings: Any) -> list[tuple[str, str]]:
-    from cdc_platform.capture.landing import LandingZone
+    from cdc_platform.capture.landing.zone import LandingZone
 
     landing = LandingZone(settings.landing_zone.url, settings.source.server_name)
     return sorted((s.database, s.table) for s in landing.read_tables().values())
@@ -271,7 +272,7 @@ def run_startup_cell(cluster: Cluster, cell: Cell, root: Path, index: int) -> Ce
 def run_cell(cluster: Cluster, spark: Any, cell: Cell, root: Path, index: int) -> CellResult:
     """Write the cell on the primary, capture it alone from replica 1, compare its targets."""
     from cdc_platform.capture.engine import CaptureEngine, EngineOptions
-    from cdc_platform.capture.landing import LandingZone
+    from cdc_platform.capture.landing.zone import LandingZone
     from cdc_platform.config import parse_settings
 
     started = time.monotonic()
@@ -451,7 +452,8 @@ def _run_requested_snapshots(settings: Any, landing: Any) -> None:
     (``stale_markers.snapshots_wanted``: a DDL left a target stale) and snapshot requests the
     platform wrote and did not finish. Each table's reader runs beside a streaming engine, as
     the snapshot asset would. The harness never decides to snapshot a table itself."""
-    from cdc_platform.capture import names, stale_markers
+    from cdc_platform.capture import names
+    from cdc_platform.capture.ddl import stale_markers
     from cdc_platform.capture.engine import CaptureEngine, EngineOptions
     from cdc_platform.capture.snapshot import reader as snapshot_reader
 
@@ -645,7 +647,7 @@ class EngineProcess:
 
 def run_faults(cluster: Cluster, spark: Any, cells: list[Cell], root: Path, *, kills: int,
                seed: int, workload_seconds: float) -> FaultResult:
-    from cdc_platform.capture.landing import LandingZone
+    from cdc_platform.capture.landing.zone import LandingZone
     from cdc_platform.config import parse_settings
 
     started = time.monotonic()

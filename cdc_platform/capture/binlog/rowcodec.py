@@ -5,7 +5,7 @@ most of the engine's time. mysql-replication still reads the protocol (packets, 
 the rows event's header and columns-present bitmaps); for a table map whose every column is
 of a kind the extension decodes, the rest of the event (the row images) is read here and
 decoded by the extension into tuples in table-map column order, equal in type and value to
-what the library returns for the column as ``capture/binlog.py`` patches it.
+what the library returns for the column as ``capture/binlog/stream.py`` patches it.
 
 Anything else is left to the library, event by event: a column kind not decoded natively
 (JSON, GEOMETRY, the old DATETIME/TIMESTAMP/TIME formats, an unknown type), a text column
@@ -284,7 +284,7 @@ def with_landing_target(codec: ColumnCodec, landing: ColumnSpec) -> ColumnCodec:
 def refuse_unreadable(event: Any) -> None:
     """Raise ``UnsupportedEvent`` for a rows event whose row images cannot be read exactly.
 
-    Checked here, before any decoder, although ``capture/binlog.py`` stops on partial updates
+    Checked here, before any decoder, although ``capture/binlog/stream.py`` stops on partial updates
     itself: the extension reads row images as plain ones, and turns a partial update's into
     plausible wrong rows, so it must not depend on every caller remembering. The type byte is
     checked as well as the class, for a library that would parse the event as another class.

@@ -59,8 +59,8 @@ from pymysqlreplication.row_event import (
 from pymysqlreplication.table import Table
 from pymysqlreplication.util.bytes import decode_decimal
 
-from cdc_platform.capture import binlog_decoding
-from cdc_platform.capture.binlog_decoding import (
+from cdc_platform.capture.binlog import decoding as binlog_decoding
+from cdc_platform.capture.binlog.decoding import (
     HEARTBEAT_EVENT_TYPES,
     IGNORABLE_EVENT_TYPES,
     PayloadError,
@@ -70,6 +70,7 @@ from cdc_platform.capture.binlog_decoding import (
     packed_int,
     read_mariadb_xa_id,
 )
+from cdc_platform.capture.binlog.rowcodec import RowsDecoders
 from cdc_platform.capture.charsets import (
     UTF8_CHARSETS,
     as_information_schema_shows,
@@ -90,7 +91,6 @@ from cdc_platform.capture.events import (
 )
 from cdc_platform.capture.flavours import Flavour
 from cdc_platform.capture.gtid import MysqlGtidSet, encode_mysql_gtid_set
-from cdc_platform.capture.rowcodec import RowsDecoders
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.values import json_opaque_text
 

@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from cdc_platform.capture.changes.spill import SpillStore
+from cdc_platform.capture.changes.transactions import PreparedXa, RecordLog
 from cdc_platform.capture.events import EngineError
-from cdc_platform.capture.spill import SpillStore
-from cdc_platform.capture.transactions import PreparedXa, RecordLog
 
 # The checkpoint's ``extra`` key of the XA transactions prepared and not yet committed.
 XA_CHECKPOINT_KEY = "xa_prepared"

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from cdc_platform.capture import names
-from cdc_platform.capture.ddl import (
+from cdc_platform.capture.ddl.parse import (
     TableDdl,
     alter_clauses,
     dropped_column,
@@ -42,7 +42,7 @@ from cdc_platform.capture.ddl import (
     token_at,
     word_of,
 )
-from cdc_platform.capture.landing import LandingZone, column_renames_name
+from cdc_platform.capture.landing.zone import LandingZone, column_renames_name
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.storage import write_atomically
 
@@ -98,7 +98,7 @@ def renamed_columns(ddl: TableDdl) -> tuple[Rename, ...]:
     ``RENAME COLUMN [IF EXISTS] a TO b`` and ``CHANGE [COLUMN] [IF EXISTS] a b <definition>``
     with ``b`` other than ``a``. An ALTER that also renames the table renames nothing here: the
     table under the new name is stale and re-snapshotted, the old name is gone
-    (``capture.stale``).
+    (``capture.ddl.stale``).
     """
     if ddl.verb != "ALTER" or ddl.renames:
         return ()

@@ -1,13 +1,13 @@
 """What a statement in the binlog does to capture, recorded before the checkpoint passes it.
 
 A statement outside a transaction's row events (``transactions.Statement``) is classified
-(``capture.statements``) and then:
+(``capture.ddl.statements``) and then:
 
 * a row change logged as SQL that writes a captured table, or may, stops capture loudly
   (its rows are not in the binlog): ``EngineError`` naming the GTID, the tables and the fix;
 * table DDL writes the stale-target markers of the tables whose rows it changed without row
-  events (``capture.stale_markers``) and the record of the columns it renamed or dropped
-  (``capture.column_renames``, at a changelog position of its own);
+  events (``capture.ddl.stale_markers``) and the record of the columns it renamed or dropped
+  (``capture.ddl.column_renames``, at a changelog position of its own);
 * a dropped database, or a statement the platform cannot classify, writes markers for the
   captured tables it may have changed;
 
@@ -22,19 +22,19 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from cdc_platform.capture import names
-from cdc_platform.capture.column_renames import ColumnRenames, record_column_renames
-from cdc_platform.capture.ddl import TableDdl
-from cdc_platform.capture.events import EngineError
-from cdc_platform.capture.landing import LandingZone
-from cdc_platform.capture.schema import TableSchema
-from cdc_platform.capture.source import TableSelector
-from cdc_platform.capture.stale_markers import (
+from cdc_platform.capture.ddl.column_renames import ColumnRenames, record_column_renames
+from cdc_platform.capture.ddl.parse import TableDdl
+from cdc_platform.capture.ddl.stale_markers import (
     StaleMarker,
     record_stale_after_statement,
     record_stale_targets,
 )
-from cdc_platform.capture.statement_dml import StatementDml
-from cdc_platform.capture.statements import Unclassified, classify_statement
+from cdc_platform.capture.ddl.statement_dml import StatementDml
+from cdc_platform.capture.ddl.statements import Unclassified, classify_statement
+from cdc_platform.capture.events import EngineError
+from cdc_platform.capture.landing.zone import LandingZone
+from cdc_platform.capture.schema import TableSchema
+from cdc_platform.capture.source import TableSelector
 
 TableName = tuple[str, str]
 

@@ -46,7 +46,7 @@ class TableDdl:
     # (old, new) of each rename, in statement order (RENAME TABLE, ALTER TABLE .. RENAME TO).
     renames: tuple[tuple[tuple[str, str], tuple[str, str]], ...] = field(default=(),
                                                                          compare=False)
-    # The statement and its default database, for what it does to rows (capture.stale).
+    # The statement and its default database, for what it does to rows (capture.ddl.stale).
     query: str = field(default="", compare=False)
     default_db: str = field(default="", compare=False)
 

@@ -10,9 +10,9 @@ or values silently. So the engine writes a **marker** per table such a DDL makes
 landing zone, before its checkpoint moves past the DDL; Dagster shows the markers (target
 metadata, the ``not_stale`` asset check) and re-snapshots the table (``capture.resnapshot_on_ddl``).
 A marker is resolved by a snapshot of the whole table that opened after the DDL
-(``capture.stale_markers``).
+(``capture.ddl.stale_markers``).
 
-A RENAME COLUMN changes no value: the engine records it (``capture.column_renames``) and the
+A RENAME COLUMN changes no value: the engine records it (``capture.ddl.column_renames``) and the
 lake renames the column, so it marks nothing (unless the old name was excluded from capture).
 A CHANGE to a new name keeps its marker (its new definition may rewrite values; the old one is
 not in the binlog) and is recorded as a rename too.
@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from cdc_platform.capture import names
-from cdc_platform.capture.column_renames import renamed_columns
-from cdc_platform.capture.ddl import (
+from cdc_platform.capture.ddl.column_renames import renamed_columns
+from cdc_platform.capture.ddl.parse import (
     TableDdl,
     Token,
     alter_clauses,
@@ -39,8 +39,8 @@ from cdc_platform.capture.ddl import (
     token_at,
     word_of,
 )
+from cdc_platform.capture.ddl.statements import DatabaseDrop, Unclassified
 from cdc_platform.capture.schema import TableSchema
-from cdc_platform.capture.statements import DatabaseDrop, Unclassified
 
 TableName = tuple[str, str]
 ColumnCaptured = Callable[[str, str, str], bool]
@@ -188,7 +188,7 @@ def _redefinition(spec: Sequence[Token], verb: str) -> str:
         if new != old:
             # The old definition is not in the binlog (and the engine's schemas may already be
             # newer than this DDL), so "the same type" cannot be proven: the values may have
-            # been rewritten. The rename itself is followed (capture.column_renames).
+            # been rewritten. The rename itself is followed (capture.ddl.column_renames).
             return (f"column {old} renamed to {new} and redefined as "
                     f"{_type_text(spec[position + 1:])} (CHANGE): a type, character-set or "
                     "NULL change rewrites every value; the lake keeps the values under "
@@ -225,7 +225,7 @@ def _alter_clause(spec: Sequence[Token], schema: TableSchema | None) -> str | No
     if first in ("MODIFY", "CHANGE"):
         return _redefinition(spec, first)
     if first == "RENAME":
-        # RENAME COLUMN changes no value: the lake renames the column (capture.column_renames).
+        # RENAME COLUMN changes no value: the lake renames the column (capture.ddl.column_renames).
         # RENAME INDEX/KEY change no row; RENAME TO is a table rename (see stale_tables).
         return None
     if first == "CONVERT":

@@ -1,6 +1,6 @@
 """Stale-target markers in the landing zone: written by the engine, resolved by snapshots.
 
-For every table a DDL leaves stale (``capture.stale``), the engine writes a marker while it
+For every table a DDL leaves stale (``capture.ddl.stale``), the engine writes a marker while it
 processes the DDL, so before its checkpoint passes it; a replay writes the same file again.
 A marker is **resolved** once a whole-table snapshot that opened after the DDL is done (the
 checkpoint's snapshot sessions say so), and forgotten once the target has applied that
@@ -19,22 +19,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cdc_platform.capture import names
-from cdc_platform.capture.ddl import TableDdl
+from cdc_platform.capture.ddl.parse import TableDdl
+from cdc_platform.capture.ddl.stale import (
+    ColumnCaptured,
+    StaleTable,
+    stale_after_statement,
+    stale_tables,
+)
+from cdc_platform.capture.ddl.statements import DatabaseDrop, Unclassified
 from cdc_platform.capture.gtid import parse_gtid, parse_position
-from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.protocol import (
     SessionState,
     SnapshotSession,
     read_session_state,
 )
-from cdc_platform.capture.stale import (
-    ColumnCaptured,
-    StaleTable,
-    stale_after_statement,
-    stale_tables,
-)
-from cdc_platform.capture.statements import DatabaseDrop, Unclassified
 from cdc_platform.capture.storage import write_atomically
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from cdc_platform.capture.ddl import may_be_wrapped, statement_tokens
+from cdc_platform.capture.ddl.parse import may_be_wrapped, statement_tokens
 
 _DML_VERBS = frozenset({"INSERT", "REPLACE", "UPDATE", "DELETE", "LOAD", "WITH"})
 _INSERT_MODIFIERS = frozenset({"LOW_PRIORITY", "DELAYED", "HIGH_PRIORITY", "IGNORE", "INTO"})

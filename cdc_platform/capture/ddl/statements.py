@@ -2,8 +2,8 @@
 statements a transaction buffer hands the engine (everything but transaction control).
 
 With ``binlog_format=ROW`` every row change reaches the binlog as row events, except what a
-statement does by itself: table DDL (``capture.ddl``), a row change logged as SQL
-(``capture.statement_dml``), a dropped database. Most other statements change no row of
+statement does by itself: table DDL (``capture.ddl.parse``), a row change logged as SQL
+(``capture.ddl.statement_dml``), a dropped database. Most other statements change no row of
 any table (GRANT, CREATE VIEW, CREATE INDEX, ...). A statement this module cannot place must
 never pass silently: it is :class:`Unclassified`, and the engine marks the captured tables it
 may touch stale (docs/landing-zone.md, "Stale-target markers"), so that their targets are
@@ -17,8 +17,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cdc_platform.capture.ddl import TableDdl, Token, parse_table_ddl, statement_tokens, word_of
-from cdc_platform.capture.statement_dml import StatementDml, parse_statement_dml
+from cdc_platform.capture.ddl.parse import (
+    TableDdl,
+    Token,
+    parse_table_ddl,
+    statement_tokens,
+    word_of,
+)
+from cdc_platform.capture.ddl.statement_dml import StatementDml, parse_statement_dml
 
 TableName = tuple[str, str]
 

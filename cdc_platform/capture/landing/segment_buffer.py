@@ -21,17 +21,17 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 
+from cdc_platform.capture.changes.row_images import Record
+from cdc_platform.capture.changes.spill import HeldRecords, SpilledRecords
 from cdc_platform.capture.events import EngineError
-from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.landing_contract import OP, snapshot_field
-from cdc_platform.capture.row_images import Record
 from cdc_platform.capture.schema import (
     ColumnSpec,
     ColumnValueError,
     TableSchema,
     landing_arrays,
 )
-from cdc_platform.capture.spill import HeldRecords, SpilledRecords
 
 # A segment whose pieces average fewer rows than this is made contiguous before it is written
 # (``_run_table``).

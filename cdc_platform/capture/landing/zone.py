@@ -78,7 +78,7 @@ def snapshot_parts(database: str, table: str) -> tuple[str, ...]:
 
 
 def column_renames_parts(database: str, table: str) -> tuple[str, ...]:
-    """The path of a table's column-rename records (``capture.column_renames``) below the
+    """The path of a table's column-rename records (``capture.ddl.column_renames``) below the
     server's folder."""
     return (COLUMN_RENAMES_DIR, *table_parts(database, table))
 

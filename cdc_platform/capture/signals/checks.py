@@ -23,7 +23,7 @@ import pymysql
 
 from cdc_platform.capture import names
 from cdc_platform.capture import source as source_sql
-from cdc_platform.capture.binlog import is_retriable
+from cdc_platform.capture.binlog.stream import is_retriable
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.chunks import snapshot_key_problem
 from cdc_platform.capture.source import TableSelector, quote_identifier

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from cdc_platform.capture import names
-from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.snapshot.errors import SnapshotError
 from cdc_platform.capture.snapshot.protocol import (
     DEFAULT_CHUNK_SIZE,

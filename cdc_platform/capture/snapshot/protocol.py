@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cdc_platform.capture.keys import Key
-from cdc_platform.capture.landing import Checkpoint, LandingZone
+from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
 from cdc_platform.capture.schema import ColumnSpec, ColumnValueError, TableSchema, landing_arrays
 from cdc_platform.capture.snapshot import native
 from cdc_platform.capture.snapshot.chunks import Chunk

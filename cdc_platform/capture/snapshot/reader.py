@@ -34,9 +34,9 @@ import pymysql
 
 from cdc_platform.capture import names
 from cdc_platform.capture import source as source_sql
-from cdc_platform.capture.binlog import is_retriable
+from cdc_platform.capture.binlog.stream import is_retriable
 from cdc_platform.capture.keys import Key
-from cdc_platform.capture.landing import Checkpoint, LandingZone
+from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot import native
 from cdc_platform.capture.snapshot.actions import request_action

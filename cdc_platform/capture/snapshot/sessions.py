@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from cdc_platform.capture import names
 from cdc_platform.capture.gtid import Gtid, GtidSet, parse_position
 from cdc_platform.capture.keys import Key
-from cdc_platform.capture.landing import SNAPSHOTS_DIR, LandingZone, table_of_parts
+from cdc_platform.capture.landing.zone import SNAPSHOTS_DIR, LandingZone, table_of_parts
 from cdc_platform.capture.landing_contract import (
     HI_OPEN,
     LO_OPEN,

@@ -5,8 +5,8 @@ import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 
 from cdc_platform.capture import source as source_sql
-from cdc_platform.capture import stale_markers
-from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.ddl import stale_markers
+from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.names import joined_name, valid_name
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.source import selector_from_settings
@@ -80,7 +80,7 @@ def _target_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinitio
 
 def _staleness(settings: Settings, schema: TableSchema, consumed_pos: int | None) -> str | None:
     """Why the target (consumed up to ``consumed_pos``) is stale after a DDL, or None; markers
-    whose re-snapshot the target has applied are forgotten (``capture.stale_markers``)."""
+    whose re-snapshot the target has applied are forgotten (``capture.ddl.stale_markers``)."""
     landing = LandingZone(settings.landing_zone.url, settings.source.server_name)
     markers = stale_markers.resolve_markers(landing)
     stale_markers.forget_applied(landing, markers, schema.table_id, consumed_pos)

@@ -15,7 +15,7 @@ from typing import Any
 
 import dagster as dg
 
-from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.names import split_table_id
 from cdc_platform.capture.signals.checks import SourceChecks
 from cdc_platform.capture.signals.kafka import KafkaChannelError, KafkaTopics, SignalCursor

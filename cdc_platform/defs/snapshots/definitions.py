@@ -14,7 +14,7 @@ import dagster as dg
 from pydantic import Field
 
 from cdc_platform.capture import source as source_sql
-from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.names import joined_name
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.chunks import DEFAULT_CHUNK_MAX_BYTES, snapshot_key_problem

@@ -1,6 +1,6 @@
 """The re-snapshot sensor: a DDL that left a target stale -> a run of the table's snapshot asset.
 
-The engine writes a stale marker per table such a DDL changes (``capture.stale_markers``). Each tick
+The engine writes a stale marker per table such a DDL changes (``capture.ddl.stale_markers``). Each tick
 resolves the markers a finished snapshot answered and asks for one snapshot run per table whose
 newest marker is open, keyed by that marker (``resnapshot:<table>:<gtid>:<position>``), so a
 marker launches at most one run whatever the ticks; a table a run or a live reader is already
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import dagster as dg
 
-from cdc_platform.capture import stale_markers
-from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.ddl import stale_markers
+from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.config import Settings
 from cdc_platform.defs.signals.sensors import SNAPSHOT_TABLE_TAG, busy_tables
 

@@ -8,7 +8,7 @@ from typing import Any
 import dagster as dg
 
 from cdc_platform.capture.engine import CaptureEngine, EngineOptions, EngineStats
-from cdc_platform.capture.landing import LandingZone
+from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.start_errors import check_source
 from cdc_platform.config import Settings
 from cdc_platform.defs.failures import start_errors_fail_the_run

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdc_platform.capture.binlog import BinlogStream
+from cdc_platform.capture.binlog.stream import BinlogStream
 from cdc_platform.capture.events import TableMap
 from cdc_platform.capture.flavours import flavour_of
 from cdc_platform.capture.schema import ColumnSpec, TableSchema

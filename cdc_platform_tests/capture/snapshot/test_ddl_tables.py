@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from cdc_platform.capture.ddl import TableDdl, parse_table_ddl
+from cdc_platform.capture.ddl.parse import TableDdl, parse_table_ddl
 
 CASES = [
     ("ALTER TABLE t ADD COLUMN note VARCHAR(10)", "ALTER", [("shop", "t")]),

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdc_platform.capture.binlog import is_retriable
+from cdc_platform.capture.binlog.stream import is_retriable
 from cdc_platform.capture.snapshot import native
 from cdc_platform.capture.snapshot.chunks import (
     Chunk,

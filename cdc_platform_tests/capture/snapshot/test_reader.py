@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cdc_platform.capture import source as source_sql
-from cdc_platform.capture.landing import Checkpoint, LandingZone
+from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.snapshot import actions, protocol
 from cdc_platform.capture.snapshot.actions import (
