@@ -35,6 +35,7 @@ from hypothesis import strategies as st
 from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import PartialUpdateRowsEvent, TableMapEvent
 
+from cdc_platform import capture
 from cdc_platform.capture.binlog import decoding as binlog_decoding
 from cdc_platform.capture.binlog import rowcodec
 from cdc_platform.capture.binlog import stream as _binlog  # noqa: F401 - installs the library patches
@@ -394,7 +395,7 @@ def test_the_decoder_is_clean_under_address_and_undefined_behaviour_sanitizers(t
     libasan = _sanitizer_runtime()
     if libasan is None:
         pytest.skip("gcc with libasan is needed to build the sanitized decoder")
-    source = Path(rowcodec.__file__).with_name("_rowcodec.c")
+    source = Path(capture.__file__).with_name("_rowcodec.c")  # (the extension's own folder)
     module = tmp_path / f"_rowcodec{sysconfig.get_config_var('EXT_SUFFIX')}"
     subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-g", "-std=c11",
                     "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
