@@ -193,6 +193,8 @@ def _materialise_once(
     # Renames below the checkpoint's next_pos are covered: a schema from the landing zone
     # reflects them, so a table created from it follows them all.
     before_pos = checkpoint.next_pos if checkpoint is not None else 1
+    renames = read_column_renames(landing_url, server_name, database, table, before_pos) if (
+        checkpoint is not None) else []
 
     def unchanged() -> MergeResult:
         dropped = False
@@ -200,7 +202,8 @@ def _materialise_once(
             _create(target, _fallback_schema(landing_url, server_name, database, table,
                                              schema_hint), before_pos - 1)
         elif checkpoint is not None:
-            dropped = _drop_columns_dropped_at_source(landing_url, target, before_pos)
+            dropped = _drop_columns_dropped_at_source(landing_url, target, renames,
+                                                      before_pos)
         return _result(target, started, attempt, schema_changed=dropped)
 
     if checkpoint is None:
@@ -213,7 +216,6 @@ def _materialise_once(
             f"to another source. Rebuild the target: DROP TABLE {target.identifier}, then "
             "materialise it again"
         )
-    renames = read_column_renames(landing_url, server_name, database, table, before_pos)
     batch, newest = changelog_batch(
         spark, landing_url, server_name, database, table, after_pos, before_pos,
         snapshot_columns=True, renames=renames,
@@ -274,7 +276,8 @@ def _materialise_once(
                 victims.unpersist()
     finally:
         folded.unpersist()
-    schema_changed = _drop_columns_dropped_at_source(landing_url, target, before_pos) or (
+    schema_changed = _drop_columns_dropped_at_source(landing_url, target, renames,
+                                                     before_pos) or (
         schema_changed)
 
     result = MergeResult(
@@ -383,23 +386,26 @@ def _create(target: LakeTable, schema: TableSchema, renamed_through: int) -> Non
 
 
 def _drop_columns_dropped_at_source(landing_url: str, target: LakeTable,
-                                    before_pos: int) -> bool:
-    """Drop the target's columns that a covered column record (``capture.ddl.column_renames``)
-    says the source dropped, when no segment of the table holds records between that record
-    and the checkpoint (``before_pos``): the source's schema there is the one after the DROP.
-    Needed where no row of the table changed after the DROP (a batch's ``evolve`` follows its
-    newest segment, which then predates the DROP); a segment after the record decides instead
-    (``evolve``: the column is gone from it, or was added again). Returns whether it dropped.
+                                    records: Sequence[ColumnRenames], before_pos: int) -> bool:
+    """Drop the target's columns that a covered column record (``capture.ddl.column_renames``;
+    ``records``: those below ``before_pos``) says the source dropped, when no segment of the
+    table holds records between that record and the checkpoint (``before_pos``): the source's
+    schema there is the one after the DROP. Needed where no row of the table changed after the
+    DROP (a batch's ``evolve`` follows its newest segment, which then predates the DROP); a
+    segment after the record decides instead (``evolve``: the column is gone from it, or was
+    added again). Returns whether it dropped.
     """
-    server_name, database, table = target.server_name, target.database, target.table
-    records = [r for r in read_column_renames(landing_url, server_name, database, table,
-                                              before_pos) if r.dropped]
-    if not records:
+    drops = [r for r in records if r.dropped]
+    if not drops:
         return False
+    server_name, database, table = target.server_name, target.database, target.table
     current = {f.name.lower(): f.name for f in target.user_struct().fields}
-    gone = {current[column.lower()] for record in records for column in record.dropped
-            if column.lower() in current and not list_segments(
-                landing_url, server_name, database, table, record.position, before_pos)}
+    gone: set[str] = set()
+    for record in drops:
+        columns = [current[c.lower()] for c in record.dropped if c.lower() in current]
+        if columns and not list_segments(landing_url, server_name, database, table,
+                                         record.position, before_pos):
+            gone.update(columns)
     if gone:
         target.drop_columns(sorted(gone))
     return bool(gone)
