@@ -159,6 +159,22 @@ class CaptureSettings(_Section):
         "RENAME COLUMN, which the lake follows). Off: the target is still marked stale "
         "(metadata, the `not_stale` check) until you snapshot it.",
     )
+    snapshot_mode: Literal["initial", "when_needed", "never"] = Field(
+        default="initial",
+        description="When the platform snapshots tables by itself (read-only incremental "
+        "snapshots, launched as runs of the snapshot assets by a sensor). `initial`: on a first "
+        "start (no checkpoint) every captured table with a key, and later every table that "
+        "becomes captured while already holding rows (a widened filter, a RENAME TABLE into the "
+        "captured set, a table first seen by its row events). `when_needed`: as `initial`, and "
+        "when the binlog the checkpoint needs was purged the engine restarts at the source's "
+        "current GTID set and snapshots every captured table instead of stopping. `never`: "
+        "only signals and DDL re-snapshots start snapshots.",
+    )
+    max_parallel_snapshots: int = Field(
+        default=2, ge=1,
+        description="Snapshot runs the platform launches by itself (snapshot_mode, DDL "
+        "re-snapshots) that may run at the same time; more wait, queued by the sensor.",
+    )
     reconnect: ReconnectSettings = Field(default_factory=ReconnectSettings)
     system_databases: tuple[str, ...] = Field(
         default=("mysql", "information_schema", "performance_schema", "sys"),
@@ -175,6 +191,12 @@ class LandingZoneSettings(_Section):
     url: str = Field(
         description="Directory (local path or file:// URL; relative paths are resolved against "
         "the working directory) holding changelog segments and the engine checkpoint."
+    )
+    retention_hours: float = Field(
+        default=1.0, ge=0,
+        description="Changelog segments are deleted once every target has consumed them (its "
+        "Iceberg mark is past them) and they are older than this; committed snapshot chunks "
+        "and their manifests once their rows are in the changelog. 0: as soon as consumed.",
     )
 
 
@@ -230,6 +252,40 @@ class WarehouseSettings(_Section):
         default="0 3 * * *",
         description="When the `lake_maintenance` schedule runs compaction and snapshot expiry "
         "(the schedule starts stopped; turn it on in the UI or run the job by hand).",
+    )
+
+
+class LakeSettings(_Section):
+    """How the applier (the long-running ``apply_changes`` job) keeps the lake tables fresh."""
+
+    freshness_seconds: float = Field(
+        default=60.0, gt=0,
+        description="The promise: while the stream runs, every target reflects the changelog "
+        "up to at most this many seconds ago. Each target's freshness check fails beyond it.",
+    )
+    poll_seconds: float = Field(
+        default=2.0, gt=0,
+        description="How often the applier looks for new changelog records; a table with new "
+        "records is merged at once (one Iceberg commit per table per merge).",
+    )
+    reconcile_every_merges: int = Field(
+        default=0, ge=0,
+        description="The applier reconciles a target against the source after this many merges "
+        "of it (0: by reconcile_interval_minutes only).",
+    )
+    reconcile_interval_minutes: float = Field(
+        default=60.0, ge=0,
+        description="The applier reconciles each target at least this often, when it has "
+        "caught up with the changelog (0: by reconcile_every_merges only).",
+    )
+    compact_min_files: int = Field(
+        default=64, ge=2,
+        description="The applier compacts a target (Iceberg's rewrite actions) once it has this "
+        "many data and delete files.",
+    )
+    compact_delete_ratio: float = Field(
+        default=0.2, gt=0, le=1,
+        description="... or once its delete files hold this share of its rows.",
     )
 
 
@@ -292,6 +348,7 @@ class Settings(_Section):
     landing_zone: LandingZoneSettings
     spark: SparkSettings = Field(default_factory=SparkSettings)
     warehouse: WarehouseSettings
+    lake: LakeSettings = Field(default_factory=LakeSettings)
     reconcile: ReconcileSettings = Field(default_factory=ReconcileSettings)
     signals: SignalSettings = Field(default_factory=SignalSettings)
 
