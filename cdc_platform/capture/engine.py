@@ -100,6 +100,8 @@ HEARTBEAT_MAX_SECONDS = 0.025
 # engine starting on a backlog opened sessions before it had passed their table's CREATE
 # TABLE more often, each then ended for a restart at that DDL: a wasted round trip.)
 SNAPSHOT_REQUEST_POLL_SECONDS = 0.1
+# An unchanged checkpoint is rewritten after this long (see ``flush``).
+CHECKPOINT_REFRESH_SECONDS = 10.0
 # The buffer's memory estimate of buffered records: the binlog bytes of their rows events (the
 # values' payload) plus Python's cost of a record and of each value object (tracemalloc of
 # 4-column records on this machine: 313 bytes each, estimated 311).
@@ -211,6 +213,7 @@ class CaptureEngine:
         self._last_flush = time.monotonic()
         self._last_snapshot_poll = self._last_flush
         self._checkpointed_position = ""
+        self._checkpointed_at = time.monotonic()
         self._last_commit_ts: float | None = None
         self._last_activity = time.monotonic()
         self._control: Any = None
@@ -771,8 +774,11 @@ class CaptureEngine:
                 self._schema_for_snapshot):
             self._snapshots_dirty = True
         position_text = str(self._processed)
+        # An idle engine still rewrites its checkpoint now and then: its ``written_at`` (and a
+        # lag of 0) is how the lake's freshness checks tell an idle source from a dead engine.
+        refresh = time.monotonic() - self._checkpointed_at >= CHECKPOINT_REFRESH_SECONDS
         if self._segments.empty and position_text == self._checkpointed_position and not (
-            self._schemas_dirty or self._snapshots_dirty or self._xa_dirty or force
+            self._schemas_dirty or self._snapshots_dirty or self._xa_dirty or force or refresh
         ):
             return
         chunks = self._segments.take()
@@ -816,6 +822,7 @@ class CaptureEngine:
         self._snapshots_dirty = False
         self._xa_dirty = False
         self._checkpointed_position = position_text
+        self._checkpointed_at = time.monotonic()
 
     def _land_chunks(self) -> None:
         """Hand the queued chunks to the landing writer as segments, without a checkpoint: the
