@@ -20,6 +20,7 @@ from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.source import selector_from_settings
 from cdc_platform.config import Settings, settings
 from cdc_platform.defs.dbt import definitions as dbt_defs
+from cdc_platform.defs.lake import applier as lake_applier
 from cdc_platform.defs.lake import definitions as lake_defs
 from cdc_platform.defs.lake import maintenance as lake_maintenance
 from cdc_platform.defs.signals import definitions as signals_defs
@@ -75,6 +76,7 @@ def build_definitions(config: Settings) -> dg.Definitions:
     return dg.Definitions.merge(
         streaming_defs.build(config),
         lake_defs.build(config, tables),
+        lake_applier.build(config, tables),
         lake_maintenance.build(config, tables),
         snapshots_defs.build(config, snapshot_assets),
         snapshots_sensors.build(config, snapshot_assets),

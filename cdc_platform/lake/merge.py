@@ -27,6 +27,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import reduce
 from typing import Any
 
@@ -56,6 +57,7 @@ from cdc_platform.capture.landing_contract import (
     SNAPSHOT_ROW,
     SWEEP,
     THRESHOLD,
+    TS_MS,
     hi_column,
 )
 from cdc_platform.capture.names import table_id
@@ -112,6 +114,16 @@ class MergeResult:
     snapshot_rows: int = 0  # keys whose newest record in the batch is a chunk row (op "r")
     asserted_deletes: int = 0  # live keys deleted by range assertions and sweeps (in deletes)
     attempts: int = 1
+    newest_source_ms: int | None = None  # source commit time of the newest record applied
+    appended: bool = False  # the batch went into an empty table as an append, not a MERGE
+
+    @property
+    def lag_seconds(self) -> float | None:
+        """From the source commit of the newest record applied to the Iceberg commit."""
+        if self.newest_source_ms is None or self.snapshot is None or not self.committed:
+            return None
+        committed_ms = self.snapshot.committed_at.timestamp() * 1000
+        return round(max(0.0, committed_ms - self.newest_source_ms) / 1000, 3)
 
     @property
     def snapshot_id(self) -> int | None:
@@ -134,7 +146,12 @@ class MergeResult:
             "schema_changed": self.schema_changed,
             "commit_attempts": self.attempts,
             "duration_seconds": round(self.duration_seconds, 3),
+            "write": "append" if self.appended else "merge",
         }
+        if self.newest_source_ms is not None:
+            data["newest_source_commit"] = _iso(self.newest_source_ms)
+        if self.lag_seconds is not None:
+            data["lag_seconds"] = self.lag_seconds
         if self.snapshot is not None:
             data.update(self.snapshot.metadata())
         return data
@@ -267,9 +284,13 @@ def _materialise_once(
         properties = {CONSUMED_POS: str(consumed_pos), CONSUMED_GTID: gtid or ""}
         view = f"cdc_merge_source_{uuid.uuid4().hex}"
         source.createOrReplaceTempView(view)
+        # Into a table with no rows (an initial load) the batch is an append: nothing to
+        # match, and the writer skips the MERGE's join and its delete files.
+        appended = base.rows == 0
+        statement = append_statement if appended else merge_statement
         try:
             snapshot = target.commit_merge(
-                base, lambda name: merge_statement(name, view, newest), properties)
+                base, lambda name: statement(name, view, newest), properties)
         finally:
             spark.catalog.dropTempView(view)
             if victims is not None:
@@ -297,6 +318,8 @@ def _materialise_once(
         snapshot_rows=counts[SNAPSHOT_ROW],
         asserted_deletes=asserted,
         attempts=attempt,
+        newest_source_ms=counts["newest_ms"] or None,
+        appended=appended,
     )
     log.info("materialised %s", result)
     return result
@@ -321,6 +344,19 @@ def merge_statement(target: str, source: str, schema: TableSchema) -> str:
         f"WHEN MATCHED AND {newer} THEN UPDATE SET {assign} "
         f"WHEN NOT MATCHED AND s.{quote(OP)} <> '{DELETE}' THEN INSERT ({names}) VALUES ({values})"
     )
+
+
+def append_statement(target: str, source: str, schema: TableSchema) -> str:
+    """The INSERT applying a folded batch to a table that had no rows: every key's newest
+    record that is not a delete becomes a row (what the MERGE does into an empty table)."""
+    columns = [*schema.column_names, POS]
+    names = ", ".join(quote(c) for c in columns)
+    return (f"INSERT INTO {target} ({names}) SELECT {names} FROM {quote(source)} "
+            f"WHERE {quote(OP)} <> '{DELETE}'")
+
+
+def _iso(epoch_ms: int) -> str:
+    return datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat(timespec="milliseconds")
 
 
 def _fold_latest(df: DataFrame, keys: list[str]) -> DataFrame:
@@ -359,6 +395,7 @@ def _count(folded: DataFrame) -> dict[str, int]:
     aggregates = [
         F.sum(col(RECORDS)).alias("records"),
         F.max(col(POS)).alias("max_pos"),
+        F.max(col(TS_MS)).alias("newest_ms"),
         F.count(F.when(instruction, 1)).alias("instructions"),
         F.count(F.lit(1)).alias("total"),
         *[F.count(F.when(row & (col(OP) == op), 1)).alias(op) for op in ROW_OPS],

@@ -66,7 +66,7 @@ def _target_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinitio
             f"({'new' if result.committed else 'unchanged'}), {result.records_read} changelog "
             f"records merged, {result.rows} rows"
         )
-        stale_reason = _staleness(settings, schema, result.consumed_pos)
+        stale_reason = staleness(settings, schema, result.consumed_pos)
         if stale_reason:
             context.log.warning(f"{schema.table_id}: target stale: {stale_reason}")
         return dg.MaterializeResult(metadata={
@@ -78,7 +78,7 @@ def _target_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinitio
     return target
 
 
-def _staleness(settings: Settings, schema: TableSchema, consumed_pos: int | None) -> str | None:
+def staleness(settings: Settings, schema: TableSchema, consumed_pos: int | None) -> str | None:
     """Why the target (consumed up to ``consumed_pos``) is stale after a DDL, or None; markers
     whose re-snapshot the target has applied are forgotten (``capture.ddl.stale_markers``)."""
     landing = LandingZone(settings.landing_zone.url, settings.source.server_name)
@@ -107,7 +107,7 @@ def _not_stale_check(settings: Settings, schema: TableSchema) -> dg.AssetChecksD
         target = Lake.from_settings(pyspark.spark_session, settings).table(
             server, schema.database, schema.table)
         _, marked = target.base_and_mark()
-        reason = _staleness(settings, schema, marked.consumed_pos if marked else None)
+        reason = staleness(settings, schema, marked.consumed_pos if marked else None)
         return dg.AssetCheckResult(
             passed=reason is None,
             severity=dg.AssetCheckSeverity.ERROR,

@@ -1,0 +1,354 @@
+"""The living lake in Dagster: the long-running ``apply_changes`` job, the sensor that keeps it
+running, and each target's ``fresh`` check (``lake.freshness_seconds``).
+
+- ``apply_changes`` runs ``lake.applier.Applier`` in one step with one Spark session; each merge
+  is recorded as a materialisation of the target asset (with the newest source commit applied
+  and the lag to the Iceberg commit), each compaction as an observation, each reconcile as a
+  result of the target's ``reconcile`` check, each landing-zone sweep as an observation of the
+  changelog.
+- The sensor ``<server>_keep_lake_fresh`` (on by default) launches ``apply_changes`` when no run
+  of it is active, with the reason as a run tag, and fails a run whose process is gone (a
+  ``kill -9``: the default run launcher cannot tell). Each tick it also judges every target's
+  freshness (``lake.freshness``) and records the ``fresh`` check's result when it changes.
+"""
+
+
+import json
+import os
+import socket
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import dagster as dg
+from dagster_pyspark import LazyPySparkResource
+
+from cdc_platform.capture.landing.zone import LandingReader
+from cdc_platform.capture.names import joined_name
+from cdc_platform.capture.schema import TableSchema
+from cdc_platform.config import Settings
+from cdc_platform.defs.lake.definitions import staleness, target_key
+from cdc_platform.defs.names import single_asset_check
+from cdc_platform.defs.streaming.definitions import STREAM_TAG
+from cdc_platform.defs.streaming.runner import changelog_key
+from cdc_platform.defs.threaded import QueueLog, run_in_thread
+from cdc_platform.lake import freshness
+
+JOB_NAME = "apply_changes"
+APPLIER_TAG = "cdc_platform/applier"
+PID_TAG = "cdc_platform/applier_pid"
+HOST_TAG = "cdc_platform/applier_host"
+REASON_TAG = "cdc_platform/launched_because"
+ACTIVE = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
+          dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
+          dg.DagsterRunStatus.CANCELING]
+# The fresh check's result is recorded when it changes, and at least this often.
+REPORT_EVERY_SECONDS = 300.0
+STOP_GRACE_SECONDS = 120.0
+
+
+def sensor_name(settings: Settings) -> str:
+    return f"{settings.source.server_name}_keep_lake_fresh"
+
+
+# ---- the job --------------------------------------------------------------------------------
+
+class ApplyConfig(dg.Config):
+    """Run config of ``apply_changes``."""
+
+    progress_seconds: float = 60.0
+
+
+def _sweeper(settings: Settings) -> Any:
+    """The landing-zone retention the applier runs (``capture.landing.retention``)."""
+    from cdc_platform.capture.landing import retention
+    from cdc_platform.capture.landing.zone import LandingZone
+
+    landing = LandingZone(settings.landing_zone.url, settings.source.server_name)
+    seconds = settings.landing_zone.retention_hours * 3600
+
+    def sweep(consumed: Mapping[str, int | None], unread: list[str]) -> Any:
+        return retention.sweep(landing, consumed, unread, seconds)
+
+    return sweep
+
+
+def _events_to_dagster(settings: Settings, event: Any) -> Iterable[Any]:
+    """Dagster events (and log lines, as ``(level, text)``) for one applier event."""
+    from cdc_platform.lake.applier import Applied, Failed, Maintained, Reconciled, Swept
+
+    if isinstance(event, Applied):
+        result, schema = event.result, event.schema
+        stale = staleness(settings, schema, result.consumed_pos)
+        lag = f", lag {result.lag_seconds:.1f} s" if result.lag_seconds is not None else ""
+        yield ("info", f"{schema.table_id}: {result.records_read} records "
+                       f"{'appended' if result.appended else 'merged'} in "
+                       f"{result.duration_seconds:.1f} s{lag}")
+        yield dg.AssetMaterialization(
+            asset_key=target_key(settings, schema),
+            description=f"merged by {JOB_NAME}",
+            metadata={"stale": stale is not None, "stale_reason": stale or "",
+                      **result.metadata()})
+    elif isinstance(event, Failed):
+        yield ("warning", f"{event.schema.table_id}: merge failed ({event.attempts} in a row; "
+                          f"retried with backoff): {event.error}")
+    elif isinstance(event, Maintained):
+        yield ("info", f"{event.schema.table_id}: compacted ({event.reason})")
+        yield dg.AssetObservation(asset_key=target_key(settings, event.schema),
+                                  metadata={"maintenance": event.reason, **event.report})
+    elif isinstance(event, Reconciled):
+        result = event.result
+        metadata = {**result.to_metadata(), "target_gtid": event.target_gtid,
+                    "conclusive": event.conclusive, "by": JOB_NAME}
+        if result.ok:
+            description = None
+        elif event.conclusive:
+            description = (f"{result.missing} missing, {result.extra} extra, {result.different} "
+                           "different rows at the same source position: re-snapshot the table")
+        else:
+            description = (f"{result.missing} missing, {result.extra} extra, {result.different} "
+                           "different rows, but the source moved while it was read (target at "
+                           f"{event.target_gtid}, source at {result.source_gtid}); checked "
+                           "again after the next merge")
+        yield ("info" if result.ok else "warning",
+               f"{event.schema.table_id}: reconcile {'passed' if result.ok else description}")
+        yield dg.AssetCheckEvaluation(
+            asset_key=target_key(settings, event.schema), check_name="reconcile",
+            passed=result.ok, metadata=metadata, description=description,
+            severity=dg.AssetCheckSeverity.ERROR if event.conclusive
+            else dg.AssetCheckSeverity.WARN)
+    elif isinstance(event, Swept):
+        report = event.report
+        metadata = report.metadata() if hasattr(report, "metadata") else {"report": str(report)}
+        yield ("info", f"landing-zone retention: {report}")
+        yield dg.AssetObservation(asset_key=changelog_key(settings), metadata=metadata)
+
+
+def build_job(settings: Settings) -> dg.JobDefinition:
+    server = settings.source.server_name
+
+    @dg.op(
+        name="apply_changes",
+        description="Keeps every lake table merged with its changelog until cancelled: one Spark "
+        "session, one Iceberg commit per table per merge, compaction, reconciles and "
+        "landing-zone retention on their own cadence (docs/iceberg.md, 'The applier').",
+    )
+    def apply_changes(context: dg.OpExecutionContext, config: ApplyConfig,
+                      pyspark: LazyPySparkResource) -> None:
+        from cdc_platform.lake.applier import Applier, ApplierOptions
+
+        context.instance.add_run_tags(context.run_id, {PID_TAG: str(os.getpid()),
+                                                       HOST_TAG: socket.gethostname()})
+        log = QueueLog()
+        pending: list[Any] = []
+        spark = pyspark.spark_session
+        applier = Applier(spark, ApplierOptions.from_settings(settings), pending.append,
+                          sweep=_sweeper(settings))
+
+        def relay() -> None:
+            while pending:
+                for item in _events_to_dagster(settings, pending.pop(0)):
+                    if isinstance(item, tuple):
+                        getattr(context.log, item[0])(item[1])
+                    else:
+                        context.log_event(item)
+
+        def progress() -> None:
+            context.log.info(f"applier: {applier.merges} merges in {applier.cycles} passes "
+                             f"over {len(applier.states)} tables")
+
+        try:
+            run_in_thread(
+                context, "lake-applier", applier.run, log, every=config.progress_seconds,
+                on_tick=progress, on_poll=relay,
+                stopping="applier: stop requested; finishing the merge in progress",
+                grace_seconds=STOP_GRACE_SECONDS,
+                not_stopped=f"applier did not stop within {STOP_GRACE_SECONDS:.0f}s; a merge "
+                "that did not commit is redone by the next run")
+        finally:
+            relay()
+
+    return dg.JobDefinition(
+        name=JOB_NAME,
+        graph_def=dg.GraphDefinition(name=JOB_NAME, node_defs=[apply_changes]),
+        description=f"Long-running applier of {server!r}: landing zone -> Iceberg tables, "
+        "within lake.freshness_seconds. The sensor "
+        f"{sensor_name(settings)} keeps one run of it going.",
+        tags={APPLIER_TAG: server, "dagster/max_runtime": "0"},
+        executor_def=dg.in_process_executor,
+    )
+
+
+# ---- freshness ----------------------------------------------------------------------------
+
+def _alive(run: dg.DagsterRun) -> bool | None:
+    """Whether the run's process is alive, when this host can tell (None: it cannot)."""
+    pid, host = run.tags.get(PID_TAG), run.tags.get(HOST_TAG)
+    if not pid or host != socket.gethostname():
+        return None
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError):
+        return None
+    return True
+
+
+def _active_runs(instance: dg.DagsterInstance, tag: str, server: str) -> list[dg.DagsterRun]:
+    return list(instance.get_runs(filters=dg.RunsFilter(statuses=ACTIVE, tags={tag: server})))
+
+
+def _checkpoint_age(checkpoint: Any) -> float | None:
+    from datetime import datetime
+
+    try:
+        return time.time() - datetime.fromisoformat(checkpoint.written_at).timestamp()
+    except (TypeError, ValueError):
+        return None
+
+
+def judge_targets(instance: dg.DagsterInstance, settings: Settings,
+                  tables: list[TableSchema], applier_running: bool,
+                  applier_problem: str = "") -> dict[str, freshness.Verdict]:
+    """Every target's freshness verdict now (no Spark: run records, the checkpoint, segment
+    footers and each target's newest materialisation)."""
+    server = settings.source.server_name
+    landing = LandingReader.open(settings.landing_zone.url, server)
+    checkpoint = landing.read_checkpoint()
+    limit = settings.lake.freshness_seconds
+    age = _checkpoint_age(checkpoint) if checkpoint is not None else None
+    engine_running = bool(_active_runs(instance, STREAM_TAG, server)) or (
+        age is not None and age <= limit)
+    engine_lag = None
+    if checkpoint is not None and checkpoint.lag_seconds is not None and age is not None \
+            and age <= limit:
+        engine_lag = float(checkpoint.lag_seconds)
+    verdicts = {}
+    now = time.time()
+    for schema in tables:
+        consumed = _consumed_position(instance, target_key(settings, schema))
+        oldest = None
+        if checkpoint is not None:
+            oldest = freshness.oldest_pending_seconds(landing, schema.database, schema.table,
+                                                      consumed, checkpoint.next_pos)
+        verdicts[schema.table_id] = freshness.judge(freshness.Facts(
+            now=now, freshness_seconds=limit, engine_running=engine_running,
+            engine_lag_seconds=engine_lag, applier_running=applier_running,
+            oldest_pending=oldest, applier_problem=applier_problem))
+    return verdicts
+
+
+def _consumed_position(instance: dg.DagsterInstance, key: dg.AssetKey) -> int | None:
+    event = instance.get_latest_materialization_event(key)
+    if event is None or event.asset_materialization is None:
+        return None
+    value = event.asset_materialization.metadata.get("consumed_position")
+    number = getattr(value, "value", value)
+    return int(number) if isinstance(number, int) and number >= 0 else None
+
+
+def _evaluation(settings: Settings, schema: TableSchema, verdict: freshness.Verdict
+                ) -> dg.AssetCheckEvaluation:
+    return dg.AssetCheckEvaluation(
+        asset_key=target_key(settings, schema), check_name="fresh", passed=verdict.passed,
+        severity=dg.AssetCheckSeverity.WARN, description=verdict.description(),
+        metadata={"lag_seconds": round(verdict.lag_seconds, 1), "cause": verdict.cause,
+                  "freshness_seconds": settings.lake.freshness_seconds})
+
+
+def _fresh_check(settings: Settings, schema: TableSchema) -> dg.AssetChecksDefinition:
+    server = settings.source.server_name
+
+    @single_asset_check(
+        dg.AssetCheckSpec(
+            "fresh", asset=target_key(settings, schema),
+            description=f"Passes while {schema.table_id}'s lake table reflects the source up to "
+            f"lake.freshness_seconds ({settings.lake.freshness_seconds:g} s) ago; fails naming "
+            "the cause: the capture engine stopped or lagging, the applier not running, or "
+            f"merges falling behind. The sensor {sensor_name(settings)} records it as it "
+            "changes."),
+        op_name=joined_name("fresh", server, schema.database, schema.table),
+    )
+    def fresh(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        running = [r for r in _active_runs(context.instance, APPLIER_TAG, server)
+                   if _alive(r) is not False]
+        verdict = judge_targets(context.instance, settings, [schema], bool(running))[
+            schema.table_id]
+        evaluation = _evaluation(settings, schema, verdict)
+        return dg.AssetCheckResult(passed=evaluation.passed, severity=evaluation.severity,
+                                   description=evaluation.description,
+                                   metadata=evaluation.metadata)
+
+    return fresh
+
+
+# ---- the sensor -----------------------------------------------------------------------------
+
+def build_sensor(settings: Settings, tables: list[TableSchema], job: dg.JobDefinition
+                 ) -> dg.SensorDefinition:
+    server = settings.source.server_name
+    keyed = [t for t in tables if t.primary_key]
+
+    @dg.sensor(
+        name=sensor_name(settings),
+        job=job,
+        minimum_interval_seconds=10,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=f"Keeps the lake of {server!r} fresh by itself: launches {JOB_NAME} when no "
+        "run of it is active (the run's tags say why), fails a run whose process is gone, and "
+        "records each target's `fresh` check when it changes.",
+    )
+    def keep_lake_fresh(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+        instance = context.instance
+        problem = ""
+        running = []
+        for run in _active_runs(instance, APPLIER_TAG, server):
+            if _alive(run) is False:
+                problem = (f"run {run.run_id[:8]} ended without stopping (its process "
+                           f"{run.tags.get(PID_TAG)} is gone)")
+                context.log.warning(f"{JOB_NAME} {problem}; marking it failed")
+                instance.report_run_failed(run, message=f"{JOB_NAME}: {problem}")
+            else:
+                running.append(run)
+        requests = []
+        if not running:
+            last = instance.get_runs(filters=dg.RunsFilter(tags={APPLIER_TAG: server}), limit=1)
+            reason = problem or (f"the last run {last[0].run_id[:8]} ended "
+                                 f"({last[0].status.value.lower()})" if last
+                                 else "no run of it yet")
+            problem = problem or reason
+            context.log.info(f"launching {JOB_NAME}: {reason}")
+            requests.append(dg.RunRequest(run_key=f"applier:{server}:{time.time():.0f}",
+                                          tags={REASON_TAG: reason[:200]}))
+        verdicts = judge_targets(instance, settings, keyed, bool(running),
+                                 "" if running else problem)
+        try:
+            previous = json.loads(context.cursor) if context.cursor else {}
+        except ValueError:
+            previous = {}
+        now = time.time()
+        cursor, events = {}, []
+        for schema in keyed:
+            verdict = verdicts[schema.table_id]
+            state = [verdict.passed, verdict.cause]
+            seen = previous.get(schema.table_id)
+            if seen is None or seen[:2] != state or now - seen[2] >= REPORT_EVERY_SECONDS:
+                events.append(_evaluation(settings, schema, verdict))
+                if not verdict.passed:
+                    context.log.warning(f"{schema.table_id}: not fresh: {verdict.reason}")
+                cursor[schema.table_id] = [*state, now]
+            else:
+                cursor[schema.table_id] = seen
+        return dg.SensorResult(run_requests=requests, asset_events=events,
+                               cursor=json.dumps(cursor))
+
+    return keep_lake_fresh
+
+
+def build(settings: Settings, tables: list[TableSchema]) -> dg.Definitions:
+    """The applier job, its sensor and each keyed target's ``fresh`` check."""
+    job = build_job(settings)
+    keyed = [t for t in tables if t.primary_key]
+    return dg.Definitions(jobs=[job], sensors=[build_sensor(settings, tables, job)],
+                          asset_checks=[_fresh_check(settings, t) for t in keyed])

@@ -1,0 +1,365 @@
+"""The applier: one long-lived Spark session that keeps every target merged with its changelog.
+
+A Dagster run per merge costs 20-28 s before it merges anything (the process, the definitions,
+a Spark session), so targets cannot be kept within a minute of the source by runs. The applier
+is instead one long-running loop, as Flink's and Kafka Connect's Iceberg sinks are: every
+``poll_seconds`` it reads the checkpoint, finds the tables whose segments hold records past
+their target's consumed mark (a listing of file names: no data is read for idle tables), and
+merges each of them with ``lake.merge.materialise`` - one Iceberg commit per table per merge,
+with the consumed mark inside the commit, so exactly-once is that of a manual run: a killed
+applier resumes from the marks, and a manual ``materialise_targets`` at the same time is safe
+through the same compare-and-swap.
+
+Besides merging it keeps the tables healthy: it compacts a table once its file count or its
+share of deleted rows passes the configured threshold (so merges every few seconds do not
+leave thousands of small and delete files), reconciles each target against the source every N
+merges or on an interval (when the table has caught up, so a difference is not just lag), and
+sweeps the landing zone of what every target has consumed (``capture.landing.retention``).
+
+It knows nothing of Dagster: what it did is a stream of events (``Applied``, ``Failed``,
+``Maintained``, ``Reconciled``, ``Swept``) that the Dagster job turns into materialisations,
+check results and log lines.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from cdc_platform.capture import source as source_sql
+from cdc_platform.capture.gtid import parse_position
+from cdc_platform.capture.landing.zone import Checkpoint, LandingReader
+from cdc_platform.capture.schema import TableSchema
+from cdc_platform.capture.source import TableSelector
+from cdc_platform.lake.changelog import read_checkpoint
+from cdc_platform.lake.iceberg import Lake, LakeTable
+from cdc_platform.lake.merge import MergeResult, materialise
+from cdc_platform.lake.reconcile import ReconcileResult, reconcile_table
+from cdc_platform.lake.spark import ensure_lake_conf
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ApplierOptions:
+    """What the applier needs from the config (``from_settings``)."""
+
+    server_name: str
+    flavour: str
+    landing_url: str
+    warehouse_url: str
+    catalog: Any
+    connection: Mapping[str, Any]
+    selector: TableSelector
+    poll_seconds: float = 2.0
+    reconcile_every_merges: int = 0
+    reconcile_interval_seconds: float = 3600.0
+    reconcile_range_rows: int = 10_000
+    reconcile_sample_keys: int = 10
+    compact_min_files: int = 64
+    compact_delete_ratio: float = 0.2
+    snapshot_retention_hours: float = 72.0
+    min_snapshots_to_keep: int = 10
+    retention_seconds: float = 3600.0
+    sweep_interval_seconds: float = 60.0
+
+    @staticmethod
+    def from_settings(settings: Any) -> ApplierOptions:
+        lake = settings.lake
+        return ApplierOptions(
+            server_name=settings.source.server_name,
+            flavour=settings.source.flavour,
+            landing_url=settings.landing_zone.url,
+            warehouse_url=settings.warehouse.url,
+            catalog=settings.warehouse.catalog,
+            connection=settings.source.connection_settings(),
+            selector=source_sql.selector_from_settings(settings),
+            poll_seconds=lake.poll_seconds,
+            reconcile_every_merges=lake.reconcile_every_merges,
+            reconcile_interval_seconds=lake.reconcile_interval_minutes * 60,
+            reconcile_range_rows=settings.reconcile.range_rows,
+            reconcile_sample_keys=settings.reconcile.sample_keys,
+            compact_min_files=lake.compact_min_files,
+            compact_delete_ratio=lake.compact_delete_ratio,
+            snapshot_retention_hours=settings.warehouse.snapshot_retention_hours,
+            min_snapshots_to_keep=settings.warehouse.min_snapshots_to_keep,
+            retention_seconds=settings.landing_zone.retention_hours * 3600,
+        )
+
+
+# ---- what the applier did -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Applied:
+    schema: TableSchema
+    result: MergeResult
+
+
+@dataclass(frozen=True)
+class Failed:
+    schema: TableSchema
+    error: str
+    attempts: int  # consecutive failed merges of the table
+
+
+@dataclass(frozen=True)
+class Maintained:
+    schema: TableSchema
+    reason: str
+    report: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    schema: TableSchema
+    result: ReconcileResult
+    target_gtid: str | None
+    conclusive: bool  # the source was read at the target's position (a difference is real)
+
+
+@dataclass(frozen=True)
+class Swept:
+    report: Any  # capture.landing.retention.RetentionReport
+
+
+Event = Applied | Failed | Maintained | Reconciled | Swept
+
+
+@dataclass
+class _TableState:
+    consumed_pos: int | None = None
+    known: bool = False  # consumed_pos was read from the target (or set by a merge)
+    merges: int = 0
+    merges_since_reconcile: int = 0
+    last_reconcile: float = field(default_factory=time.monotonic)
+    reconcile_pending: bool = False  # an inconclusive reconcile waits for the next catch-up
+    failures: int = 0
+    retry_at: float = 0.0
+
+
+# After a table's merge fails, it is tried again after this long, doubling up to the cap.
+RETRY_SECONDS = 5.0
+MAX_RETRY_SECONDS = 300.0
+
+
+def compaction_reason(metadata: Mapping[str, Any], min_files: int, delete_ratio: float
+                      ) -> str | None:
+    """Why a table with this snapshot metadata (``Snapshot.metadata``) needs compacting, or
+    None: too many data and delete files, or too large a share of deleted rows."""
+    files = int(metadata.get("data_files", 0)) + int(metadata.get("delete_files", 0))
+    if files >= min_files:
+        return f"{files} data and delete files (threshold {min_files})"
+    records = int(metadata.get("records", 0))
+    deleted = int(metadata.get("position_deletes", 0))
+    if records and deleted / records >= delete_ratio and deleted:
+        return (f"{deleted} of {records} records deleted ({deleted / records:.0%}, threshold "
+                f"{delete_ratio:.0%})")
+    return None
+
+
+def same_position(flavour: str, left: str | None, right: str | None) -> bool:
+    """Whether two GTID positions of the source are the same set."""
+    if not left or not right:
+        return False
+    try:
+        a, b = parse_position(flavour, left), parse_position(flavour, right)
+        return a.issuperset(b) and b.issuperset(a)
+    except ValueError:
+        return left.strip() == right.strip()
+
+
+class Applier:
+    """The loop; ``run`` until ``stop`` is set, events to ``emit`` (from this thread)."""
+
+    def __init__(self, spark: SparkSession, options: ApplierOptions,
+                 emit: Callable[[Event], None],
+                 sweep: Callable[[Mapping[str, int | None], list[str]], Any] | None = None,
+                 ) -> None:
+        self.spark = spark
+        self.options = options
+        self.emit = emit
+        self.sweep = sweep
+        self.states: dict[str, _TableState] = {}
+        self.cycles = 0
+        self.merges = 0
+        self._last_sweep = time.monotonic()
+        self._landing = LandingReader.open(options.landing_url, options.server_name)
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        ensure_lake_conf(self.spark)
+        while not stop.is_set():
+            started = time.monotonic()
+            self.cycle(stop)
+            stop.wait(max(0.0, self.options.poll_seconds - (time.monotonic() - started)))
+
+    def cycle(self, stop: threading.Event | None = None) -> None:
+        """One pass: merge every table with new records, then the housekeeping that is due."""
+        self.cycles += 1
+        checkpoint = read_checkpoint(self.options.landing_url, self.options.server_name)
+        if checkpoint is None:
+            return
+        tables = self.tables()
+        for schema in tables:
+            if stop is not None and stop.is_set():
+                return
+            self._apply(schema, checkpoint)
+        if self.sweep is not None and (
+                time.monotonic() - self._last_sweep >= self.options.sweep_interval_seconds):
+            self._sweep(tables)
+
+    def tables(self) -> list[TableSchema]:
+        """The captured tables with a key, as the engine recorded them (new tables join as
+        they land; a code-location reload is not needed)."""
+        selector = self.options.selector
+        found = []
+        for table_id, schema in sorted(self._landing.read_tables().items()):
+            if not selector.captures(schema.database, schema.table):
+                continue
+            shaped = selector.shape(schema)
+            if shaped.primary_key:
+                found.append(shaped)
+            self.states.setdefault(table_id, _TableState())
+        return found
+
+    def pending(self, schema: TableSchema, checkpoint: Checkpoint) -> bool:
+        """Whether segments may hold records of the table past its consumed mark."""
+        state = self.states[schema.table_id]
+        if not state.known:
+            return True
+        after = state.consumed_pos
+        return any((after is None or last > after) and first < checkpoint.next_pos
+                   for first, last, _ in self._landing.segment_names(schema.database,
+                                                                     schema.table))
+
+    def _target(self, schema: TableSchema) -> LakeTable:
+        return Lake(self.spark, self.options.warehouse_url, self.options.catalog).table(
+            self.options.server_name, schema.database, schema.table)
+
+    def _apply(self, schema: TableSchema, checkpoint: Checkpoint) -> None:
+        state = self.states[schema.table_id]
+        now = time.monotonic()
+        if now < state.retry_at:
+            return
+        if not self.pending(schema, checkpoint):
+            self._after_catch_up(schema, state)
+            return
+        try:
+            result = materialise(self.spark, self.options.landing_url,
+                                 self.options.warehouse_url, self.options.server_name, schema,
+                                 schema.database, schema.table, catalog=self.options.catalog)
+        except Exception as error:  # noqa: BLE001 - one table's failure leaves the others going
+            state.failures += 1
+            state.retry_at = now + min(RETRY_SECONDS * 2 ** (state.failures - 1),
+                                       MAX_RETRY_SECONDS)
+            text = str(error).strip().splitlines()[0] if str(error).strip() else type(
+                error).__name__
+            log.warning("applier: merging %s failed (%d in a row): %s", schema.table_id,
+                        state.failures, text)
+            self.emit(Failed(schema, text[:2000], state.failures))
+            return
+        state.failures = 0
+        state.consumed_pos = result.consumed_pos
+        state.known = True
+        if result.committed:
+            state.merges += 1
+            state.merges_since_reconcile += 1
+            self.merges += 1
+            self.emit(Applied(schema, result))
+            if result.snapshot is not None:
+                self._maybe_compact(schema, result.snapshot.metadata())
+        self._after_catch_up(schema, state)
+
+    # -- housekeeping ---------------------------------------------------------------------
+
+    def _maybe_compact(self, schema: TableSchema, metadata: Mapping[str, Any]) -> None:
+        reason = compaction_reason(metadata, self.options.compact_min_files,
+                                   self.options.compact_delete_ratio)
+        if reason is None:
+            return
+        target = self._target(schema)
+        older_than = datetime.now() - timedelta(hours=self.options.snapshot_retention_hours)
+        try:
+            report = target.maintain(older_than, self.options.min_snapshots_to_keep)
+        except Exception as error:  # noqa: BLE001 - a conflicting merge wins; retried later
+            log.warning("applier: compacting %s failed (%s); tried again after a later merge",
+                        schema.table_id, str(error).splitlines()[0] if str(error) else error)
+            return
+        current = target.current()
+        self.emit(Maintained(schema, reason, {
+            **report, **(current.metadata() if current is not None else {})}))
+
+    def _after_catch_up(self, schema: TableSchema, state: _TableState) -> None:
+        """Reconcile when due: the table has merged all it had (a difference then is real,
+        unless the source moved while it was read: ``Reconciled.conclusive``)."""
+        options = self.options
+        due_by_count = (options.reconcile_every_merges > 0
+                        and state.merges_since_reconcile >= options.reconcile_every_merges)
+        due_by_time = (options.reconcile_interval_seconds > 0 and state.merges > 0
+                       and time.monotonic() - state.last_reconcile
+                       >= options.reconcile_interval_seconds)
+        if not (due_by_count or due_by_time or (state.reconcile_pending and state.merges)):
+            return
+        state.last_reconcile = time.monotonic()
+        state.merges_since_reconcile = 0
+        try:
+            result, gtid = self.reconcile(schema)
+        except Exception as error:  # noqa: BLE001 - reported; the merges go on
+            log.warning("applier: reconciling %s failed: %s", schema.table_id, error)
+            state.reconcile_pending = False
+            return
+        conclusive = result.ok or same_position(self.options.flavour, result.source_gtid, gtid)
+        state.reconcile_pending = not conclusive
+        state.merges = 0 if conclusive else state.merges
+        self.emit(Reconciled(schema, result, gtid, conclusive))
+
+    def reconcile(self, schema: TableSchema) -> tuple[ReconcileResult, str | None]:
+        """Reconcile the target against the source now; (result, the target's GTID mark)."""
+        return reconcile_target(self.spark, self._target(schema), self.options.connection,
+                                self.options.selector, schema,
+                                self.options.reconcile_range_rows,
+                                self.options.reconcile_sample_keys)
+
+    def _sweep(self, tables: list[TableSchema]) -> None:
+        self._last_sweep = time.monotonic()
+        keyed = {s.table_id for s in tables}
+        consumed = {}
+        for schema in tables:
+            state = self.states[schema.table_id]
+            if not state.known:
+                return  # a target not read yet: wait for its first pass
+            consumed[schema.table_id] = state.consumed_pos
+        unread = [t for t in self.states if t not in keyed]
+        assert self.sweep is not None
+        try:
+            report = self.sweep(consumed, unread)
+        except Exception as error:  # noqa: BLE001 - retention waits for the next sweep
+            log.warning("applier: landing-zone retention failed: %s", error)
+            return
+        self.emit(Swept(report))
+
+
+def reconcile_target(spark: SparkSession, target: LakeTable, connection: Mapping[str, Any],
+                     selector: TableSelector, schema: TableSchema, range_rows: int,
+                     sample_keys: int) -> tuple[ReconcileResult, str | None]:
+    """Compare a target's current snapshot with its source table (shaped by the capture
+    filters as the stream shapes it). Returns the result and the target's consumed GTID.
+    Raises LookupError when the target has no snapshot yet."""
+    with source_sql.source_connection(dict(connection)) as conn:
+        current = source_sql.read_table_schema(conn, schema.database, schema.table)
+    current = selector.shape(current)
+    snapshot, marked = target.base_and_mark()
+    if snapshot is None:
+        raise LookupError(f"{target.identifier} has no snapshot yet: materialise it first")
+    result = reconcile_table(spark, target.read(snapshot_id=snapshot.snapshot_id),
+                             dict(connection), current, range_rows=range_rows,
+                             sample_keys=sample_keys)
+    return result, marked.consumed_gtid if marked else None

@@ -1,0 +1,165 @@
+"""The applier on the real server, engine and Spark: targets follow a write load by themselves.
+
+The engine streams in a thread, the applier loops in another with its own cadence; the test
+only writes to the source and watches the events and the tables: the first batch into an empty
+table is an append, every merge carries the lag from the source commit, reconciles and
+compactions come on their cadence, and the target equals the source once the writes stop.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import Any
+
+from cdc_platform.lake.applier import (
+    Applied,
+    Applier,
+    ApplierOptions,
+    Failed,
+    Maintained,
+    Reconciled,
+    compaction_reason,
+    same_position,
+)
+from cdc_platform_tests.capture.snapshot.test_reader import streaming
+from cdc_platform_tests.conftest import CdcEnv
+
+
+def _options(env: CdcEnv, **changes: Any) -> ApplierOptions:
+    options = ApplierOptions.from_settings(env.settings)
+    values = {**options.__dict__, "poll_seconds": 0.3, **changes}
+    return ApplierOptions(**values)
+
+
+class Running:
+    """An applier looping in a thread; its events collected."""
+
+    def __init__(self, spark: Any, options: ApplierOptions) -> None:
+        self.events: list[Any] = []
+        self.applier = Applier(spark, options, self.events.append)
+        self.stop = threading.Event()
+        self.errors: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.applier.run(self.stop)
+        except BaseException as error:  # noqa: BLE001 - checked by the test
+            self.errors.append(error)
+
+    def __enter__(self) -> Running:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(120)
+        assert not self.errors, self.errors
+
+    def of(self, kind: type) -> list[Any]:
+        return [e for e in list(self.events) if isinstance(e, kind)]
+
+
+def _wait(what: str, condition: Any, timeout: float = 120) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_targets_follow_a_write_load_with_appends_lag_reconciles_and_compaction(
+        cdc_env: CdcEnv, spark: Any) -> None:
+    env = cdc_env
+    env.execute("CREATE TABLE orders (id INT PRIMARY KEY, v VARCHAR(20), n INT)",
+                "CREATE TABLE quiet (id INT PRIMARY KEY, v VARCHAR(20))")
+    env.execute("INSERT INTO orders SELECT seq, CONCAT('v', seq), 0 FROM seq_1_to_300",
+                "INSERT INTO quiet VALUES (1, 'one')")
+    options = _options(env, reconcile_every_merges=4, compact_min_files=6)
+    with streaming(env), Running(spark, options) as running:
+        first = _wait("the first merges", lambda: {e.schema.table: e.result for e in
+                                                   running.of(Applied)}.keys() >= {"orders",
+                                                                                  "quiet"})
+        assert first
+        initial = [e.result for e in running.of(Applied) if e.schema.table == "orders"][0]
+        assert initial.appended and initial.rows == 300, initial  # an empty target: an append
+        rng = random.Random(5)
+        with env.connect() as conn, conn.cursor() as cur:
+            deadline = time.monotonic() + 12
+            i = 0
+            while time.monotonic() < deadline:
+                key = rng.randint(1, 400)
+                choice = rng.random()
+                if choice < 0.6:
+                    cur.execute("UPDATE orders SET n = n + 1, v = %s WHERE id = %s",
+                                (f"w{i}", key))
+                elif choice < 0.8:
+                    cur.execute("DELETE FROM orders WHERE id = %s", (key,))
+                else:
+                    cur.execute("INSERT IGNORE INTO orders VALUES (%s, 'new', 0)", (key,))
+                conn.commit()
+                i += 1
+                time.sleep(0.005)
+        merges_during_writes = len(running.of(Applied))
+        _wait("the target to equal the source",
+              lambda: env.reconcile(spark, "orders").ok, timeout=120)
+        _wait("a reconcile by the applier", lambda: running.of(Reconciled), timeout=120)
+
+    applied = [e.result for e in running.of(Applied) if e.schema.table == "orders"]
+    assert merges_during_writes >= 4, merges_during_writes  # merged as the changes came
+    later = applied[1:]
+    assert later and not any(r.appended for r in later)
+    lags = [r.lag_seconds for r in later]
+    assert all(lag is not None and 0 <= lag < 60 for lag in lags), lags
+    assert all(r.metadata()["lag_seconds"] == r.lag_seconds for r in later)
+    # The quiet table merged once, then never again: no records, no commits.
+    assert len([e for e in running.of(Applied) if e.schema.table == "quiet"]) == 1
+    assert not running.of(Failed)
+    reconciled = running.of(Reconciled)
+    assert all(e.schema.table == "orders" for e in reconciled)
+    assert any(e.result.ok for e in reconciled), [e.result.to_metadata() for e in reconciled]
+    # Merges every fraction of a second leave files; the applier compacts past the threshold.
+    maintained = running.of(Maintained)
+    assert maintained and "data and delete files" in maintained[0].reason
+    current = env.target(spark, "orders").current()
+    assert current is not None
+    files = current.metadata()["data_files"] + current.metadata()["delete_files"]
+    assert files < 6 + 8, files  # bounded near the threshold, not one file per merge
+
+
+def test_a_failing_table_backs_off_while_the_others_merge(cdc_env: CdcEnv, spark: Any) -> None:
+    env = cdc_env
+    env.execute("CREATE TABLE good (id INT PRIMARY KEY, v INT)",
+                "CREATE TABLE bad (id INT PRIMARY KEY, v INT)")
+    env.execute("INSERT INTO good VALUES (1, 1)", "INSERT INTO bad VALUES (1, 1)")
+    env.catch_up()
+    # The bad table's target exists with another key: the merge refuses it, loudly.
+    env.materialise(spark, "bad")
+    target = env.target(spark, "bad")
+    spark.sql(f"ALTER TABLE {target.identifier} SET TBLPROPERTIES "
+              "('cdc.primary-key' = '[\"v\"]')")
+    env.execute("INSERT INTO bad VALUES (2, 2)")
+    env.catch_up()
+    with Running(spark, _options(env)) as running:
+        _wait("good merged", lambda: [e for e in running.of(Applied) if e.schema.table == "good"])
+        _wait("bad failed twice", lambda: len(running.of(Failed)) >= 2, timeout=60)
+    failures = running.of(Failed)
+    assert all(f.schema.table == "bad" for f in failures)
+    assert "primary key" in failures[0].error
+    assert [f.attempts for f in failures[:2]] == [1, 2]  # counted, retried with backoff
+
+
+def test_compaction_reason_and_positions() -> None:
+    assert compaction_reason({"data_files": 3, "delete_files": 1}, 4, 0.5)
+    assert compaction_reason({"data_files": 1, "delete_files": 0, "records": 10,
+                              "position_deletes": 5}, 4, 0.5)
+    assert compaction_reason({"data_files": 1, "delete_files": 1, "records": 10,
+                              "position_deletes": 4}, 4, 0.5) is None
+    assert compaction_reason({}, 4, 0.5) is None
+    assert same_position("mariadb", "0-1-5,1-2-3", "1-2-3,0-1-5")
+    assert not same_position("mariadb", "0-1-5", "0-1-6")
+    assert not same_position("mariadb", None, "0-1-6")
