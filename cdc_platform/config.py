@@ -258,6 +258,12 @@ class WarehouseSettings(_Section):
 class LakeSettings(_Section):
     """How the applier (the long-running ``apply_changes`` job) keeps the lake tables fresh."""
 
+    applier: bool = Field(
+        default=True,
+        description="Keep every target merged continuously: a sensor keeps one run of the "
+        "`apply_changes` job going (relaunched when it ends or its process dies). Off: targets "
+        "change only when `materialise_targets` runs.",
+    )
     freshness_seconds: float = Field(
         default=60.0, gt=0,
         description="The promise: while the stream runs, every target reflects the changelog "

@@ -347,8 +347,10 @@ def build_sensor(settings: Settings, tables: list[TableSchema], job: dg.JobDefin
 
 
 def build(settings: Settings, tables: list[TableSchema]) -> dg.Definitions:
-    """The applier job, its sensor and each keyed target's ``fresh`` check."""
+    """The applier job, its sensor (unless ``lake.applier`` is off) and each keyed target's
+    ``fresh`` check."""
     job = build_job(settings)
     keyed = [t for t in tables if t.primary_key]
-    return dg.Definitions(jobs=[job], sensors=[build_sensor(settings, tables, job)],
+    sensors = [build_sensor(settings, tables, job)] if settings.lake.applier else []
+    return dg.Definitions(jobs=[job], sensors=sensors,
                           asset_checks=[_fresh_check(settings, t) for t in keyed])
