@@ -1,18 +1,22 @@
-"""The streaming domain: the long-running capture job and the batch catch-up asset."""
+"""The streaming domain: the long-running capture job, the batch catch-up asset, and the
+binlog headroom of the changelog (its check and the sensor that records it while the engine is
+stopped too)."""
 
 
 import dagster as dg
 from pydantic import Field
 
 from cdc_platform.config import Settings
+from cdc_platform.defs.streaming.checks import headroom_check
 from cdc_platform.defs.streaming.runner import (
     STOP_GRACE_SECONDS,
+    STREAM_TAG,
     changelog_key,
+    changelog_metadata,
     run_engine,
-    stats_metadata,
 )
+from cdc_platform.defs.streaming.sensors import build_headroom_sensor
 
-STREAM_TAG = "cdc_platform/stream"
 # How the long-running streaming run behaves on a Dagster deployment (helm/values.yaml): no
 # max-runtime limit; retried as a new run, which resumes from the checkpoint, when it fails (pod
 # lost, non-retriable error) up to RUN_RETRIES times in a row; and on Kubernetes, time to flush
@@ -60,7 +64,7 @@ def build(settings: Settings) -> dg.Definitions:
             config.progress_seconds, report_materializations=True,
         )
         context.log_event(dg.AssetMaterialization(
-            asset_key=changelog_key(settings), metadata=stats_metadata(stats)))
+            asset_key=changelog_key(settings), metadata=changelog_metadata(settings, stats)))
 
     @dg.job(
         name="stream_changes",
@@ -81,6 +85,8 @@ def build(settings: Settings) -> dg.Definitions:
     )
     def changelog(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         stats = run_engine(context, settings, stop_when_caught_up=True)
-        return dg.MaterializeResult(metadata=stats_metadata(stats))
+        return dg.MaterializeResult(metadata=changelog_metadata(settings, stats))
 
-    return dg.Definitions(assets=[changelog], jobs=[stream_changes])
+    return dg.Definitions(assets=[changelog], jobs=[stream_changes],
+                          asset_checks=[headroom_check(settings)],
+                          sensors=[build_headroom_sensor(settings)])

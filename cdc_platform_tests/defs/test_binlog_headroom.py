@@ -1,0 +1,216 @@
+"""The changelog shows the engine's lag and the binlog headroom in Dagster: the sensor's
+observations and ``binlog_headroom`` check while the engine is stopped, the check run on its
+own, and the streaming run's materialisations; on a private MariaDB whose binlogs expire."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from cdc_platform.capture.binlog.headroom import BinlogHeadroom, HeadroomStatus
+from cdc_platform.definitions import build_definitions
+from cdc_platform.defs.streaming import runner
+from cdc_platform.defs.streaming.checks import CHECK_NAME
+from cdc_platform.defs.streaming.runner import HeadroomProbe, StandingReport
+from cdc_platform.defs.streaming.sensors import sensor_name
+from cdc_platform.devservices import MariaDBServer
+from cdc_platform_tests.capture.binlog.test_headroom import EXPIRE, active_file, rotated
+from cdc_platform_tests.capture.binlog.test_headroom import source as source  # (fixture)
+from cdc_platform_tests.conftest import CdcEnv
+from cdc_platform_tests.devservices.test_devservices import needs_mariadb
+
+# ---- the run's side, without a server ------------------------------------------------------------
+
+
+def test_the_probe_never_waits_for_the_source() -> None:
+    release = threading.Event()
+    reads = []
+
+    def read() -> BinlogHeadroom:
+        reads.append(time.monotonic())
+        release.wait(5)
+        return BinlogHeadroom(HeadroomStatus.OK, needed_file="binlog.000001")
+
+    probe = HeadroomProbe(read, every=3600)
+    started = time.monotonic()
+    assert probe.poll() == (None, False)  # the reading started, on its own thread
+    assert probe.poll() == (None, False)
+    assert time.monotonic() - started < 0.5
+    release.set()
+    deadline = time.monotonic() + 5
+    while (found := probe.poll())[0] is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert found == (BinlogHeadroom(HeadroomStatus.OK, needed_file="binlog.000001"), True)
+    assert probe.poll()[1] is False  # not new any more
+    assert len(reads) == 1  # the next one is due an hour later
+
+
+class Log:
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str]] = []
+
+    def warning(self, message: str) -> None:
+        self.lines.append(("warning", message))
+
+    def info(self, message: str) -> None:
+        self.lines.append(("info", message))
+
+
+def test_the_run_warns_when_the_headroom_becomes_low_and_again_while_it_stays_low(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    low = BinlogHeadroom(HeadroomStatus.LOW, needed_file="binlog.000007", seconds=600)
+    ok = BinlogHeadroom(HeadroomStatus.OK, needed_file="binlog.000009", seconds=7200,
+                        at_least=True, caught_up=True)
+    log = Log()
+    report = StandingReport(lambda: ok, log, every=3600)
+    report.tell(low)
+    report.tell(low)  # still low: once a quarter hour is enough
+    assert log.lines == [("warning", f"binlog headroom {low.describe()}")]
+    monkeypatch.setattr(runner, "HEADROOM_WARN_EVERY_SECONDS", 0.0)
+    report.tell(low)
+    assert log.lines[-1][0] == "warning" and len(log.lines) == 2
+    report.tell(ok)
+    report.tell(ok)
+    assert log.lines[2:] == [("info", f"binlog headroom: {ok.describe()}")]
+    report.tell(low)
+    assert log.lines[-1] == ("warning", f"binlog headroom {low.describe()}")
+
+
+def test_a_tick_gives_the_lag_and_the_newest_reading() -> None:
+    ok = BinlogHeadroom(HeadroomStatus.OK, needed_file="binlog.000009", seconds=7200,
+                        at_least=True, caught_up=False)
+    log = Log()
+    report = StandingReport(lambda: ok, log, every=3600)
+    stats = runner.EngineStats(lag_seconds=4.0, transactions=3, events=10)
+    deadline = time.monotonic() + 5
+    while (found := report.tick(stats))[1] is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    lag, headroom = found
+    assert headroom == ok and lag == pytest.approx(4.0, abs=1.0)
+    assert log.lines == [("info", f"binlog headroom: {ok.describe()}")]
+
+
+# ---- on a real source -----------------------------------------------------------------------------
+
+@pytest.fixture
+def env(source: MariaDBServer, tmp_path: Path, request: pytest.FixtureRequest,
+        monkeypatch: pytest.MonkeyPatch) -> Iterator[CdcEnv]:
+    """A test's database, server name and landing zone on the private source."""
+    name = "".join(c if c.isalnum() else "_" for c in request.node.name[:30]).lower()
+    monkeypatch.setenv("CDC_TEST_SOURCE_PASSWORD", source.cdc_password)
+    source.query(f"CREATE DATABASE `{name}`")
+    env = CdcEnv(source, name, f"h_{name}"[:40], tmp_path, {})
+    env.start_position = source.gtid_position()
+    try:
+        yield env
+    finally:
+        source.query(f"SET GLOBAL binlog_expire_logs_seconds = {EXPIRE}")
+
+
+def values(event: dg.AssetObservation | dg.AssetMaterialization) -> dict[str, Any]:
+    return {k: v.value for k, v in event.metadata.items()}
+
+
+@pytest.mark.integration
+@needs_mariadb
+def test_the_sensor_shows_lag_and_headroom_while_the_engine_is_stopped(
+        env: CdcEnv, source: MariaDBServer, capfd: pytest.CaptureFixture[str]) -> None:
+    defs = build_definitions(env.settings)
+    sensor = defs.resolve_sensor_def(sensor_name(env.settings))
+    assert sensor.default_status is dg.DefaultSensorStatus.RUNNING
+    assert sensor.minimum_interval_seconds == 60
+    changelog = dg.AssetKey([env.server_name, "changelog"])
+    cursor: list[str | None] = [None]
+
+    def tick(instance: dg.DagsterInstance) -> tuple[dict[str, Any],
+                                                    list[dg.AssetCheckEvaluation]]:
+        with dg.build_sensor_context(instance=instance, definitions=defs,
+                                     cursor=cursor[0]) as context:
+            result = sensor.evaluate_tick(context)
+        cursor[0] = result.cursor
+        [observation] = [e for e in result.asset_events if isinstance(e, dg.AssetObservation)]
+        assert observation.asset_key == changelog
+        return values(observation), [e for e in result.asset_events
+                                     if isinstance(e, dg.AssetCheckEvaluation)]
+
+    with dg.instance_for_test() as instance:
+        metadata, [check] = tick(instance)
+        assert metadata["binlog_headroom_status"] == "no_checkpoint" and check.passed
+        assert "engine_lag_seconds" not in metadata
+
+        env.execute("CREATE TABLE items (id INT PRIMARY KEY)")
+        env.execute("INSERT INTO items VALUES (1)")
+        env.catch_up()  # then the engine stops
+        needed = active_file(source)
+        metadata, [check] = tick(instance)
+        assert check.passed and check.check_name == CHECK_NAME
+        assert metadata["engine_lag_seconds"] == 0.0  # caught up
+        assert (metadata["binlog_headroom_status"], metadata["binlog_needed_file"],
+                metadata["binlog_headroom_seconds"], metadata["binlog_retention_seconds"],
+                metadata["engine_running"]) == ("ok", needed, EXPIRE, EXPIRE, False)
+        assert tick(instance)[1] == []  # the check is recorded again only when it changes
+
+        env.execute("INSERT INTO items VALUES (2)")  # the source goes on, the engine is stopped
+        rotated(source, 2)
+        source.query("SET GLOBAL binlog_expire_logs_seconds = 3000")
+        metadata, [check] = tick(instance)
+        assert metadata["binlog_headroom_status"] == "low"
+        assert metadata["binlog_needed_file"] == needed
+        assert 2900 < metadata["binlog_headroom_seconds"] < 3000
+        assert metadata["engine_lag_seconds"] >= 2.0  # the checkpoint's age
+        assert not check.passed and check.severity is dg.AssetCheckSeverity.WARN
+        assert check.description == metadata["binlog_headroom"]
+        assert check.description.startswith(f"LOW: 49 min until {needed}, which the "
+                                             "checkpoint needs, may be purged")
+        logged = capfd.readouterr().err  # (the sensor's log, in the tick's log in the UI)
+        assert f"WARNING - {env.server_name}: binlog headroom LOW: 49 min until {needed}" in logged
+
+        # The check also runs on its own (the UI's "execute"), with the same verdict.
+        check_key = dg.AssetCheckKey(changelog, CHECK_NAME)
+        job = dg.define_asset_job("check_headroom", selection=dg.AssetSelection.checks(check_key))
+        merged = dg.Definitions.merge(defs, dg.Definitions(jobs=[job]))
+        run = merged.resolve_job_def("check_headroom").execute_in_process(instance=instance)
+        [evaluation] = run.get_asset_check_evaluations()
+        assert not evaluation.passed and evaluation.description.startswith("LOW: ")
+
+
+@pytest.mark.integration
+@needs_mariadb
+def test_the_streaming_run_materialises_lag_and_headroom(env: CdcEnv,
+                                                         source: MariaDBServer) -> None:
+    env.execute("CREATE TABLE items (id INT PRIMARY KEY)")
+    env.execute("INSERT INTO items VALUES (1), (2)")
+    defs = build_definitions(env.settings)
+    config = {"stop_when_caught_up": True, "caught_up_idle_seconds": 2.0,
+              "progress_seconds": 0.25}
+
+    def stream() -> list[dict[str, Any]]:
+        with dg.instance_for_test() as instance:
+            result = defs.resolve_job_def("stream_changes").execute_in_process(
+                instance=instance, run_config={"ops": {"capture_changes": {"config": config}}})
+            return [values(m) for m in result.asset_materializations_for_node("capture_changes")]
+
+    *periodic, last = stream()  # a first run: the first reading finds no checkpoint yet
+    assert len(periodic) >= 4
+    assert any("engine_lag_seconds" in m for m in periodic)
+    assert {m.get("binlog_headroom_status") for m in periodic} <= {None, "no_checkpoint"}
+    assert all("lag_seconds" not in m for m in [*periodic, last])  # (the old, ambiguous name)
+    expected = {"engine_lag_seconds": 0.0, "binlog_headroom_status": "ok",
+                "binlog_needed_file": active_file(source), "binlog_headroom_seconds": EXPIRE,
+                "binlog_retention_seconds": EXPIRE,
+                "binlog_headroom": f"at least 2 h (the checkpoint needs the active binlog "
+                                   f"file {active_file(source)}) "
+                                   f"(binlog_expire_logs_seconds={EXPIRE})"}
+    assert {k: last.get(k) for k in expected} == expected
+
+    env.execute("INSERT INTO items VALUES (3)")
+    *periodic, last = stream()  # a run that resumes: its readings find the checkpoint
+    assert any(m.get("binlog_headroom_status") == "ok"
+               and m["binlog_needed_file"] == active_file(source) for m in periodic)
+    assert {k: last.get(k) for k in expected} == expected
