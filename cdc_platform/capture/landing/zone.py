@@ -91,6 +91,13 @@ def segment_name(first_pos: int, last_pos: int) -> str:
     return f"{first_pos:020d}-{last_pos:020d}.parquet"
 
 
+def segment_write_options(column_names: list[str]) -> dict[str, Any]:
+    """How a segment's Parquet is written (the engine's flushes and retention's compaction):
+    zstd, the low-cardinality change columns dictionary-encoded, every other column plain."""
+    return {"compression": "zstd",
+            "use_dictionary": [name for name in DICTIONARY_COLUMNS if name in column_names]}
+
+
 def tables_from_json(data: bytes | str) -> dict[str, TableSchema]:
     """``tables.json``: table id -> schema. Keyed by the ids of the schemas' own names, so a
     file written with another table-id form (before ids were quoted) reads the same."""
@@ -198,6 +205,22 @@ class LandingReader:
                 found.append((int(match.group(1)), int(match.group(2)), name))
         return sorted(found)
 
+    def changelog_tables(self) -> list[tuple[str, str]]:
+        """``(database, table)`` of every table with a changelog directory, in directory order.
+        Only directories in escaped form (``table_parts`` of the names they decode to): one
+        an earlier engine wrote under a raw name is moved by the next engine start, and is
+        left alone until then."""
+        found = []
+        for db_dir in self.store.list_names(CHANGELOG_DIR):
+            for table_dir in self.store.list_names(CHANGELOG_DIR, db_dir):
+                try:
+                    names = table_of_parts(db_dir, table_dir)
+                    if table_parts(*names) == (db_dir, table_dir):
+                        found.append(names)
+                except ValueError:  # (invalid %-escapes, or too long)
+                    continue
+        return found
+
     def column_renames_names(self, database: str, table: str) -> list[tuple[int, str]]:
         """``(position, file name)`` of a table's column-rename records, in position order."""
         found = []
@@ -301,8 +324,7 @@ class LandingZone(LandingReader):
         parts = (*changelog_parts(schema.database, schema.table), segment_name(first_pos,
                                                                                last_pos))
         with self.store.atomic_output(*parts, sync_dir=False) as sink:
-            pq.write_table(table, sink, compression="zstd", use_dictionary=[
-                name for name in DICTIONARY_COLUMNS if name in table.column_names])
+            pq.write_table(table, sink, **segment_write_options(table.column_names))
         return self.store.path(*parts)
 
     def sync_dirs(self, paths: list[Path]) -> None:
