@@ -96,6 +96,9 @@ class CdcEnv:
             "warehouse": {"url": str(self.root / "warehouse")},
             "spark": {"master": "local[2]"},
             "reconcile": {"range_rows": 500},
+            # The applier's sensor launches a Spark job under a daemon: on only where a test
+            # asks for it (``@pytest.mark.cdc_config(lake={"applier": True})``).
+            "lake": {"applier": False},
         }
         if self.kafka_bootstrap:  # a topic pair of this test's own on the shared broker
             data["signals"] = {

@@ -25,6 +25,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from cdc_platform.capture.signals.kafka import SignalCursor
+from cdc_platform.defs.lake.applier import PID_TAG
 from cdc_platform.defs.signals.sensors import SNAPSHOT_TABLE_TAG, sensor_name
 from cdc_platform.demo.run import create_dagster_storage
 from cdc_platform_tests.capture.snapshot.test_reader import EngineThread, finish_and_reconcile
@@ -104,7 +105,7 @@ def daemon(env: CdcEnv, root: Path) -> Iterator[Daemon]:
         with running.instance() as instance:
             for run in instance.get_runs(filters=dg.RunsFilter(statuses=[
                     dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING])):
-                pid = run.tags.get("dagster/run_worker_pid")
+                pid = run.tags.get(PID_TAG)  # (the applier's; other runs end by themselves)
                 if pid:
                     with suppress(ProcessLookupError):
                         os.kill(int(pid), signal.SIGTERM)

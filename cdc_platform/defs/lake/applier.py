@@ -18,6 +18,7 @@ import os
 import socket
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
@@ -73,15 +74,21 @@ def _sweeper(settings: Settings) -> Any:
     return sweep
 
 
+@dataclass(frozen=True)
+class LogLine:
+    level: str  # info | warning
+    text: str
+
+
 def _events_to_dagster(settings: Settings, event: Any) -> Iterable[Any]:
-    """Dagster events (and log lines, as ``(level, text)``) for one applier event."""
+    """Dagster events (and ``LogLine``s) for one applier event."""
     from cdc_platform.lake.applier import Applied, Failed, Maintained, Reconciled, Swept
 
     if isinstance(event, Applied):
         result, schema = event.result, event.schema
         stale = staleness(settings, schema, result.consumed_pos)
         lag = f", lag {result.lag_seconds:.1f} s" if result.lag_seconds is not None else ""
-        yield ("info", f"{schema.table_id}: {result.records_read} records "
+        yield LogLine("info", f"{schema.table_id}: {result.records_read} records "
                        f"{'appended' if result.appended else 'merged'} in "
                        f"{result.duration_seconds:.1f} s{lag}")
         yield dg.AssetMaterialization(
@@ -90,10 +97,10 @@ def _events_to_dagster(settings: Settings, event: Any) -> Iterable[Any]:
             metadata={"stale": stale is not None, "stale_reason": stale or "",
                       **result.metadata()})
     elif isinstance(event, Failed):
-        yield ("warning", f"{event.schema.table_id}: merge failed ({event.attempts} in a row; "
+        yield LogLine("warning", f"{event.schema.table_id}: merge failed ({event.attempts} in a row; "
                           f"retried with backoff): {event.error}")
     elif isinstance(event, Maintained):
-        yield ("info", f"{event.schema.table_id}: compacted ({event.reason})")
+        yield LogLine("info", f"{event.schema.table_id}: compacted ({event.reason})")
         yield dg.AssetObservation(asset_key=target_key(settings, event.schema),
                                   metadata={"maintenance": event.reason, **event.report})
     elif isinstance(event, Reconciled):
@@ -110,7 +117,7 @@ def _events_to_dagster(settings: Settings, event: Any) -> Iterable[Any]:
                            "different rows, but the source moved while it was read (target at "
                            f"{event.target_gtid}, source at {result.source_gtid}); checked "
                            "again after the next merge")
-        yield ("info" if result.ok else "warning",
+        yield LogLine("info" if result.ok else "warning",
                f"{event.schema.table_id}: reconcile {'passed' if result.ok else description}")
         yield dg.AssetCheckEvaluation(
             asset_key=target_key(settings, event.schema), check_name="reconcile",
@@ -120,7 +127,7 @@ def _events_to_dagster(settings: Settings, event: Any) -> Iterable[Any]:
     elif isinstance(event, Swept):
         report = event.report
         metadata = report.metadata() if hasattr(report, "metadata") else {"report": str(report)}
-        yield ("info", f"landing-zone retention: {report}")
+        yield LogLine("info", f"landing-zone retention: {report}")
         yield dg.AssetObservation(asset_key=changelog_key(settings), metadata=metadata)
 
 
@@ -128,12 +135,12 @@ def build_job(settings: Settings) -> dg.JobDefinition:
     server = settings.source.server_name
 
     @dg.op(
-        name="apply_changes",
+        name="apply_landed_changes",
         description="Keeps every lake table merged with its changelog until cancelled: one Spark "
         "session, one Iceberg commit per table per merge, compaction, reconciles and "
         "landing-zone retention on their own cadence (docs/iceberg.md, 'The applier').",
     )
-    def apply_changes(context: dg.OpExecutionContext, config: ApplyConfig,
+    def apply_landed_changes(context: dg.OpExecutionContext, config: ApplyConfig,
                       pyspark: LazyPySparkResource) -> None:
         from cdc_platform.lake.applier import Applier, ApplierOptions
 
@@ -147,11 +154,16 @@ def build_job(settings: Settings) -> dg.JobDefinition:
 
         def relay() -> None:
             while pending:
-                for item in _events_to_dagster(settings, pending.pop(0)):
-                    if isinstance(item, tuple):
-                        getattr(context.log, item[0])(item[1])
-                    else:
-                        context.log_event(item)
+                event = pending.pop(0)
+                try:
+                    for item in _events_to_dagster(settings, event):
+                        if isinstance(item, LogLine):
+                            getattr(context.log, item.level)(item.text)
+                        else:
+                            context.log_event(item)
+                except Exception as error:  # noqa: BLE001 - a report must not stop the merges
+                    context.log.error(f"applier: could not record {type(event).__name__} "
+                                      f"({error!r})")
 
         def progress() -> None:
             context.log.info(f"applier: {applier.merges} merges in {applier.cycles} passes "
@@ -170,7 +182,7 @@ def build_job(settings: Settings) -> dg.JobDefinition:
 
     return dg.JobDefinition(
         name=JOB_NAME,
-        graph_def=dg.GraphDefinition(name=JOB_NAME, node_defs=[apply_changes]),
+        graph_def=dg.GraphDefinition(name=JOB_NAME, node_defs=[apply_landed_changes]),
         description=f"Long-running applier of {server!r}: landing zone -> Iceberg tables, "
         "within lake.freshness_seconds. The sensor "
         f"{sensor_name(settings)} keeps one run of it going.",

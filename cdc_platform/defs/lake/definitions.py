@@ -177,17 +177,19 @@ def build(settings: Settings, tables: list[TableSchema]) -> dg.Definitions:
     checks = [_reconcile_check(settings, t) for t in keyed] + [
         _not_stale_check(settings, t) for t in keyed]
     target_keys = [target_key(settings, t) for t in keyed]
+    # The applier's freshness is no part of a batch run (no applier runs there).
+    fresh = dg.AssetSelection.checks(*[dg.AssetCheckKey(k, "fresh") for k in target_keys])
     jobs = [
         dg.define_asset_job(
             "materialise_targets",
-            selection=dg.AssetSelection.assets(*target_keys),
+            selection=dg.AssetSelection.assets(*target_keys) - fresh,
             description="Fold the landed changes into every lake table and reconcile each "
             "against the source.",
             executor_def=dg.in_process_executor,
         ),
         dg.define_asset_job(
             "catch_up_and_reconcile",
-            selection=dg.AssetSelection.assets(changelog_key(settings), *target_keys),
+            selection=dg.AssetSelection.assets(changelog_key(settings), *target_keys) - fresh,
             description="Batch run (CI, demo): land the binlog up to the source's current "
             "position, materialise every lake table, fail if any reconciliation fails.",
             executor_def=dg.in_process_executor,
