@@ -59,6 +59,14 @@ class SpillStore:
     def remove_later(self, path: Path) -> None:
         self._doomed.append(path)
 
+    @property
+    def removal_pending(self) -> bool:
+        """Whether dropped files wait for the next checkpoint to be deleted. A flush with
+        nothing else to write should still write one then: a transaction discarded at a
+        reconnect is read (and spilled) again, so its old files would otherwise stay until
+        it finally lands, one copy per reconnect."""
+        return bool(self._doomed)
+
     def take_removed(self) -> list[Path]:
         """The files dropped since the last call, for the caller to delete once the checkpoint
         it builds now (which no longer names them) is durable; the previous checkpoint may

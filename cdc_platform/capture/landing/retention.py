@@ -55,7 +55,8 @@ deletes. Why each is safe:
 
 Every deletion is of one file, and every prefix of a sweep's deletions leaves a zone in
 which every reader finds what it needs: a sweep killed at any moment (kill -9) is safe, and
-the next one finishes its work.
+the next one finishes its work. One sweep runs at a time per landing folder (an ``flock`` on
+``retention.lock``; a second one returns at once, ``skipped``).
 """
 
 from __future__ import annotations

@@ -578,6 +578,17 @@ def test_one_sweep_at_a_time(tmp_path: Path) -> None:
     assert sweep(landing, {"shop.items": 2}, [], 0.0).deleted_files[retention.SEGMENTS] == 1
 
 
+def test_spill_files_dropped_are_pending_until_the_next_checkpoint(tmp_path: Path) -> None:
+    from cdc_platform.capture.changes.spill import SpillStore, records_table
+
+    store = SpillStore(tmp_path / "spill")
+    part = store.write_table(ITEMS, records_table(ITEMS, ["c"], [(1, "x")]))
+    assert not store.removal_pending
+    part.remove()  # a transaction discarded (a reconnect) or landed
+    assert store.removal_pending and part.path.exists()
+    assert store.take_removed() == [part.path] and not store.removal_pending
+
+
 # ---- how many files a day of streaming leaves -----------------------------------------------------
 
 
