@@ -63,7 +63,9 @@ from cdc_platform.capture.changes.xa_state import (
     persist_prepared,
     restore_prepared,
 )
+from cdc_platform.capture.ddl import stale_markers
 from cdc_platform.capture.ddl.effects import statement_effects
+from cdc_platform.capture.ddl.stale import StaleTable, arrived_tables
 from cdc_platform.capture.events import (
     EngineError,
     Event,
@@ -73,7 +75,7 @@ from cdc_platform.capture.events import (
     TableMap,
 )
 from cdc_platform.capture.flavours import flavour_of
-from cdc_platform.capture.gtid import GtidSet
+from cdc_platform.capture.gtid import Gtid, GtidSet, MysqlGtid, MysqlGtidSet
 from cdc_platform.capture.landing.segment_buffer import Queued, SegmentBuffer, write_segments
 from cdc_platform.capture.landing.writer import LandingWriter
 from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
@@ -116,6 +118,22 @@ def _is_purged_position(error: BaseException) -> bool:
     return bool(args) and args[0] == 1236
 
 
+def _a_gtid(position: GtidSet) -> Gtid | None:
+    """One GTID of a position (its first server's newest), to name it; None when empty."""
+    if isinstance(position, MysqlGtidSet):
+        for (uuid, tag), intervals in position.intervals().items():
+            return MysqlGtid(uuid, intervals[-1][1], tag)
+        return None
+    return next(iter(position), None)  # (MariaDB: one GTID per domain)
+
+
+def _server_message(error: BaseException) -> str:
+    """The server's words of an error (the cause of a lost stream), for the log."""
+    cause = error.__cause__ if isinstance(error, SourceDisconnected) else error
+    args = getattr(cause, "args", ())
+    return str(args[1]) if len(args) > 1 else str(cause)
+
+
 class EngineState(enum.Enum):
     CREATED = "created"
     STARTING = "starting"
@@ -141,6 +159,9 @@ class EngineOptions:
     max_reconnect_attempts: int = 0
     initial_position: str = "earliest"
     transaction_memory_bytes: int = 64 * 1024 * 1024
+    # capture.snapshot_mode: initial | when_needed | never (docs/snapshots.md, "Automatic
+    # snapshots"): which tables get history markers, and whether a purged binlog is recovered.
+    snapshot_mode: str = "initial"
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EngineOptions:
@@ -159,6 +180,7 @@ class EngineOptions:
             max_reconnect_attempts=capture.reconnect.max_attempts,
             initial_position=capture.initial_position,
             transaction_memory_bytes=capture.transaction_memory_bytes,
+            snapshot_mode=capture.snapshot_mode,
         )
 
 
@@ -221,6 +243,11 @@ class CaptureEngine:
         self._applying = False
         self._snapshots = SnapshotCoordinator(landing, options.flavour, self.log)
         self._snapshots_dirty = False
+        # Tables this run saw created or renamed into place: not "first seen by row events".
+        self._arrived: set[str] = set()
+        # The position a purged binlog made the engine go on from (capture.snapshot_mode:
+        # when_needed): purged again before any transaction from there means stop.
+        self._recovered_at: str | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -308,6 +335,7 @@ class CaptureEngine:
                                   if checkpoint is not None else {})
         self._started = True
         self._schemas = self.landing.read_tables()
+        recorded = set(self._schemas)
         self._control = source_sql.connect(opts.connection_settings)
         source_sql.require_prerequisites(self._control, opts.flavour, opts.server_name)
         learnt = learn_server_collations(self._control, opts.flavour)
@@ -316,7 +344,8 @@ class CaptureEngine:
                           f"mysql-replication does not list, read from the server: {learnt}")
         if checkpoint is None:
             self._processed = self._initial_position()
-        self._record_discovered_tables()
+        listed = self._record_discovered_tables()
+        self._mark_history_at_start(checkpoint is None, recorded, listed)
         self.stats.position = str(self._processed)
         self.stats.next_pos = self._next_pos
         self.log.info(
@@ -396,11 +425,157 @@ class CaptureEngine:
                 start = index
         return tables
 
-    def _record_discovered_tables(self) -> None:
-        """Note every captured table's schema, so empty tables still get a target."""
-        for database, table in source_sql.list_tables(self._control, self.options.selector):
+    def _record_discovered_tables(self) -> list[tuple[str, str]]:
+        """Note every captured table's schema, so empty tables still get a target; returns
+        the captured tables the source has."""
+        listed = source_sql.list_tables(self._control, self.options.selector)
+        for database, table in listed:
             if names.table_id(database, table) not in self._schemas:
                 self._read_source_schema(database, table)
+        return listed
+
+    # -- history: capture.snapshot_mode (docs/snapshots.md, "Automatic snapshots") ----------
+
+    def _mark_history_at_start(self, first_start: bool, recorded: set[str],
+                               listed: list[tuple[str, str]]) -> None:
+        """A history marker for every captured table with a key and rows whose older rows the
+        changelog lacks: on a first start, every such table; later, one the engine has no
+        record of (a widened filter; also a table created while the engine was down, whose
+        marker the replayed CREATE TABLE withdraws). The re-snapshot sensor launches their
+        snapshots once the checkpoint contains the source's executed set read here (after the
+        listing: every listed table was created before it, so by then the engine has seen the
+        CREATE TABLE of each table whose whole history is in the binlog)."""
+        if self.options.snapshot_mode == "never":
+            return
+        start = str(self._processed) or "the start of the binlog"
+        tables = []
+        for database, table in listed:
+            table_id = names.table_id(database, table)
+            schema = self._schemas.get(table_id)
+            if (table_id in recorded and not first_start) or schema is None:
+                continue
+            if not schema.primary_key:
+                self.log.warning(f"table {table_id}: no primary key and no capture.surrogate_keys"
+                                 " entry, so its older rows are not snapshotted (and its target "
+                                 "needs a key): set capture.surrogate_keys for it")
+            elif self._has_rows(database, table):
+                tables.append(StaleTable(database, table, (
+                    f"found with rows at the engine's first start (from GTID position {start}):"
+                    " rows written before are not in the changelog" if first_start else
+                    "newly captured: not in the engine's record of tables (the capture filters "
+                    "were widened, or it came while the engine was down): rows written before "
+                    "are not in the changelog")))
+        if not tables:
+            return
+        since = self._flavour.executed_gtid_text(self._control)
+        verb = "INITIAL" if first_start else "CAPTURED"
+        written = stale_markers.record_history(self.landing, verb, tables, "", self._next_pos,
+                                               since)
+        for marker in written:
+            self.log.info(marker.describe())
+        self.log.warning(
+            f"capture engine {self.options.server_name}: {len(tables)} table(s) with rows older "
+            f"than the changelog ({verb}; capture.snapshot_mode "
+            f"{self.options.snapshot_mode}): the re-snapshot sensor snapshots them once the "
+            f"engine has passed GTID position {since or '(empty)'}, unless it sees them created "
+            "in the binlog first")
+
+    def _has_rows(self, database: str, table: str) -> bool:
+        """Whether the table holds a row now (read-only). An empty table needs no snapshot of
+        its history: rows it held when the engine's position was taken were deleted since, and
+        those deletes are in the binlog the engine reads. (True when it cannot be read.)"""
+        try:
+            with self._control.cursor(pymysql.cursors.Cursor) as cur:
+                cur.execute(f"SELECT 1 FROM {source_sql.quote_identifier(database)}."
+                            f"{source_sql.quote_identifier(table)} LIMIT 1")
+                found = cur.fetchone() is not None
+            self._control.commit()
+            return found
+        except pymysql.MySQLError as error:
+            self.log.warning(f"table {names.table_id(database, table)}: not read ({error}); "
+                             "taken as holding rows")
+            return True
+
+    def _mark_first_seen(self, schema: TableSchema) -> None:
+        """A captured table the engine first meets in a table map, with no record of it and no
+        CREATE TABLE seen (created without binlog, or before a purged binlog): its older rows
+        are not in the changelog."""
+        gtid = self._buffer.open_gtid or ""
+        since = self._processed.add(self._flavour.parse_gtid(gtid)) if gtid else (
+            self._processed)
+        reason = (f"first seen by its row events at GTID {gtid or '?'}, with no CREATE TABLE in "
+                  "the binlog the engine read: rows written before are not in the changelog")
+        for marker in stale_markers.record_history(
+                self.landing, "CAPTURED", [StaleTable(schema.database, schema.table, reason)],
+                gtid, self._next_pos, str(since)):
+            self.log.warning(marker.describe())
+
+    def _tables_arrived(self, query: str, database: str, verb: str) -> None:
+        """A CREATE TABLE (its rows are in the binlog from here on) or a RENAME into a name
+        (the DDL's marker stands for the rows it brought): history markers written for the
+        name (found at start, before the engine reached this statement) are withdrawn."""
+        for arrived in arrived_tables(query, database):
+            table_id = names.table_id(*arrived)
+            self._arrived.add(table_id)
+            for marker in stale_markers.withdraw_history(self.landing, table_id):
+                self.log.info(f"table {table_id}: {verb} at GTID "
+                              f"{self._buffer.open_gtid or '?'} in the binlog the engine "
+                              f"reads: its {marker.verb} marker is withdrawn"
+                              + (", no snapshot needed" if verb == "CREATE" else
+                                 f" (the {verb} marker stands for its rows)"))
+
+    def _recover_purged(self, error: BaseException) -> None:
+        """``capture.snapshot_mode: when_needed`` and the binlog the checkpoint needs is gone:
+        go on from the source's current GTID set, with a PURGED marker for every captured table
+        (and a gone one for each recorded table the source no longer has), written before the
+        checkpoint passes the new position; open snapshot sessions restart (their touched-key
+        logs miss the gap). The snapshots bring every change of the gap, deletes included
+        (range assertions and the end-of-snapshot sweep)."""
+        opts = self.options
+        if self._control is None:
+            self._control = source_sql.connect(opts.connection_settings)
+        old = str(self._processed) or "(start)"
+        current_text = self._flavour.executed_gtid_text(self._control)
+        current = self._flavour.parse_position(current_text)
+        self.log.warning(
+            f"source {opts.server_name}: the binlog no longer holds GTID position {old} (purged: "
+            f"{_server_message(error)}). capture.snapshot_mode is when_needed: capture goes on "
+            f"from the source's current GTID position {current_text or '(empty)'}, and every "
+            "captured table is snapshotted again; until each snapshot is applied, its target "
+            f"misses the changes between {old} and {current_text or '(empty)'}")
+        self._discard_open_transaction("binlog purged")
+        # (DDL in the gap went unseen: every captured table's schema is read again)
+        listed = source_sql.list_tables(self._control, opts.selector)
+        for database, table in listed:
+            self._read_source_schema(database, table)
+        present = {names.table_id(d, t) for d, t in listed}
+        reason = (f"the binlog after GTID position {old} was purged before the engine read it; "
+                  f"capture went on from the source's GTID position {current_text or '(empty)'}"
+                  ": changes in between (deletes included) are not in the changelog")
+        tables = [StaleTable(d, t, reason) for d, t in listed
+                  if (s := self._schemas.get(names.table_id(d, t))) and s.primary_key]
+        # (a table whose DROP the engine saw has its open gone marker already)
+        known_gone = {m.table_id for m in stale_markers.read_markers(self.landing)
+                      if m.gone and not m.resolved}
+        tables += [StaleTable(s.database, s.table, f"{reason}; the table is gone from the "
+                              "source (dropped in between)", gone=True)
+                   for table_id, s in sorted(self._schemas.items())
+                   if table_id not in present and table_id not in known_gone
+                   and opts.selector.captures(s.database, s.table)]
+        for marker in stale_markers.record_history(self.landing, "PURGED", tables, "",
+                                                   self._next_pos, current_text):
+            self.log.warning(marker.describe())
+        named = _a_gtid(current)
+        for table_id, session in list(self._snapshots.sessions.items()):
+            # (as after a DDL: the reader reads the whole table again, in a new session)
+            if named is not None and session.tracked and self._snapshots.record_ddl(
+                    table_id, named):
+                session.reason = f"binlog purged: capture went on from {current_text}"
+                self._snapshots_dirty = True
+        self._table_ids.clear()
+        self._processed = current
+        self._recovered_at = str(current)
+        self.flush(force=True)
 
     def _read_source_schema(self, database: str, table: str) -> TableSchema | None:
         """Read the table's current schema from the source (shaped as it lands) and make it
@@ -495,11 +670,18 @@ class CaptureEngine:
                             return
             except BaseException as error:
                 if _is_purged_position(error):
+                    if opts.snapshot_mode == "when_needed" and (
+                            self._recovered_at != str(self._processed)) and not self._applying:
+                        self._recover_purged(error)
+                        continue
                     raise EngineError(
                         f"source {opts.server_name}: the binlog no longer holds GTID position "
-                        f"{str(self._processed) or '(start)'} (purged). The changelog cannot "
-                        "continue exactly: keep binlogs longer, and re-snapshot the tables (or "
-                        "move the checkpoint away and start with capture.initial_position)"
+                        f"{str(self._processed) or '(start)'} (purged: {_server_message(error)})."
+                        " The changelog cannot continue exactly: keep binlogs longer, and either "
+                        "set capture.snapshot_mode: when_needed (the engine then goes on from the "
+                        "source's current position and snapshots every captured table again), "
+                        "or re-snapshot the tables (or move the checkpoint away and start with "
+                        "capture.initial_position)"
                     ) from error
                 if not is_retriable(error) or self._applying:
                     # (mid-commit, the engine's state holds half of it: only a new run, from
@@ -601,6 +783,9 @@ class CaptureEngine:
                              "landed but target tables need a key; add one, or set "
                              "capture.surrogate_keys for it")
         previous = self._schemas.get(schema.table_id)
+        if previous is None and schema.primary_key and (
+                self.options.snapshot_mode != "never") and schema.table_id not in self._arrived:
+            self._mark_first_seen(schema)
         if previous is None or previous.columns != schema.columns or (
             previous.primary_key != schema.primary_key
         ):
@@ -644,6 +829,8 @@ class CaptureEngine:
                                     self._schemas)
         if effects is None:
             return
+        if effects.verb in ("CREATE", "RENAME", "ALTER") and effects.tables:
+            self._tables_arrived(statement.text, statement.database, effects.verb)
         for note in effects.notes:
             self.log.info(note)
         if not effects.tables:

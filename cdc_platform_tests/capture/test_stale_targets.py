@@ -176,7 +176,7 @@ def test_dagster_shows_the_stale_target_and_the_sensor_re_snapshots_it(cdc_env: 
         assert read_markers(env.landing) == []  # applied by the target: forgotten
 
 
-@pytest.mark.cdc_config(capture={"resnapshot_on_ddl": False})
+@pytest.mark.cdc_config(capture={"resnapshot_on_ddl": False, "snapshot_mode": "never"})
 def test_without_resnapshot_on_ddl_there_is_no_sensor(cdc_env: CdcEnv) -> None:
     from cdc_platform.definitions import build_definitions
     from cdc_platform.defs.snapshots.sensors import sensor_name

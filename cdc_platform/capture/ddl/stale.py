@@ -34,6 +34,7 @@ from cdc_platform.capture.ddl.parse import (
     alter_clauses,
     dropped_column,
     name_at,
+    parse_table_ddl,
     split_top_level,
     statement_tokens,
     token_at,
@@ -84,6 +85,9 @@ class StaleTable:
     table: str
     reason: str
     gone: bool = False
+    # A rename's source name: rows that arrived under this name from there (see
+    # ``stale_markers.record_stale_targets``: from a table not captured, they are new to capture).
+    origin: TableName | None = None
 
     @property
     def table_id(self) -> str:
@@ -299,10 +303,12 @@ def stale_tables(ddl: TableDdl, schemas: Mapping[str, TableSchema] | None = None
     verb = ddl.verb
     out: dict[TableName, StaleTable] = {}
 
-    def mark(name: TableName, reason: str, gone: bool = False) -> None:
+    def mark(name: TableName, reason: str, gone: bool = False,
+             origin: TableName | None = None) -> None:
         if name in out:
             reason = f"{out[name].reason}; {reason}"
-        out[name] = StaleTable(name[0], name[1], reason, gone)
+            origin = origin or out[name].origin
+        out[name] = StaleTable(name[0], name[1], reason, gone, origin)
 
     if "TEMPORARY" in head:
         return []  # temporary tables are not captured
@@ -324,7 +330,7 @@ def stale_tables(ddl: TableDdl, schemas: Mapping[str, TableSchema] | None = None
             mark(name, f"{moved}; the source table is gone", gone=True)
         for name, origin in changed.items():
             mark(name, f"renamed from {_qualified(origin)} (RENAME TABLE): the rows under "
-                       f"this name changed {_NO_ROW_EVENTS}")
+                       f"this name changed {_NO_ROW_EVENTS}", origin=origin)
     elif verb == "ALTER":
         table = ddl.tables[0]
         schema = schemas.get(_qualified(table))
@@ -338,7 +344,7 @@ def stale_tables(ddl: TableDdl, schemas: Mapping[str, TableSchema] | None = None
         for other in ddl.tables[1:]:
             if other in renamed_to:
                 mark(other, f"renamed from {_qualified(table)} (ALTER TABLE .. RENAME): the "
-                            f"rows under this name changed {_NO_ROW_EVENTS}")
+                            f"rows under this name changed {_NO_ROW_EVENTS}", origin=table)
                 for reason in reasons:
                     mark(other, f"ALTER TABLE {_NO_ROW_EVENTS}: {reason}")
             else:
@@ -351,6 +357,27 @@ def stale_tables(ddl: TableDdl, schemas: Mapping[str, TableSchema] | None = None
             for reason in reasons:
                 mark(table, f"ALTER TABLE {_NO_ROW_EVENTS}: {reason}")
     return list(out.values())
+
+
+def arrived_tables(query: str, default_db: str) -> list[TableName]:
+    """Tables whose rows a statement replaced wholesale: the table a CREATE TABLE created (its
+    rows are all in the binlog from there on), and the names a RENAME brought another table's
+    rows to (the DDL's own marker stands for those). Rows older than the changelog that were
+    under such a name are gone: history markers of the name are withdrawn. Not a TEMPORARY
+    table (never captured), nor ``CREATE ... IF NOT EXISTS`` (the binlog holds the statement
+    also when the table was already there, with its rows)."""
+    ddl = parse_table_ddl(query, default_db)
+    if ddl is None or not ddl.tables:
+        return []
+    if ddl.verb in ("RENAME", "ALTER"):
+        return list(_renamed(ddl.renames)[0])
+    if ddl.verb != "CREATE":
+        return []
+    words = [word_of(t) for t in statement_tokens(query)[:8]]
+    if "TEMPORARY" in words[:4] or "TABLE" not in words:
+        return []
+    after = words.index("TABLE") + 1
+    return [] if words[after:after + 3] == ["IF", "NOT", "EXISTS"] else [ddl.tables[0]]
 
 
 def stale_after_statement(statement: DatabaseDrop | Unclassified,

@@ -6,16 +6,27 @@ A marker is **resolved** once a whole-table snapshot that opened after the DDL i
 checkpoint's snapshot sessions say so), and forgotten once the target has applied that
 snapshot. Dagster reads them: target metadata, the ``not_stale`` check, the re-snapshot sensor.
 Format: docs/landing-zone.md, "Stale-target markers".
+
+**History markers** (``capture.snapshot_mode``, docs/snapshots.md "Automatic snapshots") say
+the same of a table whose rows predate what the changelog holds, at a point rather than at a
+statement: ``INITIAL`` (the engine's first start found the table with rows), ``CAPTURED`` (a
+table that became captured with rows: a widened filter, or first seen by its row events) and
+``PURGED`` (the binlog the checkpoint needed was purged; the engine went on from the source's
+current GTID set). Their point is ``since``, a GTID set: the sensor launches their snapshot once
+the checkpoint contains it, and a snapshot resolves them when it opened at a set containing it.
+A table the engine then sees created (``CREATE TABLE``) has all its rows in the binlog from
+there on: its history markers are withdrawn (:func:`withdraw_history`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cdc_platform.capture import names
@@ -28,7 +39,7 @@ from cdc_platform.capture.ddl.stale import (
 )
 from cdc_platform.capture.ddl.statements import DatabaseDrop, Unclassified
 from cdc_platform.capture.gtid import parse_gtid, parse_position
-from cdc_platform.capture.landing.zone import LandingZone
+from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.protocol import (
     SessionState,
@@ -36,6 +47,18 @@ from cdc_platform.capture.snapshot.protocol import (
     read_session_state,
 )
 from cdc_platform.capture.storage import write_atomically
+
+#: Verbs of history markers (the engine's, not a statement's): the table's rows predate what
+#: the changelog holds. INITIAL: found at the engine's first start; CAPTURED: became captured
+#: with rows (a widened filter, or first seen by its row events); PURGED: changes lost to a
+#: purged binlog (``capture.snapshot_mode: when_needed``).
+HISTORY_VERBS = ("INITIAL", "CAPTURED", "PURGED")
+# What the UI says of an open history marker: (the state of the target, the snapshot's name).
+_HISTORY_WORDS = {
+    "INITIAL": ("history not loaded yet", "initial snapshot"),
+    "CAPTURED": ("history not loaded yet", "initial snapshot"),
+    "PURGED": ("changes lost to a purged binlog not loaded yet", "recovery snapshot"),
+}
 
 
 def _now() -> str:
@@ -59,6 +82,15 @@ class StaleMarker:
     recorded_at: str = ""
     resolved_by: str | None = None  # the snapshot session that made the target exact again
     resolved_pos: int | None = None  # the table's changelog holds that snapshot up to here
+    # History markers (HISTORY_VERBS): the GTID set the engine was at or had to pass (the
+    # source's executed set when it wrote the marker). The sensor waits for the checkpoint to
+    # contain it; a snapshot whose opening set contains it resolves the marker.
+    since: str | None = None
+    # A rename brought the rows of a table that is not captured under this name: they are new
+    # to capture (launched under capture.snapshot_mode as well as capture.resnapshot_on_ddl).
+    newly_captured: bool = False
+    # Not stored: the snapshot answering the marker, while one runs (``resolve_markers``).
+    running: str = field(default="", compare=False)
 
     @property
     def table_id(self) -> str:
@@ -69,20 +101,44 @@ class StaleMarker:
         return self.resolved_by is not None
 
     @property
+    def history(self) -> bool:
+        """A history marker: the table's older rows are not in the changelog (no DDL)."""
+        return self.verb in HISTORY_VERBS
+
+    @property
     def file_name(self) -> str:
         """Sorts in DDL order: by changelog position, then (DDLs with no record between) by
-        the GTID's sequence number."""
+        the GTID's sequence number. A history marker's name is its point, verb and table: the
+        engine writes it once (a replay finds it there)."""
+        if self.history:
+            digest = hashlib.sha1(self.table_id.encode("utf-8", "surrogatepass")).hexdigest()
+            return f"{self.position:020d}-{0:020d}-{self.verb}-{digest[:16]}.json"
         sequence = re.search(r"(\d+)$", self.gtid)
         gtid = re.sub(r"[^0-9A-Za-z-]", "_", self.gtid)
         return (f"{self.position:020d}-{int(sequence.group(1)) if sequence else 0:020d}-"
                 f"{gtid}-{self.index}.json")
 
+    def headline(self) -> str:
+        """One line for a run's tags and the sensor's log: what the snapshot is for."""
+        if self.history:
+            state, snapshot = _HISTORY_WORDS[self.verb]
+            return f"{snapshot} ({self.verb}): {state}"
+        return f"{self.verb} at GTID {self.gtid}: {self.reason}"
+
     def describe(self) -> str:
+        if self.history:
+            state, snapshot = _HISTORY_WORDS[self.verb]
+            then = ("nothing to snapshot" if self.gone else
+                    f"the {snapshot} loads it (capture.snapshot_mode)")
+            return (f"table {self.table_id}: {state} ({self.verb}, changelog position "
+                    f"{self.position}): {self.reason}; {then}")
         return (f"table {self.table_id}: target stale after {self.verb} at GTID {self.gtid} "
                 f"(changelog position {self.position}): {self.reason}")
 
     def to_json(self) -> bytes:
-        return json.dumps(dataclasses.asdict(self), indent=1).encode()
+        data = dataclasses.asdict(self)
+        del data["running"]
+        return json.dumps(data, indent=1).encode()
 
     @staticmethod
     def from_json(text: bytes | str) -> StaleMarker:
@@ -115,6 +171,13 @@ def _write(landing: LandingZone, markers: Sequence[StaleMarker]) -> None:
         write_atomically(markers_dir(landing) / marker.file_name, marker.to_json())
 
 
+def _pending_gone_name(marker: StaleMarker) -> bool:
+    """An open marker that leaves old rows under the table's name: a table created again
+    under that name is stale too. (An open history marker that is not ``gone`` says only that
+    older rows were never loaded: nothing of another table.)"""
+    return not marker.resolved and (marker.gone or not marker.history)
+
+
 def record_stale_targets(landing: LandingZone, ddl: TableDdl, gtid: str, position: int,
                          schemas: Mapping[str, TableSchema],
                          captures: Callable[[str, str], bool],
@@ -124,17 +187,24 @@ def record_stale_targets(landing: LandingZone, ddl: TableDdl, gtid: str, positio
 
     A CREATE TABLE of a name with an open marker (the table was dropped or renamed away, and
     its target still holds the old rows) marks the new table stale too.
+
+    A rename that brings a table that is not captured under a captured name marks the target
+    ``newly_captured``: its rows are new to capture (``capture.snapshot_mode`` loads them).
     """
     verdicts = [v for v in stale_tables(ddl, schemas, column_captured)
                 if captures(v.database, v.table)]
     if ddl.verb == "CREATE" and not verdicts:
-        pending = {m.table_id for m in read_markers(landing) if not m.resolved}
+        pending = {m.table_id for m in read_markers(landing) if _pending_gone_name(m)}
         for database, table in ddl.tables[:1]:
             if names.table_id(database, table) in pending and captures(database, table):
                 verdicts.append(StaleTable(database, table, "created again under the name of "
                                            "a table that is gone: the target still holds the "
                                            "old table's rows"))
-    return _record(landing, verdicts, gtid, ddl.verb, position)
+    new = {v.table_id for v in verdicts if v.origin is not None and not captures(*v.origin)}
+    verdicts = [dataclasses.replace(v, reason=f"{v.reason}; {names.table_id(*v.origin)} is not "
+                                    "captured: its rows are new to capture")
+                if v.table_id in new and v.origin is not None else v for v in verdicts]
+    return _record(landing, verdicts, gtid, ddl.verb, position, newly_captured=new)
 
 
 def record_stale_after_statement(landing: LandingZone, statement: DatabaseDrop | Unclassified,
@@ -148,18 +218,79 @@ def record_stale_after_statement(landing: LandingZone, statement: DatabaseDrop |
 
 
 def _record(landing: LandingZone, verdicts: Sequence[StaleTable], gtid: str, verb: str,
-            position: int) -> list[StaleMarker]:
+            position: int, newly_captured: set[str] | frozenset[str] = frozenset()
+            ) -> list[StaleMarker]:
     now = _now()
     markers = [StaleMarker(v.database, v.table, gtid, verb, v.reason, position, v.gone,
-                           index, now) for index, v in enumerate(verdicts)]
+                           index, now, newly_captured=v.table_id in newly_captured)
+               for index, v in enumerate(verdicts)]
     _write(landing, markers)
     return markers
 
 
+def record_history(landing: LandingZone, verb: str, tables: Iterable[StaleTable], gtid: str,
+                   position: int, since: str) -> list[StaleMarker]:
+    """Write a history marker (``verb`` one of HISTORY_VERBS) per table, durably, before the
+    engine's checkpoint passes ``since``; returns the markers written. A marker already there
+    (a replay, a start after a crash) is kept as it is: its run key stays the same."""
+    if verb not in HISTORY_VERBS:
+        raise ValueError(f"not a history verb: {verb!r}")
+    now = _now()
+    written = []
+    for table in tables:
+        marker = StaleMarker(table.database, table.table, gtid, verb, table.reason, position,
+                             table.gone, 0, now, since=since)
+        path = markers_dir(landing) / marker.file_name
+        if not path.exists():
+            write_atomically(path, marker.to_json())
+            written.append(marker)
+    return written
+
+
+def withdraw_history(landing: LandingZone, table_id: str) -> list[StaleMarker]:
+    """A table the engine saw created (``CREATE TABLE``) has all its rows in the binlog from
+    there on: its open history markers are deleted (gone ones stay: they speak of the target's
+    rows of the table that was dropped). Returns the markers withdrawn."""
+    withdrawn = [m for m in read_markers(landing)
+                 if m.table_id == table_id and m.history and not m.resolved and not m.gone]
+    for marker in withdrawn:
+        (markers_dir(landing) / marker.file_name).unlink(missing_ok=True)
+    return withdrawn
+
+
+def armed(marker: StaleMarker, checkpoint: Checkpoint | None) -> bool:
+    """Whether the marker's snapshot may start now: a history marker once the engine's
+    checkpoint contains its point (by then the engine has withdrawn the markers of tables it
+    saw created, and a snapshot opens after the point); other markers at once."""
+    if marker.since is None:
+        return True
+    if checkpoint is None:
+        return False
+    try:
+        return parse_position(checkpoint.flavour, checkpoint.gtid).issuperset(
+            parse_position(checkpoint.flavour, marker.since))
+    except ValueError:
+        return False
+
+
+def launched_by_platform(marker: StaleMarker, snapshot_mode: str,
+                         resnapshot_on_ddl: bool) -> bool:
+    """Whether the platform snapshots the marker's table by itself: history markers and
+    tables renamed into the captured set under ``capture.snapshot_mode`` (not ``never``),
+    DDL markers under ``capture.resnapshot_on_ddl``."""
+    history = snapshot_mode != "never"
+    if marker.history:
+        return history
+    return resnapshot_on_ddl or (marker.newly_captured and history)
+
+
 def _opened_after(session: SnapshotSession, marker: StaleMarker, flavour: str) -> bool:
-    """Whether a snapshot session opened after the marker's DDL was processed."""
+    """Whether a snapshot session opened after the marker's DDL was processed (a history
+    marker: at a GTID set containing its point)."""
     try:
         opening = parse_position(flavour, session.opening)
+        if marker.since is not None:
+            return opening.issuperset(parse_position(flavour, marker.since))
         return opening.contains_gtid(parse_gtid(flavour, marker.gtid))
     except ValueError:  # (no GTID known for the DDL): by changelog position
         return session.opening_pos > marker.position
@@ -179,15 +310,20 @@ def resolve_markers(landing: LandingZone) -> list[StaleMarker]:
     out, changed = [], []
     for marker in markers:
         session = read_session_state(checkpoint, marker.table_id)
-        if not marker.resolved and session is not None and (
-                session.state == SessionState.DONE) and not session.condition and (
-                _opened_after(session, marker, checkpoint.flavour)):
+        if marker.resolved or session is None or session.condition or not _opened_after(
+                session, marker, checkpoint.flavour):
+            pass
+        elif session.state == SessionState.DONE:
             ends = [last for _, last, _ in landing.segments(marker.database, marker.table)
                     if last < checkpoint.next_pos]
             marker = dataclasses.replace(
                 marker, resolved_by=session.session_id,
                 resolved_pos=max(ends, default=session.opening_pos))
             changed.append(marker)
+        elif session.tracked:
+            marker = dataclasses.replace(marker, running=(
+                f"session {session.session_id} {session.state.value}, {session.rows:,} rows "
+                "loaded so far"))
         out.append(marker)
     _write(landing, changed)
     return out
@@ -204,13 +340,28 @@ def target_staleness(markers: Sequence[StaleMarker], table_id: str,
         if marker.table_id != table_id:
             continue
         if not marker.resolved:
-            fix = ("the source table is gone: drop the lake table, or re-create the source "
-                   "table and snapshot it" if marker.gone else
-                   f"re-snapshot {table_id} (automatic with capture.resnapshot_on_ddl)")
+            gone = ("the source table is gone: drop the lake table, or re-create the source "
+                    "table and snapshot it")
+            if marker.history:
+                state, snapshot = _HISTORY_WORDS[marker.verb]
+                progress = (f"running ({marker.running})" if marker.running else
+                            "pending (the platform launches it: capture.snapshot_mode, at "
+                            "most capture.max_parallel_snapshots at a time; or materialise "
+                            "the table's snapshot asset)")
+                reasons.append(f"{state}: {gone}; {marker.reason}" if marker.gone else
+                               f"{state}: {snapshot} {progress}; {marker.reason}")
+                continue
+            automatic = ("capture.snapshot_mode or capture.resnapshot_on_ddl"
+                         if marker.newly_captured else "capture.resnapshot_on_ddl")
+            fix = gone if marker.gone else (
+                f"snapshot running ({marker.running})" if marker.running else
+                f"re-snapshot {table_id} (automatic with {automatic})")
             reasons.append(f"{marker.verb} at GTID {marker.gtid}: {marker.reason}; {fix}")
         elif (consumed_pos or 0) < (marker.resolved_pos or 0):
-            reasons.append(f"{marker.verb} at GTID {marker.gtid}: re-snapshotted (session "
-                           f"{marker.resolved_by}); materialise the target to apply it")
+            what = (f"{_HISTORY_WORDS[marker.verb][1]} ({marker.verb})" if marker.history
+                    else f"{marker.verb} at GTID {marker.gtid}")
+            reasons.append(f"{what}: snapshotted (session {marker.resolved_by}); materialise "
+                           "the target to apply it")
     return " | ".join(reasons) or None
 
 
@@ -223,12 +374,18 @@ def forget_applied(landing: LandingZone, markers: Sequence[StaleMarker], table_i
             (markers_dir(landing) / marker.file_name).unlink(missing_ok=True)
 
 
-def snapshots_wanted(markers: Sequence[StaleMarker]) -> dict[str, StaleMarker]:
-    """Tables to re-snapshot -> the marker the request answers (the table's newest open one).
-    A table whose newest open marker says it is gone is left alone: there is nothing to read.
-    """
+def snapshots_wanted(markers: Sequence[StaleMarker],
+                     launches: Callable[[StaleMarker], bool] | None = None
+                     ) -> dict[str, StaleMarker]:
+    """Tables to re-snapshot -> the marker the request answers (the table's newest open one
+    that ``launches`` accepts: :func:`launched_by_platform`; any, without it). A table whose
+    newest open marker says it is gone is left alone: there is nothing to read. One snapshot
+    that opened after every open marker of the table resolves them all."""
     newest: dict[str, StaleMarker] = {}
+    wanted: dict[str, StaleMarker] = {}
     for marker in markers:
         if not marker.resolved:
             newest[marker.table_id] = marker
-    return {t: m for t, m in newest.items() if not m.gone}
+            if launches is None or launches(marker):
+                wanted[marker.table_id] = marker
+    return {t: m for t, m in wanted.items() if not newest[t].gone}

@@ -11,6 +11,7 @@ request.json, recording the signal so a replay does nothing (``reader.signal_act
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import dagster as dg
@@ -92,13 +93,16 @@ def told_to_stop(run: dg.DagsterRun, request: SnapshotRequest | None) -> bool:
 
 
 def busy_tables(instance: dg.DagsterInstance, landing: LandingZone,
-                snapshot_keys: dict[dg.AssetKey, str]) -> dict[str, str]:
-    """Tables being snapshotted now: by a run in progress (launched by a signal or by hand)
-    that was not told to stop, or by a live reader outside Dagster (the CLI) -> a
-    description for the log."""
+                snapshot_keys: dict[dg.AssetKey, str],
+                tags: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Tables being snapshotted now: by a run in progress (launched by a signal, by hand or
+    by the platform) that was not told to stop, or by a live reader outside Dagster (the CLI)
+    -> a description for the log. With ``tags``: only by runs carrying them (the platform's
+    own snapshot runs, counted against ``capture.max_parallel_snapshots``), not by readers."""
     busy: dict[str, str] = {}
     requests: dict[str, SnapshotRequest | None] = {}
-    for run in instance.get_runs(filters=dg.RunsFilter(statuses=ACTIVE_STATUSES)):
+    for run in instance.get_runs(filters=dg.RunsFilter(statuses=ACTIVE_STATUSES,
+                                                       tags=dict(tags or {}))):
         for key in run.asset_selection or ():
             if key not in snapshot_keys:
                 continue
@@ -107,6 +111,8 @@ def busy_tables(instance: dg.DagsterInstance, landing: LandingZone,
                 requests[table_id] = read_request(landing, *split_table_id(table_id))
             if not told_to_stop(run, requests[table_id]):
                 busy[table_id] = f"run {run.run_id[:8]}, {run.status.value.lower()}"
+    if tags:
+        return busy
     checkpoint = landing.read_checkpoint()
     for table_id in snapshot_keys.values():
         state = read_session_state(checkpoint, table_id)

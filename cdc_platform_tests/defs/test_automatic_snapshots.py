@@ -1,0 +1,151 @@
+"""The re-snapshot sensor launching the snapshots of capture.snapshot_mode: a real engine
+writes the markers, a real Dagster instance holds the runs, ticks are evaluated as the daemon
+evaluates them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from cdc_platform.capture.ddl.stale_markers import (
+    StaleMarker,
+    armed,
+    read_markers,
+    target_staleness,
+)
+from cdc_platform.capture.landing.zone import Checkpoint
+from cdc_platform.definitions import build_definitions
+from cdc_platform.defs.snapshots.sensors import (
+    AUTOMATIC_TAG,
+    MARKER_TAG,
+    REASON_TAG,
+    run_key,
+    sensor_name,
+)
+from cdc_platform_tests.conftest import CdcEnv
+
+
+class Sensor:
+    """The re-snapshot sensor of ``env``'s definitions, ticked like the daemon ticks it."""
+
+    def __init__(self, env: CdcEnv, instance: dg.DagsterInstance) -> None:
+        self.instance = instance
+        self.defs = build_definitions(env.settings)
+        self.sensor = self.defs.resolve_sensor_def(sensor_name(env.settings))
+
+    def tick(self) -> Any:
+        with dg.build_sensor_context(instance=self.instance, definitions=self.defs) as context:
+            return self.sensor.evaluate_tick(context)
+
+    def create_run(self, request: dg.RunRequest, status: dg.DagsterRunStatus) -> dg.DagsterRun:
+        """The run the daemon creates from ``request``, in ``status``."""
+        job = self.defs.resolve_implicit_global_asset_job_def()
+        return self.instance.create_run_for_job(
+            job, tags=request.tags, asset_selection=frozenset(request.asset_selection),
+            status=status)
+
+
+def _tables_with_history(env: CdcEnv, *tables: str) -> None:
+    """Tables with rows the engine's first start does not stream (created before it)."""
+    for table in tables:
+        env.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY, v INT)",
+                    f"INSERT INTO {table} SELECT seq, seq FROM seq_1_to_20")
+    env.start_position = env.mariadb.query("SELECT @@GLOBAL.gtid_binlog_pos")[0][0] or ""
+
+
+def _tables(requests: list[dg.RunRequest]) -> list[str]:
+    return sorted(r.asset_selection[0].path[-1] for r in requests)
+
+
+@pytest.fixture
+def instance() -> Any:
+    with dg.instance_for_test() as instance:
+        yield instance
+
+
+@pytest.mark.cdc_config(capture={"max_parallel_snapshots": 2})
+def test_a_first_start_launches_one_snapshot_per_table_at_most_max_parallel_at_a_time(
+        cdc_env: CdcEnv, instance: dg.DagsterInstance) -> None:
+    env = cdc_env
+    _tables_with_history(env, "a", "b", "c")
+    env.execute("CREATE TABLE keyless (x INT, y INT)", "INSERT INTO keyless VALUES (1, 2)")
+    env.catch_up()
+    assert sorted(m.table for m in read_markers(env.landing)) == ["a", "b", "c"]
+    sensor = Sensor(env, instance)
+
+    first = sensor.tick().run_requests
+    assert len(first) == 2
+    for request in first:
+        assert request.tags[AUTOMATIC_TAG] == env.server_name
+        assert request.tags[REASON_TAG].startswith("initial snapshot (INITIAL): history not "
+                                                   "loaded yet")
+        assert request.run_key == request.tags[MARKER_TAG]
+    # Until the daemon created those runs, a tick asks for the same ones (same run keys).
+    assert [r.run_key for r in sensor.tick().run_requests] == [r.run_key for r in first]
+
+    runs = [sensor.create_run(r, dg.DagsterRunStatus.NOT_STARTED) for r in first]
+    result = sensor.tick()
+    assert result.run_requests == [] and "1 for a free slot" in (result.skip_message or "")
+
+    # One run ends (here: cancelled, the marker stays open): its slot goes to the third
+    # table, and its own marker is not launched again.
+    instance.report_run_canceled(runs[0])
+    [third] = sensor.tick().run_requests
+    assert _tables([third]) == sorted({"a", "b", "c"} - set(_tables(first)))
+    sensor.create_run(third, dg.DagsterRunStatus.STARTED)
+    assert sensor.tick().run_requests == []
+
+    # A keyless table gets no snapshot, and its asset still says what it needs.
+    keyless = sensor.defs.resolve_assets_def(
+        dg.AssetKey([env.server_name, "snapshot", env.db, "keyless"]))
+    [spec] = keyless.specs
+    assert spec.metadata["chunk_key"] == "(none: set capture.surrogate_keys)"
+
+
+@pytest.mark.cdc_config(capture={"snapshot_mode": "never"})
+def test_never_launches_nothing_and_ddl_re_snapshots_still_run(
+        cdc_env: CdcEnv, instance: dg.DagsterInstance) -> None:
+    env = cdc_env
+    _tables_with_history(env, "a")
+    env.catch_up()
+    assert read_markers(env.landing) == []
+    env.query("TRUNCATE TABLE a")
+    env.catch_up()
+    [request] = Sensor(env, instance).tick().run_requests
+    assert request.run_key.startswith(f"resnapshot:{env.db}.a:")
+
+
+def _marker(**fields: Any) -> StaleMarker:
+    data: dict[str, Any] = {"database": "shop", "table": "items", "gtid": "", "verb": "INITIAL",
+                            "reason": "found with rows at the engine's first start", "position": 1,
+                            "since": "0-1-40"}
+    return StaleMarker(**{**data, **fields})
+
+
+def test_a_history_marker_waits_for_the_checkpoint_to_pass_its_point() -> None:
+    marker = _marker()
+    assert not armed(marker, None)
+    assert not armed(marker, Checkpoint("s", "mariadb", gtid="0-1-39"))
+    assert armed(marker, Checkpoint("s", "mariadb", gtid="0-1-40"))
+    assert armed(_marker(verb="TRUNCATE", since=None, gtid="0-1-41"), None)  # DDL: at once
+
+
+def test_the_target_says_why_it_is_incomplete_and_what_happens() -> None:
+    pending = target_staleness([_marker()], "shop.items", None) or ""
+    assert pending.startswith("history not loaded yet: initial snapshot pending")
+    assert "found with rows at the engine's first start" in pending
+    running = target_staleness([_marker(running="session run-1 open, 4,096 rows loaded so "
+                                        "far")], "shop.items", None) or ""
+    assert running.startswith("history not loaded yet: initial snapshot running (session "
+                              "run-1 open, 4,096 rows")
+    purged = target_staleness([_marker(verb="PURGED", reason="the binlog after 0-1-9 was "
+                                       "purged")], "shop.items", None) or ""
+    assert purged.startswith("changes lost to a purged binlog not loaded yet: recovery "
+                             "snapshot pending")
+    done = _marker(resolved_by="run-1", resolved_pos=90)
+    assert "materialise the target" in (target_staleness([done], "shop.items", 10) or "")
+    assert target_staleness([done], "shop.items", 90) is None
+    assert run_key(_marker()) != run_key(_marker(recorded_at="2027-01-01T00:00:00+00:00"))
+    assert "running" not in _marker(running="x").to_json().decode()
