@@ -61,6 +61,34 @@ def _stream(args: argparse.Namespace) -> int:
     return 0
 
 
+def _apply(args: argparse.Namespace) -> int:
+    """The applier in the foreground (the ``apply_changes`` job runs the same loop): keeps
+    every target merged with the changelog until stopped."""
+    from cdc_platform.config import load_settings
+    from cdc_platform.lake.applier import Applied, Applier, ApplierOptions
+    from cdc_platform.lake.spark import build_spark_session
+
+    settings = load_settings(args.config)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    spark = build_spark_session(settings.spark.master, settings.spark.app_name,
+                                dict(settings.spark.conf))
+    stop = _stop_on_signals("stopping after the merge in progress")
+
+    def report(event: Any) -> None:
+        if isinstance(event, Applied):
+            result = event.result
+            logging.info(f"{result.table_id}: {result.records_read} records "
+                         f"{'appended' if result.appended else 'merged'} in "
+                         f"{result.duration_seconds:.1f} s, lag {result.lag_seconds} s")
+        else:
+            logging.info(f"applier: {event}")
+
+    applier = Applier(spark, ApplierOptions.from_settings(settings), report)
+    applier.run(stop)
+    logging.info(f"stopped: {applier.merges} merges in {applier.cycles} passes")
+    return 0
+
+
 def _progress_logger(describe: Callable[[Any], str], every_seconds: float = 5.0
                      ) -> Callable[[Any], None]:
     """An ``on_progress`` that logs the snapshot's progress at most every few seconds, and
@@ -207,6 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     stream.add_argument("--idle-seconds", type=float, default=0.0,
                         help="with --until-caught-up: also wait this long without new commits")
     stream.set_defaults(run=_stream)
+
+    apply = commands.add_parser(
+        "apply", help="run the applier in the foreground (landing zone -> Iceberg tables)")
+    apply.add_argument("--config", help="config file (default: $CDC_PLATFORM_CONFIG or the demo)")
+    apply.set_defaults(run=_apply)
 
     snapshot = commands.add_parser(
         "snapshot", help="incremental snapshot of one table (the engine must be streaming)")

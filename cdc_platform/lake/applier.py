@@ -35,7 +35,8 @@ from pyspark.sql import SparkSession
 
 from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.gtid import parse_position
-from cdc_platform.capture.landing.zone import Checkpoint, LandingReader
+from cdc_platform.capture.landing import retention
+from cdc_platform.capture.landing.zone import Checkpoint, LandingReader, LandingZone
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.source import TableSelector
 from cdc_platform.lake.changelog import read_checkpoint
@@ -126,7 +127,7 @@ class Reconciled:
 
 @dataclass(frozen=True)
 class Swept:
-    report: Any  # capture.landing.retention.RetentionReport
+    report: retention.RetentionReport
 
 
 Event = Applied | Failed | Maintained | Reconciled | Swept
@@ -179,13 +180,11 @@ class Applier:
     """The loop; ``run`` until ``stop`` is set, events to ``emit`` (from this thread)."""
 
     def __init__(self, spark: SparkSession, options: ApplierOptions,
-                 emit: Callable[[Event], None],
-                 sweep: Callable[[Mapping[str, int | None], list[str]], Any] | None = None,
-                 ) -> None:
+                 emit: Callable[[Event], None], sweep_landing_zone: bool = True) -> None:
         self.spark = spark
         self.options = options
         self.emit = emit
-        self.sweep = sweep
+        self.sweep_landing_zone = sweep_landing_zone
         self.states: dict[str, _TableState] = {}
         self.cycles = 0
         self.merges = 0
@@ -212,7 +211,7 @@ class Applier:
             if stop is not None and stop.is_set():
                 return
             self._apply(schema, checkpoint)
-        if self.sweep is not None and (
+        if self.sweep_landing_zone and (
                 time.monotonic() - self._last_sweep >= self.options.sweep_interval_seconds):
             self._sweep(tables)
 
@@ -328,6 +327,11 @@ class Applier:
                                 self.options.reconcile_range_rows,
                                 self.options.reconcile_sample_keys)
 
+    def _sweep_landing_zone(self, consumed: Mapping[str, int | None], unread: list[str]
+                            ) -> retention.RetentionReport:
+        landing = LandingZone(self.options.landing_url, self.options.server_name)
+        return retention.sweep(landing, consumed, unread, self.options.retention_seconds)
+
     def _sweep(self, tables: list[TableSchema]) -> None:
         self._last_sweep = time.monotonic()
         keyed = {s.table_id for s in tables}
@@ -338,9 +342,8 @@ class Applier:
                 return  # a target not read yet: wait for its first pass
             consumed[schema.table_id] = state.consumed_pos
         unread = [t for t in self.states if t not in keyed]
-        assert self.sweep is not None
         try:
-            report = self.sweep(consumed, unread)
+            report = self._sweep_landing_zone(consumed, unread)
         except Exception as error:  # noqa: BLE001 - retention waits for the next sweep
             log.warning("applier: landing-zone retention failed: %s", error)
             return

@@ -20,6 +20,7 @@ from cdc_platform.lake.applier import (
     Failed,
     Maintained,
     Reconciled,
+    Swept,
     compaction_reason,
     same_position,
 )
@@ -79,7 +80,8 @@ def test_targets_follow_a_write_load_with_appends_lag_reconciles_and_compaction(
                 "CREATE TABLE quiet (id INT PRIMARY KEY, v VARCHAR(20))")
     env.execute("INSERT INTO orders SELECT seq, CONCAT('v', seq), 0 FROM seq_1_to_300",
                 "INSERT INTO quiet VALUES (1, 'one')")
-    options = _options(env, reconcile_every_merges=4, compact_min_files=6)
+    options = _options(env, reconcile_every_merges=4, compact_min_files=6,
+                       retention_seconds=0.0, sweep_interval_seconds=1.0)
     with streaming(env), Running(spark, options) as running:
         first = _wait("the first merges", lambda: {e.schema.table: e.result for e in
                                                    running.of(Applied)}.keys() >= {"orders",
@@ -125,6 +127,15 @@ def test_targets_follow_a_write_load_with_appends_lag_reconciles_and_compaction(
     # Merges every fraction of a second leave files; the applier compacts past the threshold.
     maintained = running.of(Maintained)
     assert maintained and "data and delete files" in maintained[0].reason
+    # What the targets consumed leaves the landing zone (the newest segment of a table stays).
+    swept = running.of(Swept)
+    assert swept and sum(e.report.deleted_files["segments"] for e in swept) > 0
+    assert not any(e.report.errors for e in swept), [e.report.errors for e in swept]
+    applier = running.applier
+    applier._sweep(applier.tables())  # (once more, now that nothing lands)
+    consumed = applier.states[f"{env.db}.orders"].consumed_pos
+    left = [s for s in env.landing.segment_names(env.db, "orders") if s[1] <= consumed]
+    assert len(left) <= 1, left  # the newest stays; all older consumed ones are gone
     current = env.target(spark, "orders").current()
     assert current is not None
     files = current.metadata()["data_files"] + current.metadata()["delete_files"]

@@ -17,7 +17,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,20 +58,6 @@ class ApplyConfig(dg.Config):
     """Run config of ``apply_changes``."""
 
     progress_seconds: float = 60.0
-
-
-def _sweeper(settings: Settings) -> Any:
-    """The landing-zone retention the applier runs (``capture.landing.retention``)."""
-    from cdc_platform.capture.landing import retention
-    from cdc_platform.capture.landing.zone import LandingZone
-
-    landing = LandingZone(settings.landing_zone.url, settings.source.server_name)
-    seconds = settings.landing_zone.retention_hours * 3600
-
-    def sweep(consumed: Mapping[str, int | None], unread: list[str]) -> Any:
-        return retention.sweep(landing, consumed, unread, seconds)
-
-    return sweep
 
 
 @dataclass(frozen=True)
@@ -126,9 +112,8 @@ def _events_to_dagster(settings: Settings, event: Any) -> Iterable[Any]:
             else dg.AssetCheckSeverity.WARN)
     elif isinstance(event, Swept):
         report = event.report
-        metadata = report.metadata() if hasattr(report, "metadata") else {"report": str(report)}
         yield LogLine("info", f"landing-zone retention: {report}")
-        yield dg.AssetObservation(asset_key=changelog_key(settings), metadata=metadata)
+        yield dg.AssetObservation(asset_key=changelog_key(settings), metadata=report.metadata())
 
 
 def build_job(settings: Settings) -> dg.JobDefinition:
@@ -149,8 +134,7 @@ def build_job(settings: Settings) -> dg.JobDefinition:
         log = QueueLog()
         pending: list[Any] = []
         spark = pyspark.spark_session
-        applier = Applier(spark, ApplierOptions.from_settings(settings), pending.append,
-                          sweep=_sweeper(settings))
+        applier = Applier(spark, ApplierOptions.from_settings(settings), pending.append)
 
         def relay() -> None:
             while pending:
