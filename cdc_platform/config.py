@@ -284,6 +284,13 @@ class LakeSettings(_Section):
         description="The applier reconciles each target at least this often, when it has "
         "caught up with the changelog (0: by reconcile_every_merges only).",
     )
+    max_snapshots: int = Field(
+        default=1000, ge=10,
+        description="Snapshots the applier keeps per table at most: a merge every few seconds "
+        "would otherwise keep `warehouse.snapshot_retention_hours` of them, and every commit "
+        "rewrites metadata that lists them all. Time travel reaches back this many merges (or "
+        "the retention, whichever is shorter).",
+    )
     compact_min_files: int = Field(
         default=64, ge=2,
         description="The applier compacts a target (Iceberg's rewrite actions) once it has this "

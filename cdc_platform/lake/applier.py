@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -66,6 +66,7 @@ class ApplierOptions:
     reconcile_sample_keys: int = 10
     compact_min_files: int = 64
     compact_delete_ratio: float = 0.2
+    max_snapshots: int = 1000
     snapshot_retention_hours: float = 72.0
     min_snapshots_to_keep: int = 10
     retention_seconds: float = 3600.0
@@ -89,6 +90,7 @@ class ApplierOptions:
             reconcile_sample_keys=settings.reconcile.sample_keys,
             compact_min_files=lake.compact_min_files,
             compact_delete_ratio=lake.compact_delete_ratio,
+            max_snapshots=lake.max_snapshots,
             snapshot_retention_hours=settings.warehouse.snapshot_retention_hours,
             min_snapshots_to_keep=settings.warehouse.min_snapshots_to_keep,
             retention_seconds=settings.landing_zone.retention_hours * 3600,
@@ -143,8 +145,11 @@ class _TableState:
     reconcile_pending: bool = False  # an inconclusive reconcile waits for the next catch-up
     failures: int = 0
     retry_at: float = 0.0
+    merges_since_expiry: int = 0
 
 
+# Snapshots are counted (a read of the table's metadata) once per this many merges of a table.
+EXPIRY_CHECK_MERGES = 100
 # After a table's merge fails, it is tried again after this long, doubling up to the cap.
 RETRY_SECONDS = 5.0
 MAX_RETRY_SECONDS = 300.0
@@ -271,23 +276,36 @@ class Applier:
         if result.committed:
             state.merges += 1
             state.merges_since_reconcile += 1
+            state.merges_since_expiry += 1
             self.merges += 1
             self.emit(Applied(schema, result))
             if result.snapshot is not None:
-                self._maybe_compact(schema, result.snapshot.metadata())
+                self._maybe_compact(schema, state, result.snapshot.metadata())
         self._after_catch_up(schema, state)
 
     # -- housekeeping ---------------------------------------------------------------------
 
-    def _maybe_compact(self, schema: TableSchema, metadata: Mapping[str, Any]) -> None:
-        reason = compaction_reason(metadata, self.options.compact_min_files,
-                                   self.options.compact_delete_ratio)
+    def _maybe_compact(self, schema: TableSchema, state: _TableState,
+                       metadata: Mapping[str, Any]) -> None:
+        """Compact the table past the file or delete thresholds, and expire its oldest
+        snapshots past ``max_snapshots`` (``LakeTable.maintain`` does both, mark kept)."""
+        options = self.options
+        reason = compaction_reason(metadata, options.compact_min_files,
+                                   options.compact_delete_ratio)
+        target = self._target(schema)
+        older_than = datetime.now(UTC) - timedelta(hours=options.snapshot_retention_hours)
+        if state.merges_since_expiry >= EXPIRY_CHECK_MERGES:
+            state.merges_since_expiry = 0
+            snapshots = target.snapshots()
+            if len(snapshots) > options.max_snapshots:
+                older_than = max(older_than,
+                                 snapshots[-options.max_snapshots].committed_at)
+                reason = ", ".join(filter(None, [reason, (
+                    f"{len(snapshots)} snapshots (at most {options.max_snapshots} kept)")]))
         if reason is None:
             return
-        target = self._target(schema)
-        older_than = datetime.now() - timedelta(hours=self.options.snapshot_retention_hours)
         try:
-            report = target.maintain(older_than, self.options.min_snapshots_to_keep)
+            report = target.maintain(older_than, options.min_snapshots_to_keep)
         except Exception as error:  # noqa: BLE001 - a conflicting merge wins; retried later
             log.warning("applier: compacting %s failed (%s); tried again after a later merge",
                         schema.table_id, str(error).splitlines()[0] if str(error) else error)

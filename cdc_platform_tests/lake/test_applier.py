@@ -13,6 +13,9 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
+from cdc_platform.lake import applier as applier_module
 from cdc_platform.lake.applier import (
     Applied,
     Applier,
@@ -74,14 +77,16 @@ def _wait(what: str, condition: Any, timeout: float = 120) -> Any:
 
 
 def test_targets_follow_a_write_load_with_appends_lag_reconciles_and_compaction(
-        cdc_env: CdcEnv, spark: Any) -> None:
+        cdc_env: CdcEnv, spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     env = cdc_env
+    monkeypatch.setattr(applier_module, "EXPIRY_CHECK_MERGES", 2)
     env.execute("CREATE TABLE orders (id INT PRIMARY KEY, v VARCHAR(20), n INT)",
                 "CREATE TABLE quiet (id INT PRIMARY KEY, v VARCHAR(20))")
     env.execute("INSERT INTO orders SELECT seq, CONCAT('v', seq), 0 FROM seq_1_to_300",
                 "INSERT INTO quiet VALUES (1, 'one')")
     options = _options(env, reconcile_every_merges=4, compact_min_files=6,
-                       retention_seconds=0.0, sweep_interval_seconds=1.0)
+                       retention_seconds=0.0, sweep_interval_seconds=1.0, max_snapshots=3,
+                       min_snapshots_to_keep=1)
     with streaming(env), Running(spark, options) as running:
         first = _wait("the first merges", lambda: {e.schema.table: e.result for e in
                                                    running.of(Applied)}.keys() >= {"orders",
@@ -91,9 +96,12 @@ def test_targets_follow_a_write_load_with_appends_lag_reconciles_and_compaction(
         assert initial.appended and initial.rows == 300, initial  # an empty target: an append
         rng = random.Random(5)
         with env.connect() as conn, conn.cursor() as cur:
-            deadline = time.monotonic() + 12
+            # Writes go on until the applier merged them a number of times (however slow the
+            # machine), so that compaction and snapshot expiry come due.
+            deadline = time.monotonic() + 180
             i = 0
-            while time.monotonic() < deadline:
+            while time.monotonic() < deadline and len(
+                    [e for e in running.of(Applied) if e.schema.table == "orders"]) < 10:
                 key = rng.randint(1, 400)
                 choice = rng.random()
                 if choice < 0.6:
@@ -112,7 +120,7 @@ def test_targets_follow_a_write_load_with_appends_lag_reconciles_and_compaction(
         _wait("a reconcile by the applier", lambda: running.of(Reconciled), timeout=120)
 
     applied = [e.result for e in running.of(Applied) if e.schema.table == "orders"]
-    assert merges_during_writes >= 4, merges_during_writes  # merged as the changes came
+    assert merges_during_writes >= 10, merges_during_writes  # merged as the changes came
     later = applied[1:]
     assert later and not any(r.appended for r in later)
     lags = [r.lag_seconds for r in later]
@@ -126,7 +134,11 @@ def test_targets_follow_a_write_load_with_appends_lag_reconciles_and_compaction(
     assert any(e.result.ok for e in reconciled), [e.result.to_metadata() for e in reconciled]
     # Merges every fraction of a second leave files; the applier compacts past the threshold.
     maintained = running.of(Maintained)
-    assert maintained and "data and delete files" in maintained[0].reason
+    assert any("data and delete files" in m.reason for m in maintained), maintained
+    # ... and expires snapshots past max_snapshots, whatever their age.
+    assert any("snapshots (at most 3 kept)" in m.reason for m in maintained), maintained
+    snapshots = env.target(spark, "orders").snapshots()
+    assert len(snapshots) < len(applied), (len(snapshots), len(applied))
     # What the targets consumed leaves the landing zone (the newest segment of a table stays).
     swept = running.of(Swept)
     assert swept and sum(e.report.deleted_files["segments"] for e in swept) > 0
