@@ -37,13 +37,17 @@ DEMO_PASSWORD = "cdc"
 DEMO_CONFIG_PATH = Path(__file__).parent / "demo.yaml"
 
 _DAGSTER_YAML = """\
-# Written by `make demo` / `make ui`. At most one streaming run per source server.
+# Written by `make demo` / `make ui`. At most one streaming run and one applier per source.
 run_coordinator:
   module: dagster.core.run_coordinator
   class: QueuedRunCoordinator
   config:
     tag_concurrency_limits:
       - key: cdc_platform/stream
+        value:
+          applyLimitPerUniqueValue: true
+        limit: 1
+      - key: cdc_platform/applier
         value:
           applyLimitPerUniqueValue: true
         limit: 1
