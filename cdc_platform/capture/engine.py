@@ -514,7 +514,9 @@ class CaptureEngine:
         """A CREATE TABLE (its rows are in the binlog from here on) or a RENAME into a name
         (the DDL's marker stands for the rows it brought): history markers written for the
         name (found at start, before the engine reached this statement) are withdrawn."""
-        for arrived in arrived_tables(query, database):
+        # (MariaDB logs a CREATE TABLE IF NOT EXISTS only when it created the table)
+        for arrived in arrived_tables(query, database,
+                                      logged_when_present=self._flavour.name != "mariadb"):
             table_id = names.table_id(*arrived)
             self._arrived.add(table_id)
             for marker in stale_markers.withdraw_history(self.landing, table_id):

@@ -16,6 +16,7 @@ import dagster as dg
 import pytest
 
 from cdc_platform.capture.ddl import stale_markers
+from cdc_platform.capture.ddl.stale import arrived_tables
 from cdc_platform.capture.ddl.stale_markers import (
     StaleMarker,
     launched_by_platform,
@@ -59,6 +60,9 @@ def test_a_first_start_marks_tables_found_with_rows_but_not_those_it_sees_create
     _table(env, "keyless", rows=3, columns="(a INT, b VARCHAR(40), c DECIMAL(10,2))")
     _start_here(env)
     _table(env, "seen", rows=5)  # created after the start position: its CREATE is streamed
+    env.execute(f"CREATE TABLE IF NOT EXISTS seen_too {_ITEMS}",  # (MariaDB logs it: created)
+                "INSERT INTO seen_too VALUES (1, 'a', 1)")
+    env.execute(f"CREATE TABLE IF NOT EXISTS old {_ITEMS}")  # (there: MariaDB logs nothing)
     env.catch_up()
 
     markers = _open(env)
@@ -77,6 +81,19 @@ def test_a_first_start_marks_tables_found_with_rows_but_not_those_it_sees_create
         time.sleep(1)
     env.catch_up()
     assert set(_open(env)) == {"old"}
+
+
+def test_which_statements_bring_a_table_whose_rows_are_all_in_the_binlog() -> None:
+    assert arrived_tables("CREATE TABLE t (id INT)", "db") == [("db", "t")]
+    assert arrived_tables("CREATE OR REPLACE TABLE d.t LIKE u", "db") == [("d", "t")]
+    assert arrived_tables("CREATE TEMPORARY TABLE t (id INT)", "db") == []
+    # MySQL logs CREATE TABLE IF NOT EXISTS also when the table was there; MariaDB does not.
+    assert arrived_tables("CREATE TABLE IF NOT EXISTS t (id INT)", "db") == []
+    assert arrived_tables("CREATE TABLE IF NOT EXISTS t (id INT)", "db",
+                          logged_when_present=False) == [("db", "t")]
+    assert arrived_tables("RENAME TABLE a TO b, c TO d", "db") == [("db", "b"), ("db", "d")]
+    assert arrived_tables("ALTER TABLE a RENAME TO z", "db") == [("db", "z")]
+    assert arrived_tables("ALTER TABLE a ADD COLUMN x INT", "db") == []
 
 
 @pytest.mark.cdc_config(capture={"snapshot_mode": "never"})

@@ -359,13 +359,16 @@ def stale_tables(ddl: TableDdl, schemas: Mapping[str, TableSchema] | None = None
     return list(out.values())
 
 
-def arrived_tables(query: str, default_db: str) -> list[TableName]:
+def arrived_tables(query: str, default_db: str, logged_when_present: bool = True
+                   ) -> list[TableName]:
     """Tables whose rows a statement replaced wholesale: the table a CREATE TABLE created (its
     rows are all in the binlog from there on), and the names a RENAME brought another table's
     rows to (the DDL's own marker stands for those). Rows older than the changelog that were
     under such a name are gone: history markers of the name are withdrawn. Not a TEMPORARY
-    table (never captured), nor ``CREATE ... IF NOT EXISTS`` (the binlog holds the statement
-    also when the table was already there, with its rows)."""
+    table (never captured). ``logged_when_present``: the server also logs a ``CREATE TABLE IF
+    NOT EXISTS`` that found the table there (with its rows), so such a statement proves
+    nothing: MySQL does (documented); MariaDB logs it only when it created the table (10.11,
+    every form: plain, LIKE, SELECT, any binlog_format)."""
     ddl = parse_table_ddl(query, default_db)
     if ddl is None or not ddl.tables:
         return []
@@ -377,7 +380,8 @@ def arrived_tables(query: str, default_db: str) -> list[TableName]:
     if "TEMPORARY" in words[:4] or "TABLE" not in words:
         return []
     after = words.index("TABLE") + 1
-    return [] if words[after:after + 3] == ["IF", "NOT", "EXISTS"] else [ddl.tables[0]]
+    if_not_exists = words[after:after + 3] == ["IF", "NOT", "EXISTS"]
+    return [] if if_not_exists and logged_when_present else [ddl.tables[0]]
 
 
 def stale_after_statement(statement: DatabaseDrop | Unclassified,
