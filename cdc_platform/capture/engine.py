@@ -968,6 +968,7 @@ class CaptureEngine:
         refresh = time.monotonic() - self._checkpointed_at >= CHECKPOINT_REFRESH_SECONDS
         if self._segments.empty and position_text == self._checkpointed_position and not (
             self._schemas_dirty or self._snapshots_dirty or self._xa_dirty or force or refresh
+            or self._spill.removal_pending
         ):
             return
         chunks = self._segments.take()
