@@ -1,8 +1,9 @@
-"""The lake runs itself, under the real Dagster daemon: nobody launches a merge.
+"""The lake runs itself, under the real Dagster daemon: nobody launches a snapshot or a merge.
 
 The engine streams (as ``stream_changes`` would), the daemon runs the definitions as in
-production, and the test only writes to the source, kills things and watches: the sensor
-launches ``apply_changes``, targets follow the writes within ``lake.freshness_seconds`` (the
+production, and the test only writes to the source, kills things and watches: the table's rows
+older than the changelog are snapshotted by a run the sensor launches, the sensor launches
+``apply_changes``, targets follow the writes within ``lake.freshness_seconds`` (the
 ``fresh`` check passes, merges carry their lag), a ``kill -9`` of the applier shows as "not
 fresh" naming the applier, the sensor relaunches it, and the target ends equal to the source.
 """
@@ -18,6 +19,7 @@ import dagster as dg
 import pytest
 
 from cdc_platform.defs.lake.applier import APPLIER_TAG, PID_TAG, REASON_TAG
+from cdc_platform.defs.signals.sensors import SNAPSHOT_TABLE_TAG
 from cdc_platform_tests.capture.snapshot.test_reader import EngineThread
 from cdc_platform_tests.conftest import CdcEnv
 from cdc_platform_tests.defs.test_signal_runs import Writes, daemon, wait_for
@@ -58,12 +60,19 @@ def _merges(instance: dg.DagsterInstance, env: CdcEnv, table: str) -> list[dict[
 def test_applier_launched_by_itself_keeps_targets_fresh_and_recovers_from_kill_9(
         cdc_env: CdcEnv, spark: Any, tmp_path: Path) -> None:
     env = cdc_env
+    # 400 rows older than the changelog (the engine starts after them: capture.snapshot_mode
+    # initial must load them by itself), then 100 it streams.
     env.execute("CREATE TABLE orders (id INT PRIMARY KEY, v VARCHAR(20))")
-    env.execute("INSERT INTO orders SELECT seq, CONCAT('v', seq) FROM seq_1_to_500")
+    env.execute("INSERT INTO orders SELECT seq, CONCAT('v', seq) FROM seq_1_to_400")
+    env.start_position = env.mariadb.query("SELECT @@GLOBAL.gtid_binlog_pos")[0][0]
+    env.execute("INSERT INTO orders SELECT seq, CONCAT('v', seq) FROM seq_401_to_500")
     engine = EngineThread(env)
     engine.start()
     try:
         with daemon(env, tmp_path) as running, running.instance() as instance:
+            wait_for("the initial snapshot run", lambda: instance.get_runs(
+                filters=dg.RunsFilter(tags={SNAPSHOT_TABLE_TAG: f"{env.db}.orders"})),
+                timeout=240, daemon_=running)
             first = wait_for("the sensor to launch apply_changes",
                              lambda: _started(instance, env), timeout=240, daemon_=running)
             assert first.tags[REASON_TAG] == "no run of it yet"
@@ -95,8 +104,9 @@ def test_applier_launched_by_itself_keeps_targets_fresh_and_recovers_from_kill_9
                 wait_for("the fresh check to pass again",
                          lambda: len([e for e in _fresh(instance, env, "orders")
                                       if e.passed]) > passes, timeout=240, daemon_=running)
+            # History included: nobody launched a snapshot or a merge.
             wait_for("the target to equal the source",
-                     lambda: env.reconcile(spark, "orders").ok, timeout=180, daemon_=running)
+                     lambda: env.reconcile(spark, "orders").ok, timeout=300, daemon_=running)
             merges = _merges(instance, env, "orders")
             lags = [m["lag_seconds"] for m in merges if "lag_seconds" in m]
             assert lags and max(lags) < 120, lags
