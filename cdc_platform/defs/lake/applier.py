@@ -30,6 +30,7 @@ from cdc_platform.capture.schema import TableSchema
 from cdc_platform.config import Settings
 from cdc_platform.defs.lake.definitions import staleness, target_key
 from cdc_platform.defs.names import single_asset_check
+from cdc_platform.defs.signals.sensors import ACTIVE_STATUSES
 from cdc_platform.defs.streaming.definitions import STREAM_TAG
 from cdc_platform.defs.streaming.runner import changelog_key
 from cdc_platform.defs.threaded import QueueLog, run_in_thread
@@ -40,9 +41,6 @@ APPLIER_TAG = "cdc_platform/applier"
 PID_TAG = "cdc_platform/applier_pid"
 HOST_TAG = "cdc_platform/applier_host"
 REASON_TAG = "cdc_platform/launched_because"
-ACTIVE = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
-          dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
-          dg.DagsterRunStatus.CANCELING]
 # The fresh check's result is recorded when it changes, and at least this often.
 REPORT_EVERY_SECONDS = 300.0
 STOP_GRACE_SECONDS = 120.0
@@ -192,7 +190,7 @@ def _alive(run: dg.DagsterRun) -> bool | None:
 
 
 def _active_runs(instance: dg.DagsterInstance, tag: str, server: str) -> list[dg.DagsterRun]:
-    return list(instance.get_runs(filters=dg.RunsFilter(statuses=ACTIVE, tags={tag: server})))
+    return list(instance.get_runs(filters=dg.RunsFilter(statuses=ACTIVE_STATUSES, tags={tag: server})))
 
 
 def _checkpoint_age(checkpoint: Any) -> float | None:
