@@ -19,6 +19,27 @@ capture engine's peak RSS (the engine runs in a process of its own, as in produc
 * large transaction: the engine's peak RSS while it captures one 1M-row INSERT ... SELECT
   (4 columns, ~70 bytes a row), with the default ``capture.transaction_memory_bytes``: memory
   must stay bounded by that setting, not grow with the transaction.
+* e2e (the living lake, ``bench/lake_e2e.py``): source commit -> row readable in the target's
+  Iceberg table, with the engine (``python -m cdc_platform stream``) and the applier
+  (``... apply``) as processes of their own on one config file (``lake.poll_seconds``,
+  ``capture.flush_interval_seconds`` at their defaults, ``landing_zone.retention_hours`` 0 unless
+  ``--e2e-retention-hours``). Writer processes commit single-row inserts and updates carrying
+  their commit time at each rate of ``--e2e-rates`` (default 1,000 and 5,000 commits/s) for
+  ``--e2e-seconds`` (default 300); a poller reads the table's new snapshots with pyiceberg every
+  0.5 s. Printed: lag p50/p95/p99/max (goal: p99 <= 15 s at 5,000 commits/s; peers' Iceberg
+  sinks commit every 1-5 min), its engine share (commit -> landed), the achieved rate, the
+  merges and their durations, the applier's and the engine's CPU and peak RSS, the landing
+  zone's size and file count after the soak and after the applier's next sweep.
+* initial-load (``bench/initial_load.py``): a ``--initial-load-rows`` (default 1,000,000) table
+  whose rows predate the binlog; engine, applier and ``python -m cdc_platform snapshot db.table``
+  started together at t0; the clock stops at the Iceberg commit in which pyiceberg reads every
+  row (count, keys and a digest of every row equal to the source's). Printed: rows/s (goal >=
+  250k rows/s here; OLake 338k, filament 1.27M on bigger machines), when the snapshot was done,
+  each merge, CPU and peak RSS of the three processes; then the same for a second table
+  captured while engine and applier already run (no process start in the figure).
+
+``--only`` takes a comma-separated list of sections (``--only e2e,initial-load``); try the
+living-lake sections briefly with ``--only e2e --e2e-seconds 30 --e2e-rates 1000``.
 
 Numbers drift between machines; the ratios are what to compare. Nothing here is asserted.
 """
@@ -43,6 +64,7 @@ from typing import Any
 import pyarrow as pa
 
 from bench._engine import engine_peak_rss, run_engine
+from bench._tables import SNAPSHOT_COLUMNS, SNAPSHOT_DB, SNAPSHOT_TABLE, fill_snapshot_table
 from cdc_platform.capture.engine import EngineOptions
 from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
@@ -309,31 +331,6 @@ def bench_freshness(work: Path, rate: float = 5000.0, seconds: float = 10.0) -> 
 
 # ---- snapshot ----------------------------------------------------------------------------------
 
-SNAPSHOT_DB, SNAPSHOT_TABLE = "snap", "items"
-SNAPSHOT_COLUMNS = "id, name, price, status, created"
-SNAPSHOT_FILL_BATCH = 100_000
-
-
-def _fill_snapshot_table(server: MariaDBServer, rows: int) -> None:
-    """The table exists (DDL binlogged), its rows do not reach the binlog: as on a source whose
-    history is gone, only a snapshot can bring them, and the engine has no backlog to stream."""
-    with server.root_connect() as conn, conn.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {SNAPSHOT_DB}")
-        cur.execute(f"CREATE TABLE {SNAPSHOT_DB}.{SNAPSHOT_TABLE} (id BIGINT PRIMARY KEY, "
-                    "name VARCHAR(40), price DECIMAL(10,2), status VARCHAR(8), "
-                    "created DATETIME(6))")
-        cur.execute("SET SESSION sql_log_bin = 0")
-        for start in range(1, rows + 1, SNAPSHOT_FILL_BATCH):
-            end = min(rows, start + SNAPSHOT_FILL_BATCH - 1)
-            cur.execute(
-                f"INSERT INTO {SNAPSHOT_DB}.{SNAPSHOT_TABLE} SELECT seq, CONCAT('item ', seq), "
-                "(seq * 7919 % 1000000) / 100, ELT(1 + seq % 3, 'new', 'paid', 'shipped'), "
-                "TIMESTAMP('2025-01-01') + INTERVAL seq SECOND + INTERVAL seq % 1000000 "
-                f"MICROSECOND FROM {SNAPSHOT_DB}.seq_{start}_to_{end}")
-        cur.execute(f"ANALYZE TABLE {SNAPSHOT_DB}.{SNAPSHOT_TABLE}")
-        cur.fetchall()
-
-
 def _bare_keyset_loop(server: MariaDBServer, chunk_size: int) -> tuple[int, float]:
     """The baseline: a plain pymysql keyset loop over the whole table, every row fetched."""
     import pymysql
@@ -514,7 +511,7 @@ def bench_snapshot(rows: int, write_rate: float, work: Path) -> None:
     server.start()
     try:
         started = time.perf_counter()
-        _fill_snapshot_table(server, rows)
+        fill_snapshot_table(server, rows)
         print(f"table filled in {time.perf_counter() - started:.1f}s")
         native_s = _native_select(server)
         bare_rows, bare_s = _bare_keyset_loop(server, DEFAULT_CHUNK_SIZE)
@@ -596,22 +593,66 @@ def main() -> int:
     parser.add_argument("--freshness-rate", type=float, default=5000.0,
                         help="single-row commits/s of the freshness write load (default 5000)")
     parser.add_argument("--large-transaction-rows", type=int, default=1_000_000)
-    parser.add_argument("--only", choices=["streaming", "lake", "freshness", "snapshot",
-                                           "large_transaction"])
+    parser.add_argument("--e2e-rates", default="1000,5000",
+                        help="e2e: single-row commits/s of each soak (default 1000,5000)")
+    parser.add_argument("--e2e-seconds", type=float, default=300.0,
+                        help="e2e: how long each soak writes (default 300)")
+    parser.add_argument("--e2e-writers", type=int, default=4,
+                        help="e2e: writer processes sharing the rate (default 4)")
+    parser.add_argument("--e2e-retention-hours", type=float, default=0.0,
+                        help="e2e: landing_zone.retention_hours (default 0: consumed segments "
+                        "go at the next sweep; -1: the platform's default)")
+    parser.add_argument("--initial-load-rows", type=int, default=1_000_000)
+    parser.add_argument("--only", type=_sections,
+                        help=f"comma-separated sections to run: {', '.join(SECTIONS)}")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the work directory (servers' data, logs, landing zones)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="cdc-bench-") as tmp:
-        work = Path(tmp)
-        if args.only in (None, "streaming"):
-            bench_streaming(args.stream_rows, work)
-        if args.only in (None, "freshness"):
-            bench_freshness(work, args.freshness_rate)
-        if args.only in (None, "lake"):
-            bench_lake_merge([int(s) for s in args.lake_sizes.split(",")], args.batch, work)
-        if args.only in (None, "snapshot"):
-            bench_snapshot(args.snapshot_rows, args.snapshot_write_rate, work)
-        if args.only in (None, "large_transaction"):
-            bench_large_transaction(args.large_transaction_rows, work)
+    only = args.only or SECTIONS
+    if args.keep:
+        work = Path(tempfile.mkdtemp(prefix="cdc-bench-"))
+        print(f"(work directory kept: {work})")
+        _run(args, only, work)
+    else:
+        with tempfile.TemporaryDirectory(prefix="cdc-bench-") as tmp:
+            _run(args, only, Path(tmp))
     return 0
+
+
+def _run(args: argparse.Namespace, only: tuple[str, ...], work: Path) -> None:
+    if "streaming" in only:
+        bench_streaming(args.stream_rows, work)
+    if "freshness" in only:
+        bench_freshness(work, args.freshness_rate)
+    if "lake" in only:
+        bench_lake_merge([int(s) for s in args.lake_sizes.split(",")], args.batch, work)
+    if "snapshot" in only:
+        bench_snapshot(args.snapshot_rows, args.snapshot_write_rate, work)
+    if "large_transaction" in only:
+        bench_large_transaction(args.large_transaction_rows, work)
+    if "e2e" in only:
+        from bench.lake_e2e import bench_e2e
+
+        for rate in (float(r) for r in args.e2e_rates.split(",")):
+            bench_e2e(rate, args.e2e_seconds, args.e2e_writers,
+                      None if args.e2e_retention_hours < 0 else args.e2e_retention_hours, work)
+    if "initial-load" in only:
+        from bench.initial_load import bench_initial_load
+
+        bench_initial_load(args.initial_load_rows, work)
+
+
+SECTIONS = ("streaming", "freshness", "lake", "snapshot", "large_transaction", "e2e",
+            "initial-load")
+
+
+def _sections(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip().replace("initial_load", "initial-load") for n in text.split(","))
+    unknown = [n for n in names if n not in SECTIONS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown section(s) {', '.join(unknown)}; choose "
+                                         f"from {', '.join(SECTIONS)}")
+    return names
 
 
 if __name__ == "__main__":
