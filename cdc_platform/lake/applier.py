@@ -146,8 +146,12 @@ class _TableState:
     failures: int = 0
     retry_at: float = 0.0
     merges_since_expiry: int = 0
+    last_compaction: float = -1e9
 
 
+# A table passing compact_delete_ratio is compacted at most this often (by the file count, at
+# any time).
+DELETE_COMPACTION_INTERVAL_SECONDS = 300.0
 # Snapshots are counted (a read of the table's metadata) once per this many merges of a table.
 EXPIRY_CHECK_MERGES = 100
 # After a table's merge fails, it is tried again after this long, doubling up to the cap.
@@ -155,16 +159,17 @@ RETRY_SECONDS = 5.0
 MAX_RETRY_SECONDS = 300.0
 
 
-def compaction_reason(metadata: Mapping[str, Any], min_files: int, delete_ratio: float
-                      ) -> str | None:
+def compaction_reason(metadata: Mapping[str, Any], min_files: int,
+                      delete_ratio: float | None) -> str | None:
     """Why a table with this snapshot metadata (``Snapshot.metadata``) needs compacting, or
-    None: too many data and delete files, or too large a share of deleted rows."""
+    None: too many data and delete files, or too large a share of deleted rows (not judged
+    when ``delete_ratio`` is None)."""
     files = int(metadata.get("data_files", 0)) + int(metadata.get("delete_files", 0))
     if files >= min_files:
         return f"{files} data and delete files (threshold {min_files})"
     records = int(metadata.get("records", 0))
     deleted = int(metadata.get("position_deletes", 0))
-    if records and deleted / records >= delete_ratio and deleted:
+    if delete_ratio is not None and records and deleted and deleted / records >= delete_ratio:
         return (f"{deleted} of {records} records deleted ({deleted / records:.0%}, threshold "
                 f"{delete_ratio:.0%})")
     return None
@@ -290,18 +295,21 @@ class Applier:
         """Compact the table past the file or delete thresholds, and expire its oldest
         snapshots past ``max_snapshots`` (``LakeTable.maintain`` does both, mark kept)."""
         options = self.options
+        # (a small table with many updates passes the delete share in a few merges: compacting
+        # it that often made the rows landing meanwhile wait; the file count always counts)
+        deletes_count = (time.monotonic() - state.last_compaction
+                         >= DELETE_COMPACTION_INTERVAL_SECONDS)
         reason = compaction_reason(metadata, options.compact_min_files,
-                                   options.compact_delete_ratio)
+                                   options.compact_delete_ratio if deletes_count else None)
         target = self._target(schema)
         older_than = datetime.now(UTC) - timedelta(hours=options.snapshot_retention_hours)
         if state.merges_since_expiry >= EXPIRY_CHECK_MERGES:
             state.merges_since_expiry = 0
-            snapshots = target.snapshots()
-            if len(snapshots) > options.max_snapshots:
-                older_than = max(older_than,
-                                 snapshots[-options.max_snapshots].committed_at)
+            if target.snapshot_count() > options.max_snapshots:
+                times = target.snapshot_times()
+                older_than = max(older_than, times[-options.max_snapshots])
                 reason = ", ".join(filter(None, [reason, (
-                    f"{len(snapshots)} snapshots (at most {options.max_snapshots} kept)")]))
+                    f"{len(times)} snapshots (at most {options.max_snapshots} kept)")]))
         if reason is None:
             return
         try:
@@ -310,6 +318,7 @@ class Applier:
             log.warning("applier: compacting %s failed (%s); tried again after a later merge",
                         schema.table_id, str(error).splitlines()[0] if str(error) else error)
             return
+        state.last_compaction = time.monotonic()
         current = target.current()
         self.emit(Maintained(schema, reason, {
             **report, **(current.metadata() if current is not None else {})}))

@@ -307,9 +307,11 @@ def _materialise_once(
         snapshot=snapshot,
         committed=True,
         rows=snapshot.rows,
-        inserts=counts["inserted"],
-        updates=counts["updated"],
-        deletes=counts["deleted"] + asserted,
+        # (into an empty table every row written is new, whatever the batch's first op of
+        # its key: a chunk row or an update; and nothing was there to delete)
+        inserts=counts["inserted"] + (counts["updated"] if appended else 0),
+        updates=0 if appended else counts["updated"],
+        deletes=0 if appended else counts["deleted"] + asserted,
         records_read=counts["records"],
         consumed_pos=consumed_pos,
         consumed_gtid=gtid,
@@ -351,8 +353,10 @@ def append_statement(target: str, source: str, schema: TableSchema) -> str:
     record that is not a delete becomes a row (what the MERGE does into an empty table)."""
     columns = [*schema.column_names, POS]
     names = ", ".join(quote(c) for c in columns)
-    return (f"INSERT INTO {target} ({names}) SELECT {names} FROM {quote(source)} "
-            f"WHERE {quote(OP)} <> '{DELETE}'")
+    # REBALANCE: adaptive execution sizes the files as the MERGE's are (one for a small batch)
+    # instead of one per shuffle partition of the fold.
+    return (f"INSERT INTO {target} ({names}) SELECT /*+ REBALANCE */ {names} FROM "
+            f"{quote(source)} WHERE {quote(OP)} <> '{DELETE}'")
 
 
 def _iso(epoch_ms: int) -> str:

@@ -183,6 +183,8 @@ def test_compaction_reason_and_positions() -> None:
     assert compaction_reason({"data_files": 1, "delete_files": 1, "records": 10,
                               "position_deletes": 4}, 4, 0.5) is None
     assert compaction_reason({}, 4, 0.5) is None
+    assert compaction_reason({"data_files": 1, "delete_files": 0, "records": 10,
+                              "position_deletes": 5}, 4, None) is None  # (not judged now)
     assert same_position("mariadb", "0-1-5,1-2-3", "1-2-3,0-1-5")
     assert not same_position("mariadb", "0-1-5", "0-1-6")
     assert not same_position("mariadb", None, "0-1-6")
