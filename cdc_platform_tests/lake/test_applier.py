@@ -84,9 +84,10 @@ def test_targets_follow_a_write_load_with_appends_lag_reconciles_and_compaction(
                 "CREATE TABLE quiet (id INT PRIMARY KEY, v VARCHAR(20))")
     env.execute("INSERT INTO orders SELECT seq, CONCAT('v', seq), 0 FROM seq_1_to_300",
                 "INSERT INTO quiet VALUES (1, 'one')")
+    # (the delete share is the unit test's: here only the file count triggers compaction)
     options = _options(env, reconcile_every_merges=4, compact_min_files=6,
-                       retention_seconds=0.0, sweep_interval_seconds=1.0, max_snapshots=3,
-                       min_snapshots_to_keep=1)
+                       compact_delete_ratio=1.0, retention_seconds=0.0,
+                       sweep_interval_seconds=1.0, max_snapshots=3, min_snapshots_to_keep=1)
     with streaming(env), Running(spark, options) as running:
         first = _wait("the first merges", lambda: {e.schema.table: e.result for e in
                                                    running.of(Applied)}.keys() >= {"orders",
@@ -96,12 +97,17 @@ def test_targets_follow_a_write_load_with_appends_lag_reconciles_and_compaction(
         assert initial.appended and initial.rows == 300, initial  # an empty target: an append
         rng = random.Random(5)
         with env.connect() as conn, conn.cursor() as cur:
-            # Writes go on until the applier merged them a number of times (however slow the
-            # machine), so that compaction and snapshot expiry come due.
+            # Writes go on until the applier merged them a number of times and compacted and
+            # expired snapshots (however slow the machine).
             deadline = time.monotonic() + 180
             i = 0
-            while time.monotonic() < deadline and len(
-                    [e for e in running.of(Applied) if e.schema.table == "orders"]) < 10:
+            def enough() -> bool:
+                reasons = " ".join(m.reason for m in running.of(Maintained))
+                return len([e for e in running.of(Applied) if e.schema.table == "orders"]
+                           ) >= 10 and "data and delete files" in reasons and (
+                    "snapshots (at most 3 kept)" in reasons)
+
+            while time.monotonic() < deadline and not enough():
                 key = rng.randint(1, 400)
                 choice = rng.random()
                 if choice < 0.6:
