@@ -75,13 +75,7 @@ def _apply(args: argparse.Namespace) -> int:
     stop = _stop_on_signals("stopping after the merge in progress")
 
     def report(event: Any) -> None:
-        if isinstance(event, Applied):
-            result = event.result
-            logging.info(f"{result.table_id}: {result.records_read} records "
-                         f"{'appended' if result.appended else 'merged'} in "
-                         f"{result.duration_seconds:.1f} s, lag {result.lag_seconds} s")
-        else:
-            logging.info(f"applier: {event}")
+        logging.info(event.describe() if isinstance(event, Applied) else f"applier: {event}")
 
     applier = Applier(spark, ApplierOptions.from_settings(settings), report)
     applier.run(stop)

@@ -104,6 +104,13 @@ class Applied:
     schema: TableSchema
     result: MergeResult
 
+    def describe(self) -> str:
+        result = self.result
+        lag = f", lag {result.lag_seconds:.1f} s" if result.lag_seconds is not None else ""
+        return (f"{self.schema.table_id}: {result.records_read} records "
+                f"{'appended' if result.appended else 'merged'} in "
+                f"{result.duration_seconds:.1f} s{lag}")
+
 
 @dataclass(frozen=True)
 class Failed:

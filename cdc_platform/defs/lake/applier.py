@@ -24,6 +24,7 @@ from typing import Any
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 
+from cdc_platform.capture.binlog.headroom import checkpoint_lag_seconds
 from cdc_platform.capture.landing.zone import LandingReader
 from cdc_platform.capture.names import joined_name
 from cdc_platform.capture.schema import TableSchema
@@ -71,10 +72,7 @@ def _events_to_dagster(settings: Settings, event: Any) -> Iterable[Any]:
     if isinstance(event, Applied):
         result, schema = event.result, event.schema
         stale = staleness(settings, schema, result.consumed_pos)
-        lag = f", lag {result.lag_seconds:.1f} s" if result.lag_seconds is not None else ""
-        yield LogLine("info", f"{schema.table_id}: {result.records_read} records "
-                       f"{'appended' if result.appended else 'merged'} in "
-                       f"{result.duration_seconds:.1f} s{lag}")
+        yield LogLine("info", event.describe())
         yield dg.AssetMaterialization(
             asset_key=target_key(settings, schema),
             description=f"merged by {JOB_NAME}",
@@ -194,12 +192,9 @@ def _active_runs(instance: dg.DagsterInstance, tag: str, server: str) -> list[dg
 
 
 def _checkpoint_age(checkpoint: Any) -> float | None:
-    from datetime import datetime
-
-    try:
-        return time.time() - datetime.fromisoformat(checkpoint.written_at).timestamp()
-    except (TypeError, ValueError):
-        return None
+    """Seconds since the engine wrote the checkpoint (``checkpoint_lag_seconds`` without the
+    lag it recorded)."""
+    return checkpoint_lag_seconds(checkpoint.written_at, 0.0, None)
 
 
 def judge_targets(instance: dg.DagsterInstance, settings: Settings,
