@@ -20,6 +20,7 @@ import pytest
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.row_event import PartialUpdateRowsEvent, TableMapEvent
 
+from cdc_platform.capture.binlog import stream as stream_module
 from cdc_platform.capture.binlog.decoding import (
     GTID_TAGGED_LOG_EVENT,
     TaggedGtid,
@@ -439,3 +440,77 @@ def test_a_file_written_with_gtid_mode_off_stops_at_its_first_transaction(monkey
     with pytest.raises(UnsupportedEvent, match=r"ANONYMOUS_GTID_LOG_EVENT .*Fix: a transaction "
                                                r"without a GTID: set gtid_mode=ON"):
         _events(stream)
+
+
+def _decoded(monkeypatch: pytest.MonkeyPatch, name: str) -> list[Any]:
+    """Every project event of a file, comparable: a stop ends the list with its message."""
+    out: list[Any] = []
+    stream, _ = _stream(monkeypatch, read_binlog(name))
+    try:
+        for event in stream:
+            if isinstance(event, Heartbeat):
+                break
+            if isinstance(event, Rows):
+                rows = event.rows
+                if event.columnar:
+                    rows = [[c.to_pylist() if hasattr(c, "to_pylist") else list(c)
+                             for c in image] for image in rows.images]
+                out.append(("rows", event.table, event.op, repr(rows)))
+            else:
+                out.append(event)
+    except UnsupportedEvent as error:
+        out.append(("stop", str(error)))
+    finally:
+        stream.close()
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in BINLOGS.iterdir()
+                                        if p.name != "README.md"))
+def test_a_table_map_decoded_again_from_the_cache_gives_the_same_events(monkeypatch, name):
+    """The adapter keeps decoded table maps by their bytes (``_decoded_table_maps``): a file
+    read again with every map cached gives the same schemas, rows and stops as read cold, and
+    its maps come from the cache (the same ``Table`` objects, no new entries)."""
+    monkeypatch.setattr(stream_module, "_decoded_table_maps", {})
+    cold = _decoded(monkeypatch, name)
+    cached = dict(stream_module._decoded_table_maps)
+    tables = {id(entry["table_obj"]) for entry in cached.values()}
+    warm = _decoded(monkeypatch, name)
+    assert warm == cold
+    assert stream_module._decoded_table_maps.keys() == cached.keys()
+    assert {id(e["table_obj"]) for e in stream_module._decoded_table_maps.values()} == tables
+    if any(isinstance(e, TableMap) for e in cold):
+        assert cached
+
+
+def test_the_table_map_cache_is_bounded(monkeypatch):
+    monkeypatch.setattr(stream_module, "_decoded_table_maps", {})
+    monkeypatch.setattr(stream_module, "TABLE_MAP_CACHE_SIZE", 1)
+    events = _decoded(monkeypatch, "vector.binlog")
+    assert len({e.schema.table for e in events if isinstance(e, TableMap)}) == 2
+    assert len(stream_module._decoded_table_maps) == 1
+
+
+def test_the_same_table_map_under_a_new_table_id_maps_its_rows(monkeypatch):
+    """A server gives a table a new id after a flush or an ALTER: the map's bytes then differ
+    only in the id, and the rows that follow name the new id, so a cached map must never
+    answer for it (its rows would find no table and vanish)."""
+    real = read_binlog("time_issue.000001")
+    binlog = BinlogFile("ids.000001", real.server_version, real.checksum, real.events[:1])
+    for gno, table_id in ((1, 200), (2, 201), (3, 200)):
+        for event_type, body in (
+                (33, gtid_body(SOURCE_UUID, gno)), (2, query_body("shop", "BEGIN")),
+                (19, table_map_body(table_id, "shop", "things", _SHOP_COLUMNS)),
+                (30, write_rows_body(table_id, 4, _shop_rows(gno * 10))), (16, xid_body(gno))):
+            binlog.events.append(binlog.event(event_type, body, 1_700_000_000))
+    monkeypatch.setattr(stream_module, "_decoded_table_maps", {})
+    stream, _ = _stream(monkeypatch, binlog)
+    try:
+        events = _events(stream)
+    finally:
+        stream.close()
+    assert [e.table_id for e in events if isinstance(e, TableMap)] == [200, 201, 200]
+    rows = [e for e in events if isinstance(e, Rows)]
+    assert [(e.table_id, len(e.rows if not e.columnar else e.rows.images[0][0]))
+            for e in rows] == [(200, 2), (201, 2), (200, 2)]
+    assert len(stream_module._decoded_table_maps) == 2

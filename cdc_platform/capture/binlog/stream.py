@@ -439,9 +439,24 @@ def _is_character_column(column_type: int, dbms: str = "mysql") -> bool:
                                                                            dbms=dbms)
 
 
+# Decoded table maps by their bytes (with the flavour, which decides the charset columns,
+# and the post-header length the binlog declares for them):
+# the server logs a table map before each transaction's rows, so a stream of small
+# transactions decodes the same few maps over and over. Decoding is a pure function of those
+# bytes, so a map seen before takes its decoded parts (and its ``Table``, which lets the rows
+# decoders and the adapter's schemas be found again by identity) from here. Bounded: the
+# oldest entry goes when full.
+TABLE_MAP_CACHE_SIZE = 4096
+_decoded_table_maps: dict[tuple[str, int, bytes], dict[str, Any]] = {}
+_DECODED_PARTS = ("table_id", "flags", "schema_length", "schema", "table_length", "table",
+                  "column_count", "columns", "null_bitmask", "table_obj", "optional_metadata",
+                  "undecodable", "unknown_metadata")
+
+
 def _table_map_init(self: TableMapEvent, from_packet: Any, event_size: int, table_map: Any,
                     ctl_connection: Any, **kwargs: Any) -> None:
-    """TableMapEvent.__init__ that reads every part of the event by its declared length.
+    """TableMapEvent.__init__ that reads every part of the event by its declared length, and
+    takes a map already decoded from ``_decoded_table_maps``.
 
     The same values result for the tables the library decodes. Whatever cannot be decoded
     (a column type of unknown layout, a damaged block) leaves ``undecodable`` saying why,
@@ -455,6 +470,34 @@ def _table_map_init(self: TableMapEvent, from_packet: Any, event_size: int, tabl
     private["use_column_name_cache"] = kwargs.get("use_column_name_cache", False)
     for name, value in private.items():
         setattr(self, f"_TableMapEvent__{name}", value)
+    if any(private[name] for name in ("only_tables", "ignored_tables", "only_schemas",
+                                      "ignored_schemas", "freeze_schema")):
+        _decode_table_map(self, table_map, private)  # (the library's filters: not cached)
+        return
+    packet = self.packet
+    start = packet.read_bytes
+    body = bytes(packet.read(self.event_size - start))
+    key = (self.dbms, self._declared_post_header_len(8), body)
+    decoded = _decoded_table_maps.get(key)
+    if decoded is None:
+        reader = _reader(body)
+        reader.read_bytes = start  # (the event's own arithmetic: event_size - read_bytes)
+        self.packet = reader
+        try:
+            _decode_table_map(self, table_map, private)
+        finally:
+            self.packet = packet
+        decoded = {name: self.__dict__[name] for name in _DECODED_PARTS}
+        if len(_decoded_table_maps) >= TABLE_MAP_CACHE_SIZE:
+            del _decoded_table_maps[next(iter(_decoded_table_maps))]
+        _decoded_table_maps[key] = decoded
+        return
+    self.__dict__.update(decoded)
+    table_map[self.table_id] = self.table_obj
+
+
+def _decode_table_map(self: TableMapEvent, table_map: Any, private: dict[str, Any]) -> None:
+    """The table map's parts from ``self.packet`` (see ``_table_map_init``)."""
     self.undecodable = ""
     self.unknown_metadata = {}
     self.table_id = self._read_table_id()
@@ -496,6 +539,7 @@ def _table_map_init(self: TableMapEvent, from_packet: Any, event_size: int, tabl
         self.undecodable = self.undecodable or " ".join(
             f"its table map does not decode ({type(error).__name__}: {error})".split())
         self.optional_metadata = getattr(self, "optional_metadata", OptionalMetaData())
+        self.null_bitmask = getattr(self, "null_bitmask", b"")
         self.table_obj = Table(self.table_id, self.schema, self.table, self.columns)
         table_map[self.table_id] = self.table_obj
 
@@ -595,6 +639,7 @@ class BinlogStream:
         self._gtid = ""
         self._decoders = RowsDecoders()
         self._table_schemas: dict[int, TableSchema] = {}  # table id -> its table map's schema
+        self._known_schemas: dict[int, tuple[Table, TableSchema]] = {}  # id(Table) -> schema
         start = flavour.stream_start(position, lambda: pymysql.connect(**connection_settings))
         self._reader = BinLogStreamReader(
             connection_settings=settings,
@@ -708,6 +753,7 @@ class BinlogStream:
         elif isinstance(event, RotateEvent):
             self._decoders.clear()  # (table ids of the old file are stale)
             self._table_schemas.clear()
+            self._known_schemas.clear()
             yield Rotate(event.next_binlog)
         elif isinstance(event, NotImplementedEvent):
             if event.event_type in HEARTBEAT_EVENT_TYPES:
@@ -727,6 +773,19 @@ class BinlogStream:
             "; then restart the engine (it resumes from its checkpoint)")
 
     def _table_schema(self, event: TableMapEvent) -> TableSchema:
+        """The table map's schema; a map decoded before (the same ``Table``, see
+        ``_decoded_table_maps``) has the schema built for it then."""
+        table = event.table_obj
+        known = self._known_schemas.get(id(table))
+        if known is not None and known[0] is table:
+            return known[1]
+        schema = self._checked_schema(event)
+        if len(self._known_schemas) >= TABLE_MAP_CACHE_SIZE:
+            self._known_schemas.clear()
+        self._known_schemas[id(table)] = (table, schema)
+        return schema
+
+    def _checked_schema(self, event: TableMapEvent) -> TableSchema:
         where = f"table {event.schema}.{event.table} at GTID {self._gtid or '?'}"
         if getattr(event, "undecodable", ""):
             raise TableMapError(
