@@ -112,10 +112,6 @@ class GtidSet(ABC):
             result = result.add(gtid)
         return result
 
-    def issubset(self, other: Self) -> bool:
-        self._check(other)
-        return other.issuperset(self)
-
     def _check(self, other: object) -> None:
         if type(other) is not type(self):
             raise TypeError(f"cannot combine {type(self).__name__} with {type(other).__name__}")

@@ -101,20 +101,6 @@ def col(name: str) -> Column:
     return F.col("`" + name.replace("`", "``") + "`")
 
 
-def key_join(left: DataFrame, right_keys: DataFrame, keys: list[str], how: str) -> DataFrame:
-    """``left`` semi/anti-joined with a frame of key columns, NULL key parts matching NULL.
-
-    Surrogate keys (capture.surrogate_keys) may have NULL parts, and a plain equi-join never
-    matches NULL, which would keep superseded rows. ``<=>`` still plans as a hash join.
-    """
-    renamed = right_keys.select(*[col(k).alias(f"__cdc_key{i}") for i, k in enumerate(keys)])
-    condition = None
-    for i, k in enumerate(keys):
-        term = col(k).eqNullSafe(col(f"__cdc_key{i}"))
-        condition = term if condition is None else condition & term
-    return left.join(renamed, condition, how)
-
-
 def conform(df: DataFrame, target: StructType) -> DataFrame:
     """Select ``target``'s columns by name, casting where types differ, NULL where missing."""
     have = {f.name: f.dataType for f in df.schema.fields}

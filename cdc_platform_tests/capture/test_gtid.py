@@ -351,8 +351,12 @@ def test_damaged_binary_gtid_sets_are_refused() -> None:
 def test_a_tagged_executed_set_is_a_watermark() -> None:
     """``Executed_Gtid_Set`` of MySQL 8.4 with tagged transactions (as the server prints it:
     one line per uuid, the untagged intervals first), read around a chunk's read view."""
-    from cdc_platform.capture.snapshot.watermark import read_chunk_with_watermarks
-    from cdc_platform_tests.capture.snapshot.test_watermark import SELECT, FakeMysql, _status
+    from cdc_platform_tests.capture.snapshot.test_watermark import (
+        SELECT,
+        FakeMysql,
+        _status,
+        read_chunk_with_watermarks,
+    )
 
     conn = FakeMysql({
         "SHOW BINARY LOG STATUS": [_status(f"{U1}:1-10:orders:1-3,\n{U2}:1-3"),

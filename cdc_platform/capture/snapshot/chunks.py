@@ -468,9 +468,6 @@ class Chunk:
     def key_of(self, row: Sequence[Any]) -> Key:
         return tuple(row[i] for i in self.table.key_indexes)
 
-    def rows_by_key(self) -> dict[Key, tuple[Any, ...]]:
-        return {self.key_of(row): row for row in self.rows}
-
 
 def _landing_converters(schema: TableSchema) -> list[Callable[[Any], Any] | None]:
     return [converter_for(c, from_binlog=False) for c in schema.columns]

@@ -27,9 +27,9 @@ import contextlib
 import logging
 import re
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import pymysql
 import pymysql.cursors
@@ -66,14 +66,6 @@ class Watermarks:
     snapshot_binlog: tuple[str, int] | None = None
 
 
-class ChunkRead(NamedTuple):
-    """Rows of one chunk SELECT and its watermarks; unpacks as ``rows, lw, after``."""
-
-    rows: list[tuple[Any, ...]]
-    low_watermark: GtidSet
-    after: GtidSet
-
-
 def read_with_watermarks(
     conn: pymysql.Connection, flavour: str, read: Callable[[Any], T]
 ) -> tuple[T, Watermarks]:
@@ -83,19 +75,6 @@ def read_with_watermarks(
     the SELECT's metadata lock still blocks DDL); they all see the same read view.
     """
     return _READERS[flavour_of(flavour).watermark](conn, read)
-
-
-def read_chunk_with_watermarks(
-    conn: pymysql.Connection, flavour: str, select_sql: str, args: Sequence[Any] = ()
-) -> ChunkRead:
-    """Run one chunk SELECT between watermarks; rows as tuples in the SELECT's column order."""
-
-    def select(cur: Any) -> list[tuple[Any, ...]]:
-        cur.execute(select_sql, tuple(args))
-        return list(cur.fetchall())
-
-    rows, marks = read_with_watermarks(conn, flavour, select)
-    return ChunkRead(rows, marks.low_watermark, marks.after)
 
 
 def _cursor(conn: Any) -> Any:

@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import pymysql
 import pytest
@@ -18,10 +18,9 @@ import pytest
 from cdc_platform.capture.gtid import MariadbGtid, MariadbPosition, MysqlGtidSet
 from cdc_platform.capture.snapshot import watermark
 from cdc_platform.capture.snapshot.watermark import (
-    ChunkRead,
     WatermarkError,
     check_snapshot_prerequisites,
-    read_chunk_with_watermarks,
+    read_with_watermarks,
     require_snapshot_prerequisites,
 )
 from cdc_platform.capture.source import PrerequisiteError, connect
@@ -29,6 +28,26 @@ from cdc_platform.devservices.mariadb import MariaDBServer
 
 U1 = "3e11fa47-71ca-11e1-9e33-c80aa9429562"
 U2 = "4b11fa47-71ca-11e1-9e33-c80aa9429563"
+
+class ChunkRead(NamedTuple):
+    """Rows of one SELECT and its watermarks; unpacks as ``rows, lw, after``."""
+
+    rows: list[tuple[Any, ...]]
+    low_watermark: Any
+    after: Any
+
+
+def read_chunk_with_watermarks(conn: Any, flavour: str, select_sql: str,
+                               args: tuple[Any, ...] = ()) -> ChunkRead:
+    """One SELECT between watermarks (``read_with_watermarks``), rows as tuples."""
+
+    def select(cur: Any) -> list[tuple[Any, ...]]:
+        cur.execute(select_sql, args)
+        return list(cur.fetchall())
+
+    rows, marks = read_with_watermarks(conn, flavour, select)
+    return ChunkRead(rows, marks.low_watermark, marks.after)
+
 
 # ---- a fake MySQL connection that records statements ------------------------------------------
 
