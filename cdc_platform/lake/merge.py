@@ -272,8 +272,9 @@ def _materialise_once(
         asserted = 0
         victims = None
         if counts["instructions"]:
+            # (an empty table has no rows to read: the batch's own keys are the candidates)
             state = target.read(snapshot_id=base.snapshot_id, with_position=True,
-                                current_schema=True)  # (evolved since base)
+                                current_schema=True) if base.rows else None  # (evolved)
             victims = _tombstones(target.table_id, batch, rows_folded, state, newest)
         if victims is not None:
             victims = victims.persist(StorageLevel.MEMORY_AND_DISK)
@@ -516,17 +517,22 @@ def _tombstones(
     intervals = _intervals(instructions)
     if all(verdict is None for _, verdict in intervals):
         return None
+    latest_pos, latest_op = "__cdc_latest_pos", "__cdc_latest_op"
     candidates = folded.select(*[col(k) for k in keys], col(POS), col(OP))
-    if state is not None:
+    span_filter = _span_filter(intervals, keys, key_types)
+    if state is None:  # (``folded`` has one record per key: its newest)
+        latest = candidates.select(*[col(k) for k in keys], col(POS).alias(latest_pos),
+                                   col(OP).alias(latest_op))
+        if span_filter is not None:
+            latest = latest.where(span_filter)
+    else:
         candidates = candidates.unionByName(
             state.select(*[col(k) for k in keys], col(POS), F.lit(SNAPSHOT_ROW).alias(OP)))
-    span_filter = _span_filter(intervals, keys, key_types)
-    if span_filter is not None:
-        candidates = candidates.where(span_filter)  # pushed down to the table's scan
-    latest_pos, latest_op = "__cdc_latest_pos", "__cdc_latest_op"
-    latest = candidates.groupBy(*[col(k) for k in keys]).agg(
-        F.max(col(POS)).alias(latest_pos), F.max_by(col(OP), col(POS)).alias(latest_op)
-    )
+        if span_filter is not None:
+            candidates = candidates.where(span_filter)  # pushed down to the table's scan
+        latest = candidates.groupBy(*[col(k) for k in keys]).agg(
+            F.max(col(POS)).alias(latest_pos), F.max_by(col(OP), col(POS)).alias(latest_op)
+        )
     tombstone_pos = _verdict_expression(intervals, keys, key_types, col(latest_pos))
     victims = latest.where(col(latest_op) != DELETE).select(
         *[col(k) for k in keys], tombstone_pos.alias(POS)
