@@ -1,5 +1,5 @@
-"""The compiled parts of cdc_platform: the binlog rows decoder (capture/_rowcodec.c) and the
-snapshot chunk reader (capture/snapshot/_rawrows.c, linked with libmariadb, the client library
+"""The compiled parts of cdc_platform: the binlog rows decoder (capture/binlog/_rowcodec.c) and
+the snapshot chunk reader (capture/snapshot/_rawrows.c, linked with libmariadb, the client library
 mysqlclient is built against), which share the Arrow buffers of capture/_arrowbuf.h.
 
 Everything else is declared in pyproject.toml; setuptools reads both. ``pip install -e .``
@@ -39,7 +39,8 @@ _cflags, _libs = _libmariadb()
 _ARROWBUF = ["cdc_platform/capture/_arrowbuf.h"]
 
 setup(ext_modules=[
-    Extension("cdc_platform.capture._rowcodec", ["cdc_platform/capture/_rowcodec.c"],
+    Extension("cdc_platform.capture.binlog._rowcodec",
+              ["cdc_platform/capture/binlog/_rowcodec.c"],
               depends=_ARROWBUF, extra_compile_args=_WARNINGS),
     Extension("cdc_platform.capture.snapshot._rawrows",
               ["cdc_platform/capture/snapshot/_rawrows.c"], depends=_ARROWBUF,

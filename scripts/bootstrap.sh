@@ -10,7 +10,7 @@ command -v mariadb-install-db >/dev/null 2>&1 || need_apt+=(mariadb-server)
 if ! command -v java >/dev/null 2>&1 || ! java -version 2>&1 | grep -q 'version "1[7-9]\|version "2'; then
   need_apt+=(openjdk-17-jre-headless)
 fi
-# Compiled parts: the native rows decoder (cdc_platform/capture/_rowcodec.c) and mysqlclient
+# Compiled parts: the native rows decoder (cdc_platform/capture/binlog/_rowcodec.c) and mysqlclient
 # (snapshot chunk reads; no Linux wheel, so pip builds it against Debian's libmariadb-dev)
 # need a C compiler, Python's headers and pkg-config.
 PYTHON="${PYTHON:-python3}"
@@ -36,11 +36,11 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
 fi
 # The editable install built the extensions in place; rebuild them whenever a source changed.
-ext_sources="cdc_platform/capture/_rowcodec.c cdc_platform/capture/snapshot/_rawrows.c cdc_platform/capture/_arrowbuf.h setup.py"
+ext_sources="cdc_platform/capture/binlog/_rowcodec.c cdc_platform/capture/snapshot/_rawrows.c cdc_platform/capture/_arrowbuf.h setup.py"
 ext_stamp="build/.extensions-$(cat $ext_sources | sha1sum | cut -c1-12)"
 if [ ! -f "$ext_stamp" ] || ! .venv/bin/python -c \
-    'import cdc_platform.capture._rowcodec, cdc_platform.capture.snapshot._rawrows' 2>/dev/null; then
-  echo "bootstrap: building the native rows decoder and chunk reader (capture/_rowcodec.c, capture/snapshot/_rawrows.c)"
+    'import cdc_platform.capture.binlog._rowcodec, cdc_platform.capture.snapshot._rawrows' 2>/dev/null; then
+  echo "bootstrap: building the native rows decoder and chunk reader (capture/binlog/_rowcodec.c, capture/snapshot/_rawrows.c)"
   .venv/bin/python setup.py -q build_ext --inplace >/dev/null
   mkdir -p build && rm -f build/.rowcodec-* build/.extensions-*
   touch "$ext_stamp"

@@ -98,7 +98,7 @@ CAPTURE_FLOORS = (
     {"schema", "names", "charsets", "landing_contract", "keys", "values", "events", "gtid",
      "storage"},
     {"flavours", "source"},
-    {"binlog", "_rowcodec"},
+    {"binlog"},
     {"changes"},
     {"landing"},
     {"snapshot"},

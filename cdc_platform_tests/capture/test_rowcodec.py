@@ -1,4 +1,4 @@
-"""The native rows decoder (capture/_rowcodec.c) against mysql-replication as cdc_platform
+"""The native rows decoder (capture/binlog/_rowcodec.c) against mysql-replication as cdc_platform
 patches it: every row event decoded both ways must give the same values, in type and value.
 
 * Real binlog events of the type matrix (every column type and edge value the type-matrix test

@@ -1,4 +1,4 @@
-"""The native rows decoder (capture/_rowcodec.c) against hostile or impossible inputs (issue 26,
+"""The native rows decoder (capture/binlog/_rowcodec.c) against hostile or impossible inputs (issue 26,
 decoder hardening): what a review and ASan/UBSan fuzzing found, each as the class behind it.
 
 * A decoder has at least one column (a row of none consumes no bytes: the row loops never
@@ -35,7 +35,6 @@ from hypothesis import strategies as st
 from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import PartialUpdateRowsEvent, TableMapEvent
 
-from cdc_platform import capture
 from cdc_platform.capture.binlog import decoding as binlog_decoding
 from cdc_platform.capture.binlog import rowcodec
 from cdc_platform.capture.binlog import stream as _binlog  # noqa: F401 - installs the library patches
@@ -395,7 +394,7 @@ def test_the_decoder_is_clean_under_address_and_undefined_behaviour_sanitizers(t
     libasan = _sanitizer_runtime()
     if libasan is None:
         pytest.skip("gcc with libasan is needed to build the sanitized decoder")
-    source = Path(capture.__file__).with_name("_rowcodec.c")  # (the extension's own folder)
+    source = Path(rowcodec.__file__).with_name("_rowcodec.c")  # (the extension's own folder)
     module = tmp_path / f"_rowcodec{sysconfig.get_config_var('EXT_SUFFIX')}"
     subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-g", "-std=c11",
                     "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",

@@ -52,7 +52,7 @@ from cdc_platform.capture.schema import ColumnSpec, TableSchema
 log = logging.getLogger(__name__)
 
 try:
-    from cdc_platform.capture import _rowcodec
+    from cdc_platform.capture.binlog import _rowcodec
 except ImportError as error:  # not built: the library decodes every rows event
     _rowcodec = None
     _IMPORT_ERROR: ImportError | None = error

@@ -46,7 +46,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "_arrowbuf.h"
+#include "../_arrowbuf.h"
 
 /* Column kinds (the Python side reads these constants from the module). */
 enum {
