@@ -65,7 +65,8 @@ from cdc_platform.capture.changes.xa_state import (
 )
 from cdc_platform.capture.ddl import stale_markers
 from cdc_platform.capture.ddl.effects import statement_effects
-from cdc_platform.capture.ddl.stale import StaleTable, arrived_tables
+from cdc_platform.capture.ddl.history import HistoryMarkers
+from cdc_platform.capture.ddl.stale import StaleTable
 from cdc_platform.capture.events import (
     EngineError,
     Event,
@@ -243,8 +244,8 @@ class CaptureEngine:
         self._applying = False
         self._snapshots = SnapshotCoordinator(landing, options.flavour, self.log)
         self._snapshots_dirty = False
-        # Tables this run saw created or renamed into place: not "first seen by row events".
-        self._arrived: set[str] = set()
+        self._history = HistoryMarkers(landing, self._flavour, options.snapshot_mode,
+                                       options.server_name, self.log)
         # The position a purged binlog made the engine go on from (capture.snapshot_mode:
         # when_needed): purged again before any transaction from there means stop.
         self._recovered_at: str | None = None
@@ -345,7 +346,8 @@ class CaptureEngine:
         if checkpoint is None:
             self._processed = self._initial_position()
         listed = self._record_discovered_tables()
-        self._mark_history_at_start(checkpoint is None, recorded, listed)
+        self._history.at_start(self._control, checkpoint is None, self._processed,
+                               self._next_pos, self._schemas, recorded, listed)
         self.stats.position = str(self._processed)
         self.stats.next_pos = self._next_pos
         self.log.info(
@@ -433,98 +435,6 @@ class CaptureEngine:
             if names.table_id(database, table) not in self._schemas:
                 self._read_source_schema(database, table)
         return listed
-
-    # -- history: capture.snapshot_mode (docs/snapshots.md, "Automatic snapshots") ----------
-
-    def _mark_history_at_start(self, first_start: bool, recorded: set[str],
-                               listed: list[tuple[str, str]]) -> None:
-        """A history marker for every captured table with a key and rows whose older rows the
-        changelog lacks: on a first start, every such table; later, one the engine has no
-        record of (a widened filter; also a table created while the engine was down, whose
-        marker the replayed CREATE TABLE withdraws). The re-snapshot sensor launches their
-        snapshots once the checkpoint contains the source's executed set read here (after the
-        listing: every listed table was created before it, so by then the engine has seen the
-        CREATE TABLE of each table whose whole history is in the binlog)."""
-        if self.options.snapshot_mode == "never":
-            return
-        start = str(self._processed) or "the start of the binlog"
-        tables = []
-        for database, table in listed:
-            table_id = names.table_id(database, table)
-            schema = self._schemas.get(table_id)
-            if (table_id in recorded and not first_start) or schema is None:
-                continue
-            if not schema.primary_key:
-                self.log.warning(f"table {table_id}: no primary key and no capture.surrogate_keys"
-                                 " entry, so its older rows are not snapshotted (and its target "
-                                 "needs a key): set capture.surrogate_keys for it")
-            elif self._has_rows(database, table):
-                tables.append(StaleTable(database, table, (
-                    f"found with rows at the engine's first start (from GTID position {start}):"
-                    " rows written before are not in the changelog" if first_start else
-                    "newly captured: not in the engine's record of tables (the capture filters "
-                    "were widened, or it came while the engine was down): rows written before "
-                    "are not in the changelog")))
-        if not tables:
-            return
-        since = self._flavour.executed_gtid_text(self._control)
-        verb = "INITIAL" if first_start else "CAPTURED"
-        written = stale_markers.record_history(self.landing, verb, tables, "", self._next_pos,
-                                               since)
-        for marker in written:
-            self.log.info(marker.describe())
-        self.log.warning(
-            f"capture engine {self.options.server_name}: {len(tables)} table(s) with rows older "
-            f"than the changelog ({verb}; capture.snapshot_mode "
-            f"{self.options.snapshot_mode}): the re-snapshot sensor snapshots them once the "
-            f"engine has passed GTID position {since or '(empty)'}, unless it sees them created "
-            "in the binlog first")
-
-    def _has_rows(self, database: str, table: str) -> bool:
-        """Whether the table holds a row now (read-only). An empty table needs no snapshot of
-        its history: rows it held when the engine's position was taken were deleted since, and
-        those deletes are in the binlog the engine reads. (True when it cannot be read.)"""
-        try:
-            with self._control.cursor(pymysql.cursors.Cursor) as cur:
-                cur.execute(f"SELECT 1 FROM {source_sql.quote_identifier(database)}."
-                            f"{source_sql.quote_identifier(table)} LIMIT 1")
-                found = cur.fetchone() is not None
-            self._control.commit()
-            return found
-        except pymysql.MySQLError as error:
-            self.log.warning(f"table {names.table_id(database, table)}: not read ({error}); "
-                             "taken as holding rows")
-            return True
-
-    def _mark_first_seen(self, schema: TableSchema) -> None:
-        """A captured table the engine first meets in a table map, with no record of it and no
-        CREATE TABLE seen (created without binlog, or before a purged binlog): its older rows
-        are not in the changelog."""
-        gtid = self._buffer.open_gtid or ""
-        since = self._processed.add(self._flavour.parse_gtid(gtid)) if gtid else (
-            self._processed)
-        reason = (f"first seen by its row events at GTID {gtid or '?'}, with no CREATE TABLE in "
-                  "the binlog the engine read: rows written before are not in the changelog")
-        for marker in stale_markers.record_history(
-                self.landing, "CAPTURED", [StaleTable(schema.database, schema.table, reason)],
-                gtid, self._next_pos, str(since)):
-            self.log.warning(marker.describe())
-
-    def _tables_arrived(self, query: str, database: str, verb: str) -> None:
-        """A CREATE TABLE (its rows are in the binlog from here on) or a RENAME into a name
-        (the DDL's marker stands for the rows it brought): history markers written for the
-        name (found at start, before the engine reached this statement) are withdrawn."""
-        # (MariaDB logs a CREATE TABLE IF NOT EXISTS only when it created the table)
-        for arrived in arrived_tables(query, database,
-                                      logged_when_present=self._flavour.name != "mariadb"):
-            table_id = names.table_id(*arrived)
-            self._arrived.add(table_id)
-            for marker in stale_markers.withdraw_history(self.landing, table_id):
-                self.log.info(f"table {table_id}: {verb} at GTID "
-                              f"{self._buffer.open_gtid or '?'} in the binlog the engine "
-                              f"reads: its {marker.verb} marker is withdrawn"
-                              + (", no snapshot needed" if verb == "CREATE" else
-                                 f" (the {verb} marker stands for its rows)"))
 
     def _recover_purged(self, error: BaseException) -> None:
         """``capture.snapshot_mode: when_needed`` and the binlog the checkpoint needs is gone:
@@ -785,9 +695,9 @@ class CaptureEngine:
                              "landed but target tables need a key; add one, or set "
                              "capture.surrogate_keys for it")
         previous = self._schemas.get(schema.table_id)
-        if previous is None and schema.primary_key and (
-                self.options.snapshot_mode != "never") and schema.table_id not in self._arrived:
-            self._mark_first_seen(schema)
+        if previous is None:
+            self._history.first_seen(schema, self._buffer.open_gtid or "", self._processed,
+                                     self._next_pos)
         if previous is None or previous.columns != schema.columns or (
             previous.primary_key != schema.primary_key
         ):
@@ -832,7 +742,8 @@ class CaptureEngine:
         if effects is None:
             return
         if effects.verb in ("CREATE", "RENAME", "ALTER") and effects.tables:
-            self._tables_arrived(statement.text, statement.database, effects.verb)
+            self._history.tables_arrived(statement.text, statement.database, effects.verb,
+                                         self._buffer.open_gtid or "")
         for note in effects.notes:
             self.log.info(note)
         if not effects.tables:
