@@ -8,6 +8,7 @@ compactions come on their cadence, and the target equals the source once the wri
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 import time
@@ -25,6 +26,7 @@ from cdc_platform.lake.applier import (
     Reconciled,
     Swept,
     compaction_reason,
+    first_load_waits,
     same_position,
 )
 from cdc_platform_tests.capture.snapshot.test_reader import streaming
@@ -182,6 +184,37 @@ def test_a_failing_table_backs_off_while_the_others_merge(cdc_env: CdcEnv, spark
     assert [f.attempts for f in failures[:2]] == [1, 2]  # counted, retried with backoff
 
 
+def test_a_pass_reconciles_at_most_one_table_so_the_others_keep_merging(
+        cdc_env: CdcEnv, spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reconciles take seconds and every table waits meanwhile: with three tables due after
+    every merge, no pass runs two, and each table still gets its turn."""
+    env = cdc_env
+    tables = ("t1", "t2", "t3")
+    env.execute(*[f"CREATE TABLE {t} (id INT PRIMARY KEY, v INT)" for t in tables])
+    env.execute(*[f"INSERT INTO {t} VALUES (1, 0)" for t in tables])
+    passes: list[tuple[int, str]] = []
+    real = Applier.reconcile
+
+    def observed(self: Applier, schema: Any) -> Any:
+        passes.append((self.cycles, schema.table))
+        return real(self, schema)
+
+    monkeypatch.setattr(Applier, "reconcile", observed)
+    with streaming(env), Running(spark, _options(env, reconcile_every_merges=1)) as running:
+        with env.connect() as conn, conn.cursor() as cur:
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline and {t for _, t in passes} != set(tables):
+                for t in tables:
+                    cur.execute(f"UPDATE {t} SET v = v + 1")
+                conn.commit()
+                time.sleep(0.2)
+        _wait("every table reconciled", lambda: {e.schema.table for e in
+                                                 running.of(Reconciled)} == set(tables))
+    cycles = [cycle for cycle, _ in passes]
+    assert len(cycles) == len(set(cycles)), passes  # one reconcile a pass at most
+    assert not running.of(Failed)
+
+
 def test_compaction_reason_and_positions() -> None:
     assert compaction_reason({"data_files": 3, "delete_files": 1}, 4, 0.5)
     assert compaction_reason({"data_files": 1, "delete_files": 0, "records": 10,
@@ -194,3 +227,28 @@ def test_compaction_reason_and_positions() -> None:
     assert same_position("mariadb", "0-1-5,1-2-3", "1-2-3,0-1-5")
     assert not same_position("mariadb", "0-1-5", "0-1-6")
     assert not same_position("mariadb", None, "0-1-6")
+
+
+def test_an_empty_target_waits_a_bounded_while_for_its_running_snapshot() -> None:
+    import datetime as dt
+
+    from cdc_platform.capture.snapshot.protocol import SessionState, SnapshotSession
+
+    opened = dt.datetime(2026, 11, 26, 12, 0, 0, tzinfo=dt.UTC)
+
+    def session(state: SessionState) -> SnapshotSession:
+        return SnapshotSession("db.t", "s1", state, "0-1-5", 7, "0-1-5", ["id"],
+                               started_at=opened.isoformat(timespec="seconds"))
+
+    soon, late = opened + dt.timedelta(seconds=10), opened + dt.timedelta(seconds=31)
+    assert first_load_waits(session(SessionState.OPEN), False, soon, 30)
+    assert not first_load_waits(session(SessionState.OPEN), False, late, 30)  # bounded
+    assert not first_load_waits(session(SessionState.OPEN), True, soon, 30)  # rows: merge
+    for ended in (SessionState.DONE, SessionState.PAUSED, SessionState.STOPPED,
+                  SessionState.RESTART):
+        assert not first_load_waits(session(ended), False, soon, 30)
+    assert not first_load_waits(None, False, soon, 30)
+    naive = dataclasses.replace(session(SessionState.OPEN), started_at="2026-11-26T12:00:00")
+    assert first_load_waits(naive, False, soon, 30)
+    assert not first_load_waits(dataclasses.replace(naive, started_at="garbage"), False,
+                                soon, 30)
