@@ -468,27 +468,39 @@ def _decoded(monkeypatch: pytest.MonkeyPatch, name: str) -> list[Any]:
 @pytest.mark.parametrize("name", sorted(p.name for p in BINLOGS.iterdir()
                                         if p.name != "README.md"))
 def test_a_table_map_decoded_again_from_the_cache_gives_the_same_events(monkeypatch, name):
-    """The adapter keeps decoded table maps by their bytes (``_decoded_table_maps``): a file
-    read again with every map cached gives the same schemas, rows and stops as read cold, and
-    its maps come from the cache (the same ``Table`` objects, no new entries)."""
-    monkeypatch.setattr(stream_module, "_decoded_table_maps", {})
+    """The adapter keeps decoded table maps by their bytes (``TABLE_MAPS``): a file read again
+    with every map cached gives the same schemas, rows and stops as read cold, and its maps
+    come from the cache (the same ``Table`` objects and schemas, no new entries)."""
+    monkeypatch.setattr(stream_module, "TABLE_MAPS", stream_module.TableMapCache(16_384))
     cold = _decoded(monkeypatch, name)
-    cached = dict(stream_module._decoded_table_maps)
-    tables = {id(entry["table_obj"]) for entry in cached.values()}
+    cached = dict(stream_module.TABLE_MAPS.entries)
+    tables = {id(entry.parts["table_obj"]) for entry in cached.values()}
+    schemas = {id(entry.schema) for entry in cached.values()}
     warm = _decoded(monkeypatch, name)
     assert warm == cold
-    assert stream_module._decoded_table_maps.keys() == cached.keys()
-    assert {id(e["table_obj"]) for e in stream_module._decoded_table_maps.values()} == tables
+    assert stream_module.TABLE_MAPS.entries.keys() == cached.keys()
+    entries = stream_module.TABLE_MAPS.entries.values()
+    assert {id(e.parts["table_obj"]) for e in entries} == tables
+    assert {id(e.schema) for e in entries} == schemas
     if any(isinstance(e, TableMap) for e in cold):
         assert cached
+        assert all(e.schema is not None for e in cached.values()) or any(
+            "stop" in str(e) for e in cold if isinstance(e, tuple))
 
 
-def test_the_table_map_cache_is_bounded(monkeypatch):
-    monkeypatch.setattr(stream_module, "_decoded_table_maps", {})
-    monkeypatch.setattr(stream_module, "TABLE_MAP_CACHE_SIZE", 1)
+def test_the_table_map_cache_is_bounded_by_the_columns_it_holds(monkeypatch):
+    """vector.binlog maps ``foo`` (2 columns) and ``bar`` (4): room for 5 columns holds one
+    map at a time (a map weighs its columns and one), and a map larger than the room none."""
+    monkeypatch.setattr(stream_module, "TABLE_MAPS", stream_module.TableMapCache(5))
     events = _decoded(monkeypatch, "vector.binlog")
     assert len({e.schema.table for e in events if isinstance(e, TableMap)}) == 2
-    assert len(stream_module._decoded_table_maps) == 1
+    cache = stream_module.TABLE_MAPS
+    assert len(cache.entries) == 1 and cache.columns <= 5
+    assert cache.columns == sum(e.weight for e in cache.entries.values())
+    monkeypatch.setattr(stream_module, "TABLE_MAPS", stream_module.TableMapCache(2))
+    again = _decoded(monkeypatch, "vector.binlog")
+    assert again == events  # (decoded each time, the same)
+    assert stream_module.TABLE_MAPS.entries == {} and stream_module.TABLE_MAPS.columns == 0
 
 
 def test_the_same_table_map_under_a_new_table_id_maps_its_rows(monkeypatch):
@@ -503,7 +515,7 @@ def test_the_same_table_map_under_a_new_table_id_maps_its_rows(monkeypatch):
                 (19, table_map_body(table_id, "shop", "things", _SHOP_COLUMNS)),
                 (30, write_rows_body(table_id, 4, _shop_rows(gno * 10))), (16, xid_body(gno))):
             binlog.events.append(binlog.event(event_type, body, 1_700_000_000))
-    monkeypatch.setattr(stream_module, "_decoded_table_maps", {})
+    monkeypatch.setattr(stream_module, "TABLE_MAPS", stream_module.TableMapCache(16_384))
     stream, _ = _stream(monkeypatch, binlog)
     try:
         events = _events(stream)
@@ -513,4 +525,4 @@ def test_the_same_table_map_under_a_new_table_id_maps_its_rows(monkeypatch):
     rows = [e for e in events if isinstance(e, Rows)]
     assert [(e.table_id, len(e.rows if not e.columnar else e.rows.images[0][0]))
             for e in rows] == [(200, 2), (201, 2), (200, 2)]
-    assert len(stream_module._decoded_table_maps) == 2
+    assert len(stream_module.TABLE_MAPS.entries) == 2

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import struct
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pymysql
@@ -439,15 +440,49 @@ def _is_character_column(column_type: int, dbms: str = "mysql") -> bool:
                                                                            dbms=dbms)
 
 
-# Decoded table maps by their bytes (with the flavour, which decides the charset columns,
-# and the post-header length the binlog declares for them):
-# the server logs a table map before each transaction's rows, so a stream of small
-# transactions decodes the same few maps over and over. Decoding is a pure function of those
-# bytes, so a map seen before takes its decoded parts (and its ``Table``, which lets the rows
-# decoders and the adapter's schemas be found again by identity) from here. Bounded: the
-# oldest entry goes when full.
-TABLE_MAP_CACHE_SIZE = 4096
-_decoded_table_maps: dict[tuple[str, int, bytes], dict[str, Any]] = {}
+@dataclass
+class CachedTableMap:
+    """A decoded table map: its parts (``_DECODED_PARTS``, set on each event decoded from the
+    same bytes) and the schema the adapter built from it (None until then)."""
+
+    parts: dict[str, Any]
+    schema: TableSchema | None = None
+
+    @property
+    def weight(self) -> int:
+        return len(self.parts["columns"]) + 1
+
+
+class TableMapCache:
+    """Decoded table maps by their bytes (with the flavour, which decides the charset columns,
+    and the post-header length the binlog declares for them).
+
+    The server logs a table map before each transaction's rows, so a stream of small
+    transactions decodes the same few maps over and over. Decoding is a pure function of those
+    bytes, so a map seen before takes its decoded parts from here, with its ``Table`` (the
+    rows decoders find theirs again by identity) and its schema. The bytes hold the table id,
+    which a server changes when it reopens a table: a wide table reopened often makes many
+    entries, so the cache is bounded by the columns it holds (a column's decoded form is most
+    of an entry's memory), the oldest entries going first."""
+
+    def __init__(self, max_columns: int) -> None:
+        self.max_columns = max_columns
+        self.entries: dict[tuple[str, int, bytes], CachedTableMap] = {}
+        self.columns = 0
+
+    def get(self, key: tuple[str, int, bytes]) -> CachedTableMap | None:
+        return self.entries.get(key)
+
+    def put(self, key: tuple[str, int, bytes], entry: CachedTableMap) -> None:
+        while self.entries and self.columns + entry.weight > self.max_columns:
+            self.columns -= self.entries.pop(next(iter(self.entries))).weight
+        if entry.weight <= self.max_columns:
+            self.entries[key] = entry
+            self.columns += entry.weight
+
+
+# (about 2 KB a column decoded, its schema included: some 30 MB at most)
+TABLE_MAPS = TableMapCache(max_columns=16_384)
 _DECODED_PARTS = ("table_id", "flags", "schema_length", "schema", "table_length", "table",
                   "column_count", "columns", "null_bitmask", "table_obj", "optional_metadata",
                   "undecodable", "unknown_metadata")
@@ -456,7 +491,7 @@ _DECODED_PARTS = ("table_id", "flags", "schema_length", "schema", "table_length"
 def _table_map_init(self: TableMapEvent, from_packet: Any, event_size: int, table_map: Any,
                     ctl_connection: Any, **kwargs: Any) -> None:
     """TableMapEvent.__init__ that reads every part of the event by its declared length, and
-    takes a map already decoded from ``_decoded_table_maps``.
+    takes a map already decoded from ``TABLE_MAPS`` (``cached``: its entry there).
 
     The same values result for the tables the library decodes. Whatever cannot be decoded
     (a column type of unknown layout, a damaged block) leaves ``undecodable`` saying why,
@@ -478,8 +513,8 @@ def _table_map_init(self: TableMapEvent, from_packet: Any, event_size: int, tabl
     start = packet.read_bytes
     body = bytes(packet.read(self.event_size - start))
     key = (self.dbms, self._declared_post_header_len(8), body)
-    decoded = _decoded_table_maps.get(key)
-    if decoded is None:
+    cached = TABLE_MAPS.get(key)
+    if cached is None:
         reader = _reader(body)
         reader.read_bytes = start  # (the event's own arithmetic: event_size - read_bytes)
         self.packet = reader
@@ -487,13 +522,12 @@ def _table_map_init(self: TableMapEvent, from_packet: Any, event_size: int, tabl
             _decode_table_map(self, table_map, private)
         finally:
             self.packet = packet
-        decoded = {name: self.__dict__[name] for name in _DECODED_PARTS}
-        if len(_decoded_table_maps) >= TABLE_MAP_CACHE_SIZE:
-            del _decoded_table_maps[next(iter(_decoded_table_maps))]
-        _decoded_table_maps[key] = decoded
-        return
-    self.__dict__.update(decoded)
-    table_map[self.table_id] = self.table_obj
+        cached = CachedTableMap({name: self.__dict__[name] for name in _DECODED_PARTS})
+        TABLE_MAPS.put(key, cached)
+    else:
+        self.__dict__.update(cached.parts)
+        table_map[self.table_id] = self.table_obj
+    self.cached = cached
 
 
 def _decode_table_map(self: TableMapEvent, table_map: Any, private: dict[str, Any]) -> None:
@@ -639,7 +673,6 @@ class BinlogStream:
         self._gtid = ""
         self._decoders = RowsDecoders()
         self._table_schemas: dict[int, TableSchema] = {}  # table id -> its table map's schema
-        self._known_schemas: dict[int, tuple[Table, TableSchema]] = {}  # id(Table) -> schema
         start = flavour.stream_start(position, lambda: pymysql.connect(**connection_settings))
         self._reader = BinLogStreamReader(
             connection_settings=settings,
@@ -753,7 +786,6 @@ class BinlogStream:
         elif isinstance(event, RotateEvent):
             self._decoders.clear()  # (table ids of the old file are stale)
             self._table_schemas.clear()
-            self._known_schemas.clear()
             yield Rotate(event.next_binlog)
         elif isinstance(event, NotImplementedEvent):
             if event.event_type in HEARTBEAT_EVENT_TYPES:
@@ -773,16 +805,14 @@ class BinlogStream:
             "; then restart the engine (it resumes from its checkpoint)")
 
     def _table_schema(self, event: TableMapEvent) -> TableSchema:
-        """The table map's schema; a map decoded before (the same ``Table``, see
-        ``_decoded_table_maps``) has the schema built for it then."""
-        table = event.table_obj
-        known = self._known_schemas.get(id(table))
-        if known is not None and known[0] is table:
-            return known[1]
+        """The table map's schema; a map decoded before (``TABLE_MAPS``) has the schema built
+        for it then."""
+        cached = getattr(event, "cached", None)
+        if cached is not None and cached.schema is not None:
+            return cached.schema
         schema = self._checked_schema(event)
-        if len(self._known_schemas) >= TABLE_MAP_CACHE_SIZE:
-            self._known_schemas.clear()
-        self._known_schemas[id(table)] = (table, schema)
+        if cached is not None:
+            cached.schema = schema
         return schema
 
     def _checked_schema(self, event: TableMapEvent) -> TableSchema:
