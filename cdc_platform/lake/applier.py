@@ -16,11 +16,11 @@ leave thousands of small and delete files), reconciles each target against the s
 merges or on an interval (when the table has caught up, so a difference is not just lag), and
 sweeps the landing zone of what every target has consumed (``capture.landing.retention``).
 An empty target whose table is being snapshotted waits a little for the snapshot to end
-(``first_load_waits``), so that an initial load is one append rather than an append and MERGEs.
-Compactions and reconciles take seconds each, and every other table waits meanwhile: a pass does at most one
-compaction or reconcile (the next due one waits for the next pass, a few seconds later, while
-every table merges), and each pass starts one table further along, so one table that stays
-due never keeps the others from their turn.
+(``first_load_waits``), so that an initial load is one append rather than an append and
+MERGEs. Compactions and reconciles take seconds each, and every other table waits meanwhile:
+a pass does at most one of them (the next one due waits for the next pass, a few seconds
+later, while every table merges), and each pass starts one table further along, so one table
+that stays due never keeps the others from their turn.
 
 It knows nothing of Dagster: what it did is a stream of events (``Applied``, ``Failed``,
 ``Maintained``, ``Reconciled``, ``Swept``) that the Dagster job turns into materialisations,
@@ -338,13 +338,19 @@ class Applier:
 
     def _loading(self, schema: TableSchema, state: _TableState, checkpoint: Checkpoint
                  ) -> bool:
-        """Whether an empty target waits for its table's running snapshot (``first_load``)."""
+        """Whether an empty target waits for its table's running snapshot
+        (``first_load_waits``). When the target cannot be read, it does not wait: the merge
+        then meets the same error and reports it."""
         if state.loaded:
             return False
         session = read_session_state(checkpoint, schema.table_id)
         if session is None or session.state is not SessionState.OPEN:
             return False
-        current = self._target(schema).current()
+        try:
+            current = self._target(schema).current()
+        except Exception:  # noqa: BLE001 - the merge reports it, with its backoff
+            log.debug("applier: reading %s failed", schema.table_id, exc_info=True)
+            return False
         state.loaded = current is not None and current.rows > 0
         return first_load_waits(session, state.loaded, datetime.now(UTC),
                                 self.options.first_load_wait_seconds)
