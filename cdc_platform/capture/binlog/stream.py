@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import struct
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -463,22 +464,27 @@ class TableMapCache:
     rows decoders find theirs again by identity) and its schema. The bytes hold the table id,
     which a server changes when it reopens a table: a wide table reopened often makes many
     entries, so the cache is bounded by the columns it holds (a column's decoded form is most
-    of an entry's memory), the oldest entries going first."""
+    of an entry's memory), the oldest entries going first. One per process: streams in
+    threads of their own (tests, benches) share it, so a change holds a lock."""
 
     def __init__(self, max_columns: int) -> None:
         self.max_columns = max_columns
         self.entries: dict[tuple[str, int, bytes], CachedTableMap] = {}
         self.columns = 0
+        self._lock = threading.Lock()
 
     def get(self, key: tuple[str, int, bytes]) -> CachedTableMap | None:
         return self.entries.get(key)
 
     def put(self, key: tuple[str, int, bytes], entry: CachedTableMap) -> None:
-        while self.entries and self.columns + entry.weight > self.max_columns:
-            self.columns -= self.entries.pop(next(iter(self.entries))).weight
-        if entry.weight <= self.max_columns:
-            self.entries[key] = entry
-            self.columns += entry.weight
+        with self._lock:
+            if key in self.entries:  # (decoded by another stream meanwhile)
+                return
+            while self.entries and self.columns + entry.weight > self.max_columns:
+                self.columns -= self.entries.pop(next(iter(self.entries))).weight
+            if entry.weight <= self.max_columns:
+                self.entries[key] = entry
+                self.columns += entry.weight
 
 
 # (about 2 KB a column decoded, its schema included: some 30 MB at most)
