@@ -341,19 +341,17 @@ class Applier:
         """Whether an empty target waits for its table's running snapshot
         (``first_load_waits``). When the target cannot be read, it does not wait: the merge
         then meets the same error and reports it."""
-        if state.loaded:
-            return False
         session = read_session_state(checkpoint, schema.table_id)
-        if session is None or session.state is not SessionState.OPEN:
+        if not first_load_waits(session, state.loaded, datetime.now(UTC),
+                                self.options.first_load_wait_seconds):
             return False
-        try:
+        try:  # (the target read only when the session alone says wait)
             current = self._target(schema).current()
         except Exception:  # noqa: BLE001 - the merge reports it, with its backoff
             log.debug("applier: reading %s failed", schema.table_id, exc_info=True)
             return False
         state.loaded = current is not None and current.rows > 0
-        return first_load_waits(session, state.loaded, datetime.now(UTC),
-                                self.options.first_load_wait_seconds)
+        return not state.loaded
 
     # -- housekeeping ---------------------------------------------------------------------
 
