@@ -36,12 +36,7 @@ import pymysql
 
 from cdc_platform.capture import names
 from cdc_platform.capture import source as source_sql
-from cdc_platform.capture.binlog.stream import (
-    BinlogStream,
-    SourceDisconnected,
-    is_retriable,
-    learn_server_collations,
-)
+from cdc_platform.capture.binlog.stream import BinlogStream, learn_server_collations
 from cdc_platform.capture.changes.row_images import TableState, column_block, row_records
 from cdc_platform.capture.changes.spill import (
     HeldRecords,
@@ -82,7 +77,12 @@ from cdc_platform.capture.landing.writer import LandingWriter
 from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
 from cdc_platform.capture.schema import ColumnValueError, TableSchema
 from cdc_platform.capture.snapshot.sessions import SnapshotCoordinator
-from cdc_platform.capture.source import TableSelector, selector_from_settings
+from cdc_platform.capture.source import (
+    SourceDisconnected,
+    TableSelector,
+    is_retriable,
+    selector_from_settings,
+)
 
 if TYPE_CHECKING:
     from cdc_platform.config import Settings

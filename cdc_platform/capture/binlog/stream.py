@@ -94,37 +94,10 @@ from cdc_platform.capture.events import (
 from cdc_platform.capture.flavours import Flavour
 from cdc_platform.capture.gtid import MysqlGtidSet, encode_mysql_gtid_set
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
+from cdc_platform.capture.source import SourceDisconnected, is_retriable
 from cdc_platform.capture.values import json_opaque_text
 
 log = logging.getLogger(__name__)
-
-# pymysql error codes after which reconnecting may succeed (network, restart, kill).
-RETRIABLE_MYSQL_ERRORS = {1040, 1053, 1158, 1159, 1160, 1161, 1317, 1927, 2002, 2003, 2006,
-                          2013, 2055}
-
-
-class SourceDisconnected(ConnectionError):
-    """The binlog connection dropped or could not be opened; reconnecting may succeed."""
-
-
-try:  # the snapshot reader reads chunks over mysqlclient: its errors carry the same codes
-    import MySQLdb
-
-    _OPERATIONAL_ERRORS: tuple[type[BaseException], ...] = (
-        pymysql.err.OperationalError, pymysql.err.InterfaceError, MySQLdb.OperationalError,
-        MySQLdb.InterfaceError)
-except ImportError:  # pragma: no cover - mysqlclient is a dependency
-    _OPERATIONAL_ERRORS = (pymysql.err.OperationalError, pymysql.err.InterfaceError)
-
-
-def is_retriable(error: BaseException) -> bool:
-    if isinstance(error, SourceDisconnected | ConnectionError | TimeoutError | EOFError):
-        return True
-    if isinstance(error, _OPERATIONAL_ERRORS):
-        code = error.args[0] if error.args else None
-        return code in RETRIABLE_MYSQL_ERRORS or not isinstance(code, int)
-    return False
-
 
 _INT_TYPES = {FIELD_TYPE.TINY, FIELD_TYPE.SHORT, FIELD_TYPE.INT24, FIELD_TYPE.LONG}
 _STRING_TYPES = {FIELD_TYPE.VARCHAR, FIELD_TYPE.VAR_STRING, FIELD_TYPE.STRING,

@@ -18,7 +18,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdc_platform.capture.binlog.stream import is_retriable
 from cdc_platform.capture.snapshot import native
 from cdc_platform.capture.snapshot.chunks import (
     Chunk,
@@ -31,7 +30,7 @@ from cdc_platform.capture.snapshot.chunks import (
     with_row_bound,
 )
 from cdc_platform.capture.snapshot.protocol import chunk_arrow_table
-from cdc_platform.capture.source import connect, read_table_schema
+from cdc_platform.capture.source import connect, is_retriable, read_table_schema
 from cdc_platform.capture.start_errors import describe_start_error
 from cdc_platform_tests.capture.snapshot.chunk_reading import read_table_in_chunks
 from cdc_platform_tests.torture import cells
