@@ -11,6 +11,10 @@ this is the first of two walls, not the only one.
 Backslashes are refused everywhere: whether ``\\'`` ends a string depends on the server's
 ``NO_BACKSLASH_ESCAPES`` mode, and a tokenizer that guesses the mode wrong can be walked out of
 a literal. Doubled quotes (``'it''s'``) mean the same in every mode.
+
+The rule is checked once, where untrusted text enters (a signal, a run's config, a file read
+back from the landing zone), by constructing a :class:`Condition`; from there on the condition
+travels as that type, and the SQL builders take nothing else (:func:`require_condition`).
 """
 
 from __future__ import annotations
@@ -100,8 +104,53 @@ def tokenize_condition(text: str) -> list[Token]:
     return tokens
 
 
-def validate_condition(text: str) -> str:
-    """The condition, stripped, if it is a safe boolean expression; else UnsafeConditionError."""
+class Condition(str):
+    """An additional condition that passed the checks: constructing one runs them.
+
+    ``Condition(text)`` is the stripped text, or UnsafeConditionError saying why it was
+    refused; a ``Condition`` given again is returned as it is (it was checked). It is a ``str``
+    so that whatever only carries or stores it (Dagster run config, ``request.json``, the
+    checkpoint, log lines) works unchanged and writes the same bytes; it is a type of its own
+    so that SQL is only ever built from checked text (:func:`require_condition`). Immutable,
+    as a ``str`` is, and without attributes to set.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, text: str) -> Condition:
+        if isinstance(text, Condition):
+            return text
+        return super().__new__(cls, _checked(text))
+
+    @property
+    def sql(self) -> str:
+        """The text to embed in a statement, as a plain ``str``."""
+        return str(self)
+
+
+def validate_condition(text: str) -> Condition:
+    """The condition, stripped, if it is a safe boolean expression; else UnsafeConditionError.
+
+    The same as ``Condition(text)``, in the form callers outside ``capture`` use."""
+    return Condition(text)
+
+
+def require_condition(value: object) -> Condition:
+    """``value`` if it is a :class:`Condition`; TypeError otherwise.
+
+    Called by the code that puts a condition into SQL, so that text nobody checked (a plain
+    ``str`` from a signal, a config or a file) is refused there instead of being embedded.
+    """
+    if not isinstance(value, Condition):
+        raise TypeError("an additional condition must be a Condition (checked by "
+                        "cdc_platform.capture.snapshot.conditions), not a "
+                        f"{type(value).__name__}: construct Condition(text) where the text "
+                        "enters")
+    return value
+
+
+def _checked(text: str) -> str:
+    """``text`` stripped, if it is a safe boolean expression; else UnsafeConditionError."""
     if len(text) > MAX_CONDITION_LENGTH:
         raise UnsafeConditionError(
             f"additional condition is {len(text)} characters long; at most "

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import pickle
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from cdc_platform.capture.snapshot.conditions import (
+    Condition,
     UnsafeConditionError,
+    require_condition,
     tokenize_condition,
     validate_condition,
 )
@@ -100,3 +107,82 @@ def test_keywords_and_separators_inside_literals_are_data() -> None:
 def test_error_names_the_position() -> None:
     with pytest.raises(UnsafeConditionError, match=r"at character 5 \(near 'id=1; DROP"):
         validate_condition("id=1; DROP TABLE x")
+
+
+@pytest.mark.parametrize(("condition", "reason"), ATTACKS, ids=[a[0][:40] for a in ATTACKS])
+def test_a_condition_cannot_be_made_of_refused_text(condition: str, reason: str) -> None:
+    with pytest.raises(UnsafeConditionError) as refused:
+        Condition(condition)
+    assert reason in str(refused.value)
+
+
+# Fragments of filters and of attacks: joined at random, they make texts near the boundary.
+_FRAGMENTS = st.sampled_from([
+    "id", " = ", "1", "'a;b'", "'it''s'", "`select`", "(", ")", " AND ", " OR ", ";", "--",
+    "/*", "#", "@x", "\\", "SELECT", "SLEEP(1)", "REPLACE(", "REPLACE ", "'", "`", '"',
+    " ", "\n", "%", "1=1) OR (1=1", "x'0A'", "\x00",
+])
+_TEXTS = st.one_of(st.text(max_size=60), st.lists(_FRAGMENTS, max_size=12).map("".join),
+                   st.sampled_from(ACCEPTED + [a for a, _ in ATTACKS]))
+
+
+@given(text=_TEXTS)
+def test_a_condition_is_its_checked_text_and_checking_it_again_changes_nothing(
+        text: str) -> None:
+    """Condition and validate_condition agree; a condition read back as text (request.json,
+    the checkpoint) is accepted again, unchanged: checking at every boundary is safe."""
+    try:
+        condition = Condition(text)
+    except UnsafeConditionError as refused:
+        with pytest.raises(UnsafeConditionError) as again:
+            validate_condition(text)
+        assert str(again.value) == str(refused)
+        return
+    assert condition == text.strip() == validate_condition(text)
+    assert type(condition.sql) is str and condition.sql == condition
+    assert Condition(condition) is condition
+    assert Condition(str(condition)) == condition
+    assert pickle.loads(pickle.dumps(condition)) == condition
+
+
+@given(text=_TEXTS)
+def test_an_accepted_condition_stays_inside_its_parentheses(text: str) -> None:
+    """Embedded as ``AND (<condition>)``, nothing closes the parenthesis before its end, and
+    no statement separator or comment appears outside literals."""
+    try:
+        condition = Condition(text)
+    except UnsafeConditionError:
+        return
+    tokens = tokenize_condition(f"({condition.sql})")
+    depth = 0
+    for index, token in enumerate(tokens):
+        if token.kind == "op":
+            depth += {"(": 1, ")": -1}.get(token.text, 0)
+        assert depth > 0 or index == len(tokens) - 1
+    assert depth == 0
+
+
+@given(text=_TEXTS)
+def test_a_condition_is_stored_as_the_same_bytes_as_its_text(text: str) -> None:
+    """The landing zone's files (request.json, the checkpoint) do not change with the type."""
+    try:
+        condition = Condition(text)
+    except UnsafeConditionError:
+        return
+    for indent in (None, 1):
+        assert json.dumps({"condition": condition}, indent=indent) == json.dumps(
+            {"condition": condition.sql}, indent=indent)
+
+
+def test_only_a_condition_is_accepted_where_sql_is_built() -> None:
+    checked = Condition("id > 1")
+    assert require_condition(checked) is checked
+    for unchecked in ["id > 1", "1=1; DROP TABLE x", None, 1]:
+        with pytest.raises(TypeError, match="must be a Condition"):
+            require_condition(unchecked)
+
+
+def test_a_condition_cannot_be_changed() -> None:
+    condition = Condition("id > 1")
+    with pytest.raises(AttributeError):
+        condition.text = "1=1) OR (1=1"  # type: ignore[attr-defined]
