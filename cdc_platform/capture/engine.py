@@ -21,7 +21,6 @@ their checkpoint, a failure raised on the stream thread at the next flush or at 
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import enum
 import logging
@@ -38,6 +37,7 @@ from cdc_platform.capture import names
 from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.binlog.stream import BinlogStream, learn_server_collations
 from cdc_platform.capture.changes.row_images import TableState, column_block, row_records
+from cdc_platform.capture.changes.schemas import SchemaTracker
 from cdc_platform.capture.changes.spill import (
     HeldRecords,
     SpilledRecords,
@@ -79,6 +79,7 @@ from cdc_platform.capture.schema import ColumnValueError, TableSchema
 from cdc_platform.capture.snapshot.sessions import SnapshotCoordinator
 from cdc_platform.capture.source import (
     SourceDisconnected,
+    SourceSession,
     TableSelector,
     is_retriable,
     selector_from_settings,
@@ -224,9 +225,8 @@ class CaptureEngine:
         self._flavour = flavour_of(options.flavour)
         self._processed: GtidSet = self._flavour.parse_position("")
         self._next_pos = 1
-        self._table_ids: dict[int, TableState] = {}
-        self._schemas: dict[str, TableSchema] = {}
-        self._schemas_dirty = False
+        self._source = SourceSession(options.connection_settings, options.selector)
+        self._tracker = SchemaTracker(self._source, {}, self.log)
         self._segments = SegmentBuffer(options.flush_max_rows,
                                        options.transaction_memory_bytes)
         self._spill = SpillStore(landing.root / "spill")
@@ -239,7 +239,6 @@ class CaptureEngine:
         self._checkpointed_at = time.monotonic()
         self._last_commit_ts: float | None = None
         self._last_activity = time.monotonic()
-        self._control: Any = None
         self._started = False
         self._applying = False
         self._snapshots = SnapshotCoordinator(landing, options.flavour, self.log)
@@ -287,7 +286,7 @@ class CaptureEngine:
             finally:
                 # (no write may go on once the engine lock is released)
                 self._writer.close()
-                self._close_control()
+                self._source.close()
         return self.stats
 
     def _fail(self, error: BaseException) -> None:
@@ -335,19 +334,19 @@ class CaptureEngine:
         self._restore_prepared_xa(checkpoint.extra.get(XA_CHECKPOINT_KEY, {})
                                   if checkpoint is not None else {})
         self._started = True
-        self._schemas = self.landing.read_tables()
-        recorded = set(self._schemas)
-        self._control = source_sql.connect(opts.connection_settings)
-        source_sql.require_prerequisites(self._control, opts.flavour, opts.server_name)
-        learnt = learn_server_collations(self._control, opts.flavour)
+        schemas = self._tracker.schemas = self.landing.read_tables()
+        recorded = set(schemas)
+        control = self._source.connection()
+        source_sql.require_prerequisites(control, opts.flavour, opts.server_name)
+        learnt = learn_server_collations(control, opts.flavour)
         if learnt:
             self.log.info(f"capture engine {opts.server_name}: collations of the source that "
                           f"mysql-replication does not list, read from the server: {learnt}")
         if checkpoint is None:
             self._processed = self._initial_position()
-        listed = self._record_discovered_tables()
-        self._history.at_start(self._control, checkpoint is None, self._processed,
-                               self._next_pos, self._schemas, recorded, listed)
+        listed = self._tracker.learn_captured()
+        self._history.at_start(control, checkpoint is None, self._processed,
+                               self._next_pos, schemas, recorded, listed)
         self.stats.position = str(self._processed)
         self.stats.next_pos = self._next_pos
         self.log.info(
@@ -360,9 +359,9 @@ class CaptureEngine:
         """Where a first start reads from (config: capture.initial_position)."""
         choice = self.options.initial_position.strip()
         if choice == "earliest":
-            choice = self._flavour.earliest_position(self._control)
+            choice = self._source.run(self._flavour.earliest_position)
         if choice == "current":
-            choice = self._flavour.executed_gtid_text(self._control)
+            choice = self._source.run(self._flavour.executed_gtid_text)
         try:
             return self._flavour.parse_position(choice)
         except ValueError as error:
@@ -427,15 +426,6 @@ class CaptureEngine:
                 start = index
         return tables
 
-    def _record_discovered_tables(self) -> list[tuple[str, str]]:
-        """Note every captured table's schema, so empty tables still get a target; returns
-        the captured tables the source has."""
-        listed = source_sql.list_tables(self._control, self.options.selector)
-        for database, table in listed:
-            if names.table_id(database, table) not in self._schemas:
-                self._read_source_schema(database, table)
-        return listed
-
     def _recover_purged(self, error: BaseException) -> None:
         """``capture.snapshot_mode: when_needed`` and the binlog the checkpoint needs is gone:
         go on from the source's current GTID set, with a PURGED marker for every captured table
@@ -444,10 +434,8 @@ class CaptureEngine:
         logs miss the gap). The snapshots bring every change of the gap, deletes included
         (range assertions and the end-of-snapshot sweep)."""
         opts = self.options
-        if self._control is None:
-            self._control = source_sql.connect(opts.connection_settings)
         old = str(self._processed) or "(start)"
-        current_text = self._flavour.executed_gtid_text(self._control)
+        current_text = self._source.run(self._flavour.executed_gtid_text)
         current = self._flavour.parse_position(current_text)
         self.log.warning(
             f"source {opts.server_name}: the binlog no longer holds GTID position {old} (purged: "
@@ -457,21 +445,22 @@ class CaptureEngine:
             f"misses the changes between {old} and {current_text or '(empty)'}")
         self._discard_open_transaction("binlog purged")
         # (DDL in the gap went unseen: every captured table's schema is read again)
-        listed = source_sql.list_tables(self._control, opts.selector)
+        listed = self._source.list_tables()
         for database, table in listed:
-            self._read_source_schema(database, table)
+            self._tracker.learn(database, table)
         present = {names.table_id(d, t) for d, t in listed}
         reason = (f"the binlog after GTID position {old} was purged before the engine read it; "
                   f"capture went on from the source's GTID position {current_text or '(empty)'}"
                   ": changes in between (deletes included) are not in the changelog")
+        schemas = self._tracker.schemas
         tables = [StaleTable(d, t, reason) for d, t in listed
-                  if (s := self._schemas.get(names.table_id(d, t))) and s.primary_key]
+                  if (s := schemas.get(names.table_id(d, t))) and s.primary_key]
         # (a table whose DROP the engine saw has its open gone marker already)
         known_gone = {m.table_id for m in stale_markers.read_markers(self.landing)
                       if m.gone and not m.resolved}
         tables += [StaleTable(s.database, s.table, f"{reason}; the table is gone from the "
                               "source (dropped in between)", gone=True)
-                   for table_id, s in sorted(self._schemas.items())
+                   for table_id, s in sorted(schemas.items())
                    if table_id not in present and table_id not in known_gone
                    and opts.selector.captures(s.database, s.table)]
         for marker in stale_markers.record_history(self.landing, "PURGED", tables, "",
@@ -484,57 +473,10 @@ class CaptureEngine:
                     table_id, named):
                 session.reason = f"binlog purged: capture went on from {current_text}"
                 self._snapshots_dirty = True
-        self._table_ids.clear()
+        self._tracker.forget_ids()
         self._processed = current
         self._recovered_at = str(current)
         self.flush(force=True)
-
-    def _read_source_schema(self, database: str, table: str) -> TableSchema | None:
-        """Read the table's current schema from the source (shaped as it lands) and make it
-        the engine's schema of the table; None when the table does not exist. A later table
-        map (the binlog's schema where the engine is then) replaces it.
-
-        The engine learns schemas from table maps, which only come with row events; this is
-        how it knows a table after a DDL that no row event followed (yet), or a table created
-        since it started (both cases chunks of a snapshot are decided against).
-
-        The schema read may be newer than the engine's position (DDL the engine has not
-        processed yet). That is safe for chunk decisions: a chunk that reflects a later DDL
-        has that DDL's GTID in its ``after``, so it can only commit once the engine processed
-        the DDL, which restarts the table's snapshot session (the chunk is never decided); a
-        chunk read before the DDL does not match the newer schema and is rejected, then read
-        again. A schema the engine has not reached can only cause rejections, never a commit
-        against the wrong columns. Connection errors are retried once on a new connection,
-        then raised.
-        """
-        for attempt in (1, 2):
-            if self._control is None:
-                self._control = source_sql.connect(self.options.connection_settings)
-            try:
-                schema = source_sql.read_table_schema(self._control, database, table)
-                break
-            except LookupError:
-                return None
-            except (pymysql.err.OperationalError, pymysql.err.InterfaceError):
-                self._close_control()
-                if attempt == 2:
-                    raise
-        shaped = self.options.selector.shape(schema)
-        if self._schemas.get(shaped.table_id) != shaped:
-            self._schemas[shaped.table_id] = shaped
-            self._schemas_dirty = True
-        return shaped
-
-    def _schema_for_snapshot(self, table_id: str) -> TableSchema | None:
-        """``SnapshotCoordinator``'s way to the source schema (``_read_source_schema``)."""
-        database, table = names.split_table_id(table_id)
-        return self._read_source_schema(database, table)
-
-    def _close_control(self) -> None:
-        if self._control is not None:
-            with contextlib.suppress(Exception):
-                self._control.close()
-            self._control = None
 
     # -- streaming -------------------------------------------------------------------------
 
@@ -614,8 +556,8 @@ class CaptureEngine:
                                  f"{error}; retry {failures} in {backoff:.1f}s from "
                                  f"{str(self._processed) or 'the start'}")
                 self.flush()
-                if self._control is not None and failures > 1:
-                    self._close_control()
+                if failures > 1:
+                    self._source.close()
                 stop.wait(backoff)
             finally:
                 if stream is not None:
@@ -623,10 +565,8 @@ class CaptureEngine:
 
     def _caught_up(self) -> bool:
         """True when everything the source has executed is processed (not a watermark)."""
-        if self._control is None:
-            self._control = source_sql.connect(self.options.connection_settings)
         executed = self._flavour.parse_position(
-            self._flavour.executed_gtid_text(self._control))
+            self._source.run(self._flavour.executed_gtid_text))
         caught_up = self._processed.issuperset(executed)
         self.stats.caught_up = caught_up
         if caught_up:
@@ -646,7 +586,7 @@ class CaptureEngine:
                 self.stats.lag_seconds = 0.0
             return True
         elif isinstance(event, Rotate):
-            self._table_ids.clear()
+            self._tracker.forget_ids()
         else:
             # Until every outcome is applied, the engine's state may hold half a commit (some
             # records queued or landed, its GTID not processed): ``_fail`` must not write it.
@@ -680,39 +620,13 @@ class CaptureEngine:
                 f"({outcome.reason}); nothing emitted")
 
     def _on_table_map(self, event: TableMap) -> None:
-        if event.table_id in self._table_ids:
-            return
-        full = event.schema
-        database, table = full.database, full.table
-        excluded = self.options.selector.excluded_columns_of(database, table, full.column_names)
-        kept_keys = excluded & set(full.primary_key)
-        if kept_keys:
-            self.log.warning(f"table {full.table_id}: key column(s) {sorted(kept_keys)} match "
-                             "capture.excluded_columns but are captured: a target needs its key")
-        schema = self.options.selector.shape(full)
-        if not schema.primary_key:
-            self.log.warning(f"table {schema.table_id} has no primary key: its changes are "
-                             "landed but target tables need a key; add one, or set "
-                             "capture.surrogate_keys for it")
-        previous = self._schemas.get(schema.table_id)
-        if previous is None:
-            self._history.first_seen(schema, self._buffer.open_gtid or "", self._processed,
-                                     self._next_pos)
-        if previous is None or previous.columns != schema.columns or (
-            previous.primary_key != schema.primary_key
-        ):
-            if previous is not None:
-                added = [c for c in schema.column_names if c not in previous.column_names]
-                dropped = [c for c in previous.column_names if c not in schema.column_names]
-                self.log.info(f"table {schema.table_id}: schema changed at GTID "
-                              f"{self._buffer.open_gtid or '?'} (added {added or 'none'}, "
-                              f"dropped {dropped or 'none'})")
-            self._schemas[schema.table_id] = schema
-            self._schemas_dirty = True
-        self._table_ids[event.table_id] = TableState.of(full, schema)
+        gtid = self._buffer.open_gtid or ""
+        first_seen = self._tracker.on_table_map(event, gtid)
+        if first_seen is not None:
+            self._history.first_seen(first_seen, gtid, self._processed, self._next_pos)
 
     def _on_rows(self, event: Rows) -> None:
-        state = self._table_ids.get(event.table_id)
+        state = self._tracker.state(event.table_id)
         gtid = self._buffer.open_gtid or "?"
         if state is None:
             raise EngineError(
@@ -738,7 +652,7 @@ class CaptureEngine:
         events restart their snapshot sessions and have their schemas read again."""
         effects = statement_effects(statement.text, statement.database, statement.gtid,
                                     self._next_pos, self.landing, self.options.selector,
-                                    self._schemas)
+                                    self._tracker.schemas)
         if effects is None:
             return
         if effects.verb in ("CREATE", "RENAME", "ALTER") and effects.tables:
@@ -768,12 +682,11 @@ class CaptureEngine:
             self.log.info(f"table {table_id}: {verb} at GTID {gtid or '?'} (tracked, not "
                           "replicated; the new columns arrive with the next rows)")
             # Table ids of the old definition are stale from here on.
-            self._table_ids = {k: v for k, v in self._table_ids.items()
-                               if v.schema.table_id != table_id}
+            self._tracker.forget_ids(table_id)
             # No row event may follow for a while: learn the new schema now, so that chunks
-            # of a new snapshot session are compared with it (see _read_source_schema).
+            # of a new snapshot session are compared with it (SchemaTracker.learn).
             try:
-                self._read_source_schema(database, table)
+                self._tracker.learn(database, table)
             except pymysql.MySQLError as error:
                 self.log.warning(f"table {table_id}: schema not read after the {verb} at "
                                  f"GTID {gtid or '?'} ({error}); the engine reads it again when "
@@ -856,8 +769,8 @@ class CaptureEngine:
         not by the flush interval (each commit still lands atomically with its checkpoint)."""
         self._last_snapshot_poll = time.monotonic()
         if self._started and self._snapshots.tick(self._processed, self._next_pos,
-                                                  self._schemas, self._emit_snapshot,
-                                                  self._schema_for_snapshot):
+                                                  self._tracker.schemas, self._emit_snapshot,
+                                                  self._tracker.learn_table):
             self._snapshots_dirty = True
             self.flush(ticked=True)
 
@@ -870,20 +783,20 @@ class CaptureEngine:
         stream thread: the writer reads no engine state."""
         self._last_flush = self._last_snapshot_poll = time.monotonic()
         if not ticked and self._started and self._snapshots.tick(
-                self._processed, self._next_pos, self._schemas, self._emit_snapshot,
-                self._schema_for_snapshot):
+                self._processed, self._next_pos, self._tracker.schemas, self._emit_snapshot,
+                self._tracker.learn_table):
             self._snapshots_dirty = True
         position_text = str(self._processed)
         # An idle engine still rewrites its checkpoint now and then: its ``written_at`` (and a
         # lag of 0) is how the lake's freshness checks tell an idle source from a dead engine.
         refresh = time.monotonic() - self._checkpointed_at >= CHECKPOINT_REFRESH_SECONDS
+        tables = self._tracker.take_changed()
         if self._segments.empty and position_text == self._checkpointed_position and not (
-            self._schemas_dirty or self._snapshots_dirty or self._xa_dirty or force or refresh
+            tables is not None or self._snapshots_dirty or self._xa_dirty or force or refresh
             or self._spill.removal_pending
         ):
             return
         chunks = self._segments.take()
-        tables = dict(self._schemas) if self._schemas_dirty else None
         extra: dict[str, Any] = {}
         if self._snapshots.sessions:
             extra["snapshots"] = self._snapshots.state()
@@ -919,7 +832,6 @@ class CaptureEngine:
             self.stats.next_pos = checkpoint.next_pos
 
         self._writer.submit(land_and_checkpoint)
-        self._schemas_dirty = False
         self._snapshots_dirty = False
         self._xa_dirty = False
         self._checkpointed_position = position_text

@@ -6,12 +6,13 @@ never writes to the source, and a bug here cannot make it.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pymysql
 import pymysql.converters
@@ -21,6 +22,8 @@ from pymysql.constants import FIELD_TYPE
 from cdc_platform.capture import names
 from cdc_platform.capture.flavours import flavour_of
 from cdc_platform.capture.schema import TableSchema, column_from_information_schema
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from cdc_platform.config import Settings
@@ -190,6 +193,63 @@ def source_connection(settings: dict[str, Any], dict_cursor: bool = False) -> It
         yield conn
     finally:
         conn.close()
+
+
+class SourceSession:
+    """One read-only session on the source, opened on first use and opened again after it
+    broke: the engine's control session, the snapshot reader's and the signal checks' are all
+    this, so connecting, retrying and closing are written once.
+
+    ``run`` gives an action the session, and when the connection broke under it (a retriable
+    error) runs it once more on a fresh one: a replica restarting or a killed session costs
+    one retry, not a failed run. Any other error is the action's own and is raised as is.
+    """
+
+    def __init__(self, settings: dict[str, Any], selector: TableSelector | None = None,
+                 attempts: int = 2) -> None:
+        self.settings = settings
+        self.selector = selector or TableSelector()
+        self.attempts = attempts
+        self._conn: pymysql.Connection | None = None
+
+    def connection(self) -> pymysql.Connection:
+        """The session, opened now if it is not open."""
+        if self._conn is None:
+            self._conn = connect(self.settings)
+        return self._conn
+
+    def run(self, action: Callable[[pymysql.Connection], T]) -> T:
+        """``action(connection)``, once more on a new connection when the connection broke."""
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return action(self.connection())
+            except Exception as error:
+                if not is_retriable(error):
+                    raise
+                self.close()
+                if attempt == self.attempts:
+                    raise
+        raise AssertionError("unreachable")  # (attempts >= 1)
+
+    def read_schema(self, database: str, table: str) -> TableSchema | None:
+        """The table's schema as it lands (the selector's shape); None when the source has no
+        such table."""
+        try:
+            schema = self.run(lambda conn: read_table_schema(conn, database, table))
+        except LookupError:
+            return None
+        return self.selector.shape(schema)
+
+    def list_tables(self) -> list[tuple[str, str]]:
+        """The captured base tables the source has, sorted."""
+        return self.run(lambda conn: list_tables(conn, self.selector))
+
+    def close(self) -> None:
+        """Close the session (a broken one too); the next use opens a new one."""
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            with contextlib.suppress(Exception):  # (broken, perhaps)
+                conn.close()
 
 
 def quote_identifier(name: str) -> str:

@@ -1,0 +1,74 @@
+"""The one source session (lazy connect, one retry on a broken connection, close) and the
+engine's schema tracker, against a real server."""
+
+from __future__ import annotations
+
+import pymysql
+import pytest
+
+from cdc_platform.capture.changes.schemas import SchemaTracker
+from cdc_platform.capture.source import SourceSession, TableSelector
+from cdc_platform_tests.conftest import CdcEnv
+
+
+def _session(env: CdcEnv, selector: TableSelector | None = None) -> SourceSession:
+    return SourceSession(env.settings.source.connection_settings(), selector)
+
+
+def test_the_session_opens_on_first_use_and_is_read_only(cdc_env: CdcEnv) -> None:
+    session = _session(cdc_env)
+    assert session._conn is None  # noqa: SLF001 - nothing opened before it is needed
+    with pytest.raises(pymysql.err.OperationalError, match="READ ONLY"):
+        session.run(lambda conn: conn.cursor().execute(
+            f"CREATE TABLE `{cdc_env.db}`.never (id INT PRIMARY KEY)"))
+    session.close()
+
+
+def test_a_killed_connection_costs_one_retry_not_the_action(cdc_env: CdcEnv) -> None:
+    session = _session(cdc_env)
+    first_id = session.run(lambda conn: conn.thread_id())
+    cdc_env.mariadb.query(f"KILL CONNECTION {first_id}")
+    calls = []
+
+    def ask(conn: pymysql.Connection) -> int:
+        calls.append(conn.thread_id())
+        with conn.cursor() as cur:
+            cur.execute("SELECT CONNECTION_ID()")
+            return cur.fetchone()[0]
+
+    second_id = session.run(ask)
+    assert second_id != first_id and len(calls) == 2  # the first attempt met the dead one
+    session.close()
+
+
+def test_an_error_of_the_action_itself_is_not_retried(cdc_env: CdcEnv) -> None:
+    session = _session(cdc_env)
+    calls = []
+
+    def bad(conn: pymysql.Connection) -> None:
+        calls.append(1)
+        conn.cursor().execute("SELECT * FROM no_such_database.no_such_table")
+
+    with pytest.raises(pymysql.err.ProgrammingError):
+        session.run(bad)
+    assert calls == [1]
+    session.close()
+
+
+def test_the_tracker_learns_shaped_schemas_and_says_what_changed(cdc_env: CdcEnv) -> None:
+    cdc_env.execute("CREATE TABLE items (id INT PRIMARY KEY, name TEXT, secret TEXT)")
+    selector = TableSelector(include=(f"{cdc_env.db}\\..*",),
+                             excluded_columns=(f"{cdc_env.db}\\.items\\.secret",))
+    tracker = SchemaTracker(_session(cdc_env, selector), {})
+    assert tracker.learn_captured() == [(cdc_env.db, "items")]
+    changed = tracker.take_changed()
+    assert changed is not None
+    assert changed[f"{cdc_env.db}.items"].column_names == ("id", "name")
+    assert tracker.take_changed() is None  # taken once
+    assert tracker.learn(cdc_env.db, "items") is not None
+    assert tracker.take_changed() is None  # the same schema again is no change
+    cdc_env.execute("ALTER TABLE items ADD COLUMN price INT")
+    assert tracker.learn_table(f"{cdc_env.db}.items").column_names == ("id", "name", "price")
+    assert tracker.take_changed() is not None
+    assert tracker.learn(cdc_env.db, "gone") is None
+    tracker.source.close()
