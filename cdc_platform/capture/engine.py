@@ -42,7 +42,6 @@ from cdc_platform.capture.changes.spill import (
     HeldRecords,
     SpilledRecords,
     SpillStore,
-    records_table,
 )
 from cdc_platform.capture.changes.transactions import (
     Committed,
@@ -75,7 +74,7 @@ from cdc_platform.capture.gtid import Gtid, GtidSet, MysqlGtid, MysqlGtidSet
 from cdc_platform.capture.landing.segment_buffer import Queued, SegmentBuffer, write_segments
 from cdc_platform.capture.landing.writer import LandingWriter
 from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
-from cdc_platform.capture.schema import ColumnValueError, TableSchema
+from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.sessions import SnapshotCoordinator
 from cdc_platform.capture.source import (
     SourceDisconnected,
@@ -386,45 +385,8 @@ class CaptureEngine:
 
     def _spill_records(self, held: list[list[tuple[TableState, str, tuple[Any, ...]]]
                                          | HeldRecords]) -> list[SpilledRecords]:
-        """Write consecutive held parts (lists of records, Arrow blocks) to spill files, one
-        per run of one schema, of at most ``flush_max_rows`` records (a larger block alone):
-        a landing reads one file at a time, and converting records to Arrow costs memory."""
-        limit = self.options.flush_max_rows
-        runs: list[tuple[TableSchema, list[pa.Table]]] = []
-        for part in held:
-            tables = [(part.schema, part.table)] if isinstance(part, HeldRecords) else \
-                self._record_tables(part, limit)
-            for schema, table in tables:
-                last = runs[-1] if runs else None
-                if last is not None and last[0] == schema and (
-                        sum(t.num_rows for t in last[1]) + table.num_rows <= limit):
-                    last[1].append(table)
-                else:
-                    runs.append((schema, [table]))
-        return [self._spill.write_table(schema, tables[0] if len(tables) == 1 else
-                                        pa.concat_tables(tables).combine_chunks())
-                for schema, tables in runs]
-
-    def _record_tables(self, records: list[tuple[TableState, str, tuple[Any, ...]]],
-                       limit: int) -> list[tuple[TableSchema, pa.Table]]:
-        """Records as Arrow tables in the spilled form, one per run of one schema of at most
-        ``limit`` records."""
-        tables = []
-        start = 0
-        for index in range(1, len(records) + 1):
-            if index == len(records) or index - start >= limit or (
-                    records[index][0].schema is not records[start][0].schema):
-                run = records[start:index]
-                schema = run[0][0].schema
-                try:
-                    tables.append((schema, records_table(schema, [r[1] for r in run],
-                                                         [r[2] for r in run])))
-                except (ColumnValueError, pa.ArrowInvalid, pa.ArrowTypeError) as error:
-                    raise EngineError(
-                        f"table {schema.table_id} at GTID {self._buffer.open_gtid or '?'}: "
-                        f"{error}") from error
-                start = index
-        return tables
+        """The record log's way out of memory (``SpillStore.spill``)."""
+        return self._spill.spill(held, self.options.flush_max_rows, self._buffer.open_gtid)
 
     def _recover_purged(self, error: BaseException) -> None:
         """``capture.snapshot_mode: when_needed`` and the binlog the checkpoint needs is gone:

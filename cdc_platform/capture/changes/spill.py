@@ -14,14 +14,16 @@ import itertools
 import json
 import os
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
+from cdc_platform.capture.events import EngineError
 from cdc_platform.capture.landing_contract import OP
-from cdc_platform.capture.schema import TableSchema, landing_arrays
+from cdc_platform.capture.schema import ColumnValueError, TableSchema, landing_arrays
 
 # The op column of spilled records is the changelog's (records land as they are spilled).
 OP_COLUMN = OP
@@ -45,6 +47,28 @@ class SpillStore:
         path = self.directory / f"{self._prefix}-{next(self._names):08d}.arrow"
         _write(path, table)
         return SpilledRecords(self, path, schema, table.num_rows)
+
+    def spill(self, held: Sequence[Sequence[tuple[Any, str, tuple[Any, ...]]] | HeldRecords],
+              limit: int, gtid: str | None) -> list[SpilledRecords]:
+        """Write consecutive held parts of a transaction (lists of records ``(table state, op,
+        row)``, Arrow blocks) to files, one per run of one schema of at most ``limit`` records
+        (a larger block alone): a landing reads one file at a time, and converting records to
+        Arrow costs memory. A record that does not fit its schema stops capture naming the
+        table and ``gtid``."""
+        runs: list[tuple[TableSchema, list[pa.Table]]] = []
+        for part in held:
+            tables = [(part.schema, part.table)] if isinstance(part, HeldRecords) else \
+                _record_tables(part, limit, gtid)
+            for schema, table in tables:
+                last = runs[-1] if runs else None
+                if last is not None and last[0] == schema and (
+                        sum(t.num_rows for t in last[1]) + table.num_rows <= limit):
+                    last[1].append(table)
+                else:
+                    runs.append((schema, [table]))
+        return [self.write_table(schema, tables[0] if len(tables) == 1 else
+                                 pa.concat_tables(tables).combine_chunks())
+                for schema, tables in runs]
 
     def sync_directory(self) -> None:
         """Make the names of written files durable (before a checkpoint names them): a file
@@ -154,6 +178,27 @@ def records_table(schema: TableSchema, ops: list[str], rows: list[tuple[Any, ...
     """Records (ops, and rows in landing form) as a table of the spilled files' form."""
     arrays = [pa.array(ops, pa.string()), *landing_arrays(schema, rows)]
     return pa.Table.from_arrays(arrays, schema=records_schema(schema))
+
+
+def _record_tables(records: Sequence[tuple[Any, str, tuple[Any, ...]]], limit: int,
+                   gtid: str | None) -> list[tuple[TableSchema, pa.Table]]:
+    """Records as Arrow tables in the spilled form, one per run of one schema of at most
+    ``limit`` records."""
+    tables = []
+    start = 0
+    for index in range(1, len(records) + 1):
+        if index == len(records) or index - start >= limit or (
+                records[index][0].schema is not records[start][0].schema):
+            run = records[start:index]
+            schema = run[0][0].schema
+            try:
+                tables.append((schema, records_table(schema, [r[1] for r in run],
+                                                     [r[2] for r in run])))
+            except (ColumnValueError, pa.ArrowInvalid, pa.ArrowTypeError) as error:
+                raise EngineError(f"table {schema.table_id} at GTID {gtid or '?'}: {error}"
+                                  ) from error
+            start = index
+    return tables
 
 
 def _write(path: Path, table: pa.Table) -> None:
