@@ -45,7 +45,7 @@ from cdc_platform.capture.gtid import GtidSet
 from cdc_platform.capture.keys import Key, range_ordered
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.snapshot import native
-from cdc_platform.capture.snapshot.conditions import validate_condition
+from cdc_platform.capture.snapshot.conditions import Condition, require_condition
 from cdc_platform.capture.snapshot.watermark import read_with_watermarks
 from cdc_platform.capture.source import quote_identifier
 from cdc_platform.capture.values import converter_for, select_expression
@@ -303,11 +303,15 @@ class _KeyComparisons:
 
 @dataclass(frozen=True)
 class ChunkedTable:
-    """A table as a snapshot reads it: schema (after column exclusions), chunk key, filter."""
+    """A table as a snapshot reads it: schema (after column exclusions), chunk key, filter.
+
+    The filter is a :class:`Condition`, checked where its text entered; a plain ``str`` is
+    refused (TypeError), since this is where it becomes SQL.
+    """
 
     schema: TableSchema
     key: ChunkKey
-    condition: str | None = None
+    condition: Condition | None = None
     # The most a row can count against a chunk's byte budget, by the columns' declared widths
     # (None: unbounded or unknown). A SELECT whose rows cannot pass the budget is read
     # buffered, which pymysql does some 10 % faster than streamed (see with_row_bound).
@@ -315,7 +319,7 @@ class ChunkedTable:
 
     def __post_init__(self) -> None:
         if self.condition is not None:
-            object.__setattr__(self, "condition", validate_condition(self.condition))
+            require_condition(self.condition)
         for name in self.key.columns:
             self.schema.column(name)  # KeyError naming the table if a key column is missing
 
@@ -336,7 +340,7 @@ class ChunkedTable:
     def _from_where(self, *bounds: _Sql) -> _Sql:
         conditions = list(bounds)
         if self.condition is not None:
-            conditions.append(_Sql(f"({self.condition.replace('%', '%%')})"))
+            conditions.append(_Sql(f"({self.condition.sql.replace('%', '%%')})"))
         text = f" FROM {_q(self.schema.database)}.{_q(self.schema.table)}"
         if conditions:
             text += " WHERE " + " AND ".join(c.text for c in conditions)

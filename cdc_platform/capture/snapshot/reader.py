@@ -54,7 +54,7 @@ from cdc_platform.capture.snapshot.chunks import (
     schema_fingerprint,
     with_row_bound,
 )
-from cdc_platform.capture.snapshot.conditions import UnsafeConditionError, validate_condition
+from cdc_platform.capture.snapshot.conditions import Condition, UnsafeConditionError
 from cdc_platform.capture.snapshot.errors import (
     EngineStalledError,
     NoEngineError,
@@ -140,7 +140,7 @@ class SnapshotReader:
         schema: TableSchema,
         *,
         surrogate_key: Sequence[str] | str | None = None,
-        condition: str | None = None,
+        condition: Condition | str | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         chunk_max_bytes: int = DEFAULT_CHUNK_MAX_BYTES,
         session_id: str | None = None,
@@ -163,9 +163,9 @@ class SnapshotReader:
                              f"1, got {chunk_max_bytes}")
         if max_pending < 1:
             raise ValueError(f"snapshot of {schema.table_id}: max_pending must be at least 1")
-        if condition is not None:
+        if condition is not None:  # text from the CLI or a run's config; a Condition passes
             try:
-                condition = validate_condition(condition)
+                condition = Condition(condition)
             except UnsafeConditionError as error:
                 raise UnsafeConditionError(f"snapshot of {schema.table_id}: {error}") from None
         self.landing = landing

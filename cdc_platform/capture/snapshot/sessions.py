@@ -47,6 +47,7 @@ from cdc_platform.capture.snapshot.commit_rule import (
     decide_chunk_commit,
     sweep_after_snapshot,
 )
+from cdc_platform.capture.snapshot.conditions import Condition
 from cdc_platform.capture.snapshot.protocol import (
     Action,
     ChunkManifest,
@@ -440,7 +441,8 @@ class SnapshotCoordinator:
             TableSchema(schema.database, schema.table, key_specs, key_names),
             ChunkKey(key_names, (False,) * len(key_names),
                      "primary key" if schema.primary_key else "surrogate key"),
-            session.condition)
+            # text from request.json or the checkpoint (files anyone may edit): checked here
+            None if session.condition is None else Condition(session.condition))
         return _Decisions(schema, key_specs, keys_only, schema_fingerprint(schema),
                           parse_position(self.flavour, session.opening))
 

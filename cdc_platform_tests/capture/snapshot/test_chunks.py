@@ -28,7 +28,7 @@ from cdc_platform.capture.snapshot.chunks import (
     schema_fingerprint,
     with_row_bound,
 )
-from cdc_platform.capture.snapshot.conditions import UnsafeConditionError
+from cdc_platform.capture.snapshot.conditions import Condition, UnsafeConditionError
 from cdc_platform.capture.source import connect, read_table_schema
 from cdc_platform_tests.capture.snapshot.chunk_reading import read_table_in_chunks
 
@@ -38,7 +38,9 @@ ABC = TableSchema("shop", "t", (ColumnSpec("a", "int"), ColumnSpec("b", "int"),
 
 def _table(nullable: tuple[bool, ...] = (False, True, True), condition: str | None = None
            ) -> ChunkedTable:
-    return ChunkedTable(ABC, ChunkKey(("a", "b", "c"), nullable, "surrogate key"), condition)
+    """A table over ABC; ``condition`` is checked as a signal's text would be."""
+    return ChunkedTable(ABC, ChunkKey(("a", "b", "c"), nullable, "surrogate key"),
+                        None if condition is None else Condition(condition))
 
 
 # ---- query shape -------------------------------------------------------------------------------
@@ -126,6 +128,23 @@ def test_unsafe_filters_never_reach_sql() -> None:
         _table(condition="1=1) OR (1=1")
 
 
+@given(text=st.one_of(st.sampled_from(["v > 1", "1=1) OR (1=1", "1; DROP TABLE t", ""]),
+                      st.text(max_size=40)))
+def test_text_nobody_checked_never_becomes_sql(text: str) -> None:
+    """Only a Condition is embedded in a SELECT: a plain str is refused, however harmless it
+    looks, so a caller cannot skip the check by passing the text along."""
+    key = ChunkKey(("a", "b", "c"), (False, True, True), "surrogate key")
+    with pytest.raises(TypeError, match="must be a Condition"):
+        ChunkedTable(ABC, key, text)
+    try:
+        condition = Condition(text)
+    except UnsafeConditionError:
+        return
+    sql, _ = ChunkedTable(ABC, key, condition).chunk_query(None, None, 3)
+    assert sql.endswith(f"WHERE ({condition.sql.replace('%', '%%')}) ORDER BY `a`, `b`, `c` "
+                        "LIMIT %s")
+
+
 def test_chunk_key_choice_and_skip_statuses() -> None:
     with_pk = TableSchema("shop", "orders", (ColumnSpec("id", "int"), ColumnSpec("j", "json")),
                           ("id",))
@@ -177,7 +196,7 @@ def _chunked(conn: Any, db: str, table: str, condition: str | None = None) -> Ch
     key = chunk_key_for(schema, ("a", "b", "c") if table == "sk" else None,
                         read_nullable_columns(conn, db, table))
     assert isinstance(key, ChunkKey)
-    return ChunkedTable(schema, key, condition)
+    return ChunkedTable(schema, key, None if condition is None else Condition(condition))
 
 
 def _reload(mariadb: Any, db: str, table: str, rows: list[tuple]) -> None:

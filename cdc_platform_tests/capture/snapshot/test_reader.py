@@ -41,7 +41,7 @@ from cdc_platform.capture.snapshot.chunks import (
     ChunkKeyError,
     schema_fingerprint,
 )
-from cdc_platform.capture.snapshot.conditions import UnsafeConditionError
+from cdc_platform.capture.snapshot.conditions import Condition, UnsafeConditionError
 from cdc_platform.capture.snapshot.errors import (
     NoEngineError,
     SnapshotError,
@@ -170,6 +170,14 @@ def test_request_json_has_the_contract_fields_and_actions_rewrite_it(tmp_path: P
         assert (again.session_id, again.action, again.condition) == ("run-1", action, "total > 0")
 
 
+def test_request_json_is_the_same_bytes_for_a_checked_condition() -> None:
+    """The on-disk format does not know the Condition type: the engine reads the same file."""
+    text = SnapshotRequest("run-1", "open", ("id",), "note LIKE 'a%'", 4096, "2026-01-01T00:00:00Z")
+    checked = SnapshotRequest("run-1", "open", ("id",), Condition("note LIKE 'a%'"), 4096,
+                              "2026-01-01T00:00:00Z")
+    assert checked.to_json() == text.to_json()
+
+
 def test_actions_without_a_session_or_for_a_replaced_one_are_clear_errors(tmp_path: Path) -> None:
     landing = _landing(tmp_path)
     with pytest.raises(SnapshotError, match=r"snapshot of shop\.orders on demo: no session to "
@@ -252,6 +260,16 @@ def test_unsafe_condition_is_refused_naming_the_table(tmp_path: Path) -> None:
     with pytest.raises(UnsafeConditionError, match=r"snapshot of shop\.orders: additional "
                                                    "condition refused"):
         SnapshotReader(_landing(tmp_path), {}, "mariadb", SCHEMA, condition="1=1; DROP TABLE x")
+
+
+def test_the_condition_is_checked_once_where_it_enters(tmp_path: Path) -> None:
+    """Text (the CLI's, a run's config) becomes a Condition in the reader; a Condition already
+    checked (by the signal planner) is kept as it is."""
+    reader = SnapshotReader(_landing(tmp_path), {}, "mariadb", SCHEMA, condition=" total > 0 ")
+    assert isinstance(reader.condition, Condition) and reader.condition == "total > 0"
+    checked = Condition("total > 0")
+    again = SnapshotReader(_landing(tmp_path), {}, "mariadb", SCHEMA, condition=checked)
+    assert again.condition is checked
 
 
 def test_default_chunk_size() -> None:

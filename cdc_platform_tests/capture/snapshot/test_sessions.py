@@ -366,3 +366,25 @@ def test_touch_candidates_keep_every_row_whose_key_was_touched(data, width) -> N
     for index, row_key in enumerate(python_keys):
         if row_key in touches:
             assert index in chosen, (row_key, touched)
+
+
+@pytest.mark.parametrize(("condition", "committed"), [("k > 0", [0]), ("1=1) OR (1=1", [])])
+def test_a_condition_read_back_from_request_json_is_checked_again(
+        tmp_path: Path, condition: str, committed: list[int]) -> None:
+    """request.json is a file anyone with access to the landing zone can edit: the engine
+    checks its condition again, and a refused one lands nothing (its chunks are rejected)."""
+    landing = LandingZone(str(tmp_path / "landing"), "demo")
+    coordinator = SnapshotCoordinator(landing, "mariadb", logging.getLogger(__name__))
+    write_request(landing, "db", "t", SnapshotRequest("s1", "open", ("k",), condition, 10))
+    coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed())
+    _publish(landing, 0, ((1, 10),), read_at=10, high=1)
+    landed = Landed()
+    coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, landed)
+    session = _session(coordinator)
+    assert session["condition"] == condition and session["committed"] == committed
+    if committed:
+        assert landed.rows() == [(1, 10)]
+    else:
+        assert landed.rows() == []
+        assert "UnsafeConditionError: additional condition refused at character 4" in \
+            session["rejected"]["0"]
