@@ -26,10 +26,11 @@ from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.binlog.stream import is_retriable
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.chunks import snapshot_key_problem
+from cdc_platform.capture.snapshot.conditions import Condition, require_condition
 from cdc_platform.capture.source import TableSelector, quote_identifier
 
-# (table_id, surrogate key, validated condition) -> why a run would refuse it, or None
-SnapshotCheck = Callable[[str, Sequence[str], str | None], str | None]
+# (table_id, surrogate key, condition) -> why a run would refuse it, or None
+SnapshotCheck = Callable[[str, Sequence[str], Condition | None], str | None]
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ class SourceChecks:
         self._schemas: dict[str, TableSchema | str] = {}
 
     def __call__(self, table_id: str, surrogate_key: Sequence[str],
-                 condition: str | None) -> str | None:
+                 condition: Condition | None) -> str | None:
         try:
             schema = self._schema(table_id)
             if isinstance(schema, str):
@@ -78,12 +79,13 @@ class SourceChecks:
                 conn.commit()
         return self._schemas[table_id]
 
-    def _condition_problem(self, schema: TableSchema, condition: str) -> str | None:
+    def _condition_problem(self, schema: TableSchema, condition: Condition) -> str | None:
         """The server's error for the condition on the table, as the run's SELECT would get
-        it; None when it compiles."""
+        it; None when it compiles. Only a :class:`Condition` is put into the SELECT."""
+        text = require_condition(condition).sql
         conn = self._connection()
         sql = (f"SELECT 1 FROM {quote_identifier(schema.database)}."
-               f"{quote_identifier(schema.table)} WHERE ({condition}) LIMIT 0")
+               f"{quote_identifier(schema.table)} WHERE ({text}) LIMIT 0")
         try:
             with conn.cursor() as cur:
                 cur.execute(sql)

@@ -57,7 +57,8 @@ class Signal:
     offset: int
     type: str
     data_collections: tuple[str, ...] = ()
-    # (data-collection, filter) pairs, as given; validated when the tables are known
+    # (data-collection, filter) pairs, as given: unchecked text, which ``plan`` makes a
+    # snapshot ``Condition`` (checking it) once the tables are known
     additional_conditions: tuple[tuple[str, str], ...] = ()
     surrogate_key: tuple[str, ...] = ()
     message: str = ""  # the text of a ``log`` signal

@@ -48,7 +48,7 @@ from cdc_platform.capture.signals.messages import (
     Skipped,
     parse_signal,
 )
-from cdc_platform.capture.snapshot.conditions import UnsafeConditionError, validate_condition
+from cdc_platform.capture.snapshot.conditions import Condition, UnsafeConditionError
 from cdc_platform.capture.source import TableSelector
 
 
@@ -56,7 +56,7 @@ from cdc_platform.capture.source import TableSelector
 class StartSnapshot:
     table_id: str
     signal: Signal
-    condition: str | None
+    condition: Condition | None
     surrogate_key: tuple[str, ...]
 
 
@@ -286,7 +286,7 @@ def _execute(signal: Signal, captured: Sequence[str], selector: TableSelector | 
         if not problems:
             out.append(Skipped(signal.offset, "no table to snapshot", signal.id))
         return out
-    conditions: dict[str, str] = {}
+    conditions: dict[str, Condition] = {}
     refused: dict[str, str] = {}
     for collection, text in signal.additional_conditions:
         targets = [collection] if collection in tables else match_collections(
@@ -297,7 +297,7 @@ def _execute(signal: Signal, captured: Sequence[str], selector: TableSelector | 
                 f"this signal ({', '.join(tables)}); nothing started: fix the signal and send "
                 "it again", signal.id, tables=tuple(tables))]
         try:
-            condition = validate_condition(text)
+            condition = Condition(text)  # where a signal's text enters: checked once
         except UnsafeConditionError as error:
             for table in targets:
                 refused[table] = f"additional condition for {table} refused: {error}"

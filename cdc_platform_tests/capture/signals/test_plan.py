@@ -27,6 +27,7 @@ from cdc_platform.capture.signals.plan import (
     match_collections,
     plan_signals,
 )
+from cdc_platform.capture.snapshot.conditions import Condition
 from cdc_platform.capture.source import TableSelector
 
 SERVER, TOPIC = "shop", "cdc-signals"
@@ -78,6 +79,8 @@ def test_additional_conditions_and_the_surrogate_key_reach_the_run() -> None:
             "surrogate-key": "a, b"})))
     by_table = {a.table_id: a for a in actions}
     assert by_table["inv.orders"].condition == "status = 'paid' AND total > 10"
+    # checked here, where the signal's text enters: the run gets it as a Condition
+    assert isinstance(by_table["inv.orders"].condition, Condition)
     assert by_table["inv.customers"].condition is None
     assert by_table["inv.orders"].surrogate_key == ("a", "b")
 
@@ -278,7 +281,7 @@ def test_an_unexpected_error_skips_its_message_only(monkeypatch: pytest.MonkeyPa
             raise RuntimeError("validator bug")
         return text
 
-    monkeypatch.setattr(plan_module, "validate_condition", broken)
+    monkeypatch.setattr(plan_module, "Condition", broken)
     failed, started = plan(
         message({"id": "s1", **execute("inv.orders", **{"additional-condition": "boom"})}, 1),
         message(execute("inv.orders", **{"additional-condition": "id > 1"}), 2))
@@ -328,9 +331,9 @@ def test_no_message_content_crashes_the_planner(key: bytes | None, value: bytes)
 
 
 def test_a_table_the_run_would_refuse_is_skipped_and_only_tables_to_start_are_checked() -> None:
-    asked: list[tuple[str, tuple[str, ...], str | None]] = []
+    asked: list[tuple[str, tuple[str, ...], Condition | None]] = []
 
-    def check(table: str, surrogate_key: Any, condition: str | None) -> str | None:
+    def check(table: str, surrogate_key: Any, condition: Condition | None) -> str | None:
         asked.append((table, tuple(surrogate_key), condition))
         return "surrogate-key column 'x' does not exist" if table == "inv.orders" else None
 
@@ -345,6 +348,7 @@ def test_a_table_the_run_would_refuse_is_skipped_and_only_tables_to_start_are_ch
                             "column 'x' does not exist") for r in reasons(actions))
     # (the busy table is refused for that, without asking the source)
     assert asked == [("inv.orders", ("x",), None), ("inv.products", ("x",), "id > 1")]
+    assert isinstance(asked[1][2], Condition)  # what the check puts into SQL was checked
 
 
 def test_tables_with_dots_in_their_names_are_named_plainly_or_quoted() -> None:
