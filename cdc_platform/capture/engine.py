@@ -71,8 +71,8 @@ from cdc_platform.capture.events import (
 )
 from cdc_platform.capture.flavours import flavour_of
 from cdc_platform.capture.gtid import Gtid, GtidSet, MysqlGtid, MysqlGtidSet
-from cdc_platform.capture.landing.segment_buffer import Queued, SegmentBuffer, write_segments
-from cdc_platform.capture.landing.writer import LandingWriter
+from cdc_platform.capture.landing.lander import Lander
+from cdc_platform.capture.landing.segment_buffer import Landed
 from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.sessions import SnapshotCoordinator
@@ -223,15 +223,13 @@ class CaptureEngine:
         self.stats = EngineStats()
         self._flavour = flavour_of(options.flavour)
         self._processed: GtidSet = self._flavour.parse_position("")
-        self._next_pos = 1
         self._source = SourceSession(options.connection_settings, options.selector)
         self._tracker = SchemaTracker(self._source, {}, self.log)
-        self._segments = SegmentBuffer(options.flush_max_rows,
-                                       options.transaction_memory_bytes)
+        self._lander = Lander(landing, options.flush_max_rows, options.transaction_memory_bytes,
+                              self._segments_landed, self._checkpoint_landed, self.log)
         self._spill = SpillStore(landing.root / "spill")
         self._buffer = TransactionBuffer(self._new_record_log)
         self._xa_dirty = False
-        self._writer = LandingWriter(f"landing-{options.server_name}", self.log)
         self._last_flush = time.monotonic()
         self._last_snapshot_poll = self._last_flush
         self._checkpointed_position = ""
@@ -277,14 +275,14 @@ class CaptureEngine:
                                  else "caught up with the source")
                 self._discard_open_transaction("engine stopping")
                 self.flush(force=True)
-                self._writer.wait()  # stopped means landed: the last flush is durable
+                self._lander.wait()  # stopped means landed: the last flush is durable
                 self._transition(EngineState.STOPPED)
             except BaseException as error:
                 self._fail(error)
                 raise
             finally:
                 # (no write may go on once the engine lock is released)
-                self._writer.close()
+                self._lander.close()
                 self._source.close()
         return self.stats
 
@@ -299,13 +297,13 @@ class CaptureEngine:
             # or give positions twice. The last checkpoint is safe to replay from.
             self.log.warning("capture engine: failed while applying a commit; no final flush "
                              "(the next start replays from the last checkpoint)")
-        if self._writer.failed:
+        if self._lander.failed:
             self.log.warning("capture engine: landing a flush failed; no final flush (the next "
                              "start replays from the last checkpoint)")
         try:
-            if self._started and not self._applying and not self._writer.failed:
+            if self._started and not self._applying and not self._lander.failed:
                 self.flush(force=True)
-                self._writer.wait()
+                self._lander.wait()
         except Exception:  # noqa: BLE001 - the original error matters more
             self.log.error("capture engine: final flush failed", exc_info=True)
         reason = f"{type(error).__name__}: {error}"
@@ -322,7 +320,7 @@ class CaptureEngine:
                     "landing_zone.url elsewhere"
                 )
             self._processed = self._flavour.parse_position(checkpoint.gtid)
-            self._next_pos = checkpoint.next_pos
+            self._lander.next_pos = checkpoint.next_pos
             removed = self.landing.remove_uncommitted(checkpoint.next_pos)
             self.stats.orphans_removed = len(removed)
             if removed:
@@ -345,13 +343,13 @@ class CaptureEngine:
             self._processed = self._initial_position()
         listed = self._tracker.learn_captured()
         self._history.at_start(control, checkpoint is None, self._processed,
-                               self._next_pos, schemas, recorded, listed)
+                               self._lander.next_pos, schemas, recorded, listed)
         self.stats.position = str(self._processed)
-        self.stats.next_pos = self._next_pos
+        self.stats.next_pos = self._lander.next_pos
         self.log.info(
             f"capture engine {opts.server_name}: resuming after GTID position "
             f"{str(self._processed) or '(start of the binlog)'} at changelog position "
-            f"{self._next_pos}"
+            f"{self._lander.next_pos}"
         )
 
     def _initial_position(self) -> GtidSet:
@@ -426,7 +424,7 @@ class CaptureEngine:
                    if table_id not in present and table_id not in known_gone
                    and opts.selector.captures(s.database, s.table)]
         for marker in stale_markers.record_history(self.landing, "PURGED", tables, "",
-                                                   self._next_pos, current_text):
+                                                   self._lander.next_pos, current_text):
             self.log.warning(marker.describe())
         named = _a_gtid(current)
         for table_id, session in list(self._snapshots.sessions.items()):
@@ -585,7 +583,7 @@ class CaptureEngine:
         gtid = self._buffer.open_gtid or ""
         first_seen = self._tracker.on_table_map(event, gtid)
         if first_seen is not None:
-            self._history.first_seen(first_seen, gtid, self._processed, self._next_pos)
+            self._history.first_seen(first_seen, gtid, self._processed, self._lander.next_pos)
 
     def _on_rows(self, event: Rows) -> None:
         state = self._tracker.state(event.table_id)
@@ -613,7 +611,7 @@ class CaptureEngine:
         checkpoint passes it (``statement_effects``); the tables it changed without row
         events restart their snapshot sessions and have their schemas read again."""
         effects = statement_effects(statement.text, statement.database, statement.gtid,
-                                    self._next_pos, self.landing, self.options.selector,
+                                    self._lander.next_pos, self.landing, self.options.selector,
                                     self._tracker.schemas)
         if effects is None:
             return
@@ -630,7 +628,7 @@ class CaptureEngine:
         if effects.renames is not None:
             # The record took a position of its own, so the lake tells the segments before
             # it from those after it (capture/ddl/column_renames.py).
-            self._next_pos += 1
+            self._lander.take_position()
             self.log.info(effects.renames.describe())
         self._tables_changed(list(effects.tables), effects.verb, statement.gtid)
 
@@ -656,34 +654,9 @@ class CaptureEngine:
 
     def _commit(self, txn: Committed) -> None:
         """Give the committed records their positions and queue them for the next flush."""
-        first = position = self._next_pos
-        gtid = txn.gtid
-        ts_ms = int(txn.timestamp) * 1000
-        gtid_value = self._flavour.parse_gtid(gtid) if gtid else None
-        segments = self._segments
-        records = txn.records
-        for part, part_bytes in zip(records.parts, records.part_bytes, strict=True):
-            if not isinstance(part, list):  # a block: spilled, or held in memory
-                self._record_block_touches(part, gtid_value, position)
-                segments.add_block(part, position, gtid, ts_ms, part_bytes)
-                position += part.count
-                if segments.due:
-                    self._land_chunks()
-            else:
-                # What a record of this part takes in memory (RecordLog's estimate).
-                each = part_bytes / len(part) if part else 0.0
-                offset = 0
-                while offset < len(part):
-                    # At most up to the next landing (by rows or bytes): a large transaction
-                    # lands in batches.
-                    piece = part[offset:offset + segments.room(each)]
-                    position = segments.queue(piece, gtid, gtid_value, ts_ms, position, each,
-                                              self._snapshots)
-                    offset += len(piece)
-                    if segments.due:
-                        self._land_chunks()
-        count = position - first
-        self._next_pos = position
+        gtid_value = self._flavour.parse_gtid(txn.gtid) if txn.gtid else None
+        count = self._lander.commit(txn.records, txn.gtid, gtid_value,
+                                    int(txn.timestamp) * 1000, self._snapshots)
         if gtid_value is not None:
             self._processed = self._processed.add(gtid_value)
         if txn.xid is not None:
@@ -695,27 +668,8 @@ class CaptureEngine:
         self._last_activity = time.monotonic()
         self.stats.lag_seconds = max(0.0, time.time() - float(txn.timestamp))
         self.stats.caught_up = False
-        if self._segments.due:
+        if self._lander.due:
             self.flush()
-
-    def _record_block_touches(self, part: SpilledRecords | HeldRecords, gtid: Any,
-                                first: int) -> None:
-        """Touched keys of a block's records, for tables under a snapshot session."""
-        table_id = part.schema.table_id
-        key_columns = self._snapshots.key_columns(table_id)
-        if key_columns is None or gtid is None:
-            return
-        table = part.read()
-        columns = []
-        for name in key_columns:
-            if name in part.schema.column_names:
-                column = table.column(name)
-                if pa.types.is_timestamp(column.type) and column.type.tz is not None:
-                    # The binlog's form of a TIMESTAMP: naive UTC (as _row gives it).
-                    column = column.cast(pa.timestamp(column.type.unit))
-                columns.append(column.to_pylist())
-        for offset, key in enumerate(zip(*columns, strict=True)):
-            self._snapshots.record_touch(table_id, tuple(key), gtid, first + offset)
 
     def _discard_open_transaction(self, reason: str) -> None:
         gtid = self._buffer.discard_open()
@@ -730,7 +684,7 @@ class CaptureEngine:
         flush only if that changed something. Chunk throughput is then bound by the reader,
         not by the flush interval (each commit still lands atomically with its checkpoint)."""
         self._last_snapshot_poll = time.monotonic()
-        if self._started and self._snapshots.tick(self._processed, self._next_pos,
+        if self._started and self._snapshots.tick(self._processed, self._lander.next_pos,
                                                   self._tracker.schemas, self._emit_snapshot,
                                                   self._tracker.learn_table):
             self._snapshots_dirty = True
@@ -745,7 +699,7 @@ class CaptureEngine:
         stream thread: the writer reads no engine state."""
         self._last_flush = self._last_snapshot_poll = time.monotonic()
         if not ticked and self._started and self._snapshots.tick(
-                self._processed, self._next_pos, self._tracker.schemas, self._emit_snapshot,
+                self._processed, self._lander.next_pos, self._tracker.schemas, self._emit_snapshot,
                 self._tracker.learn_table):
             self._snapshots_dirty = True
         position_text = str(self._processed)
@@ -753,12 +707,11 @@ class CaptureEngine:
         # lag of 0) is how the lake's freshness checks tell an idle source from a dead engine.
         refresh = time.monotonic() - self._checkpointed_at >= CHECKPOINT_REFRESH_SECONDS
         tables = self._tracker.take_changed()
-        if self._segments.empty and position_text == self._checkpointed_position and not (
+        if self._lander.empty and position_text == self._checkpointed_position and not (
             tables is not None or self._snapshots_dirty or self._xa_dirty or force or refresh
             or self._spill.removal_pending
         ):
             return
-        chunks = self._segments.take()
         extra: dict[str, Any] = {}
         if self._snapshots.sessions:
             extra["snapshots"] = self._snapshots.state()
@@ -769,48 +722,19 @@ class CaptureEngine:
             server_name=self.options.server_name,
             flavour=self.options.flavour,
             gtid=position_text,
-            next_pos=self._next_pos,
+            next_pos=self._lander.next_pos,
             written_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             lag_seconds=self.stats.lag_seconds,
             extra=extra,
         )
-        # Spill files dropped or landed before this checkpoint are not needed once it is
-        # durable (and not before: the previous checkpoint may name them).
-        for part in self._segments.take_landed_spills():
-            part.remove()
-        doomed = self._spill.take_removed()
-
-        def land_and_checkpoint() -> None:
-            self._write_segments(chunks)
-            if tables is not None:
-                self.landing.write_tables(tables)
-            if xa_files:
-                self._spill.sync_directory()  # the files the checkpoint names
-            self.landing.write_checkpoint(checkpoint)
-            for path in doomed:
-                path.unlink(missing_ok=True)
-            self.stats.flushes += 1
-            self.stats.position = checkpoint.gtid
-            self.stats.next_pos = checkpoint.next_pos
-
-        self._writer.submit(land_and_checkpoint)
+        self._lander.checkpoint(checkpoint, tables, self._spill, spill_named=xa_files)
         self._snapshots_dirty = False
         self._xa_dirty = False
         self._checkpointed_position = position_text
         self._checkpointed_at = time.monotonic()
 
-    def _land_chunks(self) -> None:
-        """Hand the queued chunks to the landing writer as segments, without a checkpoint: the
-        commit of a large transaction calls this every ``flush_max_rows`` records (or
-        ``transaction_memory_bytes``), so the transaction lands in bounded batches. Segments
-        past the checkpoint are removed at start and the transaction replays (readers never
-        read past the checkpoint)."""
-        chunks = self._segments.take()
-        self._writer.submit(lambda: self._write_segments(chunks))
-
-    def _write_segments(self, chunks: Queued) -> None:
-        """On the landing writer's thread: the chunks' segments, durably; then the stats."""
-        landed = write_segments(self.landing, chunks)
+    def _segments_landed(self, landed: Landed) -> None:
+        """On the landing writer's thread, once segments are durable: the stats."""
         # (a new dict, not an update: another thread may be reading the old one)
         by_table = dict(self.stats.records_by_table)
         for table_id, count in landed.records_by_table.items():
@@ -818,19 +742,18 @@ class CaptureEngine:
         self.stats.records_by_table = by_table
         self.stats.segments_written += landed.segments
 
+    def _checkpoint_landed(self, checkpoint: Checkpoint) -> None:
+        """On the landing writer's thread, once a checkpoint is durable: the stats."""
+        self.stats.flushes += 1
+        self.stats.position = checkpoint.gtid
+        self.stats.next_pos = checkpoint.next_pos
+
     def _emit_snapshot(self, schema: TableSchema, op: str,
                        rows: list[tuple[Any, ...]] | pa.Table,
                        extra: dict[str, list[Any]] | None) -> int:
-        """Land snapshot records (chunk rows ``r``, assertion ``a``, sweep ``s``) at the
-        engine's current point; returns the first position they take. Chunk rows come as an
-        Arrow table of the user columns and are landed as such (no per-row Python).
-
-        The records are built into their changelog form here, before anything changes: records
-        that do not fit the schema raise (the coordinator rejects the chunk) instead of failing
-        the next flush, and with it every run of the engine while the chunk is pending."""
-        first = self._next_pos
-        count = self._segments.add_landed(schema, op, rows, extra, first,
-                                          int(time.time() * 1000))
-        self._next_pos += count
-        self.stats.records += count
+        """The coordinator's way to land snapshot records at the engine's current point
+        (``Lander.add_snapshot``); returns the first position they take."""
+        first = self._lander.next_pos
+        self._lander.add_snapshot(schema, op, rows, extra, int(time.time() * 1000))
+        self.stats.records += self._lander.next_pos - first
         return first

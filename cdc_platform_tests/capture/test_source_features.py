@@ -242,7 +242,7 @@ def test_a_crash_while_a_large_transaction_lands_in_batches_replays_it_once(cdc_
     env.execute("CREATE TABLE big (id INT PRIMARY KEY, v VARCHAR(40))")
     env.execute("INSERT INTO big SELECT seq, CONCAT('row ', seq) FROM seq_1_to_3000")
     engine = env.engine()
-    land = engine._land_chunks
+    land = engine._lander._land_queued
     calls = []
 
     def crash_on_the_third_batch():
@@ -251,7 +251,7 @@ def test_a_crash_while_a_large_transaction_lands_in_batches_replays_it_once(cdc_
             raise RuntimeError("simulated crash while the transaction lands")
         land()
 
-    engine._land_chunks = crash_on_the_third_batch
+    engine._lander._land_queued = crash_on_the_third_batch
     with pytest.raises(RuntimeError, match="simulated crash"):
         engine.run(stop_when_caught_up=True)
     assert env.landing.segments(env.db, "big")  # batches landed past the checkpoint...
@@ -324,7 +324,7 @@ def test_a_failure_inside_an_xa_commit_keeps_the_prepared_transaction(cdc_env):
     env.mariadb.query("XA COMMIT 'x'")
     env.execute("INSERT INTO t VALUES (6, 'after')")
     engine = env.engine()
-    fail_on_call(engine, "_record_block_touches", 2)  # the second part of the commit
+    fail_on_call(engine._lander, "_log_block_touches", 2)  # the second part of the commit
     with pytest.raises(OSError, match="simulated"):
         engine.run(stop_when_caught_up=True)
     assert "xa_prepared" in env.landing.read_checkpoint().extra
@@ -350,11 +350,11 @@ def test_a_failure_inside_a_commit_writes_no_checkpoint_of_half_of_it(cdc_env, e
     if rows_form == "columns":
         # Blocks: call 1 is the first transaction's, call 2 the big one's first (landed with
         # it, past flush_max_rows), call 3 fails.
-        fail_on_call(engine, "_record_block_touches", 3, error)
+        fail_on_call(engine._lander, "_log_block_touches", 3, error)
     else:
         # Call 1 queues the first transaction, call 2 the big one's first piece (landed with
         # it in one segment), call 3 fails.
-        fail_on_call(engine._segments, "queue", 3, error)
+        fail_on_call(engine._lander._segments, "queue", 3, error)
     with pytest.raises(error, match="simulated"):
         engine.run(stop_when_caught_up=True)
     env.catch_up()
@@ -371,14 +371,14 @@ def test_committed_records_waiting_to_land_are_bounded_by_bytes(cdc_env):
     for i in range(30):  # small transactions of big rows: none spills, together 300 KB
         env.execute(f"INSERT INTO t VALUES ({i}, REPEAT('x', 10000))")
     engine = env.engine()
-    land = engine._land_chunks
+    land = engine._lander._land_queued
     waiting = []
 
     def measured_land():
-        waiting.append(engine._segments.bytes)
+        waiting.append(engine._lander._segments.bytes)
         land()
 
-    engine._land_chunks = measured_land
+    engine._lander._land_queued = measured_land
     stats = engine.run(stop_when_caught_up=True)
     assert stats.segments_written >= 4  # landed in batches, not all at the end
     assert max(waiting) < 64 * 1024 + 12_000  # the budget, and at most one record past it
