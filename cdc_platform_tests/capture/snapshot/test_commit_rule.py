@@ -44,6 +44,7 @@ from cdc_platform.capture.snapshot.commit_rule import (
     decide_chunk_commit,
     sweep_after_snapshot,
 )
+from cdc_platform.capture.snapshot.conditions import Condition
 
 UUIDS = ("3e11fa47-71ca-11e1-9e33-c80aa9429562", "4b11fa47-71ca-11e1-9e33-c80aa9429563",
          "00000000-0000-0000-0000-000000000001")
@@ -596,7 +597,7 @@ def test_filtered_and_text_keyed_chunks_carry_no_range_assertion() -> None:
     decision = decide_chunk_commit(text_keyed, _mysql(f"{U1}:1"), _mysql(""), _mysql(""), {},
                                    FINGERPRINT)
     assert isinstance(decision, Commit) and decision.assertion is None
-    filtered = replace(_table(True), condition="v > 3")
+    filtered = replace(_table(True), condition=Condition("v > 3"))
     chunk = _chunk(((1, 10),), f"{U1}:1", f"{U1}:1", table=filtered)
     decision = decide_chunk_commit(chunk, _mysql(f"{U1}:1"), _mysql(""), _mysql(""), {},
                                    FINGERPRINT)
