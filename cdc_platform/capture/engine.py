@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pymysql
 
 from cdc_platform.capture import names
 from cdc_platform.capture import source as source_sql
@@ -57,10 +56,8 @@ from cdc_platform.capture.changes.xa_state import (
     persist_prepared,
     restore_prepared,
 )
-from cdc_platform.capture.ddl import stale_markers
-from cdc_platform.capture.ddl.effects import statement_effects
 from cdc_platform.capture.ddl.history import HistoryMarkers
-from cdc_platform.capture.ddl.stale import StaleTable
+from cdc_platform.capture.ddl.tracking import DdlTracking
 from cdc_platform.capture.events import (
     EngineError,
     Event,
@@ -242,6 +239,7 @@ class CaptureEngine:
         self._snapshots_dirty = False
         self._history = HistoryMarkers(landing, self._flavour, options.snapshot_mode,
                                        options.server_name, self.log)
+        self._ddl = DdlTracking(landing, self._tracker, self._history, self.log)
         # The position a purged binlog made the engine go on from (capture.snapshot_mode:
         # when_needed): purged again before any transaction from there means stop.
         self._recovered_at: str | None = None
@@ -408,24 +406,8 @@ class CaptureEngine:
         listed = self._source.list_tables()
         for database, table in listed:
             self._tracker.learn(database, table)
-        present = {names.table_id(d, t) for d, t in listed}
-        reason = (f"the binlog after GTID position {old} was purged before the engine read it; "
-                  f"capture went on from the source's GTID position {current_text or '(empty)'}"
-                  ": changes in between (deletes included) are not in the changelog")
-        schemas = self._tracker.schemas
-        tables = [StaleTable(d, t, reason) for d, t in listed
-                  if (s := schemas.get(names.table_id(d, t))) and s.primary_key]
-        # (a table whose DROP the engine saw has its open gone marker already)
-        known_gone = {m.table_id for m in stale_markers.read_markers(self.landing)
-                      if m.gone and not m.resolved}
-        tables += [StaleTable(s.database, s.table, f"{reason}; the table is gone from the "
-                              "source (dropped in between)", gone=True)
-                   for table_id, s in sorted(schemas.items())
-                   if table_id not in present and table_id not in known_gone
-                   and opts.selector.captures(s.database, s.table)]
-        for marker in stale_markers.record_history(self.landing, "PURGED", tables, "",
-                                                   self._lander.next_pos, current_text):
-            self.log.warning(marker.describe())
+        self._history.purged(listed, self._tracker.schemas, opts.selector, old, current_text,
+                             self._lander.next_pos)
         named = _a_gtid(current)
         for table_id, session in list(self._snapshots.sessions.items()):
             # (as after a DDL: the reader reads the whole table again, in a new session)
@@ -607,50 +589,22 @@ class CaptureEngine:
             _MEMORY_PER_RECORD + _MEMORY_PER_VALUE * len(state.names)))
 
     def _on_statement(self, statement: Statement) -> None:
-        """A statement outside row events: its effects are recorded durably before the
-        checkpoint passes it (``statement_effects``); the tables it changed without row
-        events restart their snapshot sessions and have their schemas read again."""
-        effects = statement_effects(statement.text, statement.database, statement.gtid,
-                                    self._lander.next_pos, self.landing, self.options.selector,
-                                    self._tracker.schemas)
+        """A statement outside row events (``DdlTracking``): the tables it changed without
+        row events restart their snapshot sessions."""
+        effects = self._ddl.on_statement(statement, self._lander.next_pos,
+                                         self._buffer.open_gtid or "")
         if effects is None:
             return
-        if effects.verb in ("CREATE", "RENAME", "ALTER") and effects.tables:
-            self._history.tables_arrived(statement.text, statement.database, effects.verb,
-                                         self._buffer.open_gtid or "")
-        for note in effects.notes:
-            self.log.info(note)
-        if not effects.tables:
-            return
         self.stats.ddl_statements += 1
-        for marker in effects.markers:
-            self.log.warning(marker.describe())
         if effects.renames is not None:
             # The record took a position of its own, so the lake tells the segments before
             # it from those after it (capture/ddl/column_renames.py).
             self._lander.take_position()
-            self.log.info(effects.renames.describe())
-        self._tables_changed(list(effects.tables), effects.verb, statement.gtid)
-
-    def _tables_changed(self, tables: list[tuple[str, str]], verb: str, gtid: str) -> None:
-        """A statement changed these captured tables without row events: their snapshot
-        sessions restart, and their schemas are learned again."""
-        for database, table in tables:
-            table_id = names.table_id(database, table)
-            if gtid and self._snapshots.record_ddl(table_id, self._flavour.parse_gtid(gtid)):
-                self._snapshots_dirty = True  # the session ends for a restart
-            self.log.info(f"table {table_id}: {verb} at GTID {gtid or '?'} (tracked, not "
-                          "replicated; the new columns arrive with the next rows)")
-            # Table ids of the old definition are stale from here on.
-            self._tracker.forget_ids(table_id)
-            # No row event may follow for a while: learn the new schema now, so that chunks
-            # of a new snapshot session are compared with it (SchemaTracker.learn).
-            try:
-                self._tracker.learn(database, table)
-            except pymysql.MySQLError as error:
-                self.log.warning(f"table {table_id}: schema not read after the {verb} at "
-                                 f"GTID {gtid or '?'} ({error}); the engine reads it again when "
-                                 "a snapshot session of the table opens")
+        if statement.gtid:
+            gtid = self._flavour.parse_gtid(statement.gtid)
+            for database, table in effects.tables:
+                if self._snapshots.record_ddl(names.table_id(database, table), gtid):
+                    self._snapshots_dirty = True  # the session ends for a restart
 
     def _commit(self, txn: Committed) -> None:
         """Give the committed records their positions and queue them for the next flush."""

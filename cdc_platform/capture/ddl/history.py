@@ -115,6 +115,33 @@ class HistoryMarkers:
                                  f" (the {verb} marker stands for its rows)"))
 
 
+    def purged(self, listed: list[tuple[str, str]], schemas: Mapping[str, TableSchema],
+               selector: source_sql.TableSelector, old: str, current: str,
+               next_pos: int) -> None:
+        """The binlog after ``old`` was purged and capture goes on from ``current``: a PURGED
+        marker for every captured keyed table the source has (``listed``), and a gone one for
+        each recorded table the source no longer has (dropped in the gap), written before the
+        checkpoint passes the new position. Their snapshots bring every change of the gap,
+        deletes included (range assertions and the end-of-snapshot sweep)."""
+        present = {names.table_id(d, t) for d, t in listed}
+        reason = (f"the binlog after GTID position {old} was purged before the engine read it; "
+                  f"capture went on from the source's GTID position {current or '(empty)'}"
+                  ": changes in between (deletes included) are not in the changelog")
+        tables = [StaleTable(d, t, reason) for d, t in listed
+                  if (s := schemas.get(names.table_id(d, t))) and s.primary_key]
+        # (a table whose DROP the engine saw has its open gone marker already)
+        known_gone = {m.table_id for m in stale_markers.read_markers(self.landing)
+                      if m.gone and not m.resolved}
+        tables += [StaleTable(s.database, s.table, f"{reason}; the table is gone from the "
+                              "source (dropped in between)", gone=True)
+                   for table_id, s in sorted(schemas.items())
+                   if table_id not in present and table_id not in known_gone
+                   and selector.captures(s.database, s.table)]
+        for marker in stale_markers.record_history(self.landing, "PURGED", tables, "",
+                                                   next_pos, current):
+            self.log.warning(marker.describe())
+
+
 def has_rows(control: pymysql.Connection, database: str, table: str, log: Any) -> bool:
     """Whether the table holds a row now (read-only). An empty table needs no snapshot of its
     history: rows it held when the engine's position was taken were deleted since, and those
