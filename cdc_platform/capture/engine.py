@@ -409,12 +409,9 @@ class CaptureEngine:
         self._history.purged(listed, self._tracker.schemas, opts.selector, old, current_text,
                              self._lander.next_pos)
         named = _a_gtid(current)
-        for table_id, session in list(self._snapshots.sessions.items()):
-            # (as after a DDL: the reader reads the whole table again, in a new session)
-            if named is not None and session.tracked and self._snapshots.record_ddl(
-                    table_id, named):
-                session.reason = f"binlog purged: capture went on from {current_text}"
-                self._snapshots_dirty = True
+        if named is not None and self._snapshots.restart_all(
+                named, f"binlog purged: capture went on from {current_text}"):
+            self._snapshots_dirty = True
         self._tracker.forget_ids()
         self._processed = current
         self._recovered_at = str(current)

@@ -248,6 +248,17 @@ class SnapshotCoordinator:
                       f"restart ({session.reason}); the reader reads the table again")
         return True
 
+    def restart_all(self, gtid: Gtid, reason: str) -> bool:
+        """Capture jumped over a gap of the binlog (a purged position): every open or paused
+        session ends as ``restart``, as after a DDL (its touched-key log misses the gap), and
+        its reader reads the whole table again; True if one did."""
+        restarted = False
+        for table_id, session in list(self.sessions.items()):
+            if session.tracked and self.record_ddl(table_id, gtid):
+                session.reason = reason
+                restarted = True
+        return restarted
+
     # -- at each flush ---------------------------------------------------------------------
 
     def tick(self, processed: GtidSet, next_pos: int, schemas: dict[str, TableSchema],
