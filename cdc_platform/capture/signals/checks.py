@@ -14,7 +14,6 @@ again, and a refusal that only means "the source was unreachable" would lose the
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,12 +21,15 @@ from typing import Any
 import pymysql
 
 from cdc_platform.capture import names
-from cdc_platform.capture import source as source_sql
-from cdc_platform.capture.binlog.stream import is_retriable
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.chunks import snapshot_key_problem
 from cdc_platform.capture.snapshot.conditions import Condition, require_condition
-from cdc_platform.capture.source import TableSelector, quote_identifier
+from cdc_platform.capture.source import (
+    SourceSession,
+    TableSelector,
+    is_retriable,
+    quote_identifier,
+)
 
 # (table_id, surrogate key, condition) -> why a run would refuse it, or None
 SnapshotCheck = Callable[[str, Sequence[str], Condition | None], str | None]
@@ -42,7 +44,7 @@ class SourceChecks:
     def __init__(self, connection_settings: dict[str, Any], selector: TableSelector) -> None:
         self.connection_settings = connection_settings
         self.selector = selector
-        self._conn: pymysql.Connection | None = None
+        self._source = SourceSession(connection_settings, selector)
         self._schemas: dict[str, TableSchema | str] = {}
 
     def __call__(self, table_id: str, surrogate_key: Sequence[str],
@@ -61,29 +63,19 @@ class SourceChecks:
                         f"run ({error}); the run checks it")
             return None
 
-    def _connection(self) -> pymysql.Connection:
-        if self._conn is None:
-            self._conn = source_sql.connect(self.connection_settings)
-        return self._conn
-
     def _schema(self, table_id: str) -> TableSchema | str:
         if table_id not in self._schemas:
             database, table = names.split_table_id(table_id)
-            conn = self._connection()
-            try:
-                self._schemas[table_id] = self.selector.shape(
-                    source_sql.read_table_schema(conn, database, table))
-            except LookupError as error:
-                self._schemas[table_id] = str(error)
-            finally:
-                conn.commit()
+            schema = self._source.read_schema(database, table)
+            self._schemas[table_id] = schema if schema is not None else (
+                f"table {table_id} does not exist on the source")
         return self._schemas[table_id]
 
     def _condition_problem(self, schema: TableSchema, condition: Condition) -> str | None:
         """The server's error for the condition on the table, as the run's SELECT would get
         it; None when it compiles. Only a :class:`Condition` is put into the SELECT."""
         text = require_condition(condition).sql
-        conn = self._connection()
+        conn = self._source.connection()
         sql = (f"SELECT 1 FROM {quote_identifier(schema.database)}."
                f"{quote_identifier(schema.table)} WHERE ({text}) LIMIT 0")
         try:
@@ -101,7 +93,4 @@ class SourceChecks:
         return None
 
     def close(self) -> None:
-        if self._conn is not None:
-            conn, self._conn = self._conn, None
-            with contextlib.suppress(Exception):  # (broken anyway)
-                conn.close()
+        self._source.close()

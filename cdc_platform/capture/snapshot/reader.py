@@ -34,7 +34,6 @@ import pymysql
 
 from cdc_platform.capture import names
 from cdc_platform.capture import source as source_sql
-from cdc_platform.capture.binlog.stream import is_retriable
 from cdc_platform.capture.keys import Key
 from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
 from cdc_platform.capture.schema import TableSchema
@@ -93,7 +92,13 @@ from cdc_platform.capture.snapshot.watermark import (
     read_with_watermarks,
     require_snapshot_prerequisites,
 )
-from cdc_platform.capture.source import PrerequisiteError, TableSelector, selector_from_settings
+from cdc_platform.capture.source import (
+    PrerequisiteError,
+    SourceSession,
+    TableSelector,
+    is_retriable,
+    selector_from_settings,
+)
 from cdc_platform.capture.storage import write_atomically
 
 __all__ = ["DEFAULT_CHUNK_SIZE", "SnapshotError", "SnapshotReader", "reader_from_settings"]
@@ -190,7 +195,7 @@ class SnapshotReader:
         # The newest signal that steered this run's session (its own, or a later pause,
         # resume or stop): request.json keeps it, so a replayed signal stays a no-op.
         self._steering = signal
-        self._conn: pymysql.Connection | None = None
+        self._source = SourceSession(connection_settings)
         # Chunks (watermarks and SELECTs) are read over mysqlclient, raw into Arrow (see
         # ``native``); everything else over PyMySQL. False: chunks over PyMySQL too.
         self.native_chunks = native_chunks and native.available()
@@ -257,9 +262,7 @@ class SnapshotReader:
 
     def _connection(self) -> pymysql.Connection:
         """The read-only source session, opened on first use (not before the engine's ack)."""
-        if self._conn is None:
-            self._conn = source_sql.connect(self.connection_settings)
-        return self._conn
+        return self._source.connection()
 
     def _chunk_connection(self) -> Any:
         """The session chunks are read on: mysqlclient's, opened on first use; PyMySQL's
@@ -323,11 +326,11 @@ class SnapshotReader:
         return self._checkpoint
 
     def _reconnect(self) -> None:
-        for conn in (self._conn, self._native_conn):
-            if conn is not None:
-                with contextlib.suppress(Exception):  # broken anyway
-                    conn.close()
-        self._conn = self._native_conn = None  # the next attempt connects again
+        self._source.close()
+        if self._native_conn is not None:
+            with contextlib.suppress(Exception):  # broken anyway
+                self._native_conn.close()
+        self._native_conn = None  # the next attempt connects again
 
     def _with_connection(self, what: str, action: Callable[[pymysql.Connection], Any],
                          chunks: bool = False) -> Any:

@@ -16,4 +16,4 @@ def test_text_nobody_checked_is_refused_before_the_source_is_asked(text: str) ->
     checks = SourceChecks({}, TableSelector(include=(r"inv\..*",)))
     with pytest.raises(TypeError, match="must be a Condition"):
         checks._condition_problem(ORDERS, text)  # type: ignore[arg-type]
-    assert checks._conn is None  # (no connection was even opened)
+    assert checks._source._conn is None  # (no connection was even opened)
