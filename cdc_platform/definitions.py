@@ -23,6 +23,7 @@ from cdc_platform.defs.dbt import definitions as dbt_defs
 from cdc_platform.defs.lake import applier as lake_applier
 from cdc_platform.defs.lake import definitions as lake_defs
 from cdc_platform.defs.lake import maintenance as lake_maintenance
+from cdc_platform.defs.resources import source_resource
 from cdc_platform.defs.signals import definitions as signals_defs
 from cdc_platform.defs.snapshots import definitions as snapshots_defs
 from cdc_platform.defs.snapshots import sensors as snapshots_sensors
@@ -83,7 +84,8 @@ def build_definitions(config: Settings) -> dg.Definitions:
         signals_defs.build(config, snapshot_assets),
         dbt_defs.build(config, tables),
         dg.Definitions(
-            resources={"pyspark": LakeSparkResource(spark_config=spark_config(config))},
+            resources={"pyspark": LakeSparkResource(spark_config=spark_config(config)),
+                       "source": source_resource(config)},
             executor=dg.in_process_executor,
         ),
     )

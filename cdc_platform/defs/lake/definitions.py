@@ -4,12 +4,11 @@
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 
-from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.ddl import stale_markers
 from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.names import joined_name, valid_name
 from cdc_platform.capture.schema import TableSchema
-from cdc_platform.capture.source import selector_from_settings
+from cdc_platform.capture.source import SourceSession
 from cdc_platform.config import Settings
 from cdc_platform.defs.names import single_asset, single_asset_check
 from cdc_platform.defs.snapshots.definitions import snapshot_key
@@ -133,13 +132,16 @@ def _reconcile_check(settings: Settings, schema: TableSchema) -> dg.AssetChecksD
         # Not "<target op>_reconcile": a table named `orders_reconcile` has that op name.
         op_name=joined_name("reconcile", server, schema.database, schema.table),
     )
-    def reconcile(context: dg.AssetCheckExecutionContext, pyspark: LazyPySparkResource
-                  ) -> dg.AssetCheckResult:
+    def reconcile(context: dg.AssetCheckExecutionContext, pyspark: LazyPySparkResource,
+                  source: dg.ResourceParam[SourceSession]) -> dg.AssetCheckResult:
         spark = pyspark.spark_session
         connection = settings.source.connection_settings()
-        with source_sql.source_connection(connection) as conn:
-            current = source_sql.read_table_schema(conn, schema.database, schema.table)
-        current = selector_from_settings(settings).shape(current)
+        current = source.read_schema(schema.database, schema.table)
+        if current is None:
+            return dg.AssetCheckResult(
+                passed=False, severity=dg.AssetCheckSeverity.ERROR,
+                description=f"table {schema.table_id} does not exist on the source: nothing to "
+                            "compare its target with")
         target = Lake.from_settings(spark, settings).table(server, schema.database, schema.table)
         snapshot, marked = target.base_and_mark()
         if snapshot is None:

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 import dagster as dg
 from pydantic import Field
 
-from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.names import joined_name
 from cdc_platform.capture.schema import TableSchema
@@ -33,7 +32,7 @@ from cdc_platform.capture.snapshot.reader import (
     SnapshotReader,
     new_session_id,
 )
-from cdc_platform.capture.source import selector_from_settings
+from cdc_platform.capture.source import SourceSession, selector_from_settings
 from cdc_platform.capture.start_errors import check_source
 from cdc_platform.config import Settings
 from cdc_platform.defs.failures import start_errors_fail_the_run
@@ -113,15 +112,15 @@ def snapshot_key(settings: Settings, schema: TableSchema) -> dg.AssetKey:
     return dg.AssetKey([settings.source.server_name, "snapshot", schema.database, schema.table])
 
 
-def _current_schema(settings: Settings, schema: TableSchema) -> TableSchema:
+def _current_schema(settings: Settings, source: SourceSession, schema: TableSchema
+                    ) -> TableSchema:
     """The table's schema now, after column exclusion: chunks must match the binlog schema."""
-    with source_sql.source_connection(settings.source.connection_settings()) as conn:
-        try:
-            current = source_sql.read_table_schema(conn, schema.database, schema.table)
-        except LookupError as error:
-            raise dg.Failure(description=f"snapshot of {schema.table_id} on "
-                             f"{settings.source.server_name!r}: {error}") from None
-    return selector_from_settings(settings).shape(current)
+    current = source.read_schema(schema.database, schema.table)
+    if current is None:
+        raise dg.Failure(description=f"snapshot of {schema.table_id} on "
+                         f"{settings.source.server_name!r}: table {schema.table_id} does not "
+                         "exist on the source")
+    return current
 
 
 def _snapshot_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinition:
@@ -143,7 +142,8 @@ def _snapshot_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinit
         op_name=joined_name(server, "snapshot", schema.database, schema.table),
         required=False,
     )
-    def snapshot(context: dg.AssetExecutionContext, config: SnapshotConfig
+    def snapshot(context: dg.AssetExecutionContext, config: SnapshotConfig,
+                 source: dg.ResourceParam[SourceSession]
                  ) -> Iterator[dg.MaterializeResult | dg.AssetObservation]:
         condition = config.condition
         if condition is not None:
@@ -154,7 +154,7 @@ def _snapshot_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinit
                                  f"{error}") from None
         with start_errors_fail_the_run(settings):  # one line: the grant or setting to fix
             check_source(settings)
-            current = _current_schema(settings, schema)
+            current = _current_schema(settings, source, schema)
         if not current.primary_key and config.surrogate_key:
             status = f"skipped: {snapshot_key_problem(current, config.surrogate_key)}"
             context.log.warning(f"snapshot of {schema.table_id}: {status}")
