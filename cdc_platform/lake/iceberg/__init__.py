@@ -4,38 +4,38 @@ Its modules name the concepts; this file only re-exports the public names, so ca
 ``cdc_platform.lake.iceberg`` whatever module a name lives in.
 """
 
-from cdc_platform.lake.iceberg.table import (
-    BRANCH_PREFIX,
-    CONSUMED_GTID,
-    CONSUMED_POS,
+from cdc_platform.lake.iceberg.catalog import (
     EXTENSIONS,
     ICEBERG_JAR,
     ICEBERG_VERSION,
-    PRIMARY_KEY_PROPERTY,
-    RENAMED_THROUGH_PROPERTY,
-    SOURCE_DATABASE_PROPERTY,
-    SOURCE_SERVER_PROPERTY,
-    SOURCE_TABLE_PROPERTY,
     SPARK_CATALOG,
-    STALE_BRANCH_HOURS,
-    TABLE_PROPERTIES,
     UNICODE_CATALOGS,
-    ConcurrentCommitError,
-    Lake,
-    LakeTable,
-    SchemaEvolutionError,
-    Snapshot,
-    branch_created,
-    branch_name,
     catalog_name,
     catalog_properties,
-    commit_properties,
     iceberg_jar,
     namespace_name,
     quote,
     session_conf,
     sql_string,
     table_name,
+)
+from cdc_platform.lake.iceberg.lake import Lake
+from cdc_platform.lake.iceberg.snapshots import CONSUMED_GTID, CONSUMED_POS, Snapshot
+from cdc_platform.lake.iceberg.table import (
+    BRANCH_PREFIX,
+    PRIMARY_KEY_PROPERTY,
+    RENAMED_THROUGH_PROPERTY,
+    SOURCE_DATABASE_PROPERTY,
+    SOURCE_SERVER_PROPERTY,
+    SOURCE_TABLE_PROPERTY,
+    STALE_BRANCH_HOURS,
+    TABLE_PROPERTIES,
+    ConcurrentCommitError,
+    LakeTable,
+    SchemaEvolutionError,
+    branch_created,
+    branch_name,
+    commit_properties,
 )
 
 __all__ = [

@@ -1,40 +1,26 @@
-"""The one module that touches lake tables: Apache Iceberg tables in a catalog, through Spark.
+"""One lake table: create it, read it (now or at a snapshot), walk its snapshots to the
+consumed mark, and the exclusive right to commit to it.
 
 Every target table is an Iceberg v2 table, merge-on-read (row-level changes write position
 delete files, so a batch costs what the batch touches, not the table's size). Everything else in
 the platform names a table by (server, database, table) and goes through ``Lake`` and
-``LakeTable``; the catalog (Hadoop on the warehouse path by default, or REST, JDBC, Hive, Glue)
-is configuration (``warehouse.catalog``), never code.
-
-Names. A source database becomes the namespace ``<server>_<db>`` and a table keeps its name
-wherever the catalog accepts it (``catalog_name``: lower case, Unicode letters where the catalog
-keeps them, else a slug and a hash), so ``lake.demo_inventory.orders`` for the demo; every
-target records its source's real names as table properties (``cdc.source-*``).
-
-Exactly once. A materialisation stores the changelog mark it consumed (``cdc.consumed-pos``,
-``cdc.consumed-gtid``) in the summary of the snapshot it commits, and reads it back from the
-newest snapshot of the table's history that carries one. Commits are compare-and-swap on the
-table's main branch (``LakeTable.commit_merge``): the MERGE goes to a private branch made at the
-snapshot the mark was read from, and ``fast_forward`` publishes it only if main is still there.
+``LakeTable``; every target records its source's real names as table properties
+(``cdc.source-*``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import logging
 import os
-import re
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import (
@@ -49,21 +35,24 @@ from pyspark.sql.types import (
 
 from cdc_platform.capture.ddl.column_renames import ColumnRenames, column_mapping
 from cdc_platform.capture.landing_contract import POS
-from cdc_platform.capture.names import table_id, valid_name
+from cdc_platform.capture.names import table_id
 from cdc_platform.capture.schema import TableSchema
-from cdc_platform.capture.storage import open_store
 from cdc_platform.lake.columns import user_struct
+from cdc_platform.lake.iceberg.catalog import namespace_name, quote, sql_string, table_name
+from cdc_platform.lake.iceberg.snapshots import (
+    CONSUMED_GTID,
+    CONSUMED_POS,
+    Snapshot,
+    mark_of,
+    snapshot_from_java,
+)
+
+if TYPE_CHECKING:
+    from cdc_platform.lake.iceberg.lake import Lake
 
 log = logging.getLogger(__name__)
 
-ICEBERG_VERSION = "1.10.2"
-ICEBERG_JAR = f"iceberg-spark-runtime-3.5_2.12-{ICEBERG_VERSION}.jar"
-EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
-SPARK_CATALOG = "org.apache.iceberg.spark.SparkCatalog"
 
-# Snapshot summary properties this platform writes.
-CONSUMED_POS = "cdc.consumed-pos"
-CONSUMED_GTID = "cdc.consumed-gtid"
 # Table properties: the key the table is merged by (JSON list), and the changelog position of
 # the newest column-rename record (capture.ddl.column_renames) the table's columns follow.
 PRIMARY_KEY_PROPERTY = "cdc.primary-key"
@@ -97,188 +86,8 @@ class SchemaEvolutionError(RuntimeError):
     """The source's new schema has a change Iceberg cannot make in place."""
 
 
-def iceberg_jar() -> str:
-    """The Iceberg Spark runtime jar, from the pinned ``snowpark-connect-deps-iceberg`` wheel
-    (scripts/bootstrap.sh checks its sha256; the Dockerfile takes the same jar)."""
-    import snowpark_connect_deps_iceberg as wheel
-
-    path = Path(wheel.__file__).parent / "jars" / ICEBERG_JAR
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: install snowpark-connect-deps-iceberg==1.0.2 "
-                                "(pyproject.toml pins it; 1.0.3's jar is broken)")
-    return str(path)
-
-
-def session_conf() -> dict[str, str]:
-    """Static settings a Spark session needs before it starts to use Iceberg tables."""
-    return {"spark.jars": iceberg_jar(), "spark.sql.extensions": EXTENSIONS}
-
-
-def catalog_properties(warehouse_url: str, catalog: Any) -> dict[str, str]:
-    """The Iceberg catalog's properties (``spark.sql.catalog.<name>.<key>`` without prefix).
-
-    ``catalog`` is a ``config.CatalogSettings`` (or None: Hadoop on the warehouse). The table
-    cache is off: each read and each commit sees what other processes committed.
-    """
-    kind = getattr(catalog, "type", "hadoop")
-    uri = getattr(catalog, "uri", "")
-    warehouse = open_store(warehouse_url).uri if "://" not in warehouse_url or \
-        warehouse_url.startswith("file:") else warehouse_url
-    props: dict[str, str] = {"cache-enabled": "false"}
-    if kind == "glue":
-        props["catalog-impl"] = "org.apache.iceberg.aws.glue.GlueCatalog"
-    else:
-        props["type"] = kind
-    if kind in ("rest", "jdbc", "hive"):
-        if not uri:
-            raise ValueError(f"warehouse.catalog.uri must name the {kind} catalog service")
-        props["uri"] = uri
-    props["warehouse"] = warehouse
-    props.update(getattr(catalog, "properties", None) or {})
-    return props
-
-
-# Catalogs that keep any Unicode name as it is (a Hadoop catalog's directories, a JDBC
-# catalog's rows); Hive and Glue take ASCII letters, digits and "_" (Hive's name rule), and REST
-# services vary (S3 Tables: lower-case ASCII), so there names keep the ASCII rule.
-UNICODE_CATALOGS = frozenset({"hadoop", "jdbc"})
-_UNICODE_WORD = re.compile(r"\w+")
-
-
-def catalog_name(name: str, unicode_names: bool = False) -> str:
-    """A source name in the catalog: the real name wherever the catalog accepts it.
-
-    Every catalog takes lower-case ASCII letters, digits and ``_``, so such a name stays as
-    it is; where the catalog keeps Unicode (``unicode_names``), a lower-case name of Unicode
-    letters, digits and ``_`` (``ünï``) stays too. Any other name (capitals: catalogs compare
-    names case-insensitively; dashes, spaces, dots) becomes ``names.valid_name``'s slug plus a
-    hash of the real name, so two source names never share a catalog name. The real names are
-    table properties of every target (``cdc.source-database``, ``cdc.source-table``).
-    """
-    if unicode_names and name == name.lower() and _UNICODE_WORD.fullmatch(name):
-        return name
-    return valid_name(name, case_sensitive=False)
-
-
-def namespace_name(server_name: str, database: str) -> str:
-    """The namespace of a source database's tables: ``<server>_<db>`` in the ASCII rule of
-    ``catalog_name`` (dbt's sources and every catalog find it under that one name)."""
-    return catalog_name(f"{server_name}_{database}")
-
-
-def table_name(table: str, unicode_names: bool = False) -> str:
-    """A source table's name in the catalog (``catalog_name``)."""
-    return catalog_name(table, unicode_names)
-
-
-def quote(identifier: str) -> str:
-    """A Spark SQL identifier, whatever characters it holds."""
-    return "`" + identifier.replace("`", "``") + "`"
-
-
-_register_lock = threading.Lock()
 _commit_lock = threading.RLock()  # commit properties and branch writes of one process
 _held_locks = threading.local()  # table lock files this thread holds (LakeTable.writing)
-
-
-class Lake:
-    """The lake's catalog in one Spark session.
-
-    The catalog is registered in the session at run time under ``warehouse.catalog.name``; a
-    session that already has a catalog of that name with other properties (a test session
-    used with several warehouses) gets it under that name plus a hash of the properties.
-    """
-
-    def __init__(self, spark: SparkSession, warehouse_url: str, catalog: Any = None) -> None:
-        self.spark = spark
-        self.warehouse_url = warehouse_url
-        self.properties = catalog_properties(warehouse_url, catalog)
-        self.unicode_names = getattr(catalog, "type", "hadoop") in UNICODE_CATALOGS
-        base = getattr(catalog, "name", "lake")
-        self.catalog = self._register(base)
-        store = open_store(warehouse_url) if getattr(catalog, "type", "hadoop") == "hadoop" \
-            else None
-        # The Hadoop catalog commits a table version by checking that the next metadata file
-        # does not exist and renaming onto it; on a local or mounted filesystem the rename
-        # overwrites, so two processes could both "commit" one version. Writers of one table
-        # take an exclusive file lock in the warehouse around their metadata commits (catalog
-        # services are atomic by themselves).
-        # The lock files are files in the warehouse root, which the catalog never lists (its
-        # namespaces are directories).
-        root = store.local_root if store is not None else None
-        self.lock_dir = str(root) if root is not None else None
-
-    def _register(self, base: str) -> str:
-        conf = self.spark.conf
-        with _register_lock:
-            digest = hashlib.sha1(repr(sorted(self.properties.items())).encode()).hexdigest()[:10]
-            for name in (base, f"{base}_{digest}"):
-                prefix = f"spark.sql.catalog.{name}"
-                implementation = conf.get(prefix, None)
-                if implementation is None:
-                    conf.set(prefix, SPARK_CATALOG)
-                    for key, value in self.properties.items():
-                        conf.set(f"{prefix}.{key}", value)
-                    return name
-                if all(conf.get(f"{prefix}.{k}", None) == v for k, v in self.properties.items()):
-                    return name
-            raise RuntimeError(f"Spark catalog {base}_{digest} is registered with other "
-                               "properties")
-
-    @classmethod
-    def from_settings(cls, spark: SparkSession, settings: Any) -> Lake:
-        """The lake of a ``config.Settings`` (its warehouse and catalog)."""
-        return cls(spark, settings.warehouse.url, settings.warehouse.catalog)
-
-    def table(self, server_name: str, database: str, table: str) -> LakeTable:
-        return LakeTable(self, server_name, database, table)
-
-    def sql(self, statement: str) -> DataFrame:
-        return self.spark.sql(statement)
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """One Iceberg snapshot of a lake table, as the platform reports it."""
-
-    snapshot_id: int
-    parent_id: int | None
-    committed_at: datetime
-    operation: str
-    summary: Mapping[str, str] = field(default_factory=dict)
-
-    def count(self, key: str) -> int:
-        return int(self.summary.get(key, 0) or 0)
-
-    @property
-    def rows(self) -> int:
-        """Live rows: data-file records less position deletes (the lake writes no equality
-        deletes, and Spark deletes a row position once)."""
-        return (self.count("total-records") - self.count("total-position-deletes")
-                - self.count("total-equality-deletes"))
-
-    @property
-    def consumed_pos(self) -> int | None:
-        value = self.summary.get(CONSUMED_POS)
-        return int(value) if value not in (None, "") else None
-
-    @property
-    def consumed_gtid(self) -> str | None:
-        return self.summary.get(CONSUMED_GTID) or None
-
-    def metadata(self) -> dict[str, Any]:
-        """What the UI shows of the snapshot a run made."""
-        return {
-            "iceberg_snapshot_id": str(self.snapshot_id),
-            "iceberg_parent_snapshot_id": str(self.parent_id) if self.parent_id else "",
-            "iceberg_operation": self.operation,
-            "data_files": self.count("total-data-files"),
-            "delete_files": self.count("total-delete-files"),
-            "added_data_files": self.count("added-data-files"),
-            "added_delete_files": self.count("added-delete-files"),
-            "records": self.count("total-records"),
-            "position_deletes": self.count("total-position-deletes"),
-        }
 
 
 class LakeTable:
@@ -503,19 +312,7 @@ class LakeTable:
             self.spark._jsparkSession, self.identifier)
 
     def _snapshot(self, java_snapshot: Any) -> Snapshot:
-        """A snapshot from its Java object in one call to the JVM (its JSON form: reading the
-        summary map entry by entry was a round trip per key, 15 ms a snapshot)."""
-        jvm = self.spark.sparkContext._jvm
-        data = json.loads(jvm.org.apache.iceberg.SnapshotParser.toJson(java_snapshot))
-        summary = {str(k): str(v) for k, v in (data.get("summary") or {}).items()}
-        parent = data.get("parent-snapshot-id")
-        return Snapshot(
-            snapshot_id=int(data["snapshot-id"]),
-            parent_id=int(parent) if parent is not None else None,
-            committed_at=datetime.fromtimestamp(int(data["timestamp-ms"]) / 1000, UTC),
-            operation=summary.get("operation", ""),
-            summary=summary,
-        )
+        return snapshot_from_java(self.spark.sparkContext._jvm, java_snapshot)
 
     def snapshots(self) -> list[Snapshot]:
         """Every snapshot the table's metadata keeps (any branch), oldest first."""
@@ -569,13 +366,9 @@ class LakeTable:
 
     @staticmethod
     def mark_of(chain: list[Snapshot]) -> Snapshot | None:
-        """The newest snapshot of ``chain`` (newest first) that carries a consumed mark.
-
-        Maintenance commits (compaction) carry the mark of the snapshot they rewrote, so the
-        mark survives snapshot expiry.
-        """
-        return next((s for s in chain if s.consumed_pos is not None or
-                     CONSUMED_GTID in s.summary), None)
+        """The newest snapshot of ``chain`` (newest first) that carries a consumed mark
+        (``snapshots.mark_of``)."""
+        return mark_of(chain)
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -844,10 +637,3 @@ def _widens(old: DataType, new: DataType) -> bool:
         return True
     return (isinstance(old, DecimalType) and isinstance(new, DecimalType)
             and old.scale == new.scale and new.precision > old.precision)
-
-
-def sql_string(value: str) -> str:
-    """The inside of a Spark SQL string literal (the default parser treats backslash as an
-    escape)."""
-    return value.replace("\\", "\\\\").replace("'", "\\'")
-

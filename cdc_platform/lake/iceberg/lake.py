@@ -1,0 +1,72 @@
+"""The lake's catalog in one Spark session: where every ``LakeTable`` is reached from."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+
+from cdc_platform.capture.storage import open_store
+from cdc_platform.lake.iceberg.catalog import SPARK_CATALOG, UNICODE_CATALOGS, catalog_properties
+from cdc_platform.lake.iceberg.table import LakeTable
+
+_register_lock = threading.Lock()
+
+
+class Lake:
+    """The lake's catalog in one Spark session.
+
+    The catalog is registered in the session at run time under ``warehouse.catalog.name``; a
+    session that already has a catalog of that name with other properties (a test session
+    used with several warehouses) gets it under that name plus a hash of the properties.
+    """
+
+    def __init__(self, spark: SparkSession, warehouse_url: str, catalog: Any = None) -> None:
+        self.spark = spark
+        self.warehouse_url = warehouse_url
+        self.properties = catalog_properties(warehouse_url, catalog)
+        self.unicode_names = getattr(catalog, "type", "hadoop") in UNICODE_CATALOGS
+        base = getattr(catalog, "name", "lake")
+        self.catalog = self._register(base)
+        store = open_store(warehouse_url) if getattr(catalog, "type", "hadoop") == "hadoop" \
+            else None
+        # The Hadoop catalog commits a table version by checking that the next metadata file
+        # does not exist and renaming onto it; on a local or mounted filesystem the rename
+        # overwrites, so two processes could both "commit" one version. Writers of one table
+        # take an exclusive file lock in the warehouse around their metadata commits (catalog
+        # services are atomic by themselves).
+        # The lock files are files in the warehouse root, which the catalog never lists (its
+        # namespaces are directories).
+        root = store.local_root if store is not None else None
+        self.lock_dir = str(root) if root is not None else None
+
+    def _register(self, base: str) -> str:
+        conf = self.spark.conf
+        with _register_lock:
+            digest = hashlib.sha1(repr(sorted(self.properties.items())).encode()).hexdigest()[:10]
+            for name in (base, f"{base}_{digest}"):
+                prefix = f"spark.sql.catalog.{name}"
+                implementation = conf.get(prefix, None)
+                if implementation is None:
+                    conf.set(prefix, SPARK_CATALOG)
+                    for key, value in self.properties.items():
+                        conf.set(f"{prefix}.{key}", value)
+                    return name
+                if all(conf.get(f"{prefix}.{k}", None) == v for k, v in self.properties.items()):
+                    return name
+            raise RuntimeError(f"Spark catalog {base}_{digest} is registered with other "
+                               "properties")
+
+    @classmethod
+    def from_settings(cls, spark: SparkSession, settings: Any) -> Lake:
+        """The lake of a ``config.Settings`` (its warehouse and catalog)."""
+        return cls(spark, settings.warehouse.url, settings.warehouse.catalog)
+
+    def table(self, server_name: str, database: str, table: str) -> LakeTable:
+        return LakeTable(self, server_name, database, table)
+
+    def sql(self, statement: str) -> DataFrame:
+        return self.spark.sql(statement)
+
