@@ -19,24 +19,26 @@ from cdc_platform.lake.iceberg.catalog import (
     sql_string,
     table_name,
 )
-from cdc_platform.lake.iceberg.lake import Lake
-from cdc_platform.lake.iceberg.snapshots import CONSUMED_GTID, CONSUMED_POS, Snapshot
-from cdc_platform.lake.iceberg.table import (
+from cdc_platform.lake.iceberg.commit import (
     BRANCH_PREFIX,
+    STALE_BRANCH_HOURS,
+    ConcurrentCommitError,
+    branch_created,
+    branch_name,
+    commit_properties,
+)
+from cdc_platform.lake.iceberg.lake import Lake
+from cdc_platform.lake.iceberg.properties import (
     PRIMARY_KEY_PROPERTY,
     RENAMED_THROUGH_PROPERTY,
     SOURCE_DATABASE_PROPERTY,
     SOURCE_SERVER_PROPERTY,
     SOURCE_TABLE_PROPERTY,
-    STALE_BRANCH_HOURS,
     TABLE_PROPERTIES,
-    ConcurrentCommitError,
-    LakeTable,
-    SchemaEvolutionError,
-    branch_created,
-    branch_name,
-    commit_properties,
 )
+from cdc_platform.lake.iceberg.schema import SchemaEvolutionError
+from cdc_platform.lake.iceberg.snapshots import CONSUMED_GTID, CONSUMED_POS, Snapshot
+from cdc_platform.lake.iceberg.table import LakeTable
 
 __all__ = [
     "BRANCH_PREFIX",
