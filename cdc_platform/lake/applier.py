@@ -51,7 +51,8 @@ from cdc_platform.capture.snapshot.protocol import (
 )
 from cdc_platform.capture.source import TableSelector
 from cdc_platform.lake.changelog import read_checkpoint
-from cdc_platform.lake.iceberg import Lake, LakeTable
+from cdc_platform.lake.iceberg.lake import Lake
+from cdc_platform.lake.iceberg.table import LakeTable
 from cdc_platform.lake.merge import MergeResult, materialise
 from cdc_platform.lake.reconcile import ReconcileResult, reconcile_table
 from cdc_platform.lake.spark import ensure_lake_conf

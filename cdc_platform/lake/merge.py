@@ -70,17 +70,12 @@ from cdc_platform.lake.changelog import (
     read_table_schemas,
 )
 from cdc_platform.lake.columns import col, table_struct
-from cdc_platform.lake.iceberg import (
-    CONSUMED_GTID,
-    CONSUMED_POS,
-    PRIMARY_KEY_PROPERTY,
-    RENAMED_THROUGH_PROPERTY,
-    ConcurrentCommitError,
-    Lake,
-    LakeTable,
-    Snapshot,
-    quote,
-)
+from cdc_platform.lake.iceberg.catalog import quote
+from cdc_platform.lake.iceberg.commit import ConcurrentCommitError
+from cdc_platform.lake.iceberg.lake import Lake
+from cdc_platform.lake.iceberg.properties import PRIMARY_KEY_PROPERTY, RENAMED_THROUGH_PROPERTY
+from cdc_platform.lake.iceberg.snapshots import CONSUMED_GTID, CONSUMED_POS, Snapshot
+from cdc_platform.lake.iceberg.table import LakeTable
 from cdc_platform.lake.spark import ensure_lake_conf
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 import cdc_platform
-from cdc_platform.lake.iceberg import session_conf
+from cdc_platform.lake.iceberg.catalog import session_conf
 
 # The directory holding the ``cdc_platform`` package this process runs (a checkout, an editable
 # install's source tree or site-packages): Python workers import the same code from it.
