@@ -161,3 +161,51 @@ def test_a_drop_in_the_same_batch_as_the_rows_before_it(spark, landing, warehous
     assert result.committed and result.schema_changed
     assert rows_of(target_table(spark, warehouse, BEFORE).read()) == {
         1: {"id": 1, "amount": Decimal("1.00")}}
+
+
+def _metadata_commits(table) -> int:
+    """How many metadata files the table's log holds (each commit writes one)."""
+    return table.lake.sql(
+        f"SELECT count(*) FROM {table.metadata_table('metadata_log_entries')}").first()[0]
+
+
+@pytest.mark.parametrize("old_name_added_again", [False, True], ids=["renames_and_adds",
+                                                                      "old_name_reused"])
+def test_several_column_changes_are_one_metadata_commit(spark, landing, warehouse,
+                                                        old_name_added_again):
+    """Renames, an added column, widened types and a dropped column (several ALTERs between
+    two materialisations) are staged and committed once: one new metadata file, and the
+    renamed, widened and kept columns keep their values. Adding a column under the old name
+    of a renamed one is staged in the same transaction."""
+    v1 = schema("many", ColumnSpec("id", "int"), ColumnSpec("a", "string"),
+                ColumnSpec("b", "string"), ColumnSpec("ratio", "float"),
+                ColumnSpec("amount", "decimal", 10, 2), ColumnSpec("gone", "string"))
+    added = "a" if old_name_added_again else "extra"
+    v2 = schema("many", ColumnSpec("id", "int"), ColumnSpec("title", "string"),
+                ColumnSpec("b", "string"), ColumnSpec(added, "string"),
+                ColumnSpec("ratio", "double"), ColumnSpec("amount", "decimal", 20, 2))
+    landing.segment(v1, [("c", {"id": 1, "a": "a1", "b": "b1", "ratio": 0.5,
+                                "amount": Decimal("1.25"), "gone": "g1"})])
+    materialise_table(spark, landing, warehouse, v1)
+    table = target_table(spark, warehouse, v2)
+    landing.rename_columns(v1, ("a", "title"))
+    landing.rename_columns(v1, ("b", "b2"))
+    landing.rename_columns(v1, ("b2", "b"))  # back again: no net rename of b
+    records = read_column_renames(landing.url, SERVER, "shop", "many", landing.next_pos)
+    before = _metadata_commits(table)
+
+    assert table.evolve(v2, records)
+
+    assert _metadata_commits(table) == before + 1
+    assert table.property(RENAMED_THROUGH_PROPERTY) == str(records[-1].position)
+    assert table.read().columns == ["id", "title", "b", added, "ratio", "amount"]
+    assert rows_of(table.read()) == {1: {"id": 1, "title": "a1", "b": "b1", added: None,
+                                         "ratio": 0.5, "amount": Decimal("1.25")}}
+    landing.segment(v2, [("c", {"id": 2, "title": "t2", "b": "b2", added: "x2", "ratio": 0.25,
+                                "amount": Decimal("123456789012345678.12")})])
+    result = materialise_table(spark, landing, warehouse, v2)
+    assert result.committed and not result.schema_changed  # (the renames are followed)
+    rows = _rows(spark, warehouse, v2)
+    assert rows[2] == {"id": 2, "title": "t2", "b": "b2", added: "x2", "ratio": 0.25,
+                       "amount": Decimal("123456789012345678.12")}
+    assert rows[1]["title"] == "a1" and rows[1][added] is None
