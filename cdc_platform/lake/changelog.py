@@ -54,6 +54,140 @@ class Segment:
     path: str
 
 
+@dataclass(frozen=True)
+class TableChangelog:
+    """One table's changelog in the landing zone, opened once: what a materialisation reads
+    of it (the checkpoint, the column renames, the segments and the batch) comes through this
+    one reader, in that order (``lake.merge``)."""
+
+    landing: LandingReader
+    database: str
+    table: str
+
+    @classmethod
+    def open(cls, landing_url: str, server_name: str, database: str, table: str
+             ) -> TableChangelog:
+        return cls(LandingReader.open(landing_url, server_name), database, table)
+
+    @property
+    def table_id(self) -> str:
+        return table_id(self.database, self.table)
+
+    def checkpoint(self) -> Checkpoint | None:
+        """The engine's checkpoint, or None before its first one."""
+        return self.landing.read_checkpoint()
+
+    def recorded_schema(self) -> TableSchema | None:
+        """The table's newest schema as the engine recorded it in ``tables.json`` (None if
+        absent or unreadable): only a fallback for a table that has no changelog yet."""
+        try:
+            tables = self.landing.read_tables()
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+        return tables.get(self.table_id)
+
+    def segments(self, after_pos: int | None = None, before_pos: int | None = None
+                 ) -> list[Segment]:
+        """Segments that may hold records with ``after_pos < pos < before_pos``, oldest
+        first. Temporary files and anything not named like a segment are ignored."""
+        landing, database, table = self.landing, self.database, self.table
+        directory = changelog_parts(database, table)
+        segments = []
+        for first, last, name in landing.segment_names(database, table):
+            if after_pos is not None and last <= after_pos:
+                continue
+            if before_pos is not None and first >= before_pos:
+                continue
+            filesystem, path = landing.store.arrow(*directory, name)
+            segments.append(Segment(first, last, landing.store.uri_of(*directory, name),
+                                    filesystem, path))
+        return segments
+
+    def column_renames(self, before_pos: int) -> list[ColumnRenames]:
+        """The table's column renames a checkpoint with ``next_pos`` = ``before_pos`` covers,
+        in changelog order (each record has a position of its own:
+        ``capture.ddl.column_renames``)."""
+        landing, database, table = self.landing, self.database, self.table
+        directory = column_renames_parts(database, table)
+        found = []
+        for position, name in landing.column_renames_names(database, table):
+            if position >= before_pos:
+                continue
+            try:
+                found.append(ColumnRenames.from_json(landing.store.read_bytes(*directory, name)
+                                                     or b""))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ValueError(
+                    f"column-rename record {landing.store.uri_of(*directory, name)} is not "
+                    f"valid ({exc!r}); it is written by the capture engine: without it older "
+                    f"segments of {table_id(database, table)} would lose the renamed columns' "
+                    "values"
+                ) from exc
+        return sorted(found, key=lambda r: r.position)
+
+    def batch(
+        self,
+        spark: SparkSession,
+        after_pos: int | None,
+        before_pos: int,
+        snapshot_columns: bool = False,
+        renames: Sequence[ColumnRenames] = (),
+    ) -> tuple[DataFrame | None, TableSchema | None]:
+        """Records with ``after_pos < __cdc_pos < before_pos`` and the newest segment's schema.
+
+        ``renames``: the table's column renames (``column_renames``); a segment's columns are
+        renamed by those after it, and so is the newest schema (a rename after the last
+        segment names its columns too). The frame has the changelog metadata columns followed
+        by the newest schema's user columns; rows from older segments lacking a column carry
+        NULL there. With ``snapshot_columns``, if any segment of the batch carries the
+        snapshot-record columns (only those may hold range assertions and sweeps), they follow
+        (``columns.snapshot_struct``, typed after the newest key; NULL in segments without
+        them). Returns (None, None) when no segment overlaps the range. Reading the footers is
+        pyarrow work; the frame itself is lazy.
+        """
+        database, table = self.database, self.table
+        segments = self.segments(after_pos, before_pos)
+        if not segments:
+            return None, None
+        groups: list[tuple[pa.Schema, tuple[ColumnRenames, ...], list[str]]] = []
+        newest_metadata = None
+        for segment in segments:
+            arrow_schema = pq.read_schema(segment.path, filesystem=segment.filesystem)
+            newest_metadata = arrow_schema.metadata
+            plain = arrow_schema.remove_metadata()
+            # (a segment is a run of one flush between two positions; a rename's own position
+            # is never inside one: it lies wholly before or after)
+            later = tuple(r for r in renames if r.position > segment.last_pos)
+            for schema, after, uris in groups:
+                if schema.equals(plain) and after == later:
+                    uris.append(segment.uri)
+                    break
+            else:
+                groups.append((plain, later, [segment.uri]))
+        newest = renamed_schema(_schema_from_metadata(newest_metadata, segments[-1]),
+                                [r for r in renames if r.position > segments[-1].last_pos])
+        if (newest.database, newest.table) != (database, table):
+            raise ValueError(
+                f"segment {segments[-1].uri} says it belongs to {newest.table_id}, "
+                f"not {table_id(database, table)}; the landing zone's changelog directory is "
+                "inconsistent"
+            )
+        refuse_reserved_columns(newest)
+        target = StructType(CHANGELOG_META.fields + user_struct(newest.columns).fields)
+        if snapshot_columns and any(THRESHOLD in schema.names for schema, _, _ in groups):
+            target = StructType(target.fields + snapshot_struct(newest).fields)
+        frames = [
+            conform(_renamed_columns(
+                spark.read.schema(struct_from_arrow(schema)).parquet(*uris), after), target)
+            for schema, after, uris in groups
+        ]
+        batch = reduce(DataFrame.unionByName, frames)
+        condition = col(POS) < before_pos
+        if after_pos is not None:
+            condition = condition & (col(POS) > after_pos)
+        return batch.where(condition), newest
+
+
 def read_checkpoint(landing_url: str, server_name: str) -> Checkpoint | None:
     """The engine's checkpoint, or None before its first one (``LandingReader``: the one
     parser of ``checkpoint.json``)."""
@@ -79,44 +213,32 @@ def list_segments(
     after_pos: int | None = None,
     before_pos: int | None = None,
 ) -> list[Segment]:
-    """Segments that may hold records with ``after_pos < pos < before_pos``, oldest first.
-
-    Temporary files (written before a rename) and anything not named like a segment are ignored.
-    """
-    landing = LandingReader.open(landing_url, server_name)
-    directory = changelog_parts(database, table)
-    segments = []
-    for first, last, name in landing.segment_names(database, table):
-        if after_pos is not None and last <= after_pos:
-            continue
-        if before_pos is not None and first >= before_pos:
-            continue
-        filesystem, path = landing.store.arrow(*directory, name)
-        segments.append(Segment(first, last, landing.store.uri_of(*directory, name), filesystem,
-                                path))
-    return segments
+    """``TableChangelog.segments`` of one table, opened for this call."""
+    return TableChangelog.open(landing_url, server_name, database, table).segments(
+        after_pos, before_pos)
 
 
 def read_column_renames(landing_url: str, server_name: str, database: str, table: str,
                         before_pos: int) -> list[ColumnRenames]:
-    """The table's column renames a checkpoint with ``next_pos`` = ``before_pos`` covers, in
-    changelog order (each record has a position of its own: ``capture.ddl.column_renames``)."""
-    landing = LandingReader.open(landing_url, server_name)
-    directory = column_renames_parts(database, table)
-    found = []
-    for position, name in landing.column_renames_names(database, table):
-        if position >= before_pos:
-            continue
-        try:
-            found.append(ColumnRenames.from_json(landing.store.read_bytes(*directory, name)
-                                                 or b""))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(
-                f"column-rename record {landing.store.uri_of(*directory, name)} is not valid "
-                f"({exc!r}); it is written by the capture engine: without it older segments of "
-                f"{table_id(database, table)} would lose the renamed columns' values"
-            ) from exc
-    return sorted(found, key=lambda r: r.position)
+    """``TableChangelog.column_renames`` of one table, opened for this call."""
+    return TableChangelog.open(landing_url, server_name, database, table).column_renames(
+        before_pos)
+
+
+def changelog_batch(
+    spark: SparkSession,
+    landing_url: str,
+    server_name: str,
+    database: str,
+    table: str,
+    after_pos: int | None,
+    before_pos: int,
+    snapshot_columns: bool = False,
+    renames: Sequence[ColumnRenames] = (),
+) -> tuple[DataFrame | None, TableSchema | None]:
+    """``TableChangelog.batch`` of one table, opened for this call."""
+    return TableChangelog.open(landing_url, server_name, database, table).batch(
+        spark, after_pos, before_pos, snapshot_columns, renames)
 
 
 def _renamed_columns(df: DataFrame, records: Sequence[ColumnRenames]) -> DataFrame:
@@ -139,67 +261,3 @@ def _schema_from_metadata(metadata: dict[bytes, bytes] | None, segment: Segment)
             f"cdc.columns metadata ({exc!r}); only files written by the capture engine belong "
             "in the changelog directory"
         ) from exc
-
-
-def changelog_batch(
-    spark: SparkSession,
-    landing_url: str,
-    server_name: str,
-    database: str,
-    table: str,
-    after_pos: int | None,
-    before_pos: int,
-    snapshot_columns: bool = False,
-    renames: Sequence[ColumnRenames] = (),
-) -> tuple[DataFrame | None, TableSchema | None]:
-    """Records with ``after_pos < __cdc_pos < before_pos`` and the newest segment's schema.
-
-    ``renames``: the table's column renames (``read_column_renames``); a segment's columns are
-    renamed by those after it, and so is the newest schema (a rename after the last segment
-    names its columns too). The frame has the changelog metadata columns followed by the
-    newest schema's user columns; rows from older segments lacking a column carry NULL there. With ``snapshot_columns``, if
-    any segment of the batch carries the snapshot-record columns (only those may hold range
-    assertions and sweeps), they follow (``columns.snapshot_struct``, typed after the newest
-    key; NULL in segments without them). Returns (None, None) when no segment overlaps the
-    range. Reading the footers is pyarrow work; the frame itself is lazy.
-    """
-    segments = list_segments(landing_url, server_name, database, table, after_pos, before_pos)
-    if not segments:
-        return None, None
-    groups: list[tuple[pa.Schema, tuple[ColumnRenames, ...], list[str]]] = []
-    newest_metadata = None
-    for segment in segments:
-        arrow_schema = pq.read_schema(segment.path, filesystem=segment.filesystem)
-        newest_metadata = arrow_schema.metadata
-        plain = arrow_schema.remove_metadata()
-        # (a segment is a run of one flush between two positions; a rename's own position is
-        # never inside one: it lies wholly before or after)
-        later = tuple(r for r in renames if r.position > segment.last_pos)
-        for schema, after, uris in groups:
-            if schema.equals(plain) and after == later:
-                uris.append(segment.uri)
-                break
-        else:
-            groups.append((plain, later, [segment.uri]))
-    newest = renamed_schema(_schema_from_metadata(newest_metadata, segments[-1]),
-                            [r for r in renames if r.position > segments[-1].last_pos])
-    if (newest.database, newest.table) != (database, table):
-        raise ValueError(
-            f"segment {segments[-1].uri} says it belongs to {newest.table_id}, "
-            f"not {table_id(database, table)}; the landing zone's changelog directory is "
-            "inconsistent"
-        )
-    refuse_reserved_columns(newest)
-    target = StructType(CHANGELOG_META.fields + user_struct(newest.columns).fields)
-    if snapshot_columns and any(THRESHOLD in schema.names for schema, _, _ in groups):
-        target = StructType(target.fields + snapshot_struct(newest).fields)
-    frames = [
-        conform(_renamed_columns(spark.read.schema(struct_from_arrow(schema)).parquet(*uris),
-                                 after), target)
-        for schema, after, uris in groups
-    ]
-    batch = reduce(DataFrame.unionByName, frames)
-    condition = col(POS) < before_pos
-    if after_pos is not None:
-        condition = condition & (col(POS) > after_pos)
-    return batch.where(condition), newest
