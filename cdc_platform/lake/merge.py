@@ -20,7 +20,6 @@ assertions judge by it, and a MERGE never lets an older record overwrite a newer
 
 from __future__ import annotations
 
-import json
 import logging
 import operator
 import time
@@ -43,7 +42,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from cdc_platform.capture.ddl.column_renames import ColumnRenames, column_mapping
+from cdc_platform.capture.ddl.column_renames import ColumnRenames
 from cdc_platform.capture.keys import Key, key_order, range_ordered
 from cdc_platform.capture.landing_contract import (
     CREATE,
@@ -60,20 +59,12 @@ from cdc_platform.capture.landing_contract import (
     TS_MS,
     hi_column,
 )
-from cdc_platform.capture.names import table_id
 from cdc_platform.capture.schema import TableSchema
-from cdc_platform.lake.changelog import (
-    changelog_batch,
-    list_segments,
-    read_checkpoint,
-    read_column_renames,
-    read_table_schemas,
-)
+from cdc_platform.lake.changelog import TableChangelog
 from cdc_platform.lake.columns import col, table_struct
 from cdc_platform.lake.iceberg.catalog import quote
 from cdc_platform.lake.iceberg.commit import ConcurrentCommitError
 from cdc_platform.lake.iceberg.lake import Lake
-from cdc_platform.lake.iceberg.properties import PRIMARY_KEY_PROPERTY, RENAMED_THROUGH_PROPERTY
 from cdc_platform.lake.iceberg.snapshots import CONSUMED_GTID, CONSUMED_POS, Snapshot
 from cdc_platform.lake.iceberg.table import LakeTable
 from cdc_platform.lake.spark import ensure_lake_conf
@@ -173,13 +164,14 @@ def materialise(
     started = time.monotonic()
     ensure_lake_conf(spark)
     target = Lake(spark, warehouse_url, catalog).table(server_name, database, table)
+    changelog = TableChangelog.open(landing_url, server_name, database, table)
     for attempt in range(1, COMMIT_ATTEMPTS + 1):
         try:
             # Writers of one table in this process (and, on a local Hadoop-catalog warehouse,
             # in other processes) take turns from the mark read to the publication, so they
             # do not keep invalidating each other; the commit itself stays a compare-and-swap.
             with target.writing():
-                return _materialise_once(spark, landing_url, target, schema_hint, started,
+                return _materialise_once(spark, changelog, target, schema_hint, started,
                                          attempt)
         except ConcurrentCommitError:
             if attempt == COMMIT_ATTEMPTS:
@@ -191,31 +183,29 @@ def materialise(
 
 def _materialise_once(
     spark: SparkSession,
-    landing_url: str,
+    changelog: TableChangelog,
     target: LakeTable,
     schema_hint: TableSchema | None,
     started: float,
     attempt: int,
 ) -> MergeResult:
-    server_name, database, table = target.server_name, target.database, target.table
+    """One pass, one way: the table's mark, the changelog after it, the table prepared for
+    the batch's schema, the fold, the MERGE."""
     base, marked = target.base_and_mark()
     after_pos = marked.consumed_pos if marked is not None else None
-    checkpoint = read_checkpoint(landing_url, server_name)
+    checkpoint = changelog.checkpoint()
 
     # Renames below the checkpoint's next_pos are covered: a schema from the landing zone
     # reflects them, so a table created from it follows them all.
     before_pos = checkpoint.next_pos if checkpoint is not None else 1
-    renames = read_column_renames(landing_url, server_name, database, table, before_pos) if (
-        checkpoint is not None) else []
+    renames = changelog.column_renames(before_pos) if checkpoint is not None else []
 
     def unchanged() -> MergeResult:
         dropped = False
         if base is None:
-            _create(target, _fallback_schema(landing_url, server_name, database, table,
-                                             schema_hint), before_pos - 1)
+            target.ensure_created(_fallback_schema(changelog, schema_hint), before_pos - 1)
         elif checkpoint is not None:
-            dropped = _drop_columns_dropped_at_source(landing_url, target, renames,
-                                                      before_pos)
+            dropped = _drop_columns_dropped_at_source(changelog, target, renames, before_pos)
         return _result(target, started, attempt, schema_changed=dropped)
 
     if checkpoint is None:
@@ -228,25 +218,12 @@ def _materialise_once(
             f"to another source. Rebuild the target: DROP TABLE {target.identifier}, then "
             "materialise it again"
         )
-    batch, newest = changelog_batch(
-        spark, landing_url, server_name, database, table, after_pos, before_pos,
-        snapshot_columns=True, renames=renames,
-    )
+    batch, newest = changelog.batch(spark, after_pos, before_pos, snapshot_columns=True,
+                                    renames=renames)
     if batch is None or newest is None:
         return unchanged()
-
-    _check_schema(target, newest)
-    schema_changed = False
-    if base is None:  # no table yet, or a creation that crashed before its first snapshot
-        _create(target, newest, before_pos - 1)
-        schema_changed = target.evolve(newest)  # a crashed creation may have older columns
-        base = target.current()
-        assert base is not None
-    else:
-        target.record_source()
-        pending = _pending_renames(target, renames, after_pos)
-        _check_primary_key(target, newest, pending)
-        schema_changed = target.evolve(newest, pending)
+    base, schema_changed = target.prepare(newest, renames, base=base, through=before_pos - 1,
+                                          consumed_pos=after_pos)
 
     # Not persisted: building Spark's cache of a folded batch costs several times computing
     # it (1M snapshot rows: 5.8 s against 0.7 s), and each use below computes it again from
@@ -293,9 +270,8 @@ def _materialise_once(
         spark.catalog.dropTempView(view)
         if victims is not None:
             victims.unpersist()
-    schema_changed = _drop_columns_dropped_at_source(landing_url, target, renames,
-                                                     before_pos) or (
-        schema_changed)
+    schema_changed = _drop_columns_dropped_at_source(changelog, target, renames,
+                                                     before_pos) or schema_changed
 
     result = MergeResult(
         table_id=target.table_id,
@@ -443,21 +419,7 @@ def _count(folded: DataFrame) -> dict[str, int]:
     return {k: int(v) if v is not None else 0 for k, v in values.asDict().items()}
 
 
-def _create(target: LakeTable, schema: TableSchema, renamed_through: int) -> None:
-    """Create the table with an empty first snapshot (so every later commit has a base to be
-    compared with), recording the primary key it folds by and the newest column rename its
-    columns follow (``renamed_through``: ``schema`` has the names after it). Idempotent: it
-    also completes a creation that crashed before the first snapshot."""
-    with target.writing():
-        if not target.exists():
-            target.create(schema, {PRIMARY_KEY_PROPERTY: json.dumps(list(schema.primary_key)),
-                                   RENAMED_THROUGH_PROPERTY: str(renamed_through)})
-        if target.current() is None:
-            empty = target.spark.createDataFrame([], target.spark.table(target.identifier).schema)
-            empty.writeTo(target.identifier).append()
-
-
-def _drop_columns_dropped_at_source(landing_url: str, target: LakeTable,
+def _drop_columns_dropped_at_source(changelog: TableChangelog, target: LakeTable,
                                     records: Sequence[ColumnRenames], before_pos: int) -> bool:
     """Drop the target's columns that a covered column record (``capture.ddl.column_renames``;
     ``records``: those below ``before_pos``) says the source dropped, when no segment of the
@@ -470,45 +432,15 @@ def _drop_columns_dropped_at_source(landing_url: str, target: LakeTable,
     drops = [r for r in records if r.dropped]
     if not drops:
         return False
-    server_name, database, table = target.server_name, target.database, target.table
     current = {f.name.lower(): f.name for f in target.user_struct().fields}
     gone: set[str] = set()
     for record in drops:
         columns = [current[c.lower()] for c in record.dropped if c.lower() in current]
-        if columns and not list_segments(landing_url, server_name, database, table,
-                                         record.position, before_pos):
+        if columns and not changelog.segments(record.position, before_pos):
             gone.update(columns)
     if gone:
         target.drop_columns(sorted(gone))
     return bool(gone)
-
-
-def _pending_renames(target: LakeTable, renames: Sequence[ColumnRenames],
-                     after_pos: int | None) -> list[ColumnRenames]:
-    """The column renames the table's columns do not follow yet: after its
-    ``cdc.renamed-through`` (a table made before renames were followed: after its consumed
-    mark)."""
-    through = target.renamed_through()
-    if through is None:
-        through = after_pos if after_pos is not None else 0
-    return [r for r in renames if r.position > through]
-
-
-def _check_primary_key(target: LakeTable, newest: TableSchema,
-                       pending: Sequence[ColumnRenames]) -> None:
-    """The key the table is merged by, renamed by the pending column renames (a renamed key
-    column is the same key), must be the changelog's."""
-    recorded = target.primary_key()
-    if recorded is None:
-        return
-    mapping = column_mapping(recorded, pending)
-    if [mapping.get(k, k) for k in recorded] != list(newest.primary_key):
-        raise ValueError(
-            f"the primary key of {target.table_id} changed from {recorded} to "
-            f"{list(newest.primary_key)}; primary-key changes are not merged: rebuild the "
-            f"target from a fresh snapshot (DROP TABLE {target.identifier}, then send an "
-            "execute-snapshot signal for the table)"
-        )
 
 
 # ---- range assertions and sweeps -------------------------------------------------------------
@@ -756,35 +688,13 @@ def _verdict_expression(
     return tree(0, len(intervals) - 1)
 
 
-
-
-def _check_schema(target: LakeTable, newest: TableSchema) -> None:
-    if not newest.primary_key:
-        raise ValueError(
-            f"changelog of {target.table_id} has no primary key in its metadata; configure a "
-            "surrogate key for this table in the capture engine, or exclude it"
-        )
-    missing = [k for k in newest.primary_key if k not in newest.column_names]
-    if missing:
-        raise ValueError(
-            f"changelog of {target.table_id}: primary key columns {missing} are not among its "
-            "columns (were they excluded by a column filter?); key columns must be captured"
-        )
-
-
-def _fallback_schema(
-    landing_url: str,
-    server_name: str,
-    database: str,
-    table: str,
-    schema_hint: TableSchema | None,
-) -> TableSchema:
-    if schema_hint is not None:
-        return schema_hint
-    schema = read_table_schemas(landing_url, server_name).get(table_id(database, table))
+def _fallback_schema(changelog: TableChangelog, schema_hint: TableSchema | None
+                     ) -> TableSchema:
+    """The schema to create an empty target from, for a table with no changelog yet."""
+    schema = schema_hint if schema_hint is not None else changelog.recorded_schema()
     if schema is None:
         raise LookupError(
-            f"{table_id(database, table)} has no changelog yet and no schema to create an empty target "
+            f"{changelog.table_id} has no changelog yet and no schema to create an empty target "
             "from: pass schema_hint, or let the capture engine record it in tables.json first"
         )
     return schema

@@ -27,6 +27,7 @@ from cdc_platform.lake.columns import user_struct
 from cdc_platform.lake.iceberg.properties import PRIMARY_KEY_PROPERTY, RENAMED_THROUGH_PROPERTY
 
 if TYPE_CHECKING:
+    from cdc_platform.lake.iceberg.snapshots import Snapshot
     from cdc_platform.lake.iceberg.table import LakeTable
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,76 @@ log = logging.getLogger(__name__)
 
 class SchemaEvolutionError(RuntimeError):
     """The source's new schema has a change Iceberg cannot make in place."""
+
+
+def prepare(table: LakeTable, schema: TableSchema, renames: Sequence[ColumnRenames],
+            base: Snapshot | None, through: int, consumed_pos: int | None) -> tuple[Snapshot, bool]:
+    """Make the table ready to take a batch written in ``schema``, before anything is read
+    from it: the key checked, the table created if it is not there (``base`` None) and its
+    columns evolved to ``schema``'s. Returns the snapshot the batch applies to and whether
+    the columns changed.
+
+    ``renames``: the column renames the landing zone holds below the checkpoint, and
+    ``through`` the newest changelog position ``schema`` reflects (a table created from it
+    follows them all). Of an existing table only the renames its columns do not follow yet
+    are applied (``pending_renames``; ``consumed_pos`` is its mark), and its recorded key,
+    renamed by them, must be ``schema``'s.
+    """
+    check_key_columns(table.table_id, schema)
+    if base is None:  # no table yet, or a creation that crashed before its first snapshot
+        table.ensure_created(schema, through)
+        changed = evolve(table, schema)  # a crashed creation may have older columns
+        created = table.current()
+        assert created is not None
+        return created, changed
+    table.record_source()
+    pending = pending_renames(table, renames, consumed_pos)
+    check_primary_key(table, schema, pending)
+    return base, evolve(table, schema, pending)
+
+
+def check_key_columns(table_id: str, schema: TableSchema) -> None:
+    """The changelog's schema must have a key, and capture its columns: a MERGE matches by
+    it."""
+    if not schema.primary_key:
+        raise ValueError(
+            f"changelog of {table_id} has no primary key in its metadata; configure a "
+            "surrogate key for this table in the capture engine, or exclude it"
+        )
+    missing = [k for k in schema.primary_key if k not in schema.column_names]
+    if missing:
+        raise ValueError(
+            f"changelog of {table_id}: primary key columns {missing} are not among its "
+            "columns (were they excluded by a column filter?); key columns must be captured"
+        )
+
+
+def pending_renames(table: LakeTable, renames: Sequence[ColumnRenames],
+                    consumed_pos: int | None) -> list[ColumnRenames]:
+    """The column renames the table's columns do not follow yet: after its
+    ``cdc.renamed-through`` (a table made before renames were followed: after its consumed
+    mark)."""
+    through = table.renamed_through()
+    if through is None:
+        through = consumed_pos if consumed_pos is not None else 0
+    return [r for r in renames if r.position > through]
+
+
+def check_primary_key(table: LakeTable, schema: TableSchema,
+                      pending: Sequence[ColumnRenames]) -> None:
+    """The key the table is merged by, renamed by the pending column renames (a renamed key
+    column is the same key), must be the changelog's."""
+    recorded = table.primary_key()
+    if recorded is None:
+        return
+    mapping = column_mapping(recorded, pending)
+    if [mapping.get(k, k) for k in recorded] != list(schema.primary_key):
+        raise ValueError(
+            f"the primary key of {table.table_id} changed from {recorded} to "
+            f"{list(schema.primary_key)}; primary-key changes are not merged: rebuild the "
+            f"target from a fresh snapshot (DROP TABLE {table.identifier}, then send an "
+            "execute-snapshot signal for the table)"
+        )
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from cdc_platform.lake.iceberg.properties import (
     SOURCE_TABLE_PROPERTY,
     TABLE_PROPERTIES,
 )
-from cdc_platform.lake.iceberg.schema import commit_metadata, drop_columns, evolve
+from cdc_platform.lake.iceberg.schema import commit_metadata, drop_columns, evolve, prepare
 from cdc_platform.lake.iceberg.snapshots import Snapshot, mark_of, snapshot_from_java
 
 if TYPE_CHECKING:
@@ -145,6 +145,27 @@ class LakeTable:
         self.lake.sql(
             f"CREATE TABLE IF NOT EXISTS {self.identifier} ({columns}, {quote(POS)} bigint) "
             f"USING iceberg COMMENT '{sql_string(comment)}' TBLPROPERTIES ({properties})")
+
+    def ensure_created(self, schema: TableSchema, renamed_through: int) -> None:
+        """Create the table with an empty first snapshot (so every later commit has a base to
+        be compared with), recording the primary key it folds by and the newest column rename
+        its columns follow (``renamed_through``: ``schema`` has the names after it).
+        Idempotent: it also completes a creation that crashed before the first snapshot."""
+        with self.writing():
+            if not self.exists():
+                self.create(schema, {PRIMARY_KEY_PROPERTY: json.dumps(list(schema.primary_key)),
+                                     RENAMED_THROUGH_PROPERTY: str(renamed_through)})
+            if self.current() is None:
+                empty = self.spark.createDataFrame([], self.spark.table(self.identifier).schema)
+                empty.writeTo(self.identifier).append()
+
+    def prepare(self, schema: TableSchema, renames: Sequence[ColumnRenames] = (), *,
+                base: Snapshot | None, through: int, consumed_pos: int | None = None
+                ) -> tuple[Snapshot, bool]:
+        """Ready the table for a batch in ``schema``: key checked, table created, columns
+        evolved in one commit (``schema.prepare``). Returns (the batch's base snapshot,
+        whether the columns changed)."""
+        return prepare(self, schema, renames, base, through, consumed_pos)
 
     def property(self, key: str) -> str | None:
         """A table property's value, or None when the table does not have it."""
