@@ -43,7 +43,7 @@ from pyspark.sql.types import (
 )
 
 from cdc_platform.capture.ddl.column_renames import ColumnRenames
-from cdc_platform.capture.keys import Key, key_order, range_ordered
+from cdc_platform.capture.keys import Key, range_ordered
 from cdc_platform.capture.landing_contract import (
     CREATE,
     DELETE,
@@ -67,6 +67,15 @@ from cdc_platform.lake.iceberg.commit import ConcurrentCommitError
 from cdc_platform.lake.iceberg.lake import Lake
 from cdc_platform.lake.iceberg.snapshots import CONSUMED_GTID, CONSUMED_POS, Snapshot
 from cdc_platform.lake.iceberg.table import LakeTable
+from cdc_platform.lake.range_assertions import (
+    Instruction,
+    Span,
+    Split,
+    Verdict,
+    covered_spans,
+    intervals,
+    verdict_tree,
+)
 from cdc_platform.lake.spark import ensure_lake_conf
 
 log = logging.getLogger(__name__)
@@ -445,19 +454,6 @@ def _drop_columns_dropped_at_source(changelog: TableChangelog, target: LakeTable
 
 # ---- range assertions and sweeps -------------------------------------------------------------
 
-Verdict = tuple[int, int]  # (threshold, position of the instruction that sets it)
-
-
-@dataclass(frozen=True)
-class _Instruction:
-    """One ``a`` or ``s`` record: delete keys in ``(low, high]`` whose latest position is below
-    ``threshold`` (``None`` bounds are open; a sweep has both open)."""
-
-    pos: int
-    threshold: int
-    low: Key | None
-    high: Key | None
-
 
 def _tombstones(
     table_id: str, batch: DataFrame, folded: DataFrame, state: DataFrame | None,
@@ -476,12 +472,12 @@ def _tombstones(
     key_types = [types[k] for k in keys]
     instructions = _collect_instructions(batch, table_id, keys, key_types,
                                          unordered_key_columns(schema))
-    intervals = _intervals(instructions)
-    if all(verdict is None for _, verdict in intervals):
+    cut = intervals(instructions)
+    if all(verdict is None for _, verdict in cut):
         return None
     latest_pos, latest_op = "__cdc_latest_pos", "__cdc_latest_op"
     candidates = folded.select(*[col(k) for k in keys], col(POS), col(OP))
-    span_filter = _span_filter(intervals, keys, key_types)
+    span_filter = _span_filter(covered_spans(cut, MAX_FILTER_SPANS), keys, key_types)
     if state is None:  # (``folded`` has one record per key: its newest)
         latest = candidates.select(*[col(k) for k in keys], col(POS).alias(latest_pos),
                                    col(OP).alias(latest_op))
@@ -495,7 +491,7 @@ def _tombstones(
         latest = candidates.groupBy(*[col(k) for k in keys]).agg(
             F.max(col(POS)).alias(latest_pos), F.max_by(col(OP), col(POS)).alias(latest_op)
         )
-    tombstone_pos = _verdict_expression(intervals, keys, key_types, col(latest_pos))
+    tombstone_pos = _verdict_expression(verdict_tree(cut), keys, key_types, col(latest_pos))
     victims = latest.where(col(latest_op) != DELETE).select(
         *[col(k) for k in keys], tombstone_pos.alias(POS)
     ).where(col(POS).isNotNull())
@@ -521,7 +517,7 @@ def unordered_key_columns(schema: TableSchema) -> list[str]:
 def _collect_instructions(
     batch: DataFrame, table_id: str, keys: list[str], key_types: list[DataType],
     unordered: list[str],
-) -> list[_Instruction]:
+) -> list[Instruction]:
     """Job A1: the batch's ``a``/``s`` records on the driver (few: one per chunk commit)."""
 
     def exact(name: str, data_type: DataType, alias: str) -> Column:
@@ -547,7 +543,7 @@ def _collect_instructions(
             raise ValueError(f"{what} has {THRESHOLD} {row.threshold} above its own position: "
                              "it would judge records that follow it")
         if row.op == SWEEP:
-            instructions.append(_Instruction(row.pos, row.threshold, None, None))
+            instructions.append(Instruction(row.pos, row.threshold, None, None))
             continue
         if row.lo_open is None or row.hi_open is None:
             raise ValueError(f"{what} lacks {LO_OPEN}/{HI_OPEN}; range assertions must carry "
@@ -558,7 +554,7 @@ def _collect_instructions(
                              "not range assertions")
         low = None if row.lo_open else _key(row, "lo", len(keys))
         high = None if row.hi_open else _key(row, "hi", len(keys))
-        instructions.append(_Instruction(row.pos, row.threshold, low, high))
+        instructions.append(Instruction(row.pos, row.threshold, low, high))
     return instructions
 
 
@@ -566,38 +562,6 @@ def _key(row: Any, prefix: str, width: int) -> Key:
     """A collected bound as a hashable tuple (binary values collect as bytearray)."""
     values = (row[f"{prefix}{i}"] for i in range(width))
     return tuple(bytes(v) if isinstance(v, bytearray) else v for v in values)
-
-
-def _intervals(instructions: Sequence[_Instruction]) -> list[tuple[Key | None, Verdict | None]]:
-    """The key space cut at every bound into ``(previous upper, upper]`` intervals, in order,
-    each with the highest (threshold, position) of the instructions covering it (None: none).
-
-    Every bound is a low (exclusive) or high (inclusive) end, so each instruction covers whole
-    intervals. The last upper is None (to the last key); neighbours with equal verdicts merge.
-    """
-    bounds: dict[tuple, Key] = {}
-    for ins in instructions:
-        for bound in (ins.low, ins.high):
-            if bound is not None:
-                bounds.setdefault(key_order(bound), bound)
-    ordered = sorted(bounds)
-    index = {o: i for i, o in enumerate(ordered)}
-    verdicts: list[Verdict | None] = [None] * (len(ordered) + 1)
-    for ins in instructions:
-        first = 0 if ins.low is None else index[key_order(ins.low)] + 1
-        last = len(ordered) if ins.high is None else index[key_order(ins.high)]
-        for j in range(first, last + 1):  # empty when low >= high
-            current = verdicts[j]
-            if current is None or (ins.threshold, ins.pos) > current:
-                verdicts[j] = (ins.threshold, ins.pos)
-    uppers: list[Key | None] = [bounds[o] for o in ordered] + [None]
-    merged: list[tuple[Key | None, Verdict | None]] = []
-    for upper, verdict in zip(uppers, verdicts, strict=True):
-        if merged and merged[-1][1] == verdict:
-            merged[-1] = (upper, verdict)
-        else:
-            merged.append((upper, verdict))
-    return merged
 
 
 def _literal(value: Any, data_type: DataType) -> Column:
@@ -629,25 +593,10 @@ def _key_le(keys: list[str], key_types: list[DataType], bound: Key) -> Column:
     return reduce(operator.or_, terms)
 
 
-def _span_filter(
-    intervals: list[tuple[Key | None, Verdict | None]], keys: list[str],
-    key_types: list[DataType],
-) -> Column | None:
-    """A filter on the key columns keeping the covered intervals (None: the whole key space)."""
-    spans: list[tuple[Key | None, Key | None]] = []
-    previous_upper: Key | None = None
-    running = False
-    for j, (upper, verdict) in enumerate(intervals):
-        if verdict is not None and not running:
-            spans.append((previous_upper if j else None, upper))
-            running = True
-        elif verdict is not None:
-            spans[-1] = (spans[-1][0], upper)
-        else:
-            running = False
-        previous_upper = upper
-    if len(spans) > MAX_FILTER_SPANS:
-        spans = [(spans[0][0], spans[-1][1])]
+def _span_filter(spans: list[Span], keys: list[str], key_types: list[DataType]
+                 ) -> Column | None:
+    """A filter on the key columns keeping the ``covered_spans`` (None: the whole key
+    space)."""
     conditions = []
     for low, high in spans:
         parts = []
@@ -662,30 +611,22 @@ def _span_filter(
 
 
 def _verdict_expression(
-    intervals: list[tuple[Key | None, Verdict | None]], keys: list[str],
-    key_types: list[DataType], latest_pos: Column,
+    tree: Split | Verdict | None, keys: list[str], key_types: list[DataType],
+    latest_pos: Column,
 ) -> Column:
-    """The tombstone position for a key with latest position ``latest_pos`` (NULL: keep it).
+    """The tombstone position for a key with latest position ``latest_pos`` (NULL: keep it):
+    ``verdict_tree`` as nested ``CASE WHEN key <= upper``, each leaf
+    ``range_assertions.tombstone_position``."""
+    if not isinstance(tree, Split):
+        if tree is None:
+            return F.lit(None).cast(LongType())
+        threshold, pos = tree
+        return F.when(latest_pos < F.lit(threshold), F.lit(pos).cast(LongType()))
+    return F.when(_key_le(keys, key_types, tree.upper),
+                  _verdict_expression(tree.below, keys, key_types, latest_pos)).otherwise(
+        _verdict_expression(tree.above, keys, key_types, latest_pos))
 
-    A balanced tree of ``key <= upper`` tests finds the key's interval, so a row costs about
-    log2(intervals) comparisons however many instructions the batch holds.
-    """
 
-    def tree(lo: int, hi: int) -> Column:
-        if lo == hi:
-            verdict = intervals[lo][1]
-            if verdict is None:
-                return F.lit(None).cast(LongType())
-            threshold, pos = verdict
-            return F.when(latest_pos < F.lit(threshold), F.lit(pos).cast(LongType()))
-        mid = (lo + hi) // 2
-        upper = intervals[mid][0]
-        assert upper is not None  # only the last interval is open above
-        return F.when(_key_le(keys, key_types, upper), tree(lo, mid)).otherwise(
-            tree(mid + 1, hi)
-        )
-
-    return tree(0, len(intervals) - 1)
 
 
 def _fallback_schema(changelog: TableChangelog, schema_hint: TableSchema | None
