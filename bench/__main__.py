@@ -465,7 +465,7 @@ def _snapshot_once(server: MariaDBServer, landing_dir: Path, server_id: int,
     """One snapshot of the table by the real reader and engine, with the default chunk size;
     under a concurrent write load when ``load_rate`` is given. Also the engine's peak RSS."""
     from cdc_platform.capture import source as source_sql
-    from cdc_platform.capture.snapshot.reader import SnapshotReader
+    from cdc_platform.capture.snapshot.reading.reader import SnapshotReader
 
     landing = LandingZone(str(landing_dir), "snap")
     selector = TableSelector(include=(rf"{SNAPSHOT_DB}\..*",))

@@ -54,7 +54,7 @@ def main() -> int:
     parser.add_argument("--out", default=None, help="directory for the .prof files")
     args = parser.parse_args()
     from cdc_platform.capture import source as source_sql
-    from cdc_platform.capture.snapshot.reader import SnapshotReader
+    from cdc_platform.capture.snapshot.reading.reader import SnapshotReader
 
     with tempfile.TemporaryDirectory(prefix="cdc-prof-") as tmp:
         work = Path(tmp)

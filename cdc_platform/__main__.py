@@ -102,10 +102,10 @@ def _snapshot(args: argparse.Namespace) -> int:
     pause/resume/stop its session. The capture engine (``stream``) must be running."""
     from cdc_platform.capture.landing.zone import LandingZone
     from cdc_platform.capture.names import resolve_table_id, split_table_id
-    from cdc_platform.capture.snapshot import reader as snapshot_reader
-    from cdc_platform.capture.snapshot.actions import request_action
     from cdc_platform.capture.snapshot.errors import SnapshotError
-    from cdc_platform.capture.snapshot.progress import describe_progress
+    from cdc_platform.capture.snapshot.reading import reader as snapshot_reader
+    from cdc_platform.capture.snapshot.reading.actions import request_action
+    from cdc_platform.capture.snapshot.reading.progress import describe_progress
     from cdc_platform.capture.start_errors import check_source
     from cdc_platform.config import load_settings
 

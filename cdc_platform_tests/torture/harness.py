@@ -397,7 +397,7 @@ def dagster_problems(settings: Any) -> list[str]:
 def _snapshot(cluster: Cluster, settings: Any, landing: Any, cell: Cell) -> None:
     """Snapshot the cell's tables (small chunks) beside a streaming engine, while the cell's
     ``during`` statements run on the primary, as the snapshot asset and a live source would."""
-    from cdc_platform.capture.snapshot import reader as snapshot_reader
+    from cdc_platform.capture.snapshot.reading import reader as snapshot_reader
 
     writer = threading.Thread(target=run_statements, args=(cluster.primary, cell.during, 0.05),
                               daemon=True)
@@ -455,7 +455,7 @@ def _run_requested_snapshots(settings: Any, landing: Any) -> None:
     from cdc_platform.capture import names
     from cdc_platform.capture.ddl import stale_markers
     from cdc_platform.capture.engine import CaptureEngine, EngineOptions
-    from cdc_platform.capture.snapshot import reader as snapshot_reader
+    from cdc_platform.capture.snapshot.reading import reader as snapshot_reader
 
     snapshots = Path(landing.checkpoint_path).parent / "snapshots"
     checkpoint = landing.read_checkpoint()

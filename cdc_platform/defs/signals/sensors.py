@@ -27,10 +27,6 @@ from cdc_platform.capture.signals.plan import (
     StartSnapshot,
     plan_signals,
 )
-from cdc_platform.capture.snapshot.actions import (
-    session_live,
-    signal_action,
-)
 from cdc_platform.capture.snapshot.protocol import (
     Action,
     SignalRef,
@@ -38,6 +34,10 @@ from cdc_platform.capture.snapshot.protocol import (
     read_request,
     read_session_state,
     reader_alive,
+)
+from cdc_platform.capture.snapshot.reading.actions import (
+    session_live,
+    signal_action,
 )
 from cdc_platform.capture.source import selector_from_settings
 from cdc_platform.config import Settings

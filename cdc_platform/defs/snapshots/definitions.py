@@ -26,7 +26,7 @@ from cdc_platform.capture.snapshot.protocol import (
     DEFAULT_CHUNK_SIZE,
     SignalRef,
 )
-from cdc_platform.capture.snapshot.reader import (
+from cdc_platform.capture.snapshot.reading.reader import (
     DEFAULT_ACK_TIMEOUT_SECONDS,
     DEFAULT_STALL_TIMEOUT_SECONDS,
     SnapshotReader,

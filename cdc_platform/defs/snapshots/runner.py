@@ -13,12 +13,12 @@ import dagster as dg
 
 from cdc_platform.capture.signals.kafka import KafkaChannelError, KafkaTopics, NotificationPublisher
 from cdc_platform.capture.signals.notifications import SnapshotNotifier, describe, encode
-from cdc_platform.capture.snapshot.progress import (
+from cdc_platform.capture.snapshot.reading.progress import (
     SnapshotProgress,
     SnapshotResult,
     describe_progress,
 )
-from cdc_platform.capture.snapshot.reader import SnapshotReader
+from cdc_platform.capture.snapshot.reading.reader import SnapshotReader
 from cdc_platform.config import Settings
 from cdc_platform.defs.threaded import QueueLog, run_in_thread
 

@@ -27,13 +27,7 @@ import pytest
 from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
-from cdc_platform.capture.snapshot import actions, protocol
-from cdc_platform.capture.snapshot.actions import (
-    pause,
-    resume,
-    signal_action,
-    stop,
-)
+from cdc_platform.capture.snapshot import protocol
 from cdc_platform.capture.snapshot.chunks import (
     Chunk,
     ChunkedTable,
@@ -45,10 +39,6 @@ from cdc_platform.capture.snapshot.conditions import Condition, UnsafeConditionE
 from cdc_platform.capture.snapshot.errors import (
     NoEngineError,
     SnapshotError,
-)
-from cdc_platform.capture.snapshot.progress import (
-    SnapshotProgress,
-    SnapshotResult,
 )
 from cdc_platform.capture.snapshot.protocol import (
     DEFAULT_CHUNK_SIZE,
@@ -63,7 +53,18 @@ from cdc_platform.capture.snapshot.protocol import (
     write_chunk,
     write_request,
 )
-from cdc_platform.capture.snapshot.reader import SnapshotReader
+from cdc_platform.capture.snapshot.reading import actions
+from cdc_platform.capture.snapshot.reading.actions import (
+    pause,
+    resume,
+    signal_action,
+    stop,
+)
+from cdc_platform.capture.snapshot.reading.progress import (
+    SnapshotProgress,
+    SnapshotResult,
+)
+from cdc_platform.capture.snapshot.reading.reader import SnapshotReader
 from cdc_platform.capture.source import selector_from_settings
 from cdc_platform_tests.conftest import CdcEnv
 

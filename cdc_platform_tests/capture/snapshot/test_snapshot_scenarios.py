@@ -23,14 +23,14 @@ import pytest
 
 from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.snapshot.chunks import schema_fingerprint
-from cdc_platform.capture.snapshot.progress import (
-    SnapshotProgress,
-    SnapshotResult,
-)
 from cdc_platform.capture.snapshot.protocol import (
     SnapshotRequest,
     chunk_dir,
     write_request,
+)
+from cdc_platform.capture.snapshot.reading.progress import (
+    SnapshotProgress,
+    SnapshotResult,
 )
 from cdc_platform_tests.capture.snapshot.test_reader import (
     EngineThread,

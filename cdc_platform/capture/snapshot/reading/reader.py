@@ -38,7 +38,6 @@ from cdc_platform.capture.keys import Key
 from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot import native
-from cdc_platform.capture.snapshot.actions import request_action
 from cdc_platform.capture.snapshot.chunks import (
     DEFAULT_CHUNK_MAX_BYTES,
     Chunk,
@@ -60,15 +59,6 @@ from cdc_platform.capture.snapshot.errors import (
     SnapshotError,
 )
 from cdc_platform.capture.snapshot.native import SQL_ERRORS
-from cdc_platform.capture.snapshot.progress import (
-    KeyRange,
-    ReaderState,
-    SnapshotProgress,
-    SnapshotResult,
-    WrittenChunk,
-    decode_range,
-    encode_range,
-)
 from cdc_platform.capture.snapshot.protocol import (
     DEFAULT_CHUNK_SIZE,
     NO_SESSION,
@@ -87,6 +77,16 @@ from cdc_platform.capture.snapshot.protocol import (
     read_session_state,
     write_chunk,
     write_request,
+)
+from cdc_platform.capture.snapshot.reading.actions import request_action
+from cdc_platform.capture.snapshot.reading.progress import (
+    KeyRange,
+    ReaderState,
+    SnapshotProgress,
+    SnapshotResult,
+    WrittenChunk,
+    decode_range,
+    encode_range,
 )
 from cdc_platform.capture.snapshot.watermark import (
     read_with_watermarks,
