@@ -2,8 +2,9 @@
 
 Read from the sources (no import needed): capture imports nothing of the layers above it
 (lake, defs, Dagster, Spark), the contract's modules import (almost) nothing of the project,
-module-level imports form no cycle, and no module outside the contract spells a changelog
-column name of its own.
+module-level imports form no cycle, the snapshot's reader side and engine side reach each
+other only through the modules both import, and no module outside the contract spells a
+changelog column name of its own.
 """
 
 from __future__ import annotations
@@ -134,6 +135,40 @@ def test_capture_floors_import_only_downwards() -> None:
             if other is not None and other > floor:
                 upward.append(f"{module} imports {imported}")
     assert unplaced == [] and upward == []
+
+
+# capture/snapshot/ runs in two processes that talk only through the landing zone: the reader
+# side (reading/, in the snapshot asset's run) and the engine side (in the stream_changes run).
+# What both import (protocol, chunks, commit_rule, conditions, ...) stays in snapshot/ itself.
+SNAPSHOT = "cdc_platform.capture.snapshot"
+SNAPSHOT_READER_SIDE = f"{SNAPSHOT}.reading"
+SNAPSHOT_ENGINE_SIDE = {f"{SNAPSHOT}.sessions"}
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_snapshot_reader_and_engine_sides_import_only_what_they_share() -> None:
+    """No capture module outside reading/ imports the reader side (the engine side, the
+    shared modules, the engine itself), and no module of snapshot/ but the engine side's
+    imports the engine side (the reader side, the shared modules): function bodies included."""
+    modules = _modules()
+    reader_side = {m for m in modules if _within(m, SNAPSHOT_READER_SIDE)}
+    assert f"{SNAPSHOT_READER_SIDE}.reader" in reader_side
+    assert SNAPSHOT_ENGINE_SIDE.issubset(modules)
+    crossing = []
+    for module, path in modules.items():
+        if not _within(module, "cdc_platform.capture"):
+            continue
+        for imported in _imports(module, path, top_level_only=False):
+            if _within(imported, SNAPSHOT_READER_SIDE) and module not in reader_side:
+                crossing.append(f"{module} imports the reader side's {imported}")
+            engine_side = any(_within(imported, m) for m in SNAPSHOT_ENGINE_SIDE)
+            if (engine_side and _within(module, SNAPSHOT)
+                    and not any(_within(module, m) for m in SNAPSHOT_ENGINE_SIDE)):
+                crossing.append(f"{module} imports the engine side's {imported}")
+    assert crossing == []
 
 
 def test_the_contract_modules_stand_on_their_own() -> None:
