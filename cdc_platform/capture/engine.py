@@ -330,6 +330,11 @@ class CaptureEngine:
                                   if checkpoint is not None else {})
         self._started = True
         schemas = self._tracker.schemas = self.landing.read_tables()
+        dropped = self._tracker.forget_uncaptured()
+        if dropped:
+            self.log.info(f"capture engine {opts.server_name}: {len(dropped)} recorded table(s) "
+                          f"no longer captured (capture.tables): {', '.join(dropped)}; captured "
+                          "again later, each is snapshotted (capture.snapshot_mode)")
         recorded = set(schemas)
         control = self._source.connection()
         source_sql.require_prerequisites(control, opts.flavour, opts.server_name)

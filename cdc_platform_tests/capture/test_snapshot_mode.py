@@ -123,6 +123,30 @@ def test_a_widened_filter_marks_the_tables_it_adds(cdc_env: CdcEnv) -> None:
     assert "history not loaded yet: initial snapshot" in (_staleness(env, "b") or "")
 
 
+def test_a_table_captured_again_after_a_narrowed_filter_is_marked(cdc_env: CdcEnv) -> None:
+    """Writes while a table was outside the filters never landed: captured again, it must be
+    snapshotted, though the engine recorded it once (the record follows the filters)."""
+    env = cdc_env
+    _table(env, "a", rows=2)
+    _table(env, "b", rows=3)
+    env.catch_up()
+    assert _open(env) == {}  # both seen created
+    assert f"{env.db}.b" in env.landing.read_tables()
+
+    env.overrides["capture"] = {"tables": {"include": [rf"{env.db}\.a"]}}
+    env.execute("UPDATE b SET name = 'changed while not captured' WHERE id = 1")
+    env.catch_up()
+    assert f"{env.db}.b" not in env.landing.read_tables()  # forgotten with the filter
+    assert _open(env) == {}
+
+    env.overrides["capture"] = {"tables": {"include": [rf"{env.db}\..*"]}}
+    env.catch_up()
+    markers = _open(env)
+    assert set(markers) == {"b"}
+    assert markers["b"].verb == "CAPTURED" and "newly captured" in markers["b"].reason
+    assert f"{env.db}.b" in env.landing.read_tables()
+
+
 def test_a_table_first_seen_by_its_row_events_is_marked(cdc_env: CdcEnv) -> None:
     env = cdc_env
     _table(env, "known", rows=2)

@@ -101,6 +101,18 @@ class SchemaTracker:
                 self.learn(database, table)
         return listed
 
+    def forget_uncaptured(self) -> list[str]:
+        """Drop the recorded schemas of tables the capture filters no longer name (written
+        with the next checkpoint); returns their ids. The record then says which tables the
+        changelog follows: one captured again later is "not in the record", and gets its
+        history snapshot, since the changes made while it was not captured never landed."""
+        dropped = sorted(t for t, s in self.schemas.items()
+                         if not self.selector.captures(s.database, s.table))
+        for table_id in dropped:
+            del self.schemas[table_id]
+        self._changed |= bool(dropped)
+        return dropped
+
     def forget_ids(self, table_id: str | None = None) -> None:
         """Forget the table ids of one table (its definition changed), or of all (a rotate,
         a gap in the binlog): the next table map of each is decoded afresh."""
