@@ -39,6 +39,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from cdc_platform.capture import names
 from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.gtid import parse_position
 from cdc_platform.capture.landing import retention
@@ -442,7 +443,13 @@ class Applier:
             if not state.known:
                 return  # a target not read yet: wait for its first pass
             consumed[schema.table_id] = state.consumed_pos
-        unread = [t for t in self.states if t not in keyed]
+        # No target reads a keyless table, nor one the capture filters no longer name (its
+        # target is not maintained; widened again, the table is snapshotted, as any table that
+        # becomes captured holding rows): its segments go once older than the retention.
+        selector = self.options.selector
+        unread = [t for t in self.states if t not in keyed] + [
+            names.table_id(database, table) for database, table in self._landing.changelog_tables()
+            if not selector.captures(database, table)]
         try:
             report = self._sweep_landing_zone(consumed, unread)
         except Exception as error:  # noqa: BLE001 - retention waits for the next sweep

@@ -252,3 +252,27 @@ def test_an_empty_target_waits_a_bounded_while_for_its_running_snapshot() -> Non
     assert first_load_waits(naive, False, soon, 30)
     assert not first_load_waits(dataclasses.replace(naive, started_at="garbage"), False,
                                 soon, 30)
+
+
+def test_segments_of_a_table_the_filters_no_longer_capture_are_swept(
+        cdc_env: CdcEnv, spark: Any) -> None:
+    """No target reads a table the filters dropped: its segments go by age, as a keyless
+    table's (the newest stays), instead of staying for ever."""
+    env = cdc_env
+    env.execute("CREATE TABLE kept (id INT PRIMARY KEY, v INT)",
+                "CREATE TABLE dropped (id INT PRIMARY KEY, v INT)")
+    for i in range(3):  # a run each: a segment each
+        env.execute(f"INSERT INTO kept VALUES ({i}, 0)", f"INSERT INTO dropped VALUES ({i}, 0)")
+        env.catch_up()
+    assert len(env.landing.segment_names(env.db, "dropped")) >= 3
+    env.overrides["capture"] = {"tables": {"include": [rf"{env.db}\.kept"]}}
+    env.catch_up()  # (the engine forgets the table's schema; its folder stays)
+    events: list[Any] = []
+    applier = Applier(spark, _options(env, retention_seconds=0.0), events.append,
+                      sweep_landing_zone=False)
+    applier.cycle()
+    applier._sweep(applier.tables())
+    [swept] = [e for e in events if isinstance(e, Swept)]
+    assert not swept.report.errors
+    assert len(env.landing.segment_names(env.db, "dropped")) == 1  # the newest stays
+    assert [r["id"] for r in env.target_rows(spark, "kept")] == [0, 1, 2]
