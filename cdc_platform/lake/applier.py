@@ -135,6 +135,16 @@ class Failed:
 
 
 @dataclass(frozen=True)
+class Waiting:
+    """An empty target holds its merge back for its table's running snapshot (once per
+    session): the UI says why the target has no rows yet."""
+
+    schema: TableSchema
+    session_id: str
+    seconds: float  # how long it waits at most from the session's start
+
+
+@dataclass(frozen=True)
 class Maintained:
     schema: TableSchema
     reason: str
@@ -170,6 +180,7 @@ class _TableState:
     merges_since_expiry: int = 0
     last_compaction: float = -1e9
     loaded: bool = False  # the target is known to hold rows
+    waited_for: str = ""  # the snapshot session it last said it waits for
 
 
 # A table passing compact_delete_ratio is compacted at most this often (by the file count, at
@@ -353,6 +364,9 @@ class Applier:
             log.debug("applier: reading %s failed", schema.table_id, exc_info=True)
             return False
         state.loaded = current is not None and current.rows > 0
+        if not state.loaded and session is not None and session.session_id != state.waited_for:
+            state.waited_for = session.session_id
+            self.emit(Waiting(schema, session.session_id, self.options.first_load_wait_seconds))
         return not state.loaded
 
     # -- housekeeping ---------------------------------------------------------------------

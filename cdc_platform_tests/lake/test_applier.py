@@ -25,6 +25,7 @@ from cdc_platform.lake.applier import (
     Maintained,
     Reconciled,
     Swept,
+    Waiting,
     compaction_reason,
     first_load_waits,
     same_position,
@@ -276,3 +277,28 @@ def test_segments_of_a_table_the_filters_no_longer_capture_are_swept(
     assert not swept.report.errors
     assert len(env.landing.segment_names(env.db, "dropped")) == 1  # the newest stays
     assert [r["id"] for r in env.target_rows(spark, "kept")] == [0, 1, 2]
+
+
+def test_an_empty_target_says_once_that_it_waits_for_its_snapshot(
+        cdc_env: CdcEnv, spark: Any) -> None:
+    """The wait is visible (an event the Dagster job turns into an observation of the
+    target), once per snapshot session, and nothing is merged meanwhile."""
+    from cdc_platform.capture.snapshot.protocol import SessionState, SnapshotSession
+
+    env = cdc_env
+    env.execute("CREATE TABLE t (id INT PRIMARY KEY, v INT)", "INSERT INTO t VALUES (1, 1)")
+    env.catch_up()
+    checkpoint = env.landing.read_checkpoint()
+    session = SnapshotSession(f"{env.db}.t", "s1", SessionState.OPEN, checkpoint.gtid,
+                              checkpoint.next_pos, checkpoint.gtid, ["id"])
+    env.landing.write_checkpoint(dataclasses.replace(checkpoint, extra={
+        **checkpoint.extra, "snapshots": {session.table_id: dataclasses.asdict(session)}}))
+    events: list[Any] = []
+    applier = Applier(spark, _options(env, first_load_wait_seconds=600.0), events.append,
+                      sweep_landing_zone=False)
+    applier.cycle()
+    applier.cycle()
+    [waiting] = [e for e in events if isinstance(e, Waiting)]
+    assert (waiting.schema.table, waiting.session_id, waiting.seconds) == ("t", "s1", 600.0)
+    assert not [e for e in events if isinstance(e, Applied)]
+    assert env.target(spark, "t").current() is None

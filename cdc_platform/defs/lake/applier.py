@@ -67,7 +67,14 @@ class LogLine:
 
 def _events_to_dagster(settings: Settings, event: Any) -> Iterable[Any]:
     """Dagster events (and ``LogLine``s) for one applier event."""
-    from cdc_platform.lake.applier import Applied, Failed, Maintained, Reconciled, Swept
+    from cdc_platform.lake.applier import (
+        Applied,
+        Failed,
+        Maintained,
+        Reconciled,
+        Swept,
+        Waiting,
+    )
 
     if isinstance(event, Applied):
         result, schema = event.result, event.schema
@@ -106,6 +113,14 @@ def _events_to_dagster(settings: Settings, event: Any) -> Iterable[Any]:
             passed=result.ok, metadata=metadata, description=description,
             severity=dg.AssetCheckSeverity.ERROR if event.conclusive
             else dg.AssetCheckSeverity.WARN)
+    elif isinstance(event, Waiting):
+        reason = (f"waits for snapshot session {event.session_id} (at most "
+                  f"{event.seconds:.0f} s from its start), so that the initial load is one "
+                  "append rather than an append and merges")
+        yield LogLine("info", f"{event.schema.table_id}: empty target {reason}")
+        yield dg.AssetObservation(asset_key=target_key(settings, event.schema),
+                                  metadata={"waiting_for_snapshot": event.session_id,
+                                            "waiting_reason": reason})
     elif isinstance(event, Swept):
         report = event.report
         yield LogLine("info", f"landing-zone retention: {report}")
