@@ -67,18 +67,19 @@ from cdc_platform.capture.events import (
     TableMap,
 )
 from cdc_platform.capture.flavours import flavour_of
-from cdc_platform.capture.gtid import Gtid, GtidSet, MysqlGtid, MysqlGtidSet
+from cdc_platform.capture.gtid import GtidSet, any_gtid
 from cdc_platform.capture.landing.lander import Lander
 from cdc_platform.capture.landing.segment_buffer import Landed
 from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.sessions import SnapshotCoordinator
 from cdc_platform.capture.source import (
-    SourceDisconnected,
     SourceSession,
     TableSelector,
+    is_purged_position,
     is_retriable,
     selector_from_settings,
+    server_message,
 )
 
 if TYPE_CHECKING:
@@ -107,29 +108,6 @@ CHECKPOINT_REFRESH_SECONDS = 10.0
 # 4-column records on this machine: 313 bytes each, estimated 311).
 _MEMORY_PER_RECORD = 120
 _MEMORY_PER_VALUE = 40
-
-
-def _is_purged_position(error: BaseException) -> bool:
-    """Error 1236: the requested GTID state is older than the oldest binlog file."""
-    cause = error.__cause__ if isinstance(error, SourceDisconnected) else error
-    args = getattr(cause, "args", ())
-    return bool(args) and args[0] == 1236
-
-
-def _a_gtid(position: GtidSet) -> Gtid | None:
-    """One GTID of a position (its first server's newest), to name it; None when empty."""
-    if isinstance(position, MysqlGtidSet):
-        for (uuid, tag), intervals in position.intervals().items():
-            return MysqlGtid(uuid, intervals[-1][1], tag)
-        return None
-    return next(iter(position), None)  # (MariaDB: one GTID per domain)
-
-
-def _server_message(error: BaseException) -> str:
-    """The server's words of an error (the cause of a lost stream), for the log."""
-    cause = error.__cause__ if isinstance(error, SourceDisconnected) else error
-    args = getattr(cause, "args", ())
-    return str(args[1]) if len(args) > 1 else str(cause)
 
 
 class EngineState(enum.Enum):
@@ -402,7 +380,7 @@ class CaptureEngine:
         current = self._flavour.parse_position(current_text)
         self.log.warning(
             f"source {opts.server_name}: the binlog no longer holds GTID position {old} (purged: "
-            f"{_server_message(error)}). capture.snapshot_mode is when_needed: capture goes on "
+            f"{server_message(error)}). capture.snapshot_mode is when_needed: capture goes on "
             f"from the source's current GTID position {current_text or '(empty)'}, and every "
             "captured table is snapshotted again; until each snapshot is applied, its target "
             f"misses the changes between {old} and {current_text or '(empty)'}")
@@ -413,7 +391,7 @@ class CaptureEngine:
             self._tracker.learn(database, table)
         self._history.purged(listed, self._tracker.schemas, opts.selector, old, current_text,
                              self._lander.next_pos)
-        named = _a_gtid(current)
+        named = any_gtid(current)
         if named is not None and self._snapshots.restart_all(
                 named, f"binlog purged: capture went on from {current_text}"):
             self._snapshots_dirty = True
@@ -467,14 +445,14 @@ class CaptureEngine:
                             # (a running snapshot reader still needs this engine's commits)
                             return
             except BaseException as error:
-                if _is_purged_position(error):
+                if is_purged_position(error):
                     if opts.snapshot_mode == "when_needed" and (
                             self._recovered_at != str(self._processed)) and not self._applying:
                         self._recover_purged(error)
                         continue
                     raise EngineError(
                         f"source {opts.server_name}: the binlog no longer holds GTID position "
-                        f"{str(self._processed) or '(start)'} (purged: {_server_message(error)})."
+                        f"{str(self._processed) or '(start)'} (purged: {server_message(error)})."
                         " The changelog cannot continue exactly: keep binlogs longer, and either "
                         "set capture.snapshot_mode: when_needed (the engine then goes on from the "
                         "source's current position and snapshots every captured table again), "

@@ -593,3 +593,12 @@ def parse_position(flavour: str, text: str) -> GtidSet:
 def parse_gtid(flavour: str, text: str) -> Gtid:
     """Parse one GTID as printed by a ``flavour`` server (e.g. from a binlog GTID event)."""
     return _flavour(flavour)[0].parse(text)
+
+
+def any_gtid(position: GtidSet) -> Gtid | None:
+    """One GTID of a position (its first server's newest), to name it; None when empty."""
+    if isinstance(position, MysqlGtidSet):
+        for (uuid, tag), intervals in position.intervals().items():
+            return MysqlGtid(uuid, intervals[-1][1], tag)
+        return None
+    return next(iter(position), None)  # (MariaDB: one GTID per domain)

@@ -57,6 +57,20 @@ def is_retriable(error: BaseException) -> bool:
     return False
 
 
+def is_purged_position(error: BaseException) -> bool:
+    """Error 1236: the requested GTID state is older than the oldest binlog file."""
+    cause = error.__cause__ if isinstance(error, SourceDisconnected) else error
+    args = getattr(cause, "args", ())
+    return bool(args) and args[0] == 1236
+
+
+def server_message(error: BaseException) -> str:
+    """The server's words of an error (the cause of a lost stream), for the log."""
+    cause = error.__cause__ if isinstance(error, SourceDisconnected) else error
+    args = getattr(cause, "args", ())
+    return str(args[1]) if len(args) > 1 else str(cause)
+
+
 class PrerequisiteError(RuntimeError):
     """The source is not configured for GTID row-based capture; the message says what to set."""
 

@@ -331,12 +331,13 @@ def test_when_needed_stops_if_the_source_position_is_purged_again(
     """The recovery goes on from the source's own position; if even that is refused, the
     engine stops instead of trying again and again."""
     from cdc_platform.capture import engine as engine_module
+    from cdc_platform.capture.source import SourceDisconnected
 
     env = cdc_env
     env.overrides["capture"] = {"snapshot_mode": "when_needed"}
     _table(env, "items", rows=3)
     engine = env.engine()
-    refused = engine_module.SourceDisconnected("purged")
+    refused = SourceDisconnected("purged")
     refused.__cause__ = Exception(1236, "Could not find GTID state requested by slave")
     calls = []
 
