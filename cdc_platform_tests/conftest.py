@@ -19,13 +19,9 @@ import pymysql
 import pytest
 import yaml
 
-from cdc_platform.capture.engine import (
-    CaptureEngine,
-    EngineOptions,
-    EngineStats,
-    selector_from_settings,
-)
+from cdc_platform.capture.engine import CaptureEngine, EngineOptions, EngineStats
 from cdc_platform.capture.landing.zone import LandingZone
+from cdc_platform.capture.source import selector_from_settings
 from cdc_platform.config import Settings, parse_settings
 from cdc_platform.devservices.kafka import TansuBroker
 from cdc_platform.devservices.mariadb import MariaDBServer

@@ -22,13 +22,11 @@ their checkpoint, a failure raised on the stream thread at the next flush or at 
 from __future__ import annotations
 
 import datetime as dt
-import enum
 import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
@@ -58,6 +56,7 @@ from cdc_platform.capture.changes.xa_state import (
 )
 from cdc_platform.capture.ddl.history import HistoryMarkers
 from cdc_platform.capture.ddl.tracking import DdlTracking
+from cdc_platform.capture.engine_options import EngineOptions, EngineState, EngineStats
 from cdc_platform.capture.events import (
     EngineError,
     Event,
@@ -75,15 +74,10 @@ from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.sessions import SnapshotCoordinator
 from cdc_platform.capture.source import (
     SourceSession,
-    TableSelector,
     is_purged_position,
     is_retriable,
-    selector_from_settings,
     server_message,
 )
-
-if TYPE_CHECKING:
-    from cdc_platform.config import Settings
 
 # While snapshot sessions are open, pending chunks are decided this often. Decisions are taken
 # between binlog events, so the source's heartbeat period is at most HEARTBEAT_MAX_SECONDS: on
@@ -108,82 +102,6 @@ CHECKPOINT_REFRESH_SECONDS = 10.0
 # 4-column records on this machine: 313 bytes each, estimated 311).
 _MEMORY_PER_RECORD = 120
 _MEMORY_PER_VALUE = 40
-
-
-class EngineState(enum.Enum):
-    CREATED = "created"
-    STARTING = "starting"
-    STREAMING = "streaming"
-    RECONNECTING = "reconnecting"
-    STOPPING = "stopping"
-    STOPPED = "stopped"
-    FAILED = "failed"
-
-
-@dataclass(frozen=True)
-class EngineOptions:
-    server_name: str
-    flavour: str
-    server_id: int
-    connection_settings: dict[str, Any]
-    selector: TableSelector = field(default_factory=TableSelector)
-    heartbeat_seconds: float = 5.0
-    flush_interval_seconds: float = 1.0
-    flush_max_rows: int = 50_000
-    initial_backoff_seconds: float = 0.5
-    max_backoff_seconds: float = 30.0
-    max_reconnect_attempts: int = 0
-    initial_position: str = "earliest"
-    transaction_memory_bytes: int = 64 * 1024 * 1024
-    # capture.snapshot_mode: initial | when_needed | never (docs/snapshots.md, "Automatic
-    # snapshots"): which tables get history markers, and whether a purged binlog is recovered.
-    snapshot_mode: str = "initial"
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> EngineOptions:
-        capture = settings.capture
-        return cls(
-            server_name=settings.source.server_name,
-            flavour=settings.source.flavour,
-            server_id=settings.source.server_id,
-            connection_settings=settings.source.connection_settings(),
-            selector=selector_from_settings(settings),
-            heartbeat_seconds=capture.heartbeat_interval_seconds,
-            flush_interval_seconds=capture.flush_interval_seconds,
-            flush_max_rows=capture.flush_max_rows,
-            initial_backoff_seconds=capture.reconnect.initial_backoff_seconds,
-            max_backoff_seconds=capture.reconnect.max_backoff_seconds,
-            max_reconnect_attempts=capture.reconnect.max_attempts,
-            initial_position=capture.initial_position,
-            transaction_memory_bytes=capture.transaction_memory_bytes,
-            snapshot_mode=capture.snapshot_mode,
-        )
-
-
-@dataclass
-class EngineStats:
-    """What the engine did in one ``run``; the Dagster op reports these as metadata."""
-
-    state: str = EngineState.CREATED.value
-    events: int = 0
-    transactions: int = 0
-    records: int = 0
-    records_by_table: dict[str, int] = field(default_factory=dict)
-    ddl_statements: int = 0
-    rolled_back: int = 0
-    reconnects: int = 0
-    flushes: int = 0
-    segments_written: int = 0
-    orphans_removed: int = 0
-    position: str = ""
-    next_pos: int = 1
-    lag_seconds: float | None = None
-    caught_up: bool = False
-    started_at: float = field(default_factory=time.time)
-
-    @property
-    def elapsed_seconds(self) -> float:
-        return time.time() - self.started_at
 
 
 class CaptureEngine:

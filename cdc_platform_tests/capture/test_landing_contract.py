@@ -105,7 +105,7 @@ CAPTURE_FLOORS = (
     {"snapshot"},
     {"ddl"},
     {"signals"},
-    {"engine"},
+    {"engine", "engine_options"},
     {"start_errors"},
 )
 

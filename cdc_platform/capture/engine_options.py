@@ -1,0 +1,90 @@
+"""What a caller gives the capture engine and reads back: its options (from the config), the
+states of its lifecycle, and the stats of a run (which the Dagster op reports as metadata)."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from cdc_platform.capture.source import TableSelector, selector_from_settings
+
+if TYPE_CHECKING:
+    from cdc_platform.config import Settings
+
+
+class EngineState(enum.Enum):
+    CREATED = "created"
+    STARTING = "starting"
+    STREAMING = "streaming"
+    RECONNECTING = "reconnecting"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    server_name: str
+    flavour: str
+    server_id: int
+    connection_settings: dict[str, Any]
+    selector: TableSelector = field(default_factory=TableSelector)
+    heartbeat_seconds: float = 5.0
+    flush_interval_seconds: float = 1.0
+    flush_max_rows: int = 50_000
+    initial_backoff_seconds: float = 0.5
+    max_backoff_seconds: float = 30.0
+    max_reconnect_attempts: int = 0
+    initial_position: str = "earliest"
+    transaction_memory_bytes: int = 64 * 1024 * 1024
+    # capture.snapshot_mode: initial | when_needed | never (docs/snapshots.md, "Automatic
+    # snapshots"): which tables get history markers, and whether a purged binlog is recovered.
+    snapshot_mode: str = "initial"
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> EngineOptions:
+        capture = settings.capture
+        return cls(
+            server_name=settings.source.server_name,
+            flavour=settings.source.flavour,
+            server_id=settings.source.server_id,
+            connection_settings=settings.source.connection_settings(),
+            selector=selector_from_settings(settings),
+            heartbeat_seconds=capture.heartbeat_interval_seconds,
+            flush_interval_seconds=capture.flush_interval_seconds,
+            flush_max_rows=capture.flush_max_rows,
+            initial_backoff_seconds=capture.reconnect.initial_backoff_seconds,
+            max_backoff_seconds=capture.reconnect.max_backoff_seconds,
+            max_reconnect_attempts=capture.reconnect.max_attempts,
+            initial_position=capture.initial_position,
+            transaction_memory_bytes=capture.transaction_memory_bytes,
+            snapshot_mode=capture.snapshot_mode,
+        )
+
+
+@dataclass
+class EngineStats:
+    """What the engine did in one ``run``; the Dagster op reports these as metadata."""
+
+    state: str = EngineState.CREATED.value
+    events: int = 0
+    transactions: int = 0
+    records: int = 0
+    records_by_table: dict[str, int] = field(default_factory=dict)
+    ddl_statements: int = 0
+    rolled_back: int = 0
+    reconnects: int = 0
+    flushes: int = 0
+    segments_written: int = 0
+    orphans_removed: int = 0
+    position: str = ""
+    next_pos: int = 1
+    lag_seconds: float | None = None
+    caught_up: bool = False
+    started_at: float = field(default_factory=time.time)
+
+    @property
+    def elapsed_seconds(self) -> float:
+        return time.time() - self.started_at
