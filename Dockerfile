@@ -21,7 +21,7 @@ ENV PYTHONUNBUFFERED=1 \
     DBT_SEND_ANONYMOUS_USAGE_STATS=false
 
 WORKDIR /opt/cdc_platform
-# (setup.py builds the native rows decoder, capture/_rowcodec.c, and the chunk reader,
+# (setup.py builds the native rows decoder, capture/binlog/_rowcodec.c, and the chunk reader,
 # capture/snapshot/_rawrows.c, against libmariadb-dev, with gcc and the image's Python headers;
 # the build fails unless both import)
 COPY pyproject.toml setup.py README.md ./
@@ -38,7 +38,7 @@ RUN apt-get update \
 # config's spark.conf.
 ARG ICEBERG_JAR_SHA256=c562d482dcd16b666e808b755469fbc4b2604284b41622c9d87e2c02b7cc6c5f
 RUN pip install ".[k8s]" \
-    && python -c "import cdc_platform.capture._rowcodec, cdc_platform.capture.snapshot._rawrows" \
+    && python -c "import cdc_platform.capture.binlog._rowcodec, cdc_platform.capture.snapshot._rawrows" \
     && jar="$(python -c 'from cdc_platform.lake.iceberg import iceberg_jar; print(iceberg_jar())')" \
     && echo "${ICEBERG_JAR_SHA256}  ${jar}" | sha256sum --check --strict
 

@@ -1,5 +1,5 @@
 /* The growable buffer both native readers fill with Arrow's layouts (issue 22): the rows decoder
- * (capture/_rowcodec.c, binlog row images -> landing-type columns) and the chunk reader
+ * (capture/binlog/_rowcodec.c, binlog row images -> landing-type columns) and the chunk reader
  * (capture/snapshot/_rawrows.c, SELECT results -> binary columns). One implementation, so
  * that growth, the validity bits and the int32 offsets are written (and hardened) once.
  *

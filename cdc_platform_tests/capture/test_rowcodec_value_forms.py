@@ -1,4 +1,4 @@
-"""The two directions of one value form in the native rows decoder (capture/_rowcodec.c):
+"""The two directions of one value form in the native rows decoder (capture/binlog/_rowcodec.c):
 ``read_value`` (a column's bytes -> the Python value the library gives, ``decode``) and
 ``put_value`` (the same bytes -> the landing value in an Arrow buffer, ``decode_columns`` with a
 target). They must refuse exactly the same bytes, or an event would take the native path one

@@ -210,6 +210,14 @@ def test_dockerfile_builds_the_user_code_image_from_what_the_repo_has():
     assert Path(project_dir) == workdir / "dbt_project"
     prepare = re.search(r"python -m (\S+) prepare", dockerfile).group(1)
     assert prepare == dbt_project.__name__
+    # The build's checks import modules of the package: each must exist (a moved module left
+    # the check naming its old place once, which only an image build would have shown).
+    checked = [m for code in re.findall(r'python -c "([^"]+)"', dockerfile)
+               for statement in code.split(";") if statement.strip().startswith("import ")
+               for m in statement.strip()[len("import "):].split(",")]
+    assert checked
+    for module in checked:
+        importlib.import_module(module.strip())
 
 
 def test_the_image_build_step_prepares_the_dbt_manifest(tmp_path):

@@ -1121,7 +1121,7 @@ static PyMethodDef Decoder_methods[] = {
 
 static PyTypeObject DecoderType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "cdc_platform.capture._rowcodec.Decoder",
+    .tp_name = "cdc_platform.capture.binlog._rowcodec.Decoder",
     .tp_basicsize = sizeof(Decoder),
     .tp_dealloc = (destructor)Decoder_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -1193,7 +1193,7 @@ PyMODINIT_FUNC PyInit__rowcodec(void) {
     if (PyType_Ready(&DecoderType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
-    Unsupported = PyErr_NewException("cdc_platform.capture._rowcodec.Unsupported", NULL, NULL);
+    Unsupported = PyErr_NewException("cdc_platform.capture.binlog._rowcodec.Unsupported", NULL, NULL);
     if (Unsupported == NULL) return NULL;
     Py_INCREF(Unsupported);
     PyModule_AddObject(m, "Unsupported", Unsupported);

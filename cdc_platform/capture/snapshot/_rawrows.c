@@ -23,7 +23,7 @@
  * overflow; buffer growth cannot wrap around (capture/_arrowbuf.h: the buffers, shared with the
  * rows decoder).
  *
- * Return conventions (as in capture/_rowcodec.c and capture/_arrowbuf.h): a function returning
+ * Return conventions (as in capture/binlog/_rowcodec.c and capture/_arrowbuf.h): a function returning
  * PyObject * gives a new reference, or NULL with a Python exception set; an int function gives
  * 1 on success and 0 on failure. Code that runs with the GIL released cannot set an exception:
  * there the read loop's functions return a READ_* status (READ_OK, or the failure read_result
