@@ -13,11 +13,10 @@ import tempfile
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 
-from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.names import table_id
 from cdc_platform.capture.schema import TableSchema
-from cdc_platform.capture.source import selector_from_settings
+from cdc_platform.capture.source import SourceSession, selector_from_settings
 from cdc_platform.config import Settings, settings
 from cdc_platform.defs.dbt import definitions as dbt_defs
 from cdc_platform.defs.lake import applier as lake_applier
@@ -38,16 +37,19 @@ def discover_tables(config: Settings) -> list[TableSchema]:
     server = config.source.server_name
     tables = LandingZone(config.landing_zone.url, server).read_tables()
     selector = selector_from_settings(config)
+    source = SourceSession(dict(config.source.connection_settings(), connect_timeout=3),
+                           selector, attempts=1)
     try:
-        connection = dict(config.source.connection_settings(), connect_timeout=3)
-        with source_sql.source_connection(connection) as conn:
-            for database, table in source_sql.list_tables(conn, selector):
-                if table_id(database, table) not in tables:
-                    schema = source_sql.read_table_schema(conn, database, table)
-                    tables[schema.table_id] = selector.shape(schema)
+        for database, table in source.list_tables():
+            if table_id(database, table) not in tables:
+                schema = source.read_schema(database, table)
+                if schema is not None:
+                    tables[schema.table_id] = schema
     except Exception as error:  # noqa: BLE001 - an unreachable source must not break loading
         log.warning(f"source {server!r} unreachable while loading definitions ({error}); "
                     f"target assets come from the landing zone only ({len(tables)} tables)")
+    finally:
+        source.close()
     return [tables[k] for k in sorted(tables) if selector.captures(tables[k].database,
                                                                    tables[k].table)]
 

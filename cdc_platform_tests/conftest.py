@@ -164,15 +164,15 @@ class CdcEnv:
         return Lake.from_settings(spark, self.settings).table(self.server_name, self.db, table)
 
     def reconcile(self, spark: Any, table: str) -> Any:
-        from cdc_platform.capture import source as source_sql
+        from cdc_platform.capture.source import SourceSession
         from cdc_platform.lake.reconcile import reconcile_table
 
         s = self.settings
         connection = s.source.connection_settings()
-        with source_sql.source_connection(connection) as conn:
-            schema = source_sql.read_table_schema(conn, self.db, table)
-        selector = selector_from_settings(s)
-        schema = selector.shape(schema)
+        source = SourceSession(connection, selector_from_settings(s))
+        schema = source.read_schema(self.db, table)
+        source.close()
+        assert schema is not None, f"{self.db}.{table} is not on the source"
         return reconcile_table(spark, self.target(spark, table).read(), connection, schema,
                                range_rows=500)
 

@@ -50,7 +50,7 @@ from cdc_platform.capture.snapshot.protocol import (
     SnapshotSession,
     read_session_state,
 )
-from cdc_platform.capture.source import TableSelector
+from cdc_platform.capture.source import SourceSession, TableSelector
 from cdc_platform.lake.changelog import read_checkpoint
 from cdc_platform.lake.iceberg.lake import Lake
 from cdc_platform.lake.iceberg.table import LakeTable
@@ -477,10 +477,15 @@ def reconcile_target(spark: SparkSession, target: LakeTable, connection: Mapping
                      sample_keys: int) -> tuple[ReconcileResult, str | None]:
     """Compare a target's current snapshot with its source table (shaped by the capture
     filters as the stream shapes it). Returns the result and the target's consumed GTID.
-    Raises LookupError when the target has no snapshot yet."""
-    with source_sql.source_connection(dict(connection)) as conn:
-        current = source_sql.read_table_schema(conn, schema.database, schema.table)
-    current = selector.shape(current)
+    Raises LookupError when the target has no snapshot yet, or the source no such table."""
+    source = SourceSession(dict(connection), selector)
+    try:
+        current = source.read_schema(schema.database, schema.table)
+    finally:
+        source.close()
+    if current is None:
+        raise LookupError(f"table {schema.table_id} does not exist on the source: nothing to "
+                          f"compare {target.identifier} with")
     snapshot, marked = target.base_and_mark()
     if snapshot is None:
         raise LookupError(f"{target.identifier} has no snapshot yet: materialise it first")

@@ -3,6 +3,8 @@ engine's schema tracker, against a real server."""
 
 from __future__ import annotations
 
+import socket
+
 import pymysql
 import pytest
 
@@ -72,3 +74,19 @@ def test_the_tracker_learns_shaped_schemas_and_says_what_changed(cdc_env: CdcEnv
     assert tracker.take_changed() is not None
     assert tracker.learn(cdc_env.db, "gone") is None
     tracker.source.close()
+
+
+def test_a_code_location_loads_its_recorded_tables_when_the_source_is_unreachable(
+        cdc_env: CdcEnv) -> None:
+    from cdc_platform.definitions import discover_tables
+
+    env = cdc_env
+    env.execute("CREATE TABLE recorded (id INT PRIMARY KEY)")
+    env.catch_up()
+    env.execute("CREATE TABLE later (id INT PRIMARY KEY)")
+    assert [s.table for s in discover_tables(env.settings)] == ["later", "recorded"]
+    with socket.socket() as unused:  # a port nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    env.overrides["source"] = {"port": port}
+    assert [s.table for s in discover_tables(env.settings)] == ["recorded"]
