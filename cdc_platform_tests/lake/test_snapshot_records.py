@@ -361,6 +361,31 @@ def test_a_batch_without_instructions_runs_no_extra_spark_job(spark, tmp_path):
     assert plain == rows < asserted
 
 
+def test_an_initial_append_of_distinct_keys_shuffles_nothing(spark, tmp_path):
+    """Snapshot rows of distinct keys skip the fold, and their append skips the REBALANCE
+    too: the INSERT's plan has no exchange. A batch that folds (a key twice) shuffles, and
+    its append is rebalanced."""
+    store = spark._jsparkSession.sharedState().statusStore()  # (the SQL tab's executions)
+
+    def insert_plan(name: str, changes: list) -> str:
+        landing = Landing(tmp_path / name / "landing")
+        landing.segment(S, changes, snapshot=True)
+        seen = store.executionsCount()
+        result = run(spark, landing, str(tmp_path / name / "warehouse"))
+        assert result.appended
+        executions = store.executionsList(int(seen), 1_000_000)
+        plans = [executions.apply(i).physicalPlanDescription()
+                 for i in range(executions.size())]
+        # (the last: creating the table writes its first, empty, snapshot before)
+        appends = [p for p in plans if "AppendData" in p]
+        assert appends, plans
+        return appends[-1]
+
+    assert "Exchange" not in insert_plan("distinct", [("r", row(i, i)) for i in range(50)])
+    folded = insert_plan("folded", [("r", row(1, 1)), ("u", row(1, 2)), ("r", row(2, 2))])
+    assert "RebalancePartitions" in folded or "REBALANCE" in folded.upper(), folded
+
+
 # ---- random histories through the real commit rule -------------------------------------------
 
 E = schema("events", ColumnSpec("a", "int"), ColumnSpec("ts", "datetime", scale=6),
