@@ -370,12 +370,16 @@ def test_an_initial_append_of_distinct_keys_shuffles_nothing(spark, tmp_path):
     def insert_plan(name: str, changes: list) -> str:
         landing = Landing(tmp_path / name / "landing")
         landing.segment(S, changes, snapshot=True)
-        seen = store.executionsCount()
+        def executions() -> list:
+            found = store.executionsList()  # (the newest retained: spark.sql.ui.retained...)
+            return [found.apply(i) for i in range(found.size())]
+
+        before = max((e.executionId() for e in executions()), default=-1)
         result = run(spark, landing, str(tmp_path / name / "warehouse"))
         assert result.appended
-        executions = store.executionsList(int(seen), 1_000_000)
-        plans = [executions.apply(i).physicalPlanDescription()
-                 for i in range(executions.size())]
+        plans = [e.physicalPlanDescription() for e in
+                 sorted(executions(), key=lambda e: e.executionId())
+                 if e.executionId() > before]
         # (the last: creating the table writes its first, empty, snapshot before)
         appends = [p for p in plans if "AppendData" in p]
         assert appends, plans

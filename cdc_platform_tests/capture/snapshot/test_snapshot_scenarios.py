@@ -435,6 +435,9 @@ def _snapshot_items_swapped_by(env: CdcEnv, spark: Any, swap: Callable[[], objec
             swapped.set()
             swap()
 
+    # The engine first passes the tables' CREATE TABLEs: a session it opened before one of
+    # them would end for a restart at it (a wasted round trip, not the swap's restart).
+    env.catch_up()
     with streaming(env), deadline(120) as stop:
         result = snapshot_reader(env, "items", chunk_size=20, max_pending=2).run(
             stop, on_progress)
