@@ -37,19 +37,17 @@ def discover_tables(config: Settings) -> list[TableSchema]:
     server = config.source.server_name
     tables = LandingZone(config.landing_zone.url, server).read_tables()
     selector = selector_from_settings(config)
-    source = SourceSession(dict(config.source.connection_settings(), connect_timeout=3),
-                           selector, attempts=1)
     try:
-        for database, table in source.list_tables():
-            if table_id(database, table) not in tables:
-                schema = source.read_schema(database, table)
-                if schema is not None:
-                    tables[schema.table_id] = schema
+        with SourceSession(dict(config.source.connection_settings(), connect_timeout=3),
+                           selector, attempts=1) as source:
+            for database, table in source.list_tables():
+                if table_id(database, table) not in tables:
+                    schema = source.read_schema(database, table)
+                    if schema is not None:
+                        tables[schema.table_id] = schema
     except Exception as error:  # noqa: BLE001 - an unreachable source must not break loading
         log.warning(f"source {server!r} unreachable while loading definitions ({error}); "
                     f"target assets come from the landing zone only ({len(tables)} tables)")
-    finally:
-        source.close()
     return [tables[k] for k in sorted(tables) if selector.captures(tables[k].database,
                                                                    tables[k].table)]
 

@@ -169,9 +169,8 @@ class CdcEnv:
 
         s = self.settings
         connection = s.source.connection_settings()
-        source = SourceSession(connection, selector_from_settings(s))
-        schema = source.read_schema(self.db, table)
-        source.close()
+        with SourceSession(connection, selector_from_settings(s)) as source:
+            schema = source.read_schema(self.db, table)
         assert schema is not None, f"{self.db}.{table} is not on the source"
         return reconcile_table(spark, self.target(spark, table).read(), connection, schema,
                                range_rows=500)

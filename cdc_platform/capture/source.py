@@ -258,12 +258,23 @@ class SourceSession:
         """The captured base tables the source has, sorted."""
         return self.run(lambda conn: list_tables(conn, self.selector))
 
+    def __enter__(self) -> SourceSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         """Close the session (a broken one too); the next use opens a new one."""
         if self._conn is not None:
             conn, self._conn = self._conn, None
             with contextlib.suppress(Exception):  # (broken, perhaps)
                 conn.close()
+
+
+def missing_table(table_id: str) -> str:
+    """How every reader of the source says that a table is not there."""
+    return f"table {table_id} does not exist on the source"
 
 
 def quote_identifier(name: str) -> str:
@@ -311,8 +322,7 @@ def read_table_schema(conn: pymysql.Connection, database: str, table: str) -> Ta
         )
         columns = tuple(column_from_information_schema(r) for r in cur.fetchall())
         if not columns:
-            raise LookupError(f"table {names.table_id(database, table)} does not exist on the "
-                              "source")
+            raise LookupError(missing_table(names.table_id(database, table)))
         cur.execute(
             "SELECT COLUMN_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = %s "
             "AND TABLE_NAME = %s AND INDEX_NAME = 'PRIMARY' ORDER BY SEQ_IN_INDEX",

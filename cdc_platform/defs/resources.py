@@ -20,11 +20,8 @@ def source_resource(settings: Settings) -> dg.ResourceDefinition:
     @dg.resource(description=f"Read-only session on the source {settings.source.server_name!r} "
                  "(opened on first use, closed with the run)")
     def source(_context: dg.InitResourceContext) -> Iterator[SourceSession]:
-        session = SourceSession(settings.source.connection_settings(),
-                                selector_from_settings(settings))
-        try:
+        with SourceSession(settings.source.connection_settings(),
+                           selector_from_settings(settings)) as session:
             yield session
-        finally:
-            session.close()
 
     return source

@@ -50,7 +50,7 @@ from cdc_platform.capture.snapshot.protocol import (
     SnapshotSession,
     read_session_state,
 )
-from cdc_platform.capture.source import SourceSession, TableSelector
+from cdc_platform.capture.source import SourceSession, TableSelector, missing_table
 from cdc_platform.lake.changelog import read_checkpoint
 from cdc_platform.lake.iceberg.lake import Lake
 from cdc_platform.lake.iceberg.table import LakeTable
@@ -478,14 +478,11 @@ def reconcile_target(spark: SparkSession, target: LakeTable, connection: Mapping
     """Compare a target's current snapshot with its source table (shaped by the capture
     filters as the stream shapes it). Returns the result and the target's consumed GTID.
     Raises LookupError when the target has no snapshot yet, or the source no such table."""
-    source = SourceSession(dict(connection), selector)
-    try:
+    with SourceSession(dict(connection), selector) as source:
         current = source.read_schema(schema.database, schema.table)
-    finally:
-        source.close()
     if current is None:
-        raise LookupError(f"table {schema.table_id} does not exist on the source: nothing to "
-                          f"compare {target.identifier} with")
+        raise LookupError(f"{missing_table(schema.table_id)}: nothing to compare "
+                          f"{target.identifier} with")
     snapshot, marked = target.base_and_mark()
     if snapshot is None:
         raise LookupError(f"{target.identifier} has no snapshot yet: materialise it first")

@@ -28,6 +28,7 @@ from cdc_platform.capture.source import (
     SourceSession,
     TableSelector,
     is_retriable,
+    missing_table,
     quote_identifier,
 )
 
@@ -67,8 +68,7 @@ class SourceChecks:
         if table_id not in self._schemas:
             database, table = names.split_table_id(table_id)
             schema = self._source.read_schema(database, table)
-            self._schemas[table_id] = schema if schema is not None else (
-                f"table {table_id} does not exist on the source")
+            self._schemas[table_id] = schema if schema is not None else missing_table(table_id)
         return self._schemas[table_id]
 
     def _condition_problem(self, schema: TableSchema, condition: Condition) -> str | None:

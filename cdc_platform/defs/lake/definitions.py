@@ -8,7 +8,7 @@ from cdc_platform.capture.ddl import stale_markers
 from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.names import joined_name, valid_name
 from cdc_platform.capture.schema import TableSchema
-from cdc_platform.capture.source import SourceSession
+from cdc_platform.capture.source import SourceSession, missing_table
 from cdc_platform.config import Settings
 from cdc_platform.defs.names import single_asset, single_asset_check
 from cdc_platform.defs.snapshots.definitions import snapshot_key
@@ -140,8 +140,8 @@ def _reconcile_check(settings: Settings, schema: TableSchema) -> dg.AssetChecksD
         if current is None:
             return dg.AssetCheckResult(
                 passed=False, severity=dg.AssetCheckSeverity.ERROR,
-                description=f"table {schema.table_id} does not exist on the source: nothing to "
-                            "compare its target with")
+                description=f"{missing_table(schema.table_id)}: nothing to compare its "
+                            "target with")
         target = Lake.from_settings(spark, settings).table(server, schema.database, schema.table)
         snapshot, marked = target.base_and_mark()
         if snapshot is None:

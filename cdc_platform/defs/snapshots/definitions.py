@@ -32,7 +32,7 @@ from cdc_platform.capture.snapshot.reading.reader import (
     SnapshotReader,
     new_session_id,
 )
-from cdc_platform.capture.source import SourceSession, selector_from_settings
+from cdc_platform.capture.source import SourceSession, missing_table, selector_from_settings
 from cdc_platform.capture.start_errors import check_source
 from cdc_platform.config import Settings
 from cdc_platform.defs.failures import start_errors_fail_the_run
@@ -118,8 +118,7 @@ def _current_schema(settings: Settings, source: SourceSession, schema: TableSche
     current = source.read_schema(schema.database, schema.table)
     if current is None:
         raise dg.Failure(description=f"snapshot of {schema.table_id} on "
-                         f"{settings.source.server_name!r}: table {schema.table_id} does not "
-                         "exist on the source")
+                         f"{settings.source.server_name!r}: {missing_table(schema.table_id)}")
     return current
 
 
