@@ -247,7 +247,7 @@ def read_columns(conn: Any, sql: str, params: Sequence[Any], variable: Sequence[
                  fixed: int, max_bytes: int = -1, take_one: bool = False) -> ColumnarRead:
     """Run a SELECT on a mysqlclient connection and read its result column-wise in C
     (``_rawrows``), up to the row that would pass ``max_bytes`` (the first row always, with
-    ``take_one``; no budget when negative), counted as ``chunks._within_budget`` counts: the
+    ``take_one``; no budget when negative), counted as ``keyset._within_budget`` counts: the
     lengths of the ``variable`` columns' values, ``fixed`` per row for the rest.
 
     Each column arrives as Arrow binary buffers (validity or None, int32 offsets, data), filled

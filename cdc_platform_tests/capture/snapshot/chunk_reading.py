@@ -7,15 +7,8 @@ from typing import Any
 
 import pymysql
 
-from cdc_platform.capture.snapshot.chunks import (
-    DEFAULT_CHUNK_MAX_BYTES,
-    Chunk,
-    ChunkedTable,
-    Key,
-    read_chunk,
-    read_max_key,
-    with_row_bound,
-)
+from cdc_platform.capture.snapshot.chunks import DEFAULT_CHUNK_MAX_BYTES, Chunk, ChunkedTable, Key
+from cdc_platform.capture.snapshot.reading.keyset import read_chunk, read_max_key, with_row_bound
 
 
 def read_table_in_chunks(

@@ -18,17 +18,19 @@ from cdc_platform.capture.snapshot.chunks import (
     Chunk,
     ChunkedTable,
     ChunkKey,
-    ChunkKeyError,
     SkippedTable,
     chunk_key_for,
     range_ordered,
+    schema_fingerprint,
+)
+from cdc_platform.capture.snapshot.conditions import Condition, UnsafeConditionError
+from cdc_platform.capture.snapshot.reading.keyset import (
+    ChunkKeyError,
     read_chunk,
     read_max_key,
     read_nullable_columns,
-    schema_fingerprint,
     with_row_bound,
 )
-from cdc_platform.capture.snapshot.conditions import Condition, UnsafeConditionError
 from cdc_platform.capture.source import connect, read_table_schema
 from cdc_platform_tests.capture.snapshot.chunk_reading import read_table_in_chunks
 

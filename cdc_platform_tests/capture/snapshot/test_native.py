@@ -19,17 +19,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cdc_platform.capture.snapshot import native
-from cdc_platform.capture.snapshot.chunks import (
-    Chunk,
-    ChunkedTable,
-    ChunkKey,
-    chunk_key_for,
+from cdc_platform.capture.snapshot.chunks import Chunk, ChunkedTable, ChunkKey, chunk_key_for
+from cdc_platform.capture.snapshot.protocol import chunk_arrow_table
+from cdc_platform.capture.snapshot.reading.keyset import (
     read_chunk,
     read_max_key,
     read_nullable_columns,
     with_row_bound,
 )
-from cdc_platform.capture.snapshot.protocol import chunk_arrow_table
 from cdc_platform.capture.source import connect, is_retriable, read_table_schema
 from cdc_platform.capture.start_errors import describe_start_error
 from cdc_platform_tests.capture.snapshot.chunk_reading import read_table_in_chunks

@@ -7,7 +7,7 @@
 * Any argument refused, the result is read off the wire first: the connection runs the next
   query.
 * Byte counts near 2**63 decide the budget exactly (they overflowed a long long before).
-* The budget rule is the Python path's (``chunks._within_budget`` over the same raw rows), for
+* The budget rule is the Python path's (``keyset._within_budget`` over the same raw rows), for
   any columns counted by length, budget and ``take_one`` (hypothesis).
 """
 
@@ -21,7 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdc_platform.capture.snapshot import chunks, native
+from cdc_platform.capture.snapshot import native
+from cdc_platform.capture.snapshot.reading import keyset
 
 pytestmark = pytest.mark.skipif(not native._columnar_available(),  # noqa: SLF001
                                 reason="_rawrows not built, or linked with another libmariadb")
@@ -84,12 +85,12 @@ def test_byte_counts_near_the_largest_long_long_decide_the_budget_exactly(conn: 
 
 def _python_path(rows: list[tuple[Any, ...]], variable: list[int], max_bytes: int,
                  take_one: bool, batch: int) -> tuple[list[tuple[Any, ...]], int, bool]:
-    """What the rows path (``chunks._within_budget``) reads of ``rows``, fetched ``batch`` at
+    """What the rows path (``keyset._within_budget``) reads of ``rows``, fetched ``batch`` at
     a time, for a table whose ``variable`` columns are counted by length."""
     table = SimpleNamespace(variable_indexes=tuple(variable),
                             schema=SimpleNamespace(columns=[None] * _COLUMNS))
     batches = iter([rows[i:i + batch] for i in range(0, len(rows), batch)])
-    return chunks._within_budget(lambda: next(batches, []), table,  # noqa: SLF001
+    return keyset._within_budget(lambda: next(batches, []), table,  # noqa: SLF001
                                  max_bytes, take_one)
 
 
@@ -99,7 +100,7 @@ def _python_path(rows: list[tuple[Any, ...]], variable: list[int], max_bytes: in
        max_bytes=st.integers(0, 70), take_one=st.booleans(), batch=st.integers(1, 6))
 def test_the_budget_is_the_python_paths(conn: Any, variable: list[int], max_bytes: int,
                                         take_one: bool, batch: int) -> None:
-    fixed = chunks._FIXED_VALUE_BYTES * (_COLUMNS - len(variable))  # noqa: SLF001
+    fixed = keyset._FIXED_VALUE_BYTES * (_COLUMNS - len(variable))  # noqa: SLF001
     read = native.read_columns(conn, SELECT, (), variable, fixed, max_bytes, take_one)
     rows, size, cut = _python_path(native.select_raw(conn, SELECT, ()).rows, variable,
                                    max_bytes, take_one, batch)

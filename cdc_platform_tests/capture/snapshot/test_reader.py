@@ -28,13 +28,7 @@ from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.snapshot import protocol
-from cdc_platform.capture.snapshot.chunks import (
-    Chunk,
-    ChunkedTable,
-    ChunkKey,
-    ChunkKeyError,
-    schema_fingerprint,
-)
+from cdc_platform.capture.snapshot.chunks import Chunk, ChunkedTable, ChunkKey, schema_fingerprint
 from cdc_platform.capture.snapshot.conditions import Condition, UnsafeConditionError
 from cdc_platform.capture.snapshot.errors import (
     NoEngineError,
@@ -60,6 +54,7 @@ from cdc_platform.capture.snapshot.reading.actions import (
     signal_action,
     stop,
 )
+from cdc_platform.capture.snapshot.reading.keyset import ChunkKeyError
 from cdc_platform.capture.snapshot.reading.progress import (
     SnapshotProgress,
     SnapshotResult,

@@ -45,12 +45,7 @@ from cdc_platform.capture.snapshot.chunks import (
     ChunkKey,
     SkippedTable,
     chunk_key_for,
-    landing_key,
-    read_chunk,
-    read_max_key,
-    read_nullable_columns,
     schema_fingerprint,
-    with_row_bound,
 )
 from cdc_platform.capture.snapshot.conditions import Condition, UnsafeConditionError
 from cdc_platform.capture.snapshot.errors import (
@@ -79,6 +74,13 @@ from cdc_platform.capture.snapshot.protocol import (
     write_request,
 )
 from cdc_platform.capture.snapshot.reading.actions import request_action
+from cdc_platform.capture.snapshot.reading.keyset import (
+    landing_key,
+    read_chunk,
+    read_max_key,
+    read_nullable_columns,
+    with_row_bound,
+)
 from cdc_platform.capture.snapshot.reading.progress import (
     KeyRange,
     ReaderState,
