@@ -139,10 +139,14 @@ def test_capture_floors_import_only_downwards() -> None:
 
 # capture/snapshot/ runs in two processes that talk only through the landing zone: the reader
 # side (reading/, in the snapshot asset's run) and the engine side (in the stream_changes run).
-# What both import (protocol, chunks, commit_rule, conditions, ...) stays in snapshot/ itself.
+# What both import (protocol, chunks, commit_rule, conditions, ...) stays in snapshot/ itself,
+# and so do watermark and native, which the lake's reconcile reads the source with too.
 SNAPSHOT = "cdc_platform.capture.snapshot"
 SNAPSHOT_READER_SIDE = f"{SNAPSHOT}.reading"
 SNAPSHOT_ENGINE_SIDE = {f"{SNAPSHOT}.sessions"}
+# The chunk words both sides share run no SQL: reading a chunk is the reader side's (keyset).
+SNAPSHOT_CHUNK_WORDS = f"{SNAPSHOT}.chunks"
+SERVER_READS = ("pymysql", "MySQLdb", f"{SNAPSHOT}.native", f"{SNAPSHOT}.watermark")
 
 
 def _within(module: str, package: str) -> bool:
@@ -155,7 +159,7 @@ def test_snapshot_reader_and_engine_sides_import_only_what_they_share() -> None:
     imports the engine side (the reader side, the shared modules): function bodies included."""
     modules = _modules()
     reader_side = {m for m in modules if _within(m, SNAPSHOT_READER_SIDE)}
-    assert f"{SNAPSHOT_READER_SIDE}.reader" in reader_side
+    assert {f"{SNAPSHOT_READER_SIDE}.reader", f"{SNAPSHOT_READER_SIDE}.keyset"} <= reader_side
     assert SNAPSHOT_ENGINE_SIDE.issubset(modules)
     crossing = []
     for module, path in modules.items():
@@ -169,6 +173,16 @@ def test_snapshot_reader_and_engine_sides_import_only_what_they_share() -> None:
                     and not any(_within(module, m) for m in SNAPSHOT_ENGINE_SIDE)):
                 crossing.append(f"{module} imports the engine side's {imported}")
     assert crossing == []
+
+
+def test_the_shared_chunk_words_read_nothing_from_a_server() -> None:
+    """chunks.py is what the engine side and the reader side both speak (ChunkKey,
+    ChunkedTable, Chunk, the fingerprint): the SELECTs it builds are run by reading/keyset.py,
+    so importing it brings no driver and no watermark along, function bodies included."""
+    modules = _modules()
+    imported = _imports(SNAPSHOT_CHUNK_WORDS, modules[SNAPSHOT_CHUNK_WORDS],
+                        top_level_only=False)
+    assert [i for i in imported if any(_within(i, m) for m in SERVER_READS)] == []
 
 
 def test_the_contract_modules_stand_on_their_own() -> None:

@@ -1,14 +1,15 @@
-"""Keyset chunks of a table: which key, which SELECT, and reading one chunk with watermarks.
+"""Keyset chunks of a table, the words both sides of a snapshot use: which key, which SELECT,
+and what a chunk is.
+
+The reader (``reading/``, in the snapshot asset's process) reads a table in chunks; the engine
+(``sessions.py``) decides them. Both speak of a ``ChunkKey``, a ``ChunkedTable`` and a ``Chunk``,
+defined here with the keyset SQL and the schema fingerprint; running the SELECTs is the
+reader's (``reading/keyset.py``), so nothing here talks to a server.
 
 A snapshot reads a table in chunks of at most ``chunk_size`` rows ordered by the chunk key,
 each strictly after the last key read and up to the maximum key read when the snapshot started
 (DBLog's bounded keyset scan: it terminates while inserts continue at the end of the key
 space; rows inserted after the start reach the target through the stream).
-
-A chunk is also bounded by bytes (``max_bytes``): its rows are streamed from the server
-(unbuffered cursor) and the chunk ends at the row that reaches the budget, so its range ends
-at the last row read. Every statement of a chunk runs in the one read view of its watermarks,
-so a chunk read as several keyset SELECTs (see :func:`read_chunk`) is as consistent as one.
 
 Query shape: composite keys are expanded lexicographically, ``(a > x) OR (a = x AND b > y)``,
 with the leading column also bounded on its own (``a >= x AND (...)``) so that the optimiser
@@ -21,9 +22,9 @@ Every "after this key" is decided by the server, in the key columns' collations:
 bound is a key read from the server, and the next SELECT asks for ``key > bound``. In a case- or
 accent-insensitive or PAD SPACE collation, keys that differ as text ('a@x', 'A@X'; 'b', 'b ')
 compare equal there, so ``key > 'a@x'`` also leaves out an unread 'A@X'. A chunk therefore never
-ends inside such a group of equal keys: where it ends on a text key, the rest of the group is
-read in the same read view (:func:`_read_keyset`). Python compares keys only for identity (the
-lake's: a key is its exact value), never for order.
+ends inside such a group of equal keys (``ChunkedTable.equal_keys_query``: the reader reads the
+rest of the group in the same read view). Python compares keys only for identity (the lake's: a
+key is its exact value), never for order.
 """
 
 from __future__ import annotations
@@ -288,7 +289,8 @@ class ChunkedTable:
     condition: Condition | None = None
     # The most a row can count against a chunk's byte budget, by the columns' declared widths
     # (None: unbounded or unknown). A SELECT whose rows cannot pass the budget is read
-    # buffered, which pymysql does some 10 % faster than streamed (see with_row_bound).
+    # buffered, which pymysql does some 10 % faster than streamed (see
+    # ``reading.keyset.with_row_bound``).
     max_row_bytes: int | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:

@@ -1,9 +1,17 @@
-"""Reading one chunk of a table: the keyset SELECTs in one read view between watermarks.
+"""Reading one chunk of a table: keyset SELECTs in one read view between watermarks.
 
-The reader side of the chunk vocabulary (``snapshot/chunks.py``): a chunk's rows are read by
-keyset SELECTs (``ChunkedTable.chunk_query``) in the read view of its watermarks
-(``watermark.read_with_watermarks``), bounded by rows and by bytes, through PyMySQL or
-mysqlclient (``native``: rows, or columns read in C); then cast to their landing form.
+The reader's side of the chunk words in ``snapshot/chunks.py``: a chunk's rows are read by the
+``ChunkedTable``'s keyset SELECTs inside the read view of its watermarks
+(``watermark.read_with_watermarks``), through PyMySQL or mysqlclient (``native``: rows, or
+columns read in C), then cast to their landing form. The engine never reads a chunk this way;
+it takes the chunk's files from the landing zone.
+
+A chunk is also bounded by bytes (``max_bytes``): its rows are streamed from the server
+(unbuffered cursor) and the chunk ends at the row that reaches the budget, so its range ends
+at the last row read. Every statement of a chunk runs in the one read view of its watermarks,
+so a chunk read as several keyset SELECTs (see :func:`read_chunk`) is as consistent as one;
+where it ends on a text key, the rest of the server's group of equal keys is read in the same
+read view (:func:`_read_keyset`).
 """
 
 from __future__ import annotations
