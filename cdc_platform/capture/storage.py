@@ -6,25 +6,37 @@ one of its few operations (read, write atomically, write exclusively, list, dele
 and the lake's pyarrow reads take their filesystem from it (``arrow``) while Spark reads the
 same files by URL (``uri``).
 
+Besides, a compare-and-swap pair: ``read_versioned`` gives a file's content with a version
+token (an S3 ETag, a content hash locally) and ``write_if_match`` replaces the file only if it
+is still that version; ``capture.lease`` builds the single-writer lease on it and
+``write_exclusively``, so that it works alike on every store that has them.
+
 Implementations: ``LocalFileStore`` (local paths and ``file://`` URLs: temporary file, fsync,
-rename; what the engine writes through) and ``ArrowFileStore`` (any other URL pyarrow opens,
-e.g. ``s3://``: reads and listings for the lake; a put is atomic there, but an exclusive put
-needs a conditional request pyarrow does not make, so it is refused until a backend brings it).
+rename; what the engine writes through), ``S3FileStore`` (``s3://`` and ``s3a://`` URLs, in
+``capture.s3store``: boto3, conditional PUTs) and ``ArrowFileStore`` (any other URL pyarrow
+opens: reads and listings for the lake; a put is atomic there, but an exclusive put needs a
+conditional request pyarrow does not make, so it is refused).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import os
 import posixpath
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+
+if TYPE_CHECKING:
+    from cdc_platform.capture.s3store import S3Options
 
 # Spark (Hadoop) scheme -> pyarrow scheme, and back, for object stores.
 _ARROW_SCHEME = {"s3a": "s3", "s3n": "s3"}
@@ -86,6 +98,20 @@ class FileStore(ABC):
         """Create the file with ``data`` only if it does not exist, atomically, durably;
         False (and nothing written) if it exists."""
 
+    def read_versioned(self, *parts: str) -> tuple[bytes, str] | None:
+        """The file's content and a token of this version of it (for ``write_if_match``), or
+        None when it does not exist. Equal content may give an equal token (as S3's ETag)."""
+        raise NotImplementedError(
+            f"{self.uri_of(*parts)}: this storage backend has no versioned reads")
+
+    def write_if_match(self, *parts: str, data: bytes | memoryview, etag: str) -> bool:
+        """Replace the file with ``data`` only if it is still the version ``etag`` (from
+        ``read_versioned``), atomically; False (and nothing written) if it changed or is gone.
+        Of writers racing from one version, exactly one succeeds."""
+        raise NotImplementedError(
+            f"{self.uri_of(*parts)}: replacing a file only if unchanged needs a conditional "
+            "put (If-Match), which this storage backend does not make")
+
     @abstractmethod
     def list_names(self, *parts: str) -> list[str]:
         """Names directly below a directory, sorted; empty when it does not exist."""
@@ -142,6 +168,22 @@ def _temporary(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
 
 
+@contextlib.contextmanager
+def _directory_lock(directory: Path) -> Iterator[None]:
+    """An exclusive ``flock`` of a directory (Linux locks a directory's descriptor like a
+    file's; each open is its own lock, so threads of one process exclude each other too)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _content_version(data: bytes) -> str:
+    return '"' + hashlib.md5(data, usedforsecurity=False).hexdigest() + '"'
+
+
 def _fsync_file(path: Path) -> None:
     with open(path, "rb+") as handle:
         os.fsync(handle.fileno())
@@ -187,7 +229,8 @@ class LocalFileStore(FileStore):
     def write_exclusively(self, *parts: str, data: bytes | memoryview) -> bool:
         """Written under a temporary name and linked to the final one: a link never replaces
         an existing file, so of two writers exactly one succeeds, and readers never see a
-        partial file."""
+        partial file. (Under the directory's lock, so that it is ordered against
+        ``write_if_match``.)"""
         path = self.path(*parts)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = _temporary(path)
@@ -196,13 +239,34 @@ class LocalFileStore(FileStore):
                 handle.write(data)
                 handle.flush()
                 os.fsync(handle.fileno())
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                return False
+            with _directory_lock(path.parent):
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    return False
         finally:
             tmp.unlink(missing_ok=True)
         fsync_directory(path.parent)
+        return True
+
+    def read_versioned(self, *parts: str) -> tuple[bytes, str] | None:
+        """The version token is a hash of the content (as an S3 ETag is, for one PUT)."""
+        data = self.read_bytes(*parts)
+        return None if data is None else (data, _content_version(data))
+
+    def write_if_match(self, *parts: str, data: bytes | memoryview, etag: str) -> bool:
+        """Compared and replaced under an exclusive ``flock`` of the file's directory, which
+        every ``write_if_match`` and ``write_exclusively`` of that directory takes (across
+        processes of one machine, the landing zone's local case); the replacement is the
+        usual temporary file and rename, so readers never see a partial file."""
+        path = self.path(*parts)
+        if not path.parent.is_dir():
+            return False
+        with _directory_lock(path.parent):
+            current = self.read_bytes(*parts)
+            if current is None or _content_version(current) != etag:
+                return False
+            write_atomically(path, data)
         return True
 
     def list_names(self, *parts: str) -> list[str]:
@@ -238,9 +302,10 @@ class LocalFileStore(FileStore):
 
 
 class ArrowFileStore(FileStore):
-    """Files wherever a pyarrow filesystem reaches (object stores). A put is atomic and durable
-    there, so ``write_atomically`` is one put; ``write_exclusively`` needs a conditional put
-    (``If-None-Match``) and is refused until a backend provides it."""
+    """Files wherever a pyarrow filesystem reaches (object stores other than S3). A put is
+    atomic and durable there, so ``write_atomically`` is one put; ``write_exclusively`` and
+    ``write_if_match`` need conditional puts pyarrow does not make and are refused (S3 URLs
+    open an ``S3FileStore``, which makes them)."""
 
     def __init__(self, fs: pafs.FileSystem, root: str, uri: str) -> None:
         self.fs = fs
@@ -303,10 +368,14 @@ class ArrowFileStore(FileStore):
         yield  # pragma: no cover
 
 
-def open_store(url: str) -> FileStore:
+def open_store(url: str, *, s3: S3Options | None = None,
+               setting: str = "storage URL") -> FileStore:
     """The store of a landing-zone or warehouse URL: a path (relative ones made absolute
-    against the current directory, so Spark executors and the driver agree), ``file://``, or an
-    object-store URL (``s3://``, ``s3a://``...)."""
+    against the current directory, so Spark executors and the driver agree), ``file://``,
+    ``s3://bucket/prefix`` or ``s3a://...`` (an ``S3FileStore``: endpoint, region and
+    addressing from ``s3``, the config's ``s3`` section; credentials from the AWS environment),
+    or another object-store URL pyarrow opens. ``setting`` names the config key the URL came
+    from, for the errors (``landing_zone.url``)."""
     parsed = urlparse(url)
     scheme = parsed.scheme.lower()
     if scheme in ("", "file"):
@@ -315,6 +384,10 @@ def open_store(url: str) -> FileStore:
             raise ValueError(f"URL {url!r}: file:// URLs must not name a host")
         absolute = os.path.abspath(os.path.expanduser(local)).rstrip("/") or "/"
         return LocalFileStore(Path(absolute))
+    if scheme in ("s3", "s3a", "s3n"):
+        from cdc_platform.capture.s3store import S3FileStore
+
+        return S3FileStore.from_url(url, s3, setting=setting)
     arrow_scheme = _ARROW_SCHEME.get(scheme, scheme)
     spark_scheme = _SPARK_SCHEME.get(scheme, scheme)
     rest = url.split("://", 1)[1].rstrip("/")

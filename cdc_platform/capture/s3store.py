@@ -1,0 +1,403 @@
+"""The landing zone and warehouse on S3-compatible object storage, through boto3.
+
+``S3FileStore`` is the ``FileStore`` of an ``s3://bucket/prefix`` (or ``s3a://``) URL. Every
+write that publishes something is one request: a PUT is atomic on S3 (readers see the old object
+or the new one), ``write_exclusively`` is a PUT with ``If-None-Match: *`` (the server refuses it
+with 412 when the object exists, so of racing writers exactly one wins) and ``write_if_match``
+a PUT with ``If-Match: <etag>`` (compare-and-swap; ``capture.lease`` builds the single-writer
+lease on it). pyarrow's S3 filesystem makes no conditional requests, so it is used only for the
+lake's reads (``arrow``), never for a publishing write.
+
+Where things come from: the endpoint, region and addressing style from the config's ``s3``
+section (``S3Options``); the credentials only from the standard AWS chain (environment,
+profile, web identity as IRSA sets it, instance metadata), never from the config file.
+Throttling (503 SlowDown), 5xx answers and timeouts are retried by botocore with backoff
+(``retry_mode``, ``max_attempts``).
+
+A wrong credential or a missing bucket is a start error of one line naming the setting
+(``check``); the same line is raised when an operation meets it later.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import posixpath
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, NoReturn
+from urllib.parse import urlparse
+
+import boto3
+import pyarrow as pa
+import pyarrow.fs as pafs
+from boto3.exceptions import S3UploadFailedError
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+from botocore.exceptions import (
+    ClientError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    PartialCredentialsError,
+)
+
+from cdc_platform.capture.start_errors import StartError
+from cdc_platform.capture.storage import FileStore, _checked
+
+__all__ = ["ObjectStoreError", "S3FileStore", "S3Options", "parse_s3_url"]
+
+DEFAULT_REGION = "us-east-1"
+# 409 ConditionalRequestConflict: another conditional write to the key was in flight; the
+# request may be repeated (it is not an answer about the object's state).
+_CONFLICT_ATTEMPTS = 20
+_NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
+
+
+class ObjectStoreError(StartError):
+    """The object store refuses this deployment (no bucket, no access, no credentials, no
+    endpoint); the message is one line naming the setting and the fix."""
+
+
+@dataclass(frozen=True)
+class S3Options:
+    """How to reach S3 (the config's ``s3`` section); credentials are not here on purpose."""
+
+    endpoint_url: str = ""
+    region: str = ""
+    path_style: bool = False
+    retry_mode: Literal["standard", "adaptive"] = "standard"
+    max_attempts: int = 10
+    connect_timeout_seconds: float = 10.0
+    read_timeout_seconds: float = 60.0
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """``(bucket, prefix)`` of ``s3://bucket/prefix`` / ``s3a://...`` (prefix without slashes
+    at either end)."""
+    parsed = urlparse(url)
+    if parsed.scheme.lower() not in ("s3", "s3a", "s3n") or not parsed.netloc:
+        raise ValueError(f"{url!r} is not an s3://bucket/prefix URL")
+    return parsed.netloc, parsed.path.strip("/")
+
+
+@dataclass(eq=False)
+class _Connection:
+    """The boto3 client and pyarrow filesystem shared by a store and its children (boto3
+    clients are thread-safe; a session is not, so each connection makes its own)."""
+
+    options: S3Options
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _session: Any = field(default=None, repr=False)
+    _client: Any = field(default=None, repr=False)
+    _arrow: pafs.S3FileSystem | None = field(default=None, repr=False)
+
+    @property
+    def session(self) -> boto3.session.Session:
+        with self._lock:
+            if self._session is None:
+                self._session = boto3.session.Session()
+            return self._session
+
+    @property
+    def region(self) -> str:
+        return self.options.region or self.session.region_name or DEFAULT_REGION
+
+    @property
+    def client(self) -> Any:
+        session = self.session
+        with self._lock:
+            if self._client is None:
+                options = self.options
+                config = Config(
+                    region_name=self.options.region or session.region_name or DEFAULT_REGION,
+                    retries={"mode": options.retry_mode, "max_attempts": options.max_attempts},
+                    connect_timeout=options.connect_timeout_seconds,
+                    read_timeout=options.read_timeout_seconds,
+                    s3={"addressing_style": "path" if options.path_style else "auto"},
+                    # the conditional writes need a single request with a known length
+                    request_checksum_calculation="when_required",
+                    response_checksum_validation="when_required",
+                )
+                self._client = session.client("s3", endpoint_url=options.endpoint_url or None,
+                                              config=config)
+            return self._client
+
+    def arrow(self) -> pafs.S3FileSystem:
+        with self._lock:
+            if self._arrow is None:
+                options = self.options
+                kwargs: dict[str, Any] = {
+                    "region": options.region or self.session.region_name or DEFAULT_REGION,
+                    "connect_timeout": options.connect_timeout_seconds,
+                    "request_timeout": options.read_timeout_seconds,
+                    "force_virtual_addressing": not options.path_style,
+                    "retry_strategy": pafs.AwsStandardS3RetryStrategy(
+                        max_attempts=options.max_attempts),
+                }
+                if options.endpoint_url:
+                    endpoint = urlparse(options.endpoint_url)
+                    kwargs["endpoint_override"] = endpoint.netloc + endpoint.path.rstrip("/")
+                    kwargs["scheme"] = endpoint.scheme or "https"
+                # (no keys: pyarrow's AWS SDK reads the same standard credential chain)
+                self._arrow = pafs.S3FileSystem(**kwargs)
+            return self._arrow
+
+
+class S3FileStore(FileStore):
+    """The objects below ``s3://bucket/prefix``; a "directory" is a key prefix ending in ``/``.
+
+    ``setting`` names the config key the URL came from (``landing_zone.url``), so that errors
+    say which setting to fix. Nothing is requested until the first operation (or ``check``).
+    """
+
+    def __init__(self, bucket: str, prefix: str = "", options: S3Options | None = None, *,
+                 setting: str = "storage URL", _connection: _Connection | None = None) -> None:
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.setting = setting
+        self._connection = _connection or _Connection(options or S3Options())
+
+    @classmethod
+    def from_url(cls, url: str, options: S3Options | None = None, *,
+                 setting: str = "storage URL") -> S3FileStore:
+        bucket, prefix = parse_s3_url(url)
+        return cls(bucket, prefix, options, setting=setting)
+
+    def __repr__(self) -> str:
+        return f"S3FileStore({self.uri!r})"
+
+    @property
+    def options(self) -> S3Options:
+        return self._connection.options
+
+    @property
+    def client(self) -> Any:
+        """The boto3 S3 client (shared by this store and its children)."""
+        return self._connection.client
+
+    @property
+    def uri(self) -> str:
+        return f"s3a://{self.bucket}/{self.prefix}".rstrip("/")
+
+    def key(self, *parts: str) -> str:
+        """The object key of a path below the root."""
+        return posixpath.join(self.prefix, *_checked(parts, self.uri)) if parts else self.prefix
+
+    def child(self, *parts: str) -> S3FileStore:
+        return S3FileStore(self.bucket, self.key(*parts), setting=self.setting,
+                           _connection=self._connection)
+
+    def arrow(self, *parts: str) -> tuple[pafs.FileSystem, str]:
+        return self._connection.arrow(), posixpath.join(self.bucket, self.key(*parts))
+
+    # ---- start check and errors ------------------------------------------------------------
+
+    def check(self) -> None:
+        """Raise ``ObjectStoreError`` (one line naming the setting) unless the bucket exists
+        and the credentials from the environment may use it."""
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+            self.client.list_objects_v2(Bucket=self.bucket, Prefix=self._dir_prefix(),
+                                        MaxKeys=1)
+        except (ClientError, NoCredentialsError, PartialCredentialsError,
+                EndpointConnectionError, ConnectTimeoutError) as error:
+            raise ObjectStoreError(self._explain(error)) from None
+
+    probe = check
+
+    def _where(self) -> str:
+        return f"{self.setting} s3://{self.bucket}/{self.prefix}".rstrip("/")
+
+    def _credentials_source(self) -> str:
+        """Where the credentials came from, for the error line (never the secret)."""
+        credentials = self._connection.session.get_credentials()
+        if credentials is None:
+            return "none found"
+        key_id = credentials.access_key or ""
+        shown = f"{key_id[:4]}...{key_id[-2:]}" if len(key_id) > 8 else "(short)"
+        method = getattr(credentials, "method", "unknown")
+        origin = "AWS_ACCESS_KEY_ID" if method == "env" else method
+        return f"{origin} {shown}"
+
+    def _explain(self, error: BaseException) -> str:
+        where = self._where()
+        if isinstance(error, NoCredentialsError | PartialCredentialsError):
+            return (f"{where}: no AWS credentials in the environment: set AWS_ACCESS_KEY_ID and "
+                    "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or a web identity (IRSA)")
+        if isinstance(error, EndpointConnectionError | ConnectTimeoutError):
+            endpoint = self.options.endpoint_url or "the AWS endpoint"
+            return (f"{where}: cannot reach {endpoint} (s3.endpoint_url): {error}; check the "
+                    "endpoint and the network")
+        assert isinstance(error, ClientError)
+        code, status = _error_code(error)
+        if code in ("NoSuchBucket",) or (status == 404 and code in ("404", "NotFound", "")):
+            return (f"{where}: bucket '{self.bucket}' does not exist; create it or fix the "
+                    "URL")
+        if status == 403 or code in ("AccessDenied", "InvalidAccessKeyId",
+                                      "SignatureDoesNotMatch"):
+            return (f"{where}: access denied ({code}) with the AWS credentials from the "
+                    f"environment ({self._credentials_source()}); fix the credentials or grant "
+                    f"them s3:ListBucket, s3:GetObject, s3:PutObject and s3:DeleteObject on "
+                    f"the bucket")
+        message = error.response.get("Error", {}).get("Message", "")
+        return f"{where}: {code or status} {message}".strip()
+
+    def _raise(self, error: ClientError, key: str, operation: str) -> NoReturn:
+        """Re-raise ``error`` as the one line when it is about the deployment (bucket,
+        credentials), else as it is, with the key in the message."""
+        code, status = _error_code(error)
+        if code == "NoSuchBucket" or status == 403 or code in ("AccessDenied",
+                                                               "InvalidAccessKeyId",
+                                                               "SignatureDoesNotMatch"):
+            raise ObjectStoreError(self._explain(error)) from error
+        error.add_note(f"{operation} s3://{self.bucket}/{key} ({self.setting})")
+        raise error
+
+    # ---- reads -----------------------------------------------------------------------------
+
+    def read_bytes(self, *parts: str) -> bytes | None:
+        versioned = self.read_versioned(*parts)
+        return None if versioned is None else versioned[0]
+
+    def read_versioned(self, *parts: str) -> tuple[bytes, str] | None:
+        key = self.key(*parts)
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=key)
+        except ClientError as error:
+            if _error_code(error)[0] in _NOT_FOUND:
+                return None
+            self._raise(error, key, "GET")
+        with contextlib.closing(response["Body"]) as body:
+            return body.read(), response["ETag"]
+
+    def _dir_prefix(self, *parts: str) -> str:
+        key = self.key(*parts)
+        return f"{key}/" if key else ""
+
+    def list_names(self, *parts: str) -> list[str]:
+        prefix = self._dir_prefix(*parts)
+        names: set[str] = set()
+        paginator = self.client.get_paginator("list_objects_v2")
+        try:
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix, Delimiter="/"):
+                for item in page.get("Contents", ()):
+                    name = item["Key"][len(prefix):]
+                    if name:  # (not a "directory marker" object of the prefix itself)
+                        names.add(name)
+                for common in page.get("CommonPrefixes", ()):
+                    name = common["Prefix"][len(prefix):].rstrip("/")
+                    if name:
+                        names.add(name)
+        except ClientError as error:
+            self._raise(error, prefix, "LIST")
+        return sorted(names)
+
+    def exists(self, *parts: str) -> bool:
+        key = self.key(*parts)
+        if key:
+            try:
+                self.client.head_object(Bucket=self.bucket, Key=key)
+                return True
+            except ClientError as error:
+                if _error_code(error)[1] != 404:
+                    self._raise(error, key, "HEAD")
+        try:
+            page = self.client.list_objects_v2(Bucket=self.bucket, Prefix=self._dir_prefix(*parts),
+                                               MaxKeys=1)
+        except ClientError as error:
+            self._raise(error, key, "LIST")
+        return bool(page.get("KeyCount", len(page.get("Contents", ()))))
+
+    # ---- writes ----------------------------------------------------------------------------
+
+    def write_atomically(self, *parts: str, data: bytes | memoryview,
+                         durable: bool = True) -> None:
+        """One PUT: atomic and durable on S3 (``durable`` changes nothing)."""
+        key = self.key(*parts)
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=key, Body=bytes(data))
+        except ClientError as error:
+            self._raise(error, key, "PUT")
+
+    def write_exclusively(self, *parts: str, data: bytes | memoryview) -> bool:
+        """``PUT If-None-Match: *``: False (nothing written) on 412, the object exists."""
+        return self._conditional_put(self.key(*parts), bytes(data), IfNoneMatch="*")
+
+    def write_if_match(self, *parts: str, data: bytes | memoryview, etag: str) -> bool:
+        """``PUT If-Match: etag``: replace the object only if it is still the version
+        ``read_versioned`` returned; False (nothing written) if it changed or is gone."""
+        return self._conditional_put(self.key(*parts), bytes(data), IfMatch=etag)
+
+    def _conditional_put(self, key: str, data: bytes, **condition: str) -> bool:
+        """A conditional PUT. 409 ConditionalRequestConflict (a concurrent conditional write
+        to the key) is repeated. A 412 after botocore retried the request (a timeout or a 5xx
+        whose first attempt may have landed) is checked against the object's content: when
+        it holds exactly ``data``, that landing was this write's."""
+        for attempt in range(_CONFLICT_ATTEMPTS):
+            try:
+                self.client.put_object(Bucket=self.bucket, Key=key, Body=data, **condition)
+                return True
+            except ClientError as error:
+                code, status = _error_code(error)
+                if status == 409 or code == "ConditionalRequestConflict":
+                    time.sleep(min(0.05 * 2 ** attempt, 1.0))
+                    continue
+                if status == 412 or code == "PreconditionFailed":
+                    retried = error.response.get("ResponseMetadata", {}).get("RetryAttempts", 0)
+                    if retried:
+                        current = self.read_versioned(*self._parts_of(key))
+                        return current is not None and current[0] == data
+                    return False
+                if code in _NOT_FOUND:  # (If-Match on a deleted object)
+                    return False
+                self._raise(error, key, "PUT")
+        raise ObjectStoreError(
+            f"{self._where()}: {_CONFLICT_ATTEMPTS} conditional writes of {key!r} in a row met "
+            "409 ConditionalRequestConflict; another writer keeps writing it")
+
+    def _parts_of(self, key: str) -> tuple[str, ...]:
+        relative = key[len(self.prefix) + 1:] if self.prefix else key
+        return tuple(relative.split("/"))
+
+    def delete(self, *parts: str) -> None:
+        key = self.key(*parts)
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=key)
+        except ClientError as error:
+            if _error_code(error)[0] not in _NOT_FOUND:
+                self._raise(error, key, "DELETE")
+
+    @contextlib.contextmanager
+    def atomic_output(self, *parts: str) -> Iterator[pa.NativeFile]:
+        """Spooled to a local temporary file (memory stays bounded), then uploaded in one PUT,
+        or as a multipart upload beyond 64 MiB: either way the object appears only when the
+        upload completes, and an error in the block uploads nothing."""
+        key = self.key(*parts)
+        fd, spool = tempfile.mkstemp(prefix="cdc-s3-upload-")
+        os.close(fd)
+        try:
+            with pa.OSFile(spool, "wb") as sink:
+                yield sink
+            try:
+                self.client.upload_file(spool, self.bucket, key, Config=_TRANSFER)
+            except S3UploadFailedError as error:  # (boto3 wraps the ClientError in it)
+                if isinstance(error.__context__, ClientError):
+                    self._raise(error.__context__, key, "PUT")
+                raise
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(spool)
+
+
+_TRANSFER = TransferConfig(multipart_threshold=64 * 1024 * 1024,
+                           multipart_chunksize=16 * 1024 * 1024, use_threads=False)
+
+
+def _error_code(error: ClientError) -> tuple[str, int]:
+    response = error.response
+    return (str(response.get("Error", {}).get("Code", "")),
+            int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0))
