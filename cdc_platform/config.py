@@ -12,10 +12,13 @@ import os
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+if TYPE_CHECKING:
+    from cdc_platform.capture.s3store import S3Options
 
 CONFIG_ENV = "CDC_PLATFORM_CONFIG"
 DEMO_CONFIG = Path(__file__).parent / "demo" / "demo.yaml"
@@ -190,7 +193,8 @@ class CaptureSettings(_Section):
 class LandingZoneSettings(_Section):
     url: str = Field(
         description="Directory (local path or file:// URL; relative paths are resolved against "
-        "the working directory) holding changelog segments and the engine checkpoint."
+        "the working directory), or object-store prefix `s3://bucket/prefix` (see the `s3` "
+        "section), holding changelog segments and the engine checkpoint."
     )
     retention_hours: float = Field(
         default=1.0, ge=0,
@@ -253,6 +257,50 @@ class WarehouseSettings(_Section):
         description="When the `lake_maintenance` schedule runs compaction and snapshot expiry "
         "(the schedule starts stopped; turn it on in the UI or run the job by hand).",
     )
+
+
+class S3Settings(_Section):
+    """How to reach S3-compatible object storage, for `s3://` URLs of `landing_zone.url` and
+    `warehouse.url`. Credentials are never set here: they come from the standard AWS chain
+    (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_PROFILE, IRSA's web identity, instance
+    metadata); docs/object-storage.md."""
+
+    endpoint_url: str = Field(
+        default="",
+        description="S3 endpoint URL, e.g. `http://seaweedfs:8333` or `https://minio.example`. "
+        "Empty: AWS's endpoint for the region (or AWS_ENDPOINT_URL).",
+    )
+    region: str = Field(
+        default="",
+        description="Signing region. Empty: AWS_REGION / AWS_DEFAULT_REGION / the profile's, "
+        "else `us-east-1`.",
+    )
+    path_style: bool = Field(
+        default=False,
+        description="Address buckets as `endpoint/bucket/key` (most self-hosted servers: "
+        "SeaweedFS, MinIO) instead of `bucket.endpoint/key`.",
+    )
+    retry_mode: Literal["standard", "adaptive"] = Field(
+        default="standard",
+        description="botocore's retry mode for throttling (503 SlowDown), 5xx answers and "
+        "timeouts; `adaptive` also rate-limits the client after throttling.",
+    )
+    max_attempts: int = Field(
+        default=10, ge=1, le=50,
+        description="Attempts of one request (first try included) before the error is raised.",
+    )
+    connect_timeout_seconds: float = Field(
+        default=10.0, gt=0, description="TCP connect timeout of one attempt."
+    )
+    read_timeout_seconds: float = Field(
+        default=60.0, gt=0, description="Socket read timeout of one attempt."
+    )
+
+    def options(self) -> S3Options:
+        """The options ``capture.storage.open_store(url, s3=...)`` takes."""
+        from cdc_platform.capture.s3store import S3Options
+
+        return S3Options(**self.model_dump())
 
 
 class LakeSettings(_Section):
@@ -361,6 +409,7 @@ class Settings(_Section):
     landing_zone: LandingZoneSettings
     spark: SparkSettings = Field(default_factory=SparkSettings)
     warehouse: WarehouseSettings
+    s3: S3Settings = Field(default_factory=S3Settings)
     lake: LakeSettings = Field(default_factory=LakeSettings)
     reconcile: ReconcileSettings = Field(default_factory=ReconcileSettings)
     signals: SignalSettings = Field(default_factory=SignalSettings)
