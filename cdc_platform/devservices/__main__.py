@@ -1,4 +1,5 @@
-"""``python -m cdc_platform.devservices up|down|status``: a detached MariaDB + Tansu pair.
+"""``python -m cdc_platform.devservices up|down|status``: a detached MariaDB + Tansu pair
+(``up --s3``: and a SeaweedFS S3 server, in ``<base-dir>/seaweedfs``).
 
 ``up`` starts (or reuses) both services in the background and prints shell ``export`` lines on
 stdout, so ``eval "$(python -m cdc_platform.devservices up)"`` configures the current shell.
@@ -19,6 +20,7 @@ from pathlib import Path
 from cdc_platform.devservices._process import DevServiceError, ManagedService, terminate_pid
 from cdc_platform.devservices.kafka import TansuBroker
 from cdc_platform.devservices.mariadb import MariaDBServer
+from cdc_platform.devservices.seaweedfs import SeaweedFS
 from cdc_platform.devservices.supervisor import Interrupted, ProcessSupervisor
 
 
@@ -33,30 +35,49 @@ def _services(args: argparse.Namespace) -> tuple[MariaDBServer, TansuBroker]:
     return mariadb, kafka
 
 
+def _s3(args: argparse.Namespace) -> SeaweedFS | None:
+    """The S3 server: asked for (``up --s3``), or recorded in the base dir (down, status)."""
+    base = Path(args.base_dir) / "seaweedfs"
+    if getattr(args, "s3", False) or (base / "state.json").exists():
+        return SeaweedFS(base, port=getattr(args, "s3_port", None))
+    return None
+
+
+def _all(args: argparse.Namespace) -> list[ManagedService]:
+    s3 = _s3(args)
+    return [*_services(args), *([s3] if s3 is not None else [])]
+
+
 def _err(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _print_exports(mariadb: MariaDBServer, kafka: TansuBroker) -> None:
+def _print_exports(mariadb: MariaDBServer, kafka: TansuBroker,
+                   s3: SeaweedFS | None = None) -> None:
     settings = mariadb.connection_settings()
     print(f"export CDC_SOURCE_HOST={settings['host']}")
     print(f"export CDC_SOURCE_PORT={settings['port']}")
     print(f"export CDC_SOURCE_USER={settings['user']}")
     print(f"export CDC_SOURCE_PASSWORD={settings['password']}")
+    if s3 is not None:
+        for name, value in s3.client_env().items():
+            print(f"export {name}={value}")
     print(f"export CDC_KAFKA_BOOTSTRAP={kafka.bootstrap_servers}", flush=True)
 
 
 def _up_foreground(args: argparse.Namespace) -> int:
     """Both services owned by this command: stopped on a signal, or if either dies."""
     mariadb, kafka = _services(args)
+    s3 = _s3(args)
+    services = [mariadb, kafka, *([s3] if s3 is not None else [])]
     try:
         with ProcessSupervisor(log=_err) as supervisor:
-            for service in (mariadb, kafka):
+            for service in services:
                 supervisor.start_service(service)
                 _err(f"started {service.display_name}: pid {service.pid}, port {service.port}")
-            _print_exports(mariadb, kafka)
+            _print_exports(mariadb, kafka, s3)
             _err("running in the foreground; Ctrl-C stops both")
-            supervisor.wait_forever((mariadb, kafka))
+            supervisor.wait_forever(services)
     except Interrupted:
         return 0
     except DevServiceError as exc:
@@ -69,9 +90,10 @@ def _up(args: argparse.Namespace) -> int:
     if args.foreground:
         return _up_foreground(args)
     mariadb, kafka = _services(args)
+    s3 = _s3(args)
     started: list[ManagedService] = []
     try:
-        for service in (mariadb, kafka):
+        for service in (mariadb, kafka, *([s3] if s3 is not None else [])):
             service.start(reuse=True, detach=True)
             if service.owned:
                 started.append(service)
@@ -82,13 +104,13 @@ def _up(args: argparse.Namespace) -> int:
             service.stop()
         _err(f"error: {exc}")
         return 1
-    _print_exports(mariadb, kafka)
+    _print_exports(mariadb, kafka, s3)
     return 0
 
 
 def _down(args: argparse.Namespace) -> int:
     code = 0
-    for service in _services(args):
+    for service in _all(args):
         try:
             if service.attach():
                 pid = service.pid
@@ -107,7 +129,7 @@ def _down(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     code = 0
-    for service in _services(args):
+    for service in _all(args):
         state = service.status()
         if state is None:
             print(f"{service.executable_name}: stopped ({service.base_dir})")
@@ -138,6 +160,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             cmd.add_argument("--mariadb-port", type=int, default=None, help="default: free port")
             cmd.add_argument("--kafka-port", type=int, default=None, help="default: free port")
             cmd.add_argument("--server-id", type=int, default=1, help="MariaDB server_id (1)")
+            cmd.add_argument("--s3", action="store_true",
+                             help="also a SeaweedFS S3 server (prints its AWS_* exports)")
+            cmd.add_argument("--s3-port", type=int, default=None, help="default: free port")
             cmd.add_argument("--foreground", action="store_true",
                              help="keep both attached: run until Ctrl-C/SIGTERM, then stop both")
     args = parser.parse_args(argv)
