@@ -6,19 +6,28 @@ any number of Spark processes (one per Dagster step) may run at the same time. T
 loads the Iceberg runtime jar and its SQL extensions (MERGE INTO, procedures) at start. Values must survive exactly, so the session pins the
 time zone to UTC, writes timestamps as INT64 micros (not legacy INT96) and reads/writes dates and
 timestamps in the proleptic Gregorian calendar (MySQL's DATETIME goes back to year 1000).
+
+A deployment whose landing zone or warehouse is on S3 adds ``settings_conf``: the S3 jars and
+the ``s3a`` filesystem's settings (``lake.s3``); they are static, so they must be given to the
+session that starts the JVM.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import SparkSession
 
 import cdc_platform
 from cdc_platform.lake.iceberg.catalog import session_conf
+from cdc_platform.lake.s3 import settings_s3_conf
+
+log = logging.getLogger(__name__)
 
 # The directory holding the ``cdc_platform`` package this process runs (a checkout, an editable
 # install's source tree or site-packages): Python workers import the same code from it.
@@ -71,11 +80,45 @@ def build_spark_session(
     settings = dict(DEFAULT_CONF)
     if SparkSession.getActiveSession() is None and "spark.sql.warehouse.dir" not in (conf or {}):
         settings["spark.sql.warehouse.dir"] = tempfile.mkdtemp(prefix="cdc-spark-warehouse-")
-    settings.update(conf or {})
+    settings = merge_conf(settings, conf or {})
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    session = builder.getOrCreate()
+    started = set(_jars(session.sparkContext.getConf().get("spark.jars", "")))
+    missing = [jar for jar in _jars(settings.get("spark.jars", "")) if jar not in started]
+    if missing:
+        log.warning(f"this process's Spark session started without {', '.join(missing)}; jars "
+                    "are static: give them to the first session the process builds")
+    return session
+
+
+def _jars(value: str) -> list[str]:
+    return [jar for jar in (part.strip() for part in value.split(",")) if jar]
+
+
+def merge_conf(*confs: dict[str, str]) -> dict[str, str]:
+    """The settings of ``confs``, later ones overriding earlier ones, except ``spark.jars``:
+    its lists are joined (each jar once), so a user's extra jar (a JDBC driver) does not drop
+    the Iceberg runtime or the S3 jars."""
+    merged: dict[str, str] = {}
+    for conf in confs:
+        for key, value in conf.items():
+            if key == "spark.jars" and merged.get(key):
+                value = ",".join(dict.fromkeys(_jars(merged[key]) + _jars(value)))
+            merged[key] = value
+    return merged
+
+
+def settings_conf(settings: Any) -> dict[str, str]:
+    """The session settings of a ``config.Settings`` beyond ``DEFAULT_CONF``: the S3 jars and
+    ``s3a`` settings when its landing zone or warehouse is on S3 (``lake.s3.settings_s3_conf``),
+    then its ``spark.conf`` (which may override any of them; its ``spark.jars`` add to them).
+
+    ``build_spark_session(settings.spark.master, settings.spark.app_name,
+    settings_conf(settings))`` builds a deployment's session.
+    """
+    return merge_conf(settings_s3_conf(settings), dict(settings.spark.conf))
 
 
 def prepare_python_workers() -> None:

@@ -2,7 +2,8 @@
 names sources take in the catalog.
 
 The catalog (Hadoop on the warehouse path by default, or REST, JDBC, Hive, Glue) is
-configuration (``warehouse.catalog``), never code. Names: a source database becomes the
+configuration (``warehouse.catalog``), never code; a warehouse on S3 is read and written through
+Iceberg's ``S3FileIO`` (``lake.s3``). Names: a source database becomes the
 namespace ``<server>_<db>`` and a table keeps its name wherever the catalog accepts it
 (``catalog_name``: lower case, Unicode letters where the catalog keeps them, else a slug and a
 hash), so ``lake.demo_inventory.orders`` for the demo.
@@ -16,6 +17,7 @@ from typing import Any
 
 from cdc_platform.capture.names import valid_name
 from cdc_platform.capture.storage import open_store
+from cdc_platform.lake.s3 import catalog_s3_properties, warehouse_on_s3
 
 ICEBERG_VERSION = "1.10.2"
 ICEBERG_JAR = f"iceberg-spark-runtime-3.5_2.12-{ICEBERG_VERSION}.jar"
@@ -40,11 +42,16 @@ def session_conf() -> dict[str, str]:
     return {"spark.jars": iceberg_jar(), "spark.sql.extensions": EXTENSIONS}
 
 
-def catalog_properties(warehouse_url: str, catalog: Any) -> dict[str, str]:
+def catalog_properties(warehouse_url: str, catalog: Any, s3: Any = None) -> dict[str, str]:
     """The Iceberg catalog's properties (``spark.sql.catalog.<name>.<key>`` without prefix).
 
     ``catalog`` is a ``config.CatalogSettings`` (or None: Hadoop on the warehouse). The table
     cache is off: each read and each commit sees what other processes committed.
+
+    A warehouse on S3 (``s3://bucket/prefix``, or an S3 Tables bucket's ARN) gets Iceberg's
+    ``S3FileIO`` with the endpoint, region and addressing style of ``s3`` (the config's ``s3``
+    section; None: the AWS environment, ``lake.s3.S3Endpoint``); the session needs the S3 jars
+    (``lake.s3.s3_session_conf``). ``catalog.properties`` override any of them.
     """
     kind = getattr(catalog, "type", "hadoop")
     uri = getattr(catalog, "uri", "")
@@ -60,6 +67,8 @@ def catalog_properties(warehouse_url: str, catalog: Any) -> dict[str, str]:
             raise ValueError(f"warehouse.catalog.uri must name the {kind} catalog service")
         props["uri"] = uri
     props["warehouse"] = warehouse
+    if warehouse_on_s3(warehouse):
+        props.update(catalog_s3_properties(s3))
     props.update(getattr(catalog, "properties", None) or {})
     return props
 

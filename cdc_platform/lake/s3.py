@@ -1,0 +1,168 @@
+"""What a Spark session needs to reach the lake and the landing zone on S3-compatible storage.
+
+Two clients read and write S3 in a lake session, each with its own jars:
+
+* Iceberg's ``S3FileIO`` (AWS SDK v2) for the tables' data and metadata files, configured as
+  properties of the Iceberg catalog (``catalog_s3_properties``; ``iceberg.catalog_properties``
+  adds them when the warehouse is an ``s3://`` URL). The REST catalog's SigV4 signer uses the
+  same SDK.
+* Hadoop's ``S3AFileSystem`` (``hadoop-aws``, AWS SDK v1) for Spark's own reads of
+  ``s3a://`` URLs: the landing zone's changelog segments and chunk files
+  (``storage.open_store`` turns ``s3://`` into ``s3a://`` for Spark), set as
+  ``spark.hadoop.fs.s3a.*`` (``s3a_conf``).
+
+The jars are not in pyspark: ``scripts/bootstrap.sh`` extracts a checksum-pinned set into
+``<venv>/share/cdc-platform/s3-jars`` (``s3_jars``); a production image points
+``CDC_PLATFORM_S3_JARS`` at a directory holding the Maven Central artifacts instead
+(docs/iceberg.md). They are static settings: ``s3_session_conf`` gives them to a session before
+it starts.
+
+Where things come from: endpoint, region and addressing style are arguments (the config's ``s3``
+section: ``s3.endpoint_url``, ``s3.region``, ``s3.path_style``), each falling back to the AWS
+environment (``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``, ``AWS_REGION`` /
+``AWS_DEFAULT_REGION``, else ``us-east-1``) as boto3 and pyarrow do. Credentials never come
+from the configuration: both clients take them from the AWS environment and default chain
+(``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN``, a profile, IRSA's
+web identity, instance metadata).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+S3_SCHEMES = frozenset({"s3", "s3a", "s3n"})
+S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
+S3A_FILESYSTEM = "org.apache.hadoop.fs.s3a.S3AFileSystem"
+# Environment first (explicit keys, as the platform's other clients take them), then the SDK's
+# default chain (profile, web identity as IRSA sets it, container and instance metadata).
+S3A_CREDENTIALS_PROVIDERS = ("com.amazonaws.auth.EnvironmentVariableCredentialsProvider,"
+                             "com.amazonaws.auth.DefaultAWSCredentialsProviderChain")
+DEFAULT_REGION = "us-east-1"
+JARS_ENV = "CDC_PLATFORM_S3_JARS"
+
+
+def is_s3_url(url: str | None) -> bool:
+    """True for an object-store URL the S3 clients serve (``s3://``, ``s3a://``, ``s3n://``)."""
+    return bool(url) and urlparse(str(url)).scheme.lower() in S3_SCHEMES
+
+
+def warehouse_on_s3(warehouse: str | None) -> bool:
+    """True when a catalog's warehouse keeps its files on S3: an S3 URL, or an S3 Tables
+    table bucket's ARN (the warehouse of its REST endpoint)."""
+    return is_s3_url(warehouse) or str(warehouse or "").startswith("arn:aws:s3tables:")
+
+
+@dataclass(frozen=True)
+class S3Endpoint:
+    """Where S3 is and how to address it, resolved: ``endpoint_url`` empty means AWS's own
+    endpoint for ``region``."""
+
+    endpoint_url: str
+    region: str
+    path_style: bool
+
+    @classmethod
+    def resolve(cls, endpoint_url: str | None = None, region: str | None = None,
+                path_style: bool | None = None) -> S3Endpoint:
+        """The arguments, each falling back to the AWS environment when empty or None.
+
+        ``path_style`` defaults to True with a custom endpoint (self-hosted servers such as
+        SeaweedFS or MinIO serve ``endpoint/bucket/key``) and False on AWS.
+        """
+        env = os.environ
+        endpoint = (endpoint_url or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+                    or "").rstrip("/")
+        signing_region = (region or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+                          or DEFAULT_REGION)
+        return cls(endpoint, signing_region, bool(endpoint) if path_style is None else path_style)
+
+    @classmethod
+    def of(cls, s3: Any = None) -> S3Endpoint:
+        """The endpoint of anything with ``endpoint_url``, ``region`` and ``path_style``
+        attributes (the config's ``s3`` section, ``capture.s3store.S3Options``, an
+        ``S3Endpoint``), or of the environment alone for None."""
+        if isinstance(s3, S3Endpoint):
+            return s3
+        return cls.resolve(getattr(s3, "endpoint_url", None), getattr(s3, "region", None),
+                           getattr(s3, "path_style", None))
+
+
+def s3_jars_dir() -> Path:
+    """The directory of the S3 jars: ``$CDC_PLATFORM_S3_JARS``, else the one
+    ``scripts/bootstrap.sh`` fills in this interpreter's environment."""
+    configured = os.environ.get(JARS_ENV)
+    return Path(configured) if configured else Path(sys.prefix) / "share" / "cdc-platform" / \
+        "s3-jars"
+
+
+def s3_jars() -> list[str]:
+    """The jars a session needs for S3 (``hadoop-aws`` and the AWS SDKs), sorted by name."""
+    directory = s3_jars_dir()
+    jars = sorted(str(path) for path in directory.glob("*.jar")) if directory.is_dir() else []
+    if not jars:
+        raise FileNotFoundError(
+            f"no S3 jars in {directory}: run scripts/bootstrap.sh (or `make bootstrap`), or set "
+            f"{JARS_ENV} to a directory holding iceberg-aws-bundle, hadoop-aws and "
+            "aws-java-sdk-bundle (docs/iceberg.md)")
+    return jars
+
+
+def catalog_s3_properties(s3: Any = None) -> dict[str, str]:
+    """The Iceberg catalog properties for tables on S3 through ``S3FileIO``.
+
+    ``s3``: the config's ``s3`` section, an ``S3Endpoint`` or None (the environment).
+    """
+    endpoint = S3Endpoint.of(s3)
+    props = {
+        "io-impl": S3_FILE_IO,
+        "client.region": endpoint.region,
+        "s3.path-style-access": str(endpoint.path_style).lower(),
+    }
+    if endpoint.endpoint_url:
+        props["s3.endpoint"] = endpoint.endpoint_url
+    return props
+
+
+def s3a_conf(s3: Any = None) -> dict[str, str]:
+    """The ``spark.hadoop.fs.s3a.*`` settings for Spark's reads of ``s3a://`` (and ``s3://``)
+    URLs: endpoint, region, addressing style and the credentials providers."""
+    endpoint = S3Endpoint.of(s3)
+    prefix = "spark.hadoop.fs.s3a"
+    conf = {
+        "spark.hadoop.fs.s3a.impl": S3A_FILESYSTEM,
+        # ``s3://`` URLs (a Hadoop catalog's warehouse, a user's reads) go through S3A too.
+        "spark.hadoop.fs.s3.impl": S3A_FILESYSTEM,
+        f"{prefix}.aws.credentials.provider": S3A_CREDENTIALS_PROVIDERS,
+        f"{prefix}.path.style.access": str(endpoint.path_style).lower(),
+        f"{prefix}.endpoint.region": endpoint.region,
+    }
+    if endpoint.endpoint_url:
+        conf[f"{prefix}.endpoint"] = endpoint.endpoint_url
+        conf[f"{prefix}.connection.ssl.enabled"] = str(
+            urlparse(endpoint.endpoint_url).scheme.lower() != "http").lower()
+    return conf
+
+
+def s3_session_conf(s3: Any = None) -> dict[str, str]:
+    """The static settings of a session that reads or writes S3: the Iceberg runtime and the
+    S3 jars on ``spark.jars``, and ``s3a_conf``."""
+    from cdc_platform.lake.iceberg.catalog import iceberg_jar
+
+    return {"spark.jars": ",".join([iceberg_jar(), *s3_jars()]), **s3a_conf(s3)}
+
+
+def settings_use_s3(settings: Any) -> bool:
+    """True when a ``config.Settings``'s landing zone or warehouse is on S3."""
+    return is_s3_url(settings.landing_zone.url) or warehouse_on_s3(settings.warehouse.url)
+
+
+def settings_s3_conf(settings: Any) -> dict[str, str]:
+    """The session settings a ``config.Settings`` needs beyond ``spark.DEFAULT_CONF``:
+    ``s3_session_conf`` of its ``s3`` section when its landing zone or warehouse is on S3, else
+    none."""
+    return s3_session_conf(getattr(settings, "s3", None)) if settings_use_s3(settings) else {}
