@@ -157,8 +157,13 @@ def s3_session_conf(s3: Any = None) -> dict[str, str]:
 
 
 def settings_use_s3(settings: Any) -> bool:
-    """True when a ``config.Settings``'s landing zone or warehouse is on S3."""
-    return is_s3_url(settings.landing_zone.url) or warehouse_on_s3(settings.warehouse.url)
+    """True when a ``config.Settings``'s landing zone or warehouse is on S3: an S3 URL or
+    table bucket, a Glue catalog, or a catalog whose properties name ``S3FileIO`` (a REST
+    service whose warehouse is a name, as Polaris's)."""
+    catalog = getattr(settings.warehouse, "catalog", None)
+    return (is_s3_url(settings.landing_zone.url) or warehouse_on_s3(settings.warehouse.url)
+            or getattr(catalog, "type", None) == "glue"
+            or (getattr(catalog, "properties", None) or {}).get("io-impl") == S3_FILE_IO)
 
 
 def settings_s3_conf(settings: Any) -> dict[str, str]:

@@ -113,6 +113,10 @@ def test_session_conf_only_for_s3_deployments() -> None:
                                                   region="us-east-1", path_style=True))
 
     assert settings_s3_conf(settings("/tmp/lz", "/tmp/wh")) == {}
+    polaris = settings("/tmp/lz", "cdc_lake")
+    assert settings_s3_conf(polaris) == {}
+    polaris.warehouse.catalog = SimpleNamespace(type="rest", properties={"io-impl": S3_FILE_IO})
+    assert settings_s3_conf(polaris)["spark.jars"]
     conf = settings_conf(settings("s3://landing/lz", "/tmp/wh", **{"spark.jars": "/x/jdbc.jar"}))
     jars = conf["spark.jars"].split(",")
     assert jars[-1] == "/x/jdbc.jar" and set(s3_jars()) <= set(jars)
