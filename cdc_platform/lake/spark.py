@@ -88,7 +88,8 @@ def build_spark_session(
     started = set(_jars(session.sparkContext.getConf().get("spark.jars", "")))
     missing = [jar for jar in _jars(settings.get("spark.jars", "")) if jar not in started]
     if missing:
-        log.warning(f"this process's Spark session started without {', '.join(missing)}; jars "
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        log.warning(f"this process's Spark session started without {missing[0]}{more}; jars "
                     "are static: give them to the first session the process builds")
     return session
 
