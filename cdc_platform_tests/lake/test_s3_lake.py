@@ -4,8 +4,8 @@ SeaweedFS's ``weed mini`` serves S3 and, for its table bucket, an Iceberg REST c
 OAuth2 client credentials, with the S3 keys). A Spark session built by
 ``lake.spark.build_spark_session`` with ``lake.s3.s3_session_conf`` creates an Iceberg table
 through that catalog (``Lake`` registers it; ``S3FileIO`` writes the files to the bucket),
-inserts, MERGEs and reads back; it reads Parquet files pyarrow wrote to another bucket through
-``s3a://``; pyiceberg reads the table through the same catalog and sees the same rows.
+inserts, MERGEs and reads back; it reads, through ``s3a://``, Parquet files the landing zone's
+store (``capture.storage.open_store``) put in another bucket; pyiceberg reads the table through the same catalog and sees the same rows.
 
 The S3 jars are static settings of a JVM, and the suite's other lake tests start theirs first
 in this process, so the Spark part runs in a child interpreter of its own (one session for the
@@ -31,6 +31,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
+from cdc_platform.capture.s3store import S3Options
+from cdc_platform.capture.storage import open_store
 from cdc_platform.devservices.seaweedfs import SeaweedFS
 from cdc_platform.lake.iceberg import catalog_properties
 from cdc_platform.lake.s3 import (
@@ -184,13 +186,21 @@ def _arrow(server: SeaweedFS) -> pafs.S3FileSystem:
 def spark_report(seaweedfs: SeaweedFS) -> dict[str, Any]:
     """Write the landing files, then run ``_spark_child`` and return what it reported."""
     seaweedfs.create_bucket(LANDING_BUCKET)
-    fs = _arrow(seaweedfs)
-    for number, rows in enumerate(LANDING_ROWS):
-        pq.write_table(pa.Table.from_pylist(rows),
-                       f"{LANDING_BUCKET}/changelog/inventory/orders/{number:06d}.parquet",
-                       filesystem=fs)
+    # The landing zone's own store (boto3) publishes the Parquet files pyarrow encodes, and
+    # names them as Spark reads them (s3a://).
+    # (its credentials from the AWS environment, as always)
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in seaweedfs.client_env().items():
+            env.setenv(name, value)
+        store = open_store(f"s3://{LANDING_BUCKET}/changelog/inventory/orders", s3=S3Options(
+            endpoint_url=seaweedfs.endpoint_url, region=REGION, path_style=True),
+            setting="landing_zone.url")
+        for number, rows in enumerate(LANDING_ROWS):
+            sink = pa.BufferOutputStream()
+            pq.write_table(pa.Table.from_pylist(rows), sink)
+            store.write_atomically(f"{number:06d}.parquet", data=sink.getvalue().to_pybytes())
     job = {"s3_endpoint": seaweedfs.endpoint_url, "catalog_uri": seaweedfs.catalog_uri,
-           "landing": f"s3://{LANDING_BUCKET}/changelog/inventory/orders"}
+           "landing": store.uri}
     env = {key: value for key, value in os.environ.items() if not key.startswith("AWS_")}
     # The credentials only in the AWS environment; AWS_ENDPOINT_URL also reaches Lake's catalog
     # properties (it passes no endpoint: lake.s3.S3Endpoint's fallback, as boto3 and pyarrow).
@@ -244,11 +254,10 @@ def _spark_child() -> None:
         files = [row.file_path for row in lake.sql(f"SELECT file_path FROM {table}.files")
                  .collect()]
         snapshots = lake.sql(f"SELECT count(*) AS n FROM {table}.snapshots").collect()[0].n
-        landing_url = "s3a://" + job["landing"].split("://", 1)[1]
-        landing = [row.asDict() for row in spark.read.parquet(landing_url)
+        landing = [row.asDict() for row in spark.read.parquet(job["landing"])
                    .orderBy("id", "op").collect()]
         report = {"catalog": lake.catalog, "rows": rows, "files": files,
-                  "snapshots": snapshots, "landing": landing,
+                  "snapshots": snapshots, "landing": landing, "landing_url": job["landing"],
                   "properties": {key: spark.conf.get(f"spark.sql.catalog.{lake.catalog}.{key}")
                                  for key in ("io-impl", "s3.endpoint", "s3.path-style-access")}}
         print("REPORT " + json.dumps(report), flush=True)
@@ -291,6 +300,8 @@ def test_pyiceberg_reads_the_same_rows_through_the_rest_catalog(
 
 @pytest.mark.integration
 def test_spark_reads_landing_zone_parquet_through_s3a(spark_report: dict[str, Any]) -> None:
+    assert spark_report["landing_url"] == \
+        f"s3a://{LANDING_BUCKET}/changelog/inventory/orders"
     expected = sorted((row for rows in LANDING_ROWS for row in rows),
                       key=lambda row: (row["id"], row["op"]))
     assert spark_report["landing"] == expected
