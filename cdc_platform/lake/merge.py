@@ -237,8 +237,7 @@ def _materialise_once(
     # Not persisted: building Spark's cache of a folded batch costs several times computing
     # it (1M snapshot rows: 5.8 s against 0.7 s), and each use below computes it again from
     # the same segments (unconsumed ones are never compacted or deleted: retention).
-    folded, sorted_rows = _fold(batch, newest)
-    counts = _count(folded)
+    folded, sorted_rows, counts = _fold(batch, newest)
     if counts["records"] == 0:  # segments overlapped the range but held no record in it
         return unchanged()
     unknown = counts["total"] - sum(counts[op] for op in ROW_OPS) - counts["instructions"]
@@ -358,9 +357,9 @@ def _fold_latest(df: DataFrame, keys: list[str]) -> DataFrame:
         col("__cdc_rank") == 1).drop("__cdc_rank")
 
 
-def _fold(batch: DataFrame, schema: TableSchema) -> tuple[DataFrame, bool]:
-    """The batch folded to one record per key, with what the counts need; and whether its row
-    records went through the fold's shuffle (``append_statement``'s rebalance).
+def _fold(batch: DataFrame, schema: TableSchema) -> tuple[DataFrame, bool, dict[str, int]]:
+    """The batch folded to one record per key; whether its row records went through the fold's
+    shuffle (``append_statement``'s rebalance); and the batch's counts (``_stats``).
 
     Each key keeps its newest record, the op of its first record in the batch (``c``: the key
     did not exist before the batch) and its number of records. Range assertions and sweeps
@@ -368,37 +367,62 @@ def _fold(batch: DataFrame, schema: TableSchema) -> tuple[DataFrame, bool]:
     of their own (flag ``__cdc_instruction``), and are never rows of the table.
 
     When no key has more than one row record (an initial load: snapshot chunks, each key once)
-    each record is already its key's fold: one narrow job over the keys tells, and the rows
-    then skip the shuffle and sort of every column that folding takes (most of an initial
-    load's merge).
+    each record is already its key's fold: the rows then skip the shuffle and sort of every
+    column that folding takes (most of an initial load's merge).
     """
     keys = list(schema.primary_key)
     if THRESHOLD not in batch.columns:
-        unique, _ = _fold_stats(batch, keys, None)
-        return (_unique_rows(batch), False) if unique else (_fold_window(batch, keys), True)
+        counts = _stats(batch, keys, None)
+        unique = counts["most"] <= 1
+        return ((_unique_rows(batch), False, counts) if unique
+                else (_fold_window(batch, keys), True, counts))
     batch = batch.withColumn(
         INSTRUCTION, F.coalesce(col(OP).isin(*INSTRUCTION_OPS), F.lit(False)))
-    unique, instructions = _fold_stats(batch, keys, INSTRUCTION)
-    if not unique:
-        return _fold_window(batch, [*keys, INSTRUCTION]), True
+    counts = _stats(batch, keys, INSTRUCTION)
+    if counts["most"] > 1:
+        return _fold_window(batch, [*keys, INSTRUCTION]), True, counts
     rows = _unique_rows(batch.where(~col(INSTRUCTION)))
-    if not instructions:
-        return rows, False
+    if not counts["instructions"]:
+        return rows, False, counts
     return rows.unionByName(
-        _fold_window(batch.where(col(INSTRUCTION)), [*keys, INSTRUCTION])), False
+        _fold_window(batch.where(col(INSTRUCTION)), [*keys, INSTRUCTION])), False, counts
 
 
-def _fold_stats(batch: DataFrame, keys: list[str], flag: str | None) -> tuple[bool, bool]:
-    """(no key has two row records, the batch holds instructions), in one job. Keys group
-    as in a fold (NULL parts equal); records flagged ``flag`` are instructions."""
+def _stats(batch: DataFrame, keys: list[str], flag: str | None) -> dict[str, int]:
+    """One job over the batch, grouped per key as the fold groups it (NULL key parts equal;
+    records flagged ``flag`` are instructions, folded apart): what the fold will hold, without
+    folding every column. ``records`` read, ``max_pos``, ``newest_ms``, ``instructions`` and
+    ``total`` folded records, the final op of the row keys (one count per op), the effects
+    (inserted: absent before and present after, and so on) and ``most``, the most row records
+    of one key (1: each record is its key's fold).
+
+    A key's final op is its record at the highest ``__cdc_pos`` and its first op the one at
+    the lowest, as in ``_fold_window`` (records at one position are one record replayed)."""
     instruction = col(flag) if flag is not None else F.lit(False)
     per_key = batch.groupBy(*[col(k) for k in keys], instruction.alias("__cdc_flag")).agg(
-        F.count(F.lit(1)).alias("__cdc_n"))
-    stats = per_key.agg(
-        F.max(F.when(~col("__cdc_flag"), col("__cdc_n"))).alias("most"),
-        F.max(col("__cdc_flag").cast("int")).alias("instructions")).first()
-    assert stats is not None
-    return (stats["most"] or 0) <= 1, bool(stats["instructions"])
+        F.count(F.lit(1)).alias("__cdc_n"),
+        F.min_by(col(OP), col(POS)).alias(FIRST_OP),
+        F.max_by(col(OP), col(POS)).alias(OP),
+        F.max(col(POS)).alias(POS),
+        F.max(col(TS_MS)).alias(TS_MS))
+    is_instruction = col("__cdc_flag")
+    row = ~is_instruction
+    existed, exists = col(FIRST_OP) != CREATE, col(OP) != DELETE
+    aggregates = [
+        F.sum(col("__cdc_n")).alias("records"),
+        F.max(col(POS)).alias("max_pos"),
+        F.max(col(TS_MS)).alias("newest_ms"),
+        F.count(F.when(is_instruction, 1)).alias("instructions"),
+        F.count(F.lit(1)).alias("total"),
+        F.max(F.when(row, col("__cdc_n"))).alias("most"),
+        *[F.count(F.when(row & (col(OP) == op), 1)).alias(op) for op in ROW_OPS],
+        F.count(F.when(row & ~existed & exists, 1)).alias("inserted"),
+        F.count(F.when(row & existed & exists, 1)).alias("updated"),
+        F.count(F.when(row & existed & ~exists, 1)).alias("deleted"),
+    ]
+    values = per_key.agg(*aggregates).first()
+    assert values is not None
+    return {k: int(v) if v is not None else 0 for k, v in values.asDict().items()}
 
 
 def _unique_rows(rows: DataFrame) -> DataFrame:
@@ -413,28 +437,6 @@ def _fold_window(batch: DataFrame, keys: list[str]) -> DataFrame:
     with_first = batch.withColumn(FIRST_OP, F.last(col(OP)).over(history)).withColumn(
         RECORDS, F.count(F.lit(1)).over(history))
     return _fold_latest(with_first, keys)
-
-
-def _count(folded: DataFrame) -> dict[str, int]:
-    """One job over the folded batch: records read, highest position, final op per key and
-    the effects (inserted: absent before and present after, and so on)."""
-    instruction = col(INSTRUCTION) if INSTRUCTION in folded.columns else F.lit(False)
-    row = ~instruction
-    existed, exists = col(FIRST_OP) != CREATE, col(OP) != DELETE
-    aggregates = [
-        F.sum(col(RECORDS)).alias("records"),
-        F.max(col(POS)).alias("max_pos"),
-        F.max(col(TS_MS)).alias("newest_ms"),
-        F.count(F.when(instruction, 1)).alias("instructions"),
-        F.count(F.lit(1)).alias("total"),
-        *[F.count(F.when(row & (col(OP) == op), 1)).alias(op) for op in ROW_OPS],
-        F.count(F.when(row & ~existed & exists, 1)).alias("inserted"),
-        F.count(F.when(row & existed & exists, 1)).alias("updated"),
-        F.count(F.when(row & existed & ~exists, 1)).alias("deleted"),
-    ]
-    values = folded.agg(*aggregates).first()
-    assert values is not None
-    return {k: int(v) if v is not None else 0 for k, v in values.asDict().items()}
 
 
 def _drop_columns_dropped_at_source(changelog: TableChangelog, target: LakeTable,
