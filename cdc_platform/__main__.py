@@ -66,12 +66,12 @@ def _apply(args: argparse.Namespace) -> int:
     every target merged with the changelog until stopped."""
     from cdc_platform.config import load_settings
     from cdc_platform.lake.applier import Applied, Applier, ApplierOptions
-    from cdc_platform.lake.spark import build_spark_session
+    from cdc_platform.lake.spark import build_spark_session, settings_conf
 
     settings = load_settings(args.config)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     spark = build_spark_session(settings.spark.master, settings.spark.app_name,
-                                dict(settings.spark.conf))
+                                settings_conf(settings))
     stop = _stop_on_signals("stopping after the merge in progress")
 
     def report(event: Any) -> None:

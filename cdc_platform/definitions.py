@@ -27,7 +27,7 @@ from cdc_platform.defs.signals import definitions as signals_defs
 from cdc_platform.defs.snapshots import definitions as snapshots_defs
 from cdc_platform.defs.snapshots import sensors as snapshots_sensors
 from cdc_platform.defs.streaming import definitions as streaming_defs
-from cdc_platform.lake.spark import DEFAULT_CONF, prepare_python_workers
+from cdc_platform.lake.spark import DEFAULT_CONF, merge_conf, prepare_python_workers, settings_conf
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +53,13 @@ def discover_tables(config: Settings) -> list[TableSchema]:
 
 
 def spark_config(config: Settings) -> dict[str, str]:
-    return {
-        **DEFAULT_CONF,
+    """The Dagster steps' Spark session: the lake's defaults, the S3 jars and settings when the
+    landing zone or the warehouse is on S3, then the config's own ``spark.conf``."""
+    return merge_conf(DEFAULT_CONF, {
         "spark.master": config.spark.master,
         "spark.app.name": config.spark.app_name,
         "spark.sql.warehouse.dir": f"{tempfile.gettempdir()}/cdc-spark-warehouse",
-        **config.spark.conf,
-    }
+    }, settings_conf(config))
 
 
 class LakeSparkResource(LazyPySparkResource):

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,17 @@ class S3Endpoint:
         signing_region = (region or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
                           or DEFAULT_REGION)
         return cls(endpoint, signing_region, bool(endpoint) if path_style is None else path_style)
+
+    @classmethod
+    def of_session(cls, get: Callable[[str], str | None]) -> S3Endpoint:
+        """The endpoint a Spark session was built with (``s3a_conf``'s settings, read with
+        ``get``, e.g. ``lambda key: spark.conf.get(key, None)``): the session is where the
+        config's ``s3`` section reaches the lake, so an Iceberg catalog registered in it
+        addresses S3 as its ``s3a`` reads do. Unset ones fall back to the environment."""
+        prefix = "spark.hadoop.fs.s3a"
+        path_style = get(f"{prefix}.path.style.access")
+        return cls.resolve(get(f"{prefix}.endpoint"), get(f"{prefix}.endpoint.region"),
+                           None if path_style is None else path_style.lower() == "true")
 
     @classmethod
     def of(cls, s3: Any = None) -> S3Endpoint:

@@ -39,7 +39,7 @@ from dagster_dbt import DbtCliResource, DbtProject
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.config import Settings, settings
 from cdc_platform.lake.iceberg import SPARK_CATALOG, catalog_properties, namespace_name
-from cdc_platform.lake.spark import DEFAULT_CONF
+from cdc_platform.lake.spark import DEFAULT_CONF, merge_conf, settings_conf
 
 PROJECT_DIR_ENV = "CDC_DBT_PROJECT_DIR"
 INVENTORY_TABLES = ("customers", "products", "orders")
@@ -152,17 +152,15 @@ def spark_conf(settings: Settings) -> dict[str, str]:
     """
     catalog = settings.warehouse.catalog
     prefix = f"spark.sql.catalog.{catalog.name}"
-    properties = catalog_properties(settings.warehouse.url, catalog)
-    return {
-        **DEFAULT_CONF,
+    properties = catalog_properties(settings.warehouse.url, catalog, settings.s3)
+    return merge_conf(DEFAULT_CONF, {
         "spark.master": settings.spark.master,
         "spark.app.name": f"{settings.spark.app_name}_dbt",
         "spark.sql.warehouse.dir": f"{tempfile.gettempdir()}/cdc-dbt-spark-warehouse",
         prefix: SPARK_CATALOG,
         **{f"{prefix}.{key}": value for key, value in properties.items()},
         "spark.sql.defaultCatalog": catalog.name,
-        **settings.spark.conf,
-    }
+    }, settings_conf(settings))
 
 
 def run_vars(settings: Settings, database: str) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from pyspark.sql import DataFrame, SparkSession
 from cdc_platform.capture.storage import open_store
 from cdc_platform.lake.iceberg.catalog import SPARK_CATALOG, UNICODE_CATALOGS, catalog_properties
 from cdc_platform.lake.iceberg.table import LakeTable
+from cdc_platform.lake.s3 import S3Endpoint, warehouse_on_s3
 
 _register_lock = threading.Lock()
 
@@ -26,7 +27,10 @@ class Lake:
     def __init__(self, spark: SparkSession, warehouse_url: str, catalog: Any = None) -> None:
         self.spark = spark
         self.warehouse_url = warehouse_url
-        self.properties = catalog_properties(warehouse_url, catalog)
+        conf = spark.conf
+        s3 = S3Endpoint.of_session(lambda key: conf.get(key, None)) if warehouse_on_s3(
+            warehouse_url) else None
+        self.properties = catalog_properties(warehouse_url, catalog, s3)
         self.unicode_names = getattr(catalog, "type", "hadoop") in UNICODE_CATALOGS
         base = getattr(catalog, "name", "lake")
         self.catalog = self._register(base)
