@@ -42,6 +42,25 @@ RUN pip install ".[k8s]" \
     && jar="$(python -c 'from cdc_platform.lake.iceberg import iceberg_jar; print(iceberg_jar())')" \
     && echo "${ICEBERG_JAR_SHA256}  ${jar}" | sha256sum --check --strict
 
+# S3 (a landing zone or warehouse at s3://, docs/iceberg.md): Iceberg's S3FileIO and REST
+# signing (iceberg-aws-bundle, the Iceberg runtime's version) and Spark's s3a reads (hadoop-aws
+# of pyspark's Hadoop, with the AWS SDK bundle it was built against), from Maven Central, each
+# checked against the SHA-1 Maven publishes beside it; lake.s3.s3_jars finds them through
+# CDC_PLATFORM_S3_JARS. Development takes the same classes from a PyPI wheel
+# (scripts/bootstrap.sh).
+ARG MAVEN=https://repo1.maven.org/maven2
+ARG S3_JARS="org/apache/iceberg/iceberg-aws-bundle/1.10.2/iceberg-aws-bundle-1.10.2.jar \
+org/apache/hadoop/hadoop-aws/3.3.4/hadoop-aws-3.3.4.jar \
+com/amazonaws/aws-java-sdk-bundle/1.12.262/aws-java-sdk-bundle-1.12.262.jar"
+ENV CDC_PLATFORM_S3_JARS=/opt/cdc_platform/s3-jars
+RUN mkdir -p "${CDC_PLATFORM_S3_JARS}" && for path in ${S3_JARS}; do \
+        python -c 'import hashlib, sys, urllib.request as u; url, out = sys.argv[1:]; \
+data = u.urlopen(url).read(); sha1 = u.urlopen(url + ".sha1").read().split()[0].decode(); \
+assert hashlib.sha1(data).hexdigest() == sha1, f"{url}: SHA-1 differs"; \
+open(out, "wb").write(data)' "${MAVEN}/${path}" "${CDC_PLATFORM_S3_JARS}/${path##*/}" \
+        || exit 1; \
+    done
+
 COPY dbt_project ./dbt_project
 ARG DBT_MANIFESTS="demo:inventory"
 RUN for pair in ${DBT_MANIFESTS}; do \
