@@ -90,7 +90,7 @@ class _Connection:
     clients are thread-safe; a session is not, so each connection makes its own)."""
 
     options: S3Options
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     _session: Any = field(default=None, repr=False)
     _client: Any = field(default=None, repr=False)
     _arrow: pafs.S3FileSystem | None = field(default=None, repr=False)

@@ -212,6 +212,7 @@ class SeaweedFS(ManagedService):
             f"-s3.port.grpc={aux['s3_grpc']}",
             f"-s3.port.iceberg={aux['iceberg'] if self.table_bucket else 0}",
             "-s3.port.lance=0",
+            "-s3.autoCreateBucket=false",  # as on S3: a PUT into a missing bucket fails
             f"-s3.localSocket={self._socket('s3')}",
             f"-admin.port={aux['admin']}",
         ]
