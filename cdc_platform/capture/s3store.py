@@ -114,7 +114,8 @@ class _Connection:
                 options = self.options
                 config = Config(
                     region_name=self.options.region or session.region_name or DEFAULT_REGION,
-                    retries={"mode": options.retry_mode, "max_attempts": options.max_attempts},
+                    retries={"mode": options.retry_mode,
+                             "total_max_attempts": options.max_attempts},
                     connect_timeout=options.connect_timeout_seconds,
                     read_timeout=options.read_timeout_seconds,
                     s3={"addressing_style": "path" if options.path_style else "auto"},
