@@ -122,6 +122,26 @@ class SeaweedFS(ManagedService):
         self.endpoint_url  # noqa: B018 - running?
         return f"http://{self.host}:{self._aux['iceberg']}"
 
+    def catalog_properties(self) -> dict[str, str]:
+        """Iceberg REST catalog properties for ``table_bucket`` (pyiceberg's; Spark takes the
+        same keys under ``spark.sql.catalog.<name>.``). Requests are SigV4-signed for the
+        service ``s3tables`` with this server's credentials (unsigned ones are refused)."""
+        uri = self.catalog_uri
+        if uri is None:
+            raise DevServiceError("SeaweedFS was started without a table_bucket: no catalog")
+        return {
+            "uri": uri,
+            "warehouse": f"s3://{self.table_bucket}",
+            "rest.sigv4-enabled": "true",
+            "rest.signing-name": "s3tables",
+            "rest.signing-region": self.region,
+            "s3.endpoint": self.endpoint_url,
+            "s3.region": self.region,
+            "s3.path-style-access": "true",
+            "s3.access-key-id": self.access_key,
+            "s3.secret-access-key": self.secret_key,
+        }
+
     def client_env(self) -> dict[str, str]:
         """The AWS environment a client of this server needs (credentials, region, endpoint)."""
         return {
