@@ -320,7 +320,17 @@ class LakeSettings(_Section):
     poll_seconds: float = Field(
         default=2.0, gt=0,
         description="How often the applier looks for new changelog records; a table with new "
-        "records is merged at once (one Iceberg commit per table per merge).",
+        "records is merged at once (one Iceberg commit per table per merge), unless it was "
+        "merged less than `merge_interval_seconds` ago.",
+    )
+    merge_interval_seconds: float = Field(
+        default=5.0, ge=0,
+        description="A table is merged at most once per this interval (from the start of one "
+        "merge to the start of the next). A merge costs a few seconds of CPU whatever its size "
+        "(Spark jobs, the Iceberg commit): merging a busy table back to back spends the "
+        "machine on that fixed cost, and the capture engine beside it then falls behind; a "
+        "longer interval merges more records per merge. Freshness is about this interval plus "
+        "a merge's duration.",
     )
     reconcile_every_merges: int = Field(
         default=0, ge=0,

@@ -5,7 +5,9 @@ a Spark session), so targets cannot be kept within a minute of the source by run
 is instead one long-running loop, as Flink's and Kafka Connect's Iceberg sinks are: every
 ``poll_seconds`` it reads the checkpoint, finds the tables whose segments hold records past
 their target's consumed mark (a listing of file names: no data is read for idle tables), and
-merges each of them with ``lake.merge.materialise`` - one Iceberg commit per table per merge,
+merges each of them not merged in the last ``merge_interval_seconds`` (a merge's fixed cost
+is seconds of CPU: back to back, a busy table's merges would take the CPU the capture engine
+beside them needs) with ``lake.merge.materialise`` - one Iceberg commit per table per merge,
 with the consumed mark inside the commit, so exactly-once is that of a manual run: a killed
 applier resumes from the marks, and a manual ``materialise_targets`` at the same time is safe
 through the same compare-and-swap.
@@ -73,6 +75,7 @@ class ApplierOptions:
     connection: Mapping[str, Any]
     selector: TableSelector
     poll_seconds: float = 2.0
+    merge_interval_seconds: float = 5.0
     reconcile_every_merges: int = 0
     reconcile_interval_seconds: float = 3600.0
     reconcile_range_rows: int = 10_000
@@ -98,6 +101,7 @@ class ApplierOptions:
             connection=settings.source.connection_settings(),
             selector=source_sql.selector_from_settings(settings),
             poll_seconds=lake.poll_seconds,
+            merge_interval_seconds=lake.merge_interval_seconds,
             reconcile_every_merges=lake.reconcile_every_merges,
             reconcile_interval_seconds=lake.reconcile_interval_minutes * 60,
             reconcile_range_rows=settings.reconcile.range_rows,
@@ -178,6 +182,7 @@ class _TableState:
     failures: int = 0
     retry_at: float = 0.0
     merges_since_expiry: int = 0
+    merge_started: float = -1e9  # (monotonic) when its last committed merge started
     last_compaction: float = -1e9
     loaded: bool = False  # the target is known to hold rows
     waited_for: str = ""  # the snapshot session it last said it waits for
@@ -264,7 +269,20 @@ class Applier:
         while not stop.is_set():
             started = time.monotonic()
             self.cycle(stop)
-            stop.wait(max(0.0, self.options.poll_seconds - (time.monotonic() - started)))
+            stop.wait(self._until_next_cycle(started))
+
+    def _until_next_cycle(self, started: float) -> float:
+        """Seconds until the next pass: ``poll_seconds`` after this one started, or sooner when
+        a table's ``merge_interval_seconds`` ends before (it is merged when due, not up to a
+        poll later)."""
+        now = time.monotonic()
+        due = started + self.options.poll_seconds
+        for state in self.states.values():
+            if state.merge_started > 0:
+                ends = state.merge_started + self.options.merge_interval_seconds
+                if now < ends < due:
+                    due = ends
+        return max(0.0, due - now)
 
     def cycle(self, stop: threading.Event | None = None) -> None:
         """One pass: merge every table with new records, then the housekeeping that is due."""
@@ -314,7 +332,7 @@ class Applier:
     def _apply(self, schema: TableSchema, checkpoint: Checkpoint) -> None:
         state = self.states[schema.table_id]
         now = time.monotonic()
-        if now < state.retry_at:
+        if now < state.retry_at or now - state.merge_started < self.options.merge_interval_seconds:
             return
         if not self.pending(schema, checkpoint):
             self._after_catch_up(schema, state)
@@ -340,6 +358,7 @@ class Applier:
         state.known = True
         state.loaded = state.loaded or result.rows > 0
         if result.committed:
+            state.merge_started = now
             state.merges += 1
             state.merges_since_reconcile += 1
             state.merges_since_expiry += 1

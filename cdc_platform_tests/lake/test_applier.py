@@ -36,7 +36,8 @@ from cdc_platform_tests.conftest import CdcEnv
 
 def _options(env: CdcEnv, **changes: Any) -> ApplierOptions:
     options = ApplierOptions.from_settings(env.settings)
-    values = {**options.__dict__, "poll_seconds": 0.3, **changes}
+    values = {**options.__dict__, "poll_seconds": 0.3, "merge_interval_seconds": 0.0,
+              **changes}
     return ApplierOptions(**values)
 
 
@@ -183,6 +184,30 @@ def test_a_failing_table_backs_off_while_the_others_merge(cdc_env: CdcEnv, spark
     assert all(f.schema.table == "bad" for f in failures)
     assert "primary key" in failures[0].error
     assert [f.attempts for f in failures[:2]] == [1, 2]  # counted, retried with backoff
+
+
+def test_a_table_merged_within_the_merge_interval_waits_for_its_end(
+        cdc_env: CdcEnv, spark: Any) -> None:
+    """A merge's fixed cost is seconds of CPU: a busy table is merged at most once per
+    ``merge_interval_seconds``, its new records then in the next merge, and the loop wakes
+    when the interval ends (not up to a poll later)."""
+    env = cdc_env
+    env.execute("CREATE TABLE busy (id INT PRIMARY KEY, v INT)", "INSERT INTO busy VALUES (1, 0)")
+    env.catch_up()
+    applied: list[Any] = []
+    applier = Applier(spark, _options(env, poll_seconds=30.0, merge_interval_seconds=20.0),
+                      lambda event: applied.append(event) if isinstance(event, Applied) else None)
+    applier.cycle()
+    assert [e.result.rows for e in applied] == [1]
+    env.execute("INSERT INTO busy VALUES (2, 0)")
+    env.catch_up()
+    started = time.monotonic()
+    applier.cycle()
+    assert len(applied) == 1  # within the interval: not merged
+    assert 0 < applier._until_next_cycle(started) <= 20.0  # (wakes when it ends, not at 30 s)
+    applier.states[next(iter(applier.states))].merge_started -= 20.0  # the interval is over
+    applier.cycle()
+    assert [e.result.rows for e in applied] == [1, 2]
 
 
 def test_a_pass_reconciles_at_most_one_table_so_the_others_keep_merging(
