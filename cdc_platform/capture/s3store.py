@@ -45,7 +45,6 @@ from botocore.exceptions import (
     PartialCredentialsError,
 )
 
-from cdc_platform.capture.start_errors import StartError
 from cdc_platform.capture.storage import FileStore, _checked
 
 __all__ = ["ObjectStoreError", "S3FileStore", "S3Options", "parse_s3_url"]
@@ -57,9 +56,11 @@ _CONFLICT_ATTEMPTS = 20
 _NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
 
 
-class ObjectStoreError(StartError):
+class ObjectStoreError(ValueError):
     """The object store refuses this deployment (no bucket, no access, no credentials, no
-    endpoint); the message is one line naming the setting and the fix."""
+    endpoint); the message is one line naming the setting and the fix. (A ValueError like
+    ``config.ConfigError``: a wrong setting. This module sits on the storage floor, below
+    ``start_errors``, so it does not derive from ``StartError``.)"""
 
 
 @dataclass(frozen=True)
