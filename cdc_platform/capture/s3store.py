@@ -109,18 +109,19 @@ class _Connection:
 
     @property
     def client(self) -> Any:
-        session = self.session
+        session, region = self.session, self.region
         with self._lock:
             if self._client is None:
                 options = self.options
                 config = Config(
-                    region_name=self.options.region or session.region_name or DEFAULT_REGION,
+                    region_name=region,
                     retries={"mode": options.retry_mode,
                              "total_max_attempts": options.max_attempts},
                     connect_timeout=options.connect_timeout_seconds,
                     read_timeout=options.read_timeout_seconds,
                     s3={"addressing_style": "path" if options.path_style else "auto"},
-                    # the conditional writes need a single request with a known length
+                    # plain signed bodies, no aws-chunked trailing checksums (which some
+                    # S3-compatible servers refuse); PUTs carry Content-MD5 where required
                     request_checksum_calculation="when_required",
                     response_checksum_validation="when_required",
                 )
@@ -133,7 +134,7 @@ class _Connection:
             if self._arrow is None:
                 options = self.options
                 kwargs: dict[str, Any] = {
-                    "region": options.region or self.session.region_name or DEFAULT_REGION,
+                    "region": self.region,
                     "connect_timeout": options.connect_timeout_seconds,
                     "request_timeout": options.read_timeout_seconds,
                     "force_virtual_addressing": not options.path_style,
