@@ -16,6 +16,7 @@ import pytest
 
 from cdc_platform.capture.engine import EngineError
 from cdc_platform.capture.landing.zone import EngineLockedError
+from cdc_platform.capture.s3store import ObjectStoreError
 from cdc_platform.capture.source import PrerequisiteError
 from cdc_platform.capture.start_errors import (
     SourceAccount,
@@ -97,6 +98,8 @@ def test_missing_grants_names_mysql_privileges_as_mysql_does() -> None:
     (EngineLockedError("another capture engine is already streaming 'acc' into /lz/acc (pid "
                        "7); stop it first: one engine per source server"),
      ["already streaming 'acc'", "stop it first"]),
+    (ObjectStoreError("landing_zone.url s3://b/p: bucket 'b' does not exist; create it or fix "
+                      "the URL"), ["landing_zone.url s3://b/p", "create it or fix the URL"]),
 ])
 def test_each_known_start_error_is_one_line_naming_the_fix(error: BaseException,
                                                           expected: list[str]) -> None:
