@@ -388,6 +388,13 @@ def _fold(batch: DataFrame, schema: TableSchema) -> tuple[DataFrame, bool, dict[
         _fold_window(batch.where(col(INSTRUCTION)), [*keys, INSTRUCTION])), False, counts
 
 
+# ``_stats``'s codes of the ops in a packed (position, op) long; any other op is _OTHER_OP.
+# (Positions count records from 1: far below 2**60, the most a packed long holds.)
+_OP_CODES = (*ROW_OPS, *INSTRUCTION_OPS)
+_OTHER_OP = len(_OP_CODES)
+_CODES = 8
+
+
 def _stats(batch: DataFrame, keys: list[str], flag: str | None) -> dict[str, int]:
     """One job over the batch, grouped per key as the fold groups it (NULL key parts equal;
     records flagged ``flag`` are instructions, folded apart): what the fold will hold, without
@@ -397,32 +404,42 @@ def _stats(batch: DataFrame, keys: list[str], flag: str | None) -> dict[str, int
     of one key (1: each record is its key's fold).
 
     A key's final op is its record at the highest ``__cdc_pos`` and its first op the one at
-    the lowest, as in ``_fold_window`` (records at one position are one record replayed)."""
+    the lowest, as in ``_fold_window`` (records at one position are one record replayed).
+    Each record is one long, its position and its op's code (``_OP_CODES``), so that the
+    per-key minimum and maximum are fixed-width (hash) aggregates: ``min_by``/``max_by`` of
+    a string op made Spark sort every key of a 1M-row initial load."""
     instruction = col(flag) if flag is not None else F.lit(False)
+    code = F.coalesce(*[F.when(col(OP) == op, F.lit(i)) for i, op in enumerate(_OP_CODES)],
+                      F.lit(_OTHER_OP))
+    packed = col(POS).cast("long") * _CODES + code
     per_key = batch.groupBy(*[col(k) for k in keys], instruction.alias("__cdc_flag")).agg(
         F.count(F.lit(1)).alias("__cdc_n"),
-        F.min_by(col(OP), col(POS)).alias(FIRST_OP),
-        F.max_by(col(OP), col(POS)).alias(OP),
-        F.max(col(POS)).alias(POS),
+        F.min(packed).alias("__cdc_first"),
+        F.max(packed).alias("__cdc_last"),
         F.max(col(TS_MS)).alias(TS_MS))
+    first_op, last_op = col("__cdc_first") % _CODES, col("__cdc_last") % _CODES
     is_instruction = col("__cdc_flag")
     row = ~is_instruction
-    existed, exists = col(FIRST_OP) != CREATE, col(OP) != DELETE
+    existed = first_op != _OP_CODES.index(CREATE)
+    exists = last_op != _OP_CODES.index(DELETE)
     aggregates = [
         F.sum(col("__cdc_n")).alias("records"),
-        F.max(col(POS)).alias("max_pos"),
+        F.max(col("__cdc_last")).alias("max_pos"),  # (packed: decoded below)
         F.max(col(TS_MS)).alias("newest_ms"),
         F.count(F.when(is_instruction, 1)).alias("instructions"),
         F.count(F.lit(1)).alias("total"),
         F.max(F.when(row, col("__cdc_n"))).alias("most"),
-        *[F.count(F.when(row & (col(OP) == op), 1)).alias(op) for op in ROW_OPS],
+        *[F.count(F.when(row & (last_op == _OP_CODES.index(op)), 1)).alias(op)
+          for op in ROW_OPS],
         F.count(F.when(row & ~existed & exists, 1)).alias("inserted"),
         F.count(F.when(row & existed & exists, 1)).alias("updated"),
         F.count(F.when(row & existed & ~exists, 1)).alias("deleted"),
     ]
     values = per_key.agg(*aggregates).first()
     assert values is not None
-    return {k: int(v) if v is not None else 0 for k, v in values.asDict().items()}
+    counts = {k: int(v) if v is not None else 0 for k, v in values.asDict().items()}
+    counts["max_pos"] //= _CODES
+    return counts
 
 
 def _unique_rows(rows: DataFrame) -> DataFrame:

@@ -538,3 +538,15 @@ def test_composite_key_and_awkward_column_names(spark, landing, warehouse):
     assert run(spark, landing, warehouse, odd).rows == 1
     assert [tuple(row) for row in table.read().collect()] == [("y", 2, 3.0)]
     assert_third_party_reads_same(spark, table)
+
+
+def test_a_record_with_an_op_no_engine_writes_stops_the_merge_unapplied(spark, landing,
+                                                                        warehouse):
+    """The counts' op codes leave no op unnamed: one the contract does not know (a segment
+    another writer made) is a loud stop, and the target does not move."""
+    landing.segment(S, [("c", r(1, "a", "1.00"))])
+    first = run(spark, landing, warehouse)
+    landing.segment(S, [("u", r(1, "b", "1.00")), ("x", r(2, "c", "2.00"))])
+    with pytest.raises(ValueError, match="1 records with an __cdc_op outside"):
+        run(spark, landing, warehouse)
+    assert target(spark, warehouse).current().snapshot_id == first.snapshot_id
