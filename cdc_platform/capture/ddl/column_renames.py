@@ -42,9 +42,12 @@ from cdc_platform.capture.ddl.parse import (
     token_at,
     word_of,
 )
-from cdc_platform.capture.landing.zone import LandingZone, column_renames_name
+from cdc_platform.capture.landing.zone import (
+    LandingZone,
+    column_renames_name,
+    column_renames_parts,
+)
 from cdc_platform.capture.schema import TableSchema
-from cdc_platform.capture.storage import write_atomically
 
 Rename = tuple[str, str]  # (old column name, new column name) as the statement writes them
 
@@ -174,7 +177,7 @@ def record_column_renames(landing: LandingZone, ddl: TableDdl, gtid: str, positi
     database, table = ddl.tables[0]
     record = ColumnRenames(database, table, gtid, position, renames,
                            dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), dropped)
-    directory = landing.column_renames_dir(database, table)
-    write_atomically(directory / column_renames_name(position), record.to_json())
+    landing.store.write_atomically(*column_renames_parts(database, table),
+                                   column_renames_name(position), data=record.to_json())
     return record
 

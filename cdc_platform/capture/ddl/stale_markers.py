@@ -39,14 +39,13 @@ from cdc_platform.capture.ddl.stale import (
 )
 from cdc_platform.capture.ddl.statements import DatabaseDrop, Unclassified
 from cdc_platform.capture.gtid import parse_gtid, parse_position
-from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
+from cdc_platform.capture.landing.zone import Checkpoint, LandingReader, LandingZone
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.protocol import (
     SessionState,
     SnapshotSession,
     read_session_state,
 )
-from cdc_platform.capture.storage import write_atomically
 
 #: Verbs of history markers (the engine's, not a statement's): the table's rows predate what
 #: the changelog holds. INITIAL: found at the engine's first start; CAPTURED: became captured
@@ -147,20 +146,26 @@ class StaleMarker:
         return StaleMarker(**{k: v for k, v in data.items() if k in known})
 
 
+MARKERS_DIR = "stale"
+
+
 def markers_dir(landing: LandingZone) -> Path:
-    return landing.root / "stale"
+    """The markers' local directory (local zones; the functions here go through the zone's
+    store, local or not)."""
+    return landing.root / MARKERS_DIR
 
 
-def read_markers(landing: LandingZone) -> list[StaleMarker]:
+def read_markers(landing: LandingReader) -> list[StaleMarker]:
     """Every marker, in DDL order (unreadable files are skipped: written atomically, a
     half-written one cannot exist; a foreign file is not ours)."""
-    directory = markers_dir(landing)
-    if not directory.is_dir():
-        return []
     markers = []
-    for path in sorted(directory.glob("*.json")):
+    for name in landing.store.list_names(MARKERS_DIR):
+        if name.startswith(".") or not name.endswith(".json"):
+            continue
         try:
-            markers.append(StaleMarker.from_json(path.read_bytes()))
+            data = landing.store.read_bytes(MARKERS_DIR, name)
+            if data is not None:
+                markers.append(StaleMarker.from_json(data))
         except (OSError, ValueError, TypeError):
             continue
     return markers
@@ -168,7 +173,7 @@ def read_markers(landing: LandingZone) -> list[StaleMarker]:
 
 def _write(landing: LandingZone, markers: Sequence[StaleMarker]) -> None:
     for marker in markers:  # (DDL is rare: a durable write each is cheap)
-        write_atomically(markers_dir(landing) / marker.file_name, marker.to_json())
+        landing.store.write_atomically(MARKERS_DIR, marker.file_name, data=marker.to_json())
 
 
 def _pending_gone_name(marker: StaleMarker) -> bool:
@@ -240,9 +245,9 @@ def record_history(landing: LandingZone, verb: str, tables: Iterable[StaleTable]
     for table in tables:
         marker = StaleMarker(table.database, table.table, gtid, verb, table.reason, position,
                              table.gone, 0, now, since=since)
-        path = markers_dir(landing) / marker.file_name
-        if not path.exists():
-            write_atomically(path, marker.to_json())
+        if not landing.store.exists(MARKERS_DIR, marker.file_name):
+            landing.store.write_atomically(MARKERS_DIR, marker.file_name,
+                                           data=marker.to_json())
             written.append(marker)
     return written
 
@@ -254,7 +259,7 @@ def withdraw_history(landing: LandingZone, table_id: str) -> list[StaleMarker]:
     withdrawn = [m for m in read_markers(landing)
                  if m.table_id == table_id and m.history and not m.resolved and not m.gone]
     for marker in withdrawn:
-        (markers_dir(landing) / marker.file_name).unlink(missing_ok=True)
+        landing.store.delete(MARKERS_DIR, marker.file_name)
     return withdrawn
 
 
@@ -314,7 +319,8 @@ def resolve_markers(landing: LandingZone) -> list[StaleMarker]:
                 session, marker, checkpoint.flavour):
             pass
         elif session.state == SessionState.DONE:
-            ends = [last for _, last, _ in landing.segments(marker.database, marker.table)
+            ends = [last for _, last, _ in landing.segment_names(marker.database,
+                                                                 marker.table)
                     if last < checkpoint.next_pos]
             marker = dataclasses.replace(
                 marker, resolved_by=session.session_id,
@@ -371,7 +377,7 @@ def forget_applied(landing: LandingZone, markers: Sequence[StaleMarker], table_i
     for marker in markers:
         if marker.table_id == table_id and marker.resolved and (
                 (consumed_pos or 0) >= (marker.resolved_pos or 0)):
-            (markers_dir(landing) / marker.file_name).unlink(missing_ok=True)
+            landing.store.delete(MARKERS_DIR, marker.file_name)
 
 
 def snapshots_wanted(markers: Sequence[StaleMarker],

@@ -328,6 +328,12 @@ class RetentionReport:
 # ---- the sweep (I/O) ----------------------------------------------------------------------------
 
 
+# Retention reads file sizes and modification times and compacts through local files: on an
+# object-store landing zone it deletes nothing yet (docs/object-storage.md).
+OBJECT_STORE_SKIPPED = ("retention of an object-store landing zone is not supported yet: "
+                        "nothing deleted (docs/object-storage.md)")
+
+
 def sweep(landing: LandingZone, consumed: Mapping[str, int | None], unread: Collection[str],
           retention_seconds: float, now: float | None = None, *,
           compact: bool = True) -> RetentionReport:
@@ -343,6 +349,11 @@ def sweep(landing: LandingZone, consumed: Mapping[str, int | None], unread: Coll
     started = time.monotonic()
     now = time.time() if now is None else now
     report = RetentionReport()
+    if not landing.is_local:
+        # (sizes, ages and compaction read local files; on object storage nothing is deleted)
+        report.skipped = OBJECT_STORE_SKIPPED
+        log.warning(f"landing-zone retention of {landing.store.uri}: {OBJECT_STORE_SKIPPED}")
+        return report
     if not landing.root.is_dir():
         return report
     with _sweep_lock(landing) as held:

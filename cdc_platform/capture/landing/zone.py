@@ -1,11 +1,11 @@
 """The landing zone's layout and checkpoint, for the engine that writes it and the lake that
 reads it: file and directory names, the ``Checkpoint`` (its one parser), the table catalog,
 ``LandingReader`` (one server's folder, read from any store of ``capture.storage``) and
-``LandingZone`` (the engine's local, writable folder). The records' columns are
-``capture.landing_contract``'s.
+``LandingZone`` (the engine's writable folder, local or on S3, through the same store). The
+records' columns are ``capture.landing_contract``'s.
 
 Layout and contracts: docs/landing-zone.md. Every file appears atomically (temporary name,
-fsync, rename), and the checkpoint is replaced only after every segment it covers is durable,
+fsync, rename; one PUT on object storage), and the checkpoint is replaced only after every segment it covers is durable,
 so a reader that trusts the checkpoint never sees a half-written or uncommitted file.
 """
 
@@ -13,22 +13,38 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import logging
 import os
 import re
+import socket
+import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cdc_platform.capture.landing_contract import DICTIONARY_COLUMNS
+from cdc_platform.capture.lease import Lease
 from cdc_platform.capture.names import name_of_path_component, path_component
 from cdc_platform.capture.schema import TableSchema
-from cdc_platform.capture.storage import FileStore, LocalFileStore, fsync_directory, open_store
+from cdc_platform.capture.storage import (
+    ArrowFileStore,
+    FileStore,
+    LocalFileStore,
+    fsync_directory,
+    open_store,
+    write_atomically,
+)
+
+if TYPE_CHECKING:
+    from cdc_platform.capture.s3store import S3Options
+    from cdc_platform.config import Settings
 
 # ---- the layout (docs/landing-zone.md), one definition for the engine and the lake ---------------
 
@@ -39,6 +55,12 @@ SNAPSHOTS_DIR = "snapshots"
 SEGMENT_NAME = re.compile(r"^(\d{20})-(\d{20})\.parquet$")
 COLUMN_RENAMES_DIR = "renames"
 COLUMN_RENAMES_NAME = re.compile(r"^(\d{20})\.json$")
+ENGINE_LOCK_FILE = "engine.lock"  # local zones: the engine's flock
+ENGINE_LEASE_FILE = "engine.lease"  # object stores: the engine's lease (capture.lease)
+XA_DIR = "xa"  # object stores: copies of the spill files the checkpoint names
+# The engine's lease on object storage: renewed every third of it; a killed engine's lease
+# blocks a new engine at most this long.
+ENGINE_LEASE_TTL_SECONDS = 60.0
 
 log = logging.getLogger(__name__)
 
@@ -111,22 +133,29 @@ def tables_to_json(tables: dict[str, TableSchema]) -> bytes:
 
 
 def local_path(url: str) -> Path:
-    """A local directory for a landing-zone URL (plain path or file:// URL).
-
-    Object-storage URLs need a writer of their own (a conditional put instead of a rename):
-    ``capture.storage`` is the seam; the engine writes only local stores in this version.
-    """
+    """A local directory for a landing-zone URL (plain path or file:// URL); ValueError for an
+    object-store URL (``LandingZone`` opens those as stores of their own)."""
     root = open_store(url).local_root
     if root is None:
-        raise ValueError(
-            f"landing zone URL {url!r}: only local paths and file:// URLs are supported by the "
-            "capture engine in this version"
-        )
+        raise ValueError(f"landing zone URL {url!r} is not a local path or file:// URL")
     return root
+
+
+def _xa_files(checkpoint: Checkpoint) -> set[str]:
+    """The spill files a checkpoint names (its prepared XA transactions)."""
+    from cdc_platform.capture.changes.xa_state import XA_CHECKPOINT_KEY
+
+    state = checkpoint.extra.get(XA_CHECKPOINT_KEY) or {}
+    return {part["file"] for entry in state.values() for part in entry.get("parts", ())}
 
 
 class EngineLockedError(RuntimeError):
     """Another engine holds the server's landing folder: a start failure, not a crash."""
+
+
+class LandingZoneTakenError(EngineLockedError):
+    """On object storage: this engine's lease was lost, or its checkpoint's compare-and-swap
+    failed because another engine replaced the checkpoint; it must stop writing at once."""
 
 
 @dataclass
@@ -233,32 +262,103 @@ class LandingReader:
 
 class LandingZone(LandingReader):
     """One source server's folder in the landing zone, as the engine writes it: a local
-    directory (object stores need the conditional puts ``capture.storage`` will bring)."""
+    directory, or a prefix of an S3 bucket (``s3://bucket/prefix``), through one ``FileStore``.
 
-    store: LocalFileStore
+    Locally every file is written under a temporary name, fsynced and renamed, and one engine
+    holds an ``flock`` (``engine_lock``). On object storage a PUT is atomic and durable; one
+    engine holds a ``Lease`` (renewed in the background) and every checkpoint is a
+    compare-and-swap on the version it replaces, so that an engine whose lease expired while it
+    was frozen can never commit after another took over (``LandingZoneTakenError``).
 
-    def __init__(self, url: str, server_name: str) -> None:
-        super().__init__(LocalFileStore(local_path(url)), server_name)
-        self.root = self.store.root
+    ``root`` is a local directory either way: the zone itself when it is local, else a local
+    scratch directory of this zone (spill files, which are engine-private and never landing
+    data). Methods returning paths of landing data (``checkpoint_path``, ``table_dir``,
+    ``snapshot_dir``, ``column_renames_dir``, ``segments``) are for local zones; on object
+    storage they raise, naming what is not supported there yet (snapshot files).
+    """
+
+    def __init__(self, url: str | FileStore, server_name: str, *, s3: S3Options | None = None,
+                 scratch: Path | None = None,
+                 lease_ttl_seconds: float = ENGINE_LEASE_TTL_SECONDS) -> None:
+        store = url if isinstance(url, FileStore) else open_store(
+            url, s3=s3, setting="landing_zone.url")
+        if isinstance(store, ArrowFileStore):
+            raise ValueError(
+                f"landing_zone.url {store.uri}: the capture engine writes only local paths, "
+                "file:// and s3:// URLs (an object store needs conditional PUTs to publish "
+                "files)")
+        super().__init__(store, server_name)
+        self.local: Path | None = self.store.local_root
+        if self.local is not None:
+            self.root = self.local
+        else:
+            digest = hashlib.sha256(self.store.uri.encode()).hexdigest()[:16]
+            self.root = scratch or Path(tempfile.gettempdir()) / "cdc_platform-scratch" / digest
+        self.lease_ttl_seconds = lease_ttl_seconds
+        self._lease: Lease | None = None
+        self._lease_lost = threading.Event()
+        self._checkpoint_etag: str | None = None
+        self._fenced = False
+        self._xa_uploaded: set[str] = set()
+
+    @staticmethod
+    def from_settings(settings: Settings, server_name: str | None = None) -> LandingZone:
+        """The zone at ``landing_zone.url``, with the config's ``s3`` options for S3 URLs."""
+        return LandingZone(settings.landing_zone.url, server_name or settings.source.server_name,
+                           s3=settings.s3.options())
+
+    @property
+    def is_local(self) -> bool:
+        return self.local is not None
+
+    @property
+    def spill_dir(self) -> Path:
+        """The engine's spill folder: local scratch (in the zone when it is local)."""
+        return self.root / "spill"
+
+    def _local_path(self, *parts: str, what: str) -> Path:
+        if self.local is None:
+            raise ValueError(
+                f"landing zone {self.store.uri}: {what} on object storage are not supported yet "
+                "(they are read and written as local files; docs/object-storage.md)")
+        return self.local.joinpath(*parts)
 
     @property
     def checkpoint_path(self) -> Path:
-        return self.root / CHECKPOINT_FILE
+        return self._local_path(CHECKPOINT_FILE, what="checkpoint paths")
 
     def table_dir(self, database: str, table: str) -> Path:
-        return self.root.joinpath(*changelog_parts(database, table))
+        return self._local_path(*changelog_parts(database, table), what="changelog paths")
 
     def snapshot_dir(self, database: str, table: str) -> Path:
-        return self.root.joinpath(*snapshot_parts(database, table))
+        return self._local_path(*snapshot_parts(database, table),
+                                what="snapshots (requests, controls, chunks)")
+
+    def column_renames_dir(self, database: str, table: str) -> Path:
+        return self._local_path(*column_renames_parts(database, table),
+                                what="column-rename paths")
+
+    def where(self, *parts: str) -> Path | str:
+        """A file's local path on a local zone, else its URL (for logs and return values)."""
+        return self.local.joinpath(*parts) if self.local is not None else self.store.uri_of(
+            *parts)
+
+    # ---- the single writer ---------------------------------------------------------------
 
     @contextlib.contextmanager
     def engine_lock(self) -> Iterator[None]:
-        """At most one engine per server name writes here (an exclusive lock on a local file).
+        """At most one engine per server name writes here: an exclusive ``flock`` of a local
+        file; on object storage a ``Lease`` (``engine.lease``, renewed every third of its ttl
+        by a daemon thread, released on exit), and the checkpoint's compare-and-swap.
 
         On Kubernetes the streaming job's tag concurrency limit enforces the same across pods.
         """
+        if self.local is None:
+            with self._engine_lease():
+                yield
+            return
         self.root.mkdir(parents=True, exist_ok=True)
-        handle = open(self.root / "engine.lock", "a+")  # noqa: SIM115 - held for the run
+        handle = open(self.root / ENGINE_LOCK_FILE, "a+")  # noqa: SIM115 - held for the run
         try:
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -278,12 +378,79 @@ class LandingZone(LandingReader):
         finally:
             handle.close()
 
+    @contextlib.contextmanager
+    def _engine_lease(self) -> Iterator[None]:
+        check = getattr(self.store, "check", None)
+        if check is not None:
+            check()  # (ObjectStoreError: one line naming landing_zone.url)
+        lease = Lease(self.store, ENGINE_LEASE_FILE)
+        holder = f"{socket.gethostname()} pid {os.getpid()}"
+        if not lease.acquire(holder, self.lease_ttl_seconds):
+            current = lease.current()
+            other = current.holder if current is not None and current.holder else "unknown"
+            raise EngineLockedError(
+                f"another capture engine is already streaming {self.server_name!r} into "
+                f"{self.store.uri} ({other}, lease {ENGINE_LEASE_FILE}); stop it first: one "
+                "engine per source server (a killed engine's lease expires after "
+                f"{self.lease_ttl_seconds:g} s)")
+        self._lease_lost.clear()
+        stop = threading.Event()
+        renewer = threading.Thread(target=self._renew_lease, args=(lease, stop),
+                                   name=f"lease-{self.server_name}", daemon=True)
+        try:
+            versioned = self.store.read_versioned(CHECKPOINT_FILE)
+            self._checkpoint_etag = None if versioned is None else versioned[1]
+            self._lease, self._fenced = lease, True
+            self._restore_xa_files()
+            renewer.start()
+            yield
+        finally:
+            stop.set()
+            if renewer.is_alive():
+                renewer.join()
+            self._lease, self._fenced, self._checkpoint_etag = None, False, None
+            try:
+                lease.release()
+            except Exception:  # noqa: BLE001 - it expires on its own
+                log.warning(f"landing zone {self.store.uri}: releasing the engine lease failed "
+                            "(it expires on its own)", exc_info=True)
+
+    def _renew_lease(self, lease: Lease, stop: threading.Event) -> None:
+        interval = self.lease_ttl_seconds / 3
+        while not stop.wait(interval):
+            try:
+                renewed = lease.renew()
+            except Exception:  # noqa: BLE001 - retried at the next interval while held
+                log.warning(f"landing zone {self.store.uri}: renewing the engine lease failed",
+                            exc_info=True)
+                renewed = lease.held
+            if not renewed:
+                self._lease_lost.set()
+                log.error(f"landing zone {self.store.uri}: the engine lease was lost (another "
+                          "engine took over the landing zone); no more writes")
+                return
+
+    def _check_fence(self) -> None:
+        """On object storage, under the engine lock: refuse to write once the lease is lost
+        (renewal failed, or this process was frozen past the lease's ttl)."""
+        if self._fenced and (self._lease_lost.is_set() or self._lease is None
+                             or not self._lease.held):
+            raise LandingZoneTakenError(
+                f"capture engine {self.server_name!r}: its lease on {self.store.uri} was lost "
+                "(expired or taken by another engine); another engine took over the landing "
+                "zone: stopping without writing")
+
+    # ---- writes ----------------------------------------------------------------------------
+
     def escape_legacy_dirs(self) -> list[tuple[Path, Path]]:
         """Move table directories written before names were escaped (``changelog/db/2024
         sales`` by an earlier engine) to their escaped names, so no landed change or snapshot
         file is left where the lake no longer looks. Runs under the engine lock; returns the
-        moves. A name is taken as escaped when it is the escape of its own decoding."""
+        moves. A name is taken as escaped when it is the escape of its own decoding. Local
+        zones only: object-store zones were never written under raw names."""
         moved: list[tuple[Path, Path]] = []
+        if self.local is None:
+            return moved
         for top in (CHANGELOG_DIR, SNAPSHOTS_DIR):
             base = self.root / top
             pairs = [(d, t) for d in base.iterdir() if d.is_dir() for t in d.iterdir()
@@ -309,34 +476,116 @@ class LandingZone(LandingReader):
         return moved
 
     def write_checkpoint(self, checkpoint: Checkpoint) -> None:
-        self.store.write_atomically(CHECKPOINT_FILE, data=checkpoint.to_json())
+        """Replace the checkpoint atomically (after everything it covers is durable). On
+        object storage under the engine lock: a compare-and-swap on the version this engine
+        last read or wrote; a lost swap raises ``LandingZoneTakenError``."""
+        data = checkpoint.to_json()
+        named = self._upload_xa_files(checkpoint)
+        if not self._fenced:
+            self.store.write_atomically(CHECKPOINT_FILE, data=data)
+            self._forget_xa_files(named)
+            return
+        self._check_fence()
+        if self._checkpoint_etag is None:
+            swapped = self.store.write_exclusively(CHECKPOINT_FILE, data=data)
+        else:
+            swapped = self.store.write_if_match(CHECKPOINT_FILE, data=data,
+                                                etag=self._checkpoint_etag)
+        if not swapped:
+            self._lease_lost.set()
+            raise LandingZoneTakenError(
+                f"capture engine {self.server_name!r}: the checkpoint "
+                f"{self.store.uri_of(CHECKPOINT_FILE)} changed since this engine wrote it: "
+                "another engine took over the landing zone (this one's lease had expired); "
+                "stopping without committing")
+        versioned = self.store.read_versioned(CHECKPOINT_FILE)
+        if versioned is None or versioned[0] != data:
+            self._lease_lost.set()
+            raise LandingZoneTakenError(
+                f"capture engine {self.server_name!r}: the checkpoint "
+                f"{self.store.uri_of(CHECKPOINT_FILE)} was replaced right after this engine "
+                "wrote it: another engine took over the landing zone; stopping")
+        self._checkpoint_etag = versioned[1]
+        self._forget_xa_files(named)
+
+    # ---- prepared XA transactions' spill files on object storage ----------------------------
+
+    def _upload_xa_files(self, checkpoint: Checkpoint) -> set[str] | None:
+        """On object storage: the spill files the checkpoint names (prepared XA transactions,
+        ``changes.xa_state``) are local scratch, so they are copied to ``xa/`` before the
+        checkpoint that names them is written (a new pod restores them from there). Returns
+        the names (None on local zones, where the spill folder is in the zone)."""
+        if self.local is not None:
+            return None
+        named = _xa_files(checkpoint)
+        for name in sorted(named - self._xa_uploaded):
+            self._check_fence()
+            with open(self.spill_dir / name, "rb") as source, \
+                    self.store.atomic_output(XA_DIR, name) as sink:
+                while block := source.read(1 << 20):
+                    sink.write(block)
+            self._xa_uploaded.add(name)
+        return named
+
+    def _forget_xa_files(self, named: set[str] | None) -> None:
+        """After a durable checkpoint: copies it no longer names are deleted."""
+        if named is None:
+            return
+        for name in sorted(self._xa_uploaded - named):
+            self.store.delete(XA_DIR, name)
+            self._xa_uploaded.discard(name)
+
+    def _restore_xa_files(self) -> None:
+        """At engine start on object storage: the spill files the checkpoint names, fetched
+        into the local spill folder (where ``xa_state.restore_prepared`` finds them); copies
+        nothing names are deleted."""
+        checkpoint = self.read_checkpoint()
+        named = _xa_files(checkpoint) if checkpoint is not None else set()
+        for name in sorted(named):
+            data = self.store.read_bytes(XA_DIR, name)
+            if data is None:
+                continue  # (restore_prepared names the missing file and stops)
+            self.spill_dir.mkdir(parents=True, exist_ok=True)
+            write_atomically(self.spill_dir / name, data)
+        self._xa_uploaded = set(named)
+        for name in self.store.list_names(XA_DIR):
+            if name not in named:
+                self.store.delete(XA_DIR, name)
 
     def write_tables(self, tables: dict[str, TableSchema]) -> None:
+        self._check_fence()
         self.store.write_atomically(TABLES_FILE, data=tables_to_json(tables))
 
-    def column_renames_dir(self, database: str, table: str) -> Path:
-        return self.root.joinpath(*column_renames_parts(database, table))
-
     def write_segment(self, schema: TableSchema, table: pa.Table, first_pos: int,
-                      last_pos: int) -> Path:
+                      last_pos: int) -> Path | str:
         """Write one segment durably; the caller checkpoints after all segments of a flush,
-        having synced their directories (``sync_dirs``)."""
+        having synced their directories (``sync_dirs``). Returns its local path (its URL on
+        object storage)."""
+        self._check_fence()
         parts = (*changelog_parts(schema.database, schema.table), segment_name(first_pos,
                                                                                last_pos))
-        with self.store.atomic_output(*parts, sync_dir=False) as sink:
-            pq.write_table(table, sink, **segment_write_options(table.column_names))
-        return self.store.path(*parts)
+        if isinstance(self.store, LocalFileStore):
+            with self.store.atomic_output(*parts, sync_dir=False) as sink:
+                pq.write_table(table, sink, **segment_write_options(table.column_names))
+        else:
+            with self.store.atomic_output(*parts) as sink:
+                pq.write_table(table, sink, **segment_write_options(table.column_names))
+        return self.where(*parts)
 
-    def sync_dirs(self, paths: list[Path]) -> None:
-        for directory in {p.parent for p in paths}:
+    def sync_dirs(self, paths: list[Path] | list[Path | str]) -> None:
+        """Make written files' names durable: their directories' fsync locally; nothing on
+        object storage (an object is durable when its PUT returns; there are no directories)."""
+        for directory in {p.parent for p in paths if isinstance(p, Path)}:
             fsync_directory(directory)
 
     def segments(self, database: str, table: str) -> list[tuple[int, int, Path]]:
+        """``(first, last, path)`` of a table's segments (local zones; ``segment_names``
+        anywhere)."""
         directory = self.table_dir(database, table)
         return [(first, last, directory / name)
                 for first, last, name in self.segment_names(database, table)]
 
-    def remove_uncommitted(self, next_pos: int) -> list[Path]:
+    def remove_uncommitted(self, next_pos: int) -> list[Path | str]:
         """Delete segments (and temp files) written after the last checkpoint.
 
         They belong to transactions the engine will replay with the same positions; readers
@@ -344,7 +593,7 @@ class LandingZone(LandingReader):
         Column-rename records at or after ``next_pos`` go too: the replay records them again
         (at the same positions), or not at all if the configuration changed since.
         """
-        removed: list[Path] = []
+        removed: list[Path | str] = []
         for top, pattern in ((CHANGELOG_DIR, SEGMENT_NAME),
                              (COLUMN_RENAMES_DIR, COLUMN_RENAMES_NAME)):
             for db_dir in self.store.list_names(top):
@@ -354,5 +603,5 @@ class LandingZone(LandingReader):
                         stale_tmp = name.startswith(".") and ".tmp-" in name
                         if stale_tmp or (match and int(match.group(1)) >= next_pos):
                             self.store.delete(top, db_dir, table_dir, name)
-                            removed.append(self.store.path(top, db_dir, table_dir, name))
+                            removed.append(self.where(top, db_dir, table_dir, name))
         return removed
