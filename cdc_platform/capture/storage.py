@@ -12,8 +12,8 @@ is still that version; ``capture.lease`` builds the single-writer lease on it an
 ``write_exclusively``, so that it works alike on every store that has them.
 
 Implementations: ``LocalFileStore`` (local paths and ``file://`` URLs: temporary file, fsync,
-rename; what the engine writes through), ``S3FileStore`` (``s3://`` and ``s3a://`` URLs, in
-``capture.s3store``: boto3, conditional PUTs) and ``ArrowFileStore`` (any other URL pyarrow
+rename), ``S3FileStore`` (``s3://`` and ``s3a://`` URLs, in ``capture.s3store``: boto3,
+conditional PUTs); the engine's ``LandingZone`` writes through either and ``ArrowFileStore`` (any other URL pyarrow
 opens: reads and listings for the lake; a put is atomic there, but an exclusive put needs a
 conditional request pyarrow does not make, so it is refused).
 """

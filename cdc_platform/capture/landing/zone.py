@@ -199,9 +199,10 @@ class LandingReader:
         self.server_name = server_name
 
     @staticmethod
-    def open(url: str, server_name: str) -> LandingReader:
-        """The reader of ``server_name``'s folder at a landing-zone URL (local or not)."""
-        return LandingReader(open_store(url), server_name)
+    def open(url: str, server_name: str, *, s3: S3Options | None = None) -> LandingReader:
+        """The reader of ``server_name``'s folder at a landing-zone URL (local or not; ``s3``:
+        the config's ``s3`` options for an S3 URL)."""
+        return LandingReader(open_store(url, s3=s3, setting="landing_zone.url"), server_name)
 
     def read_checkpoint(self) -> Checkpoint | None:
         """The engine's checkpoint, or None before its first one. The one parser of
