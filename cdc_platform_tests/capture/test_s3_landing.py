@@ -275,3 +275,50 @@ def test_the_engine_streams_into_an_s3_landing_zone(cdc_env, seaweedfs, s3_zone_
     assert env.db in {t.split(".")[0] for t in reader.read_tables()}
     assert not reader.store.exists(ENGINE_LEASE_FILE) or (
         reader.store.read_bytes(ENGINE_LEASE_FILE) or b"").find(b'"expires_at": 0.0') >= 0
+
+
+def _landed(reader: LandingReader, database: str, table: str) -> list[tuple[object, ...]]:
+    checkpoint = reader.read_checkpoint()
+    assert checkpoint is not None
+    rows = []
+    for _, _, name in reader.segment_names(database, table):
+        fs, path = reader.store.arrow("changelog", database, table, name)
+        rows += [(r["__cdc_op"], r["id"], r["v"]) for r in
+                 pq.read_table(path, filesystem=fs).to_pylist()
+                 if r["__cdc_pos"] < checkpoint.next_pos]
+    return rows
+
+
+def test_a_prepared_xa_transaction_lands_after_the_engine_moved_to_a_new_pod(
+        cdc_env, seaweedfs, s3_zone_url, tmp_path):
+    """Its records are in a spill file the checkpoint names: on S3 the file goes with the
+    checkpoint, so an engine on another machine (no scratch of its own) lands it at XA
+    COMMIT."""
+    from cdc_platform.capture.engine import CaptureEngine
+    from cdc_platform.capture.engine_options import EngineOptions
+
+    env = cdc_env
+    env.execute("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(20))")
+    with env.mariadb.root_connect(database=env.db) as conn, conn.cursor() as cur:
+        cur.execute("XA START 'long'")
+        cur.execute("INSERT INTO t VALUES (1, 'a'), (2, 'b')")
+        cur.execute("XA END 'long'")
+        cur.execute("XA PREPARE 'long'")
+    env.execute("INSERT INTO t VALUES (3, 'c')")
+
+    def run(scratch: Path) -> None:
+        landing = LandingZone(s3_zone_url, env.server_name, s3=s3_options(seaweedfs),
+                              scratch=scratch)
+        CaptureEngine(EngineOptions.from_settings(env.settings), landing).run(
+            stop_when_caught_up=True)
+
+    run(tmp_path / "pod-a")
+    reader = LandingReader(open_store(s3_zone_url, s3=s3_options(seaweedfs)), env.server_name)
+    assert _landed(reader, env.db, "t") == [("c", 3, "c")]
+    assert "xa_prepared" in reader.read_checkpoint().extra
+    assert len(reader.store.list_names(XA_DIR)) == 1
+    env.mariadb.query("XA COMMIT 'long'")
+    run(tmp_path / "pod-b")  # another machine: its scratch has no spill file
+    assert _landed(reader, env.db, "t") == [("c", 3, "c"), ("c", 1, "a"), ("c", 2, "b")]
+    assert "xa_prepared" not in reader.read_checkpoint().extra
+    assert reader.store.list_names(XA_DIR) == []
