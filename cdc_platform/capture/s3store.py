@@ -45,7 +45,7 @@ from botocore.exceptions import (
     PartialCredentialsError,
 )
 
-from cdc_platform.capture.storage import FileStore, _checked
+from cdc_platform.capture.storage import FileInfo, FileStore, _checked
 
 __all__ = ["ObjectStoreError", "S3FileStore", "S3Options", "parse_s3_url"]
 
@@ -298,6 +298,22 @@ class S3FileStore(FileStore):
         except ClientError as error:
             self._raise(error, prefix, "LIST")
         return sorted(names)
+
+    def list_files(self, *parts: str) -> list[FileInfo]:
+        """From the listing: sizes, and upload times as modification times."""
+        prefix = self._dir_prefix(*parts)
+        found = []
+        paginator = self.client.get_paginator("list_objects_v2")
+        try:
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix, Delimiter="/"):
+                for item in page.get("Contents", ()):
+                    name = item["Key"][len(prefix):]
+                    if name:
+                        found.append(FileInfo(name, int(item["Size"]),
+                                              item["LastModified"].timestamp()))
+        except ClientError as error:
+            self._raise(error, prefix, "LIST")
+        return sorted(found, key=lambda info: info.name)
 
     def exists(self, *parts: str) -> bool:
         key = self.key(*parts)

@@ -28,7 +28,9 @@ import posixpath
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from stat import S_ISDIR
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
@@ -54,6 +56,15 @@ def _checked(parts: tuple[str, ...], below: str) -> tuple[str, ...]:
             raise ValueError(f"{part!r} is not a relative path below {below}; "
                              "escape source names with capture.names.path_component")
     return parts
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """A listed file: its name, size in bytes and modification time (seconds since the epoch)."""
+
+    name: str
+    size: int
+    mtime: float
 
 
 class FileStore(ABC):
@@ -115,6 +126,12 @@ class FileStore(ABC):
     @abstractmethod
     def list_names(self, *parts: str) -> list[str]:
         """Names directly below a directory, sorted; empty when it does not exist."""
+
+    def list_files(self, *parts: str) -> list[FileInfo]:
+        """The files directly below a directory (not its subdirectories), sorted by name, with
+        their sizes and modification times (an object's upload time); empty when it does not
+        exist."""
+        raise NotImplementedError(f"{self.uri_of(*parts)}: this storage backend lists no sizes")
 
     @abstractmethod
     def delete(self, *parts: str) -> None:
@@ -275,6 +292,17 @@ class LocalFileStore(FileStore):
             return sorted(entry.name for entry in directory.iterdir())
         except (FileNotFoundError, NotADirectoryError):
             return []
+
+    def list_files(self, *parts: str) -> list[FileInfo]:
+        found = []
+        for name in self.list_names(*parts):
+            try:
+                stat = self.path(*parts, name).stat()
+            except FileNotFoundError:  # (deleted meanwhile)
+                continue
+            if not S_ISDIR(stat.st_mode):
+                found.append(FileInfo(name, stat.st_size, stat.st_mtime))
+        return found
 
     def delete(self, *parts: str) -> None:
         self.path(*parts).unlink(missing_ok=True)

@@ -15,7 +15,7 @@ import pytest
 
 from cdc_platform.capture.ddl.stale import StaleTable
 from cdc_platform.capture.ddl.stale_markers import read_markers, record_history, withdraw_history
-from cdc_platform.capture.landing.retention import sweep
+from cdc_platform.capture.landing.retention import SWEEP_LEASE_FILE, sweep
 from cdc_platform.capture.landing.zone import (
     CHECKPOINT_FILE,
     ENGINE_LEASE_FILE,
@@ -28,6 +28,7 @@ from cdc_platform.capture.landing.zone import (
     column_renames_name,
     column_renames_parts,
 )
+from cdc_platform.capture.lease import Lease
 from cdc_platform.capture.s3store import ObjectStoreError
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.storage import open_store
@@ -123,13 +124,27 @@ def test_stale_markers_on_both_stores(zone: LandingZone):
     assert read_markers(zone) == []
 
 
-def test_retention_deletes_nothing_on_object_storage(request, tmp_path):
+def test_retention_deletes_consumed_segments_on_both_stores(zone: LandingZone):
+    schema = _schema()
+    for first in (1, 3, 5):
+        zone.write_segment(schema, _records(first, 2), first, first + 1)
+    zone.write_checkpoint(Checkpoint("demo", "mariadb", next_pos=7))
+    report = sweep(zone, {"shop.orders": 4}, (), 0, now=time.time() + 60)
+    assert not report.skipped and not report.errors
+    assert [(f, last) for f, last, _ in zone.segment_names("shop", "orders")] == [(5, 6)]
+    assert report.deleted_files["segments"] == 2
+    assert report.kept_files["segments"] == 1
+
+
+def test_one_retention_sweep_at_a_time_on_object_storage(request, tmp_path):
     zone = _zone(request, "s3", tmp_path)
     zone.write_segment(_schema(), _records(1, 2), 1, 2)
     zone.write_checkpoint(Checkpoint("demo", "mariadb", next_pos=3))
-    report = sweep(zone, {"shop.orders": 2}, (), 0)
-    assert report.skipped and "not supported yet" in report.skipped
-    assert len(zone.segment_names("shop", "orders")) == 1
+    other = Lease(zone.store, SWEEP_LEASE_FILE)
+    assert other.acquire("another sweeper", 60)
+    assert "another sweep" in sweep(zone, {"shop.orders": 2}, (), 0).skipped
+    other.release()
+    assert not sweep(zone, {"shop.orders": 2}, (), 0).skipped
 
 
 # ---- one engine per zone, and fencing -----------------------------------------------------------

@@ -68,6 +68,7 @@ import json
 import logging
 import os
 import re
+import socket
 import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -88,6 +89,7 @@ from cdc_platform.capture.landing.zone import (
     table_of_parts,
     table_parts,
 )
+from cdc_platform.capture.lease import Lease
 from cdc_platform.capture.names import table_id
 from cdc_platform.capture.storage import fsync_directory
 
@@ -120,6 +122,10 @@ CHUNKS_DIR = "chunks"
 REQUEST_FILE = "request.json"
 SPILL_DIR = "spill"
 SWEEP_LOCK_FILE = "retention.lock"
+# On object storage one sweep at a time holds this lease (a sweep lasts seconds; a killed
+# sweeper's lease blocks the next for at most this long).
+SWEEP_LEASE_FILE = "retention.lease"
+SWEEP_LEASE_TTL_SECONDS = 600.0
 _CHUNK_FILE = re.compile(r"^(\d{8})\.(json|arrow|parquet)$")
 ENDED_SESSION_STATES = frozenset({"done", "stopped", "restart"})
 
@@ -328,12 +334,6 @@ class RetentionReport:
 # ---- the sweep (I/O) ----------------------------------------------------------------------------
 
 
-# Retention reads file sizes and modification times and compacts through local files: on an
-# object-store landing zone it deletes nothing yet (docs/object-storage.md).
-OBJECT_STORE_SKIPPED = ("retention of an object-store landing zone is not supported yet: "
-                        "nothing deleted (docs/object-storage.md)")
-
-
 def sweep(landing: LandingZone, consumed: Mapping[str, int | None], unread: Collection[str],
           retention_seconds: float, now: float | None = None, *,
           compact: bool = True) -> RetentionReport:
@@ -349,12 +349,7 @@ def sweep(landing: LandingZone, consumed: Mapping[str, int | None], unread: Coll
     started = time.monotonic()
     now = time.time() if now is None else now
     report = RetentionReport()
-    if not landing.is_local:
-        # (sizes, ages and compaction read local files; on object storage nothing is deleted)
-        report.skipped = OBJECT_STORE_SKIPPED
-        log.warning(f"landing-zone retention of {landing.store.uri}: {OBJECT_STORE_SKIPPED}")
-        return report
-    if not landing.root.is_dir():
+    if landing.is_local and not landing.root.is_dir():
         return report
     with _sweep_lock(landing) as held:
         if not held:
@@ -370,8 +365,12 @@ def sweep(landing: LandingZone, consumed: Mapping[str, int | None], unread: Coll
                         checkpoint.next_pos, retention_seconds, now, compact, report)
                 except (OSError, pa.ArrowException, ValueError) as error:
                     _failed(report, f"changelog of {table_id(database, table)}", error)
-            _sweep_chunks(landing, now, report)
-        _count_kept(landing.root, report)
+            if landing.is_local:  # (snapshot files are local only: docs/object-storage.md)
+                _sweep_chunks(landing, now, report)
+        if landing.is_local:
+            _count_kept(landing.root, report)
+        else:
+            _count_kept_segments(landing, report)
     report.seconds = time.monotonic() - started
     return report
 
@@ -379,7 +378,20 @@ def sweep(landing: LandingZone, consumed: Mapping[str, int | None], unread: Coll
 @contextlib.contextmanager
 def _sweep_lock(landing: LandingZone) -> Iterator[bool]:
     """One sweep at a time per landing folder (two compacting the same segments at once could
-    leave overlapping outputs); True when held. Released with its process, however it ends."""
+    leave overlapping outputs); True when held. Released with its process, however it ends (on
+    object storage: a lease, released when the sweep ends, or expiring after
+    ``SWEEP_LEASE_TTL_SECONDS``)."""
+    if not landing.is_local:
+        lease = Lease(landing.store, SWEEP_LEASE_FILE)
+        if not lease.acquire(f"{socket.gethostname()} pid {os.getpid()}",
+                             SWEEP_LEASE_TTL_SECONDS):
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            lease.release()
+        return
     with open(landing.root / SWEEP_LOCK_FILE, "a+") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -396,14 +408,15 @@ def _failed(report: RetentionReport, what: str, error: BaseException) -> None:
 
 
 def _listed_segments(landing: LandingZone, database: str, table: str) -> list[SegmentFile]:
+    """A table's segments with sizes and times (locally a ``stat`` each: one deleted meanwhile,
+    by another sweep or an engine start, is left out; on object storage from the listing)."""
     found = []
-    for first, last, name in landing.segment_names(database, table):
-        try:
-            stat = landing.store.path(*changelog_parts(database, table), name).stat()
-        except FileNotFoundError:  # (deleted meanwhile: by another sweep, or an engine start)
-            continue
-        found.append(SegmentFile(first, last, name, stat.st_size, stat.st_mtime))
-    return found
+    for info in landing.store.list_files(*changelog_parts(database, table)):
+        match = SEGMENT_NAME.match(info.name)
+        if match:
+            found.append(SegmentFile(int(match.group(1)), int(match.group(2)), info.name,
+                                     info.size, info.mtime))
+    return sorted(found, key=lambda s: (s.first_pos, s.last_pos, s.name))
 
 
 def _sweep_table(landing: LandingZone, database: str, table: str, free_through: int,
@@ -419,7 +432,7 @@ def _sweep_table(landing: LandingZone, database: str, table: str, free_through: 
     for segment in expired:
         landing.store.delete(*parts, segment.name)
         report.deleted(SEGMENTS, segment.size)
-    for name in landing.store.list_names(*parts):
+    for name in landing.store.list_names(*parts) if landing.is_local else ():
         if name.startswith(".") and ".tmp-" in name:
             path = landing.store.path(*parts, name)
             with contextlib.suppress(FileNotFoundError):
@@ -427,7 +440,7 @@ def _sweep_table(landing: LandingZone, database: str, table: str, free_through: 
                 if now - stat.st_mtime >= TEMPORARY_MAX_AGE_SECONDS:
                     path.unlink(missing_ok=True)
                     report.deleted(TEMPORARY, stat.st_size)
-    if not compact:
+    if not compact or not landing.is_local:  # (compaction: local zones only, for now)
         return
     gone = {s.name for s in expired}
     left = [s for s in segments if s.name not in gone]
@@ -568,6 +581,14 @@ def _count_kept(root: Path, report: RetentionReport) -> None:
             kind = _kind(relative, name)
             report.kept_files[kind] += 1
             report.kept_bytes[kind] += size
+
+
+def _count_kept_segments(landing: LandingZone, report: RetentionReport) -> None:
+    """On object storage: what is left of the changelog (one listing per table)."""
+    for database, table in landing.changelog_tables():
+        for segment in _listed_segments(landing, database, table):
+            report.kept_files[SEGMENTS] += 1
+            report.kept_bytes[SEGMENTS] += segment.size
 
 
 def _kind(relative: tuple[str, ...], name: str) -> str:
