@@ -115,6 +115,17 @@ def test_segments_checkpoint_tables_and_uncommitted_files(zone: LandingZone):
         assert zone.root == zone.spill_dir.parent  # (local scratch)
 
 
+def test_list_files_gives_sizes_and_times_of_files_only(zone: LandingZone):
+    before = time.time() - 5
+    zone.store.write_atomically("d", "b.json", data=b"12345")
+    zone.store.write_atomically("d", "a.json", data=b"1")
+    zone.store.write_atomically("d", "sub", "c.json", data=b"123")
+    listed = zone.store.list_files("d")
+    assert [(f.name, f.size) for f in listed] == [("a.json", 1), ("b.json", 5)]
+    assert all(before <= f.mtime <= time.time() + 5 for f in listed)
+    assert zone.store.list_files("nothing") == []
+
+
 def test_stale_markers_on_both_stores(zone: LandingZone):
     table = StaleTable("shop", "orders", "a first start")
     [marker] = record_history(zone, "INITIAL", [table], "0-1-1", 1, since="0-1-1")
@@ -221,8 +232,14 @@ def test_a_checkpoint_written_meanwhile_is_not_overwritten_by_a_new_engine_start
 
 
 def test_a_missing_bucket_is_one_line_naming_the_setting(seaweedfs, s3_env, tmp_path):
+    from cdc_platform.capture.start_errors import describe_start_error
+
     zone = LandingZone("s3://no-such-bucket-here/landing", "demo", s3=s3_options(seaweedfs),
                        scratch=tmp_path)
+    with pytest.raises(ObjectStoreError) as refused, zone.engine_lock():
+        pass
+    line = describe_start_error(refused.value)
+    assert line is not None and "\n" not in line and line.startswith("landing_zone.url ")
     with pytest.raises(ObjectStoreError, match=r"^landing_zone.url s3://no-such-bucket-here/"
                                                r"landing/demo: bucket 'no-such-bucket-here' "
                                                r"does not exist"), zone.engine_lock():
@@ -337,3 +354,39 @@ def test_a_prepared_xa_transaction_lands_after_the_engine_moved_to_a_new_pod(
     assert _landed(reader, env.db, "t") == [("c", 3, "c"), ("c", 1, "a"), ("c", 2, "b")]
     assert "xa_prepared" not in reader.read_checkpoint().extra
     assert reader.store.list_names(XA_DIR) == []
+
+
+def test_a_second_engine_on_the_same_s3_zone_is_refused_in_one_line(
+        cdc_env, seaweedfs, s3_zone_url, tmp_path):
+    import threading
+
+    from cdc_platform.capture.engine import CaptureEngine
+    from cdc_platform.capture.engine_options import EngineOptions
+    from cdc_platform.capture.start_errors import describe_start_error
+
+    env = cdc_env
+    env.execute("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(20))")
+
+    def engine(scratch: Path) -> CaptureEngine:
+        landing = LandingZone(s3_zone_url, env.server_name, s3=s3_options(seaweedfs),
+                              scratch=scratch)
+        return CaptureEngine(EngineOptions.from_settings(env.settings), landing)
+
+    first, stop = engine(tmp_path / "pod-a"), threading.Event()
+    running = threading.Thread(target=first.run, kwargs={"stop": stop})
+    running.start()
+    try:
+        deadline = time.monotonic() + 30
+        while first.state.value not in ("streaming", "failed") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert first.state.value == "streaming"
+        with pytest.raises(EngineLockedError) as refused:
+            engine(tmp_path / "pod-b").run(stop_when_caught_up=True)
+        line = describe_start_error(refused.value)
+        assert line is not None and "\n" not in line
+        assert f"another capture engine is already streaming {env.server_name!r}" in line
+    finally:
+        stop.set()
+        running.join(30)
+    assert first.state.value == "stopped"
+    engine(tmp_path / "pod-b").run(stop_when_caught_up=True)  # the lease was released
