@@ -56,7 +56,12 @@ deletes. Why each is safe:
 Every deletion is of one file, and every prefix of a sweep's deletions leaves a zone in
 which every reader finds what it needs: a sweep killed at any moment (kill -9) is safe, and
 the next one finishes its work. One sweep runs at a time per landing folder (an ``flock`` on
-``retention.lock``; a second one returns at once, ``skipped``).
+``retention.lock``; on object storage the lease ``retention.lease``; a second one returns at
+once, ``skipped``).
+
+On object storage (an ``s3://`` landing zone) segments are deleted by the same rules, with
+sizes and ages from the listing (``FileStore.list_files``: an object's age is its upload
+time); compaction, snapshot chunks and temporary files are local-only for now.
 """
 
 from __future__ import annotations
