@@ -402,8 +402,8 @@ class LandingZone(LandingReader):
             versioned = self.store.read_versioned(CHECKPOINT_FILE)
             self._checkpoint_etag = None if versioned is None else versioned[1]
             self._lease, self._fenced = lease, True
-            self._restore_xa_files()
             renewer.start()
+            self._restore_xa_files()  # (renewed meanwhile: large files take a while)
             yield
         finally:
             stop.set()
