@@ -28,8 +28,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import pyarrow as pa
-
 from cdc_platform.capture import names
 from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.binlog.stream import BinlogStream, learn_server_collations
@@ -68,9 +66,7 @@ from cdc_platform.capture.events import (
 from cdc_platform.capture.flavours import flavour_of
 from cdc_platform.capture.gtid import GtidSet, any_gtid
 from cdc_platform.capture.landing.lander import Lander
-from cdc_platform.capture.landing.segment_buffer import Landed
 from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
-from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.sessions import SnapshotCoordinator
 from cdc_platform.capture.source import (
     SourceSession,
@@ -79,22 +75,11 @@ from cdc_platform.capture.source import (
     server_message,
 )
 
-# While snapshot sessions are open, pending chunks are decided this often. Decisions are taken
-# between binlog events, so the source's heartbeat period is at most HEARTBEAT_MAX_SECONDS: on
-# an idle source a chunk waits at most about that long (measured: with a 0.2 s heartbeat and
-# poll, polls fell 0.4 s apart and the reader waited for the engine half of the time; with
-# 0.1 s, a 1M-row snapshot read in 1.7 s spent 0.19 s of it asleep, waiting for the commits of
-# its last chunks; at 0.025 s a 1M-row snapshot ran in 0.82-0.85 s against 0.93 s at 0.05 s).
-# A heartbeat is one small event: 40 a second cost little.
-SNAPSHOT_POLL_SECONDS = 0.025
+# The snapshot coordinator is ticked between binlog events, every ``sessions.
+# SNAPSHOT_POLL_SECONDS`` while sessions are open: on an idle source, heartbeats are what
+# bring those events, so they come as often. A heartbeat is one small event: 40 a second cost
+# little.
 HEARTBEAT_MAX_SECONDS = 0.025
-# Without open sessions, new snapshot requests are looked for this often (a reader waits for
-# the engine's acknowledgement before it reads anything: at 0.25 s this was 0.3 s of a
-# 100k-row snapshot's 2 s; at 0.1 s, 0.10 s of a 1M-row snapshot's 0.91 s). A look is a
-# ``stat`` of each table's request file: only a changed one is read again. (At 0.05 s an
-# engine starting on a backlog opened sessions before it had passed their table's CREATE
-# TABLE more often, each then ended for a restart at that DDL: a wasted round trip.)
-SNAPSHOT_REQUEST_POLL_SECONDS = 0.1
 # An unchanged checkpoint is rewritten after this long (see ``flush``).
 CHECKPOINT_REFRESH_SECONDS = 10.0
 # The buffer's memory estimate of buffered records: the binlog bytes of their rows events (the
@@ -119,20 +104,19 @@ class CaptureEngine:
         self._source = SourceSession(options.connection_settings, options.selector)
         self._tracker = SchemaTracker(self._source, {}, self.log)
         self._lander = Lander(landing, options.flush_max_rows, options.transaction_memory_bytes,
-                              self._segments_landed, self._checkpoint_landed, self.log)
+                              self.stats.segments_landed, self.stats.checkpoint_landed, self.log)
         self._spill = SpillStore(landing.root / "spill")
         self._buffer = TransactionBuffer(self._new_record_log)
         self._xa_dirty = False
         self._last_flush = time.monotonic()
-        self._last_snapshot_poll = self._last_flush
         self._checkpointed_position = ""
         self._checkpointed_at = time.monotonic()
         self._last_commit_ts: float | None = None
         self._last_activity = time.monotonic()
         self._started = False
         self._applying = False
-        self._snapshots = SnapshotCoordinator(landing, options.flavour, self.log)
-        self._snapshots_dirty = False
+        self._snapshots = SnapshotCoordinator(landing, options.flavour, self.log, self._lander,
+                                              self._tracker)
         self._history = HistoryMarkers(landing, self._flavour, options.snapshot_mode,
                                        options.server_name, self.log)
         self._ddl = DdlTracking(landing, self._tracker, self._history, self.log)
@@ -221,7 +205,7 @@ class CaptureEngine:
                 self.log.info(f"capture engine {opts.server_name}: removed {len(removed)} "
                               "segment(s) written after the last checkpoint; replaying them")
             self._checkpointed_position = checkpoint.gtid
-            self._snapshots.load(checkpoint.extra.get("snapshots", {}), self._processed)
+            self._snapshots.on_start(checkpoint.extra.get("snapshots", {}), self._processed)
         self._restore_prepared_xa(checkpoint.extra.get(XA_CHECKPOINT_KEY, {})
                                   if checkpoint is not None else {})
         self._started = True
@@ -310,9 +294,8 @@ class CaptureEngine:
         self._history.purged(listed, self._tracker.schemas, opts.selector, old, current_text,
                              self._lander.next_pos)
         named = any_gtid(current)
-        if named is not None and self._snapshots.restart_all(
-                named, f"binlog purged: capture went on from {current_text}"):
-            self._snapshots_dirty = True
+        if named is not None:
+            self._snapshots.on_gap(named, f"binlog purged: capture went on from {current_text}")
         self._tracker.forget_ids()
         self._processed = current
         self._recovered_at = str(current)
@@ -347,9 +330,7 @@ class CaptureEngine:
                         self.flush()
                         if on_progress:
                             on_progress(self.stats)
-                    elif now - self._last_snapshot_poll >= (
-                            SNAPSHOT_POLL_SECONDS if self._snapshots.active
-                            else SNAPSHOT_REQUEST_POLL_SECONDS):
+                    elif self._snapshots.tick_due(now):
                         self._poll_snapshots()  # (without sessions: new requests only)
                     if stop.is_set():
                         return
@@ -501,8 +482,7 @@ class CaptureEngine:
         if statement.gtid:
             gtid = self._flavour.parse_gtid(statement.gtid)
             for database, table in effects.tables:
-                if self._snapshots.record_ddl(names.table_id(database, table), gtid):
-                    self._snapshots_dirty = True  # the session ends for a restart
+                self._snapshots.on_ddl(names.table_id(database, table), gtid)
 
     def _commit(self, txn: Committed) -> None:
         """Give the committed records their positions and queue them for the next flush."""
@@ -535,12 +515,15 @@ class CaptureEngine:
         """Between flushes, while snapshot sessions are open: decide pending chunks now, and
         flush only if that changed something. Chunk throughput is then bound by the reader,
         not by the flush interval (each commit still lands atomically with its checkpoint)."""
-        self._last_snapshot_poll = time.monotonic()
-        if self._started and self._snapshots.tick(self._processed, self._lander.next_pos,
-                                                  self._tracker.schemas, self._emit_snapshot,
-                                                  self._tracker.learn_table):
-            self._snapshots_dirty = True
+        if self._started and self._tick_snapshots():
             self.flush(ticked=True)
+
+    def _tick_snapshots(self) -> bool:
+        """The coordinator's tick at the engine's point; its records count in the stats."""
+        first = self._lander.next_pos
+        changed = self._snapshots.on_tick(self._processed)
+        self.stats.records += self._lander.next_pos - first
+        return changed
 
     def flush(self, force: bool = False, ticked: bool = False) -> None:
         """Land buffered transactions, then move the checkpoint past them.
@@ -549,24 +532,23 @@ class CaptureEngine:
         checkpoint, while the stream goes on; this waits for the previous flush to be durable
         first (and raises its failure). Everything the checkpoint says is taken here, on the
         stream thread: the writer reads no engine state."""
-        self._last_flush = self._last_snapshot_poll = time.monotonic()
-        if not ticked and self._started and self._snapshots.tick(
-                self._processed, self._lander.next_pos, self._tracker.schemas, self._emit_snapshot,
-                self._tracker.learn_table):
-            self._snapshots_dirty = True
+        self._last_flush = time.monotonic()
+        if not ticked and self._started:
+            self._tick_snapshots()
         position_text = str(self._processed)
         # An idle engine still rewrites its checkpoint now and then: its ``written_at`` (and a
         # lag of 0) is how the lake's freshness checks tell an idle source from a dead engine.
         refresh = time.monotonic() - self._checkpointed_at >= CHECKPOINT_REFRESH_SECONDS
         tables = self._tracker.take_changed()
         if self._lander.empty and position_text == self._checkpointed_position and not (
-            tables is not None or self._snapshots_dirty or self._xa_dirty or force or refresh
+            tables is not None or self._snapshots.changed or self._xa_dirty or force or refresh
             or self._spill.removal_pending
         ):
             return
         extra: dict[str, Any] = {}
-        if self._snapshots.sessions:
-            extra["snapshots"] = self._snapshots.state()
+        snapshots = self._snapshots.checkpoint_state()
+        if snapshots:
+            extra["snapshots"] = snapshots
         xa_files = bool(self._buffer.prepared)
         if xa_files:
             extra[XA_CHECKPOINT_KEY] = persist_prepared(self._buffer.prepared)
@@ -580,32 +562,6 @@ class CaptureEngine:
             extra=extra,
         )
         self._lander.checkpoint(checkpoint, tables, self._spill, spill_named=xa_files)
-        self._snapshots_dirty = False
         self._xa_dirty = False
         self._checkpointed_position = position_text
         self._checkpointed_at = time.monotonic()
-
-    def _segments_landed(self, landed: Landed) -> None:
-        """On the landing writer's thread, once segments are durable: the stats."""
-        # (a new dict, not an update: another thread may be reading the old one)
-        by_table = dict(self.stats.records_by_table)
-        for table_id, count in landed.records_by_table.items():
-            by_table[table_id] = by_table.get(table_id, 0) + count
-        self.stats.records_by_table = by_table
-        self.stats.segments_written += landed.segments
-
-    def _checkpoint_landed(self, checkpoint: Checkpoint) -> None:
-        """On the landing writer's thread, once a checkpoint is durable: the stats."""
-        self.stats.flushes += 1
-        self.stats.position = checkpoint.gtid
-        self.stats.next_pos = checkpoint.next_pos
-
-    def _emit_snapshot(self, schema: TableSchema, op: str,
-                       rows: list[tuple[Any, ...]] | pa.Table,
-                       extra: dict[str, list[Any]] | None) -> int:
-        """The coordinator's way to land snapshot records at the engine's current point
-        (``Lander.add_snapshot``); returns the first position they take."""
-        first = self._lander.next_pos
-        self._lander.add_snapshot(schema, op, rows, extra, int(time.time() * 1000))
-        self.stats.records += self._lander.next_pos - first
-        return first

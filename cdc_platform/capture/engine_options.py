@@ -1,5 +1,6 @@
 """What a caller gives the capture engine and reads back: its options (from the config), the
-states of its lifecycle, and the stats of a run (which the Dagster op reports as metadata)."""
+states of its lifecycle, and the stats of a run (which the Dagster op reports as metadata; the
+landing writer's thread adds what became durable)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 from cdc_platform.capture.source import TableSelector, selector_from_settings
 
 if TYPE_CHECKING:
+    from cdc_platform.capture.landing.segment_buffer import Landed
+    from cdc_platform.capture.landing.zone import Checkpoint
     from cdc_platform.config import Settings
 
 
@@ -88,3 +91,18 @@ class EngineStats:
     @property
     def elapsed_seconds(self) -> float:
         return time.time() - self.started_at
+
+    def segments_landed(self, landed: Landed) -> None:
+        """Once segments are durable (on the landing writer's thread): their records by table."""
+        # (a new dict, not an update: another thread may be reading the old one)
+        by_table = dict(self.records_by_table)
+        for table_id, count in landed.records_by_table.items():
+            by_table[table_id] = by_table.get(table_id, 0) + count
+        self.records_by_table = by_table
+        self.segments_written += landed.segments
+
+    def checkpoint_landed(self, checkpoint: Checkpoint) -> None:
+        """Once a checkpoint is durable (on the landing writer's thread): where it stands."""
+        self.flushes += 1
+        self.position = checkpoint.gtid
+        self.next_pos = checkpoint.next_pos

@@ -14,6 +14,7 @@ engine state.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -93,13 +94,15 @@ class Lander:
         return position - first
 
     def add_snapshot(self, schema: TableSchema, op: str, rows: list[tuple[Any, ...]] | pa.Table,
-                     extra: dict[str, list[Any]] | None, timestamp_ms: int) -> int:
+                     extra: dict[str, list[Any]] | None) -> int:
         """Queue snapshot records (chunk rows ``r``, assertion ``a``, sweep ``s``) at the
-        current position; returns the first position they take. They are built into their
-        changelog form now: records that do not fit the schema raise here (the coordinator
-        rejects the chunk) instead of failing the next flush."""
+        current position, stamped with the time now; returns the first position they take.
+        The snapshot coordinator's one emitter (``snapshot.sessions.SnapshotEmitter``). They
+        are built into their changelog form now: records that do not fit the schema raise here
+        (the coordinator rejects the chunk) instead of failing the next flush."""
         first = self.next_pos
-        self.next_pos += self._segments.add_landed(schema, op, rows, extra, first, timestamp_ms)
+        self.next_pos += self._segments.add_landed(schema, op, rows, extra, first,
+                                                   int(time.time() * 1000))
         return first
 
     def take_position(self) -> int:

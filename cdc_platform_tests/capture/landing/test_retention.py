@@ -18,6 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pyarrow as pa
@@ -332,9 +333,10 @@ def test_sweep_deletes_decided_chunk_rows_and_finished_sessions_and_the_engine_s
     assert (chunks.parent / "old").is_dir()  # replaced, but changed moments ago
     assert report.deleted_files[retention.CHUNKS] == 3
     # The engine, restarted from this checkpoint, decides only chunk 3, and reads its rows.
-    coordinator = SnapshotCoordinator(landing, "mariadb", None)
-    coordinator.load(landing.read_checkpoint().extra["snapshots"],
-                     parse_position("mariadb", "0-1-1"))
+    coordinator = SnapshotCoordinator(landing, "mariadb", None, SimpleNamespace(next_pos=1),
+                                      SimpleNamespace(schemas={}))
+    coordinator.on_start(landing.read_checkpoint().extra["snapshots"],
+                         parse_position("mariadb", "0-1-1"))
     pending = coordinator._pending(coordinator.sessions["shop.items"])
     assert [seq for seq, _ in pending] == [3]
     assert protocol.read_chunk_rows(pending[0][1]).num_rows == 1

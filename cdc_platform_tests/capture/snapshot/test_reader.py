@@ -307,20 +307,32 @@ def test_engine_drops_chunk_rows_whose_key_was_touched_outside_the_low_watermark
     lw = parse_position("mariadb", "0-1-10")
     chunk = Chunk(table, ((keys[0], 1), (keys[1], 2)), None, (keys[1],), lw, lw,
                   schema_fingerprint(schema), None, True)
-    coordinator = SnapshotCoordinator(landing, "mariadb", logging.getLogger(__name__))
     emitted: list[tuple[str, list[tuple[Any, ...]]]] = []
 
-    def emit(schema: TableSchema, op: str, rows: Any, extra: Any) -> int:
-        if isinstance(rows, pa.Table):  # chunk rows come as Arrow data
-            rows = [tuple(row.values()) for row in rows.to_pylist()]
-        emitted.append((op, rows))
-        return 100
+    class Engine:
+        """The coordinator's emitter and schemas: what it emits, recorded."""
 
+        next_pos = 50
+        schemas = {"db.t": schema}
+
+        def add_snapshot(self, schema: TableSchema, op: str, rows: Any, extra: Any) -> int:
+            if isinstance(rows, pa.Table):  # chunk rows come as Arrow data
+                rows = [tuple(row.values()) for row in rows.to_pylist()]
+            emitted.append((op, rows))
+            return 100
+
+        def learn_table(self, table_id: str) -> TableSchema | None:
+            return self.schemas.get(table_id)
+
+    engine = Engine()
+    coordinator = SnapshotCoordinator(landing, "mariadb", logging.getLogger(__name__), engine,
+                                      engine)
     write_request(landing, "db", "t", SnapshotRequest("s1", "open", ("k",), None, 10))
-    coordinator.tick(lw, 50, {"db.t": schema}, emit)
+    coordinator.on_tick(lw)
     write_chunk(landing, chunk, "s1", 0, True)
     coordinator.record_touch("db.t", (keys[0],), parse_gtid("mariadb", "0-1-11"), 60)
-    coordinator.tick(parse_position("mariadb", "0-1-11"), 61, {"db.t": schema}, emit)
+    engine.next_pos = 61
+    coordinator.on_tick(parse_position("mariadb", "0-1-11"))
     [rows] = [rows for op, rows in emitted if op == "r"]
     assert [row[1] for row in rows] == [2], rows  # the touched key's row is dropped
 

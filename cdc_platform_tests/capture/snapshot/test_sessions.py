@@ -2,13 +2,15 @@
 still exact), chunks that cannot be landed, endless rejections, where schemas come from,
 unreadable requests, and what an ended session leaves behind.
 
-Chunks are real reader files (``write_chunk``) in a temporary landing zone; ``emit`` records
+Chunks are real reader files (``write_chunk``) in a temporary landing zone; the engine the
+coordinator is given at construction (its emitter and its schemas) is ``Engine``, which records
 what the engine would land."""
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -41,15 +43,20 @@ def _pos(seq: int) -> MariadbPosition:
     return MariadbPosition.parse(f"0-1-{seq}")
 
 
-class Landed:
-    """What the engine would land: (op, rows) per emit, with increasing positions."""
+class Engine:
+    """What the coordinator is given of the engine: its emitter (what it would land: (op, rows)
+    per emit, with increasing positions) and its schemas (``read_schema``: the source's, when
+    set; else the engine's as they are)."""
 
-    def __init__(self, fail_on: str | None = None) -> None:
+    def __init__(self, schemas: dict[str, TableSchema] | None = None,
+                 fail_on: str | None = None) -> None:
         self.records: list[tuple[str, list[tuple[Any, ...]]]] = []
         self.next_pos = 1000
         self.fail_on = fail_on
+        self.schemas = {"db.t": SCHEMA} if schemas is None else schemas
+        self.read_schema: Callable[[str], TableSchema | None] | None = None
 
-    def __call__(self, schema: TableSchema, op: str, rows: Any, extra: Any) -> int:
+    def add_snapshot(self, schema: TableSchema, op: str, rows: Any, extra: Any) -> int:
         if op == self.fail_on:
             raise ValueError(f"records of op {op!r} do not fit {schema.table_id}")
         if isinstance(rows, pa.Table):
@@ -59,15 +66,28 @@ class Landed:
         self.next_pos += len(rows)
         return first
 
+    def learn_table(self, table_id: str) -> TableSchema | None:
+        if self.read_schema is None:
+            return self.schemas.get(table_id)
+        return self.read_schema(table_id)
+
     def rows(self) -> list[tuple[Any, ...]]:
         return [row for op, rows in self.records if op == "r" for row in rows]
 
+    def landed_anew(self) -> Engine:
+        """Forget what was landed so far (what a test checks next lands from here)."""
+        self.records = []
+        return self
 
-def _coordinator(tmp_path: Path, **options: Any) -> tuple[SnapshotCoordinator, LandingZone]:
+
+def _coordinator(tmp_path: Path, schemas: dict[str, TableSchema] | None = None,
+                 **options: Any) -> tuple[SnapshotCoordinator, LandingZone, Engine]:
     landing = LandingZone(str(tmp_path / "landing"), "demo")
-    coordinator = SnapshotCoordinator(landing, "mariadb", logging.getLogger(__name__), **options)
+    engine = Engine(schemas)
+    coordinator = SnapshotCoordinator(landing, "mariadb", logging.getLogger(__name__), engine,
+                                      engine, **options)
     write_request(landing, "db", "t", SnapshotRequest("s1", "open", ("k",), None, 10))
-    return coordinator, landing
+    return coordinator, landing, engine
 
 
 def _publish(landing: LandingZone, seq: int, rows: tuple[tuple[Any, ...], ...], read_at: int,
@@ -81,17 +101,17 @@ def _publish(landing: LandingZone, seq: int, rows: tuple[tuple[Any, ...], ...], 
 
 
 def _session(coordinator: SnapshotCoordinator) -> dict[str, Any]:
-    return coordinator.state()["db.t"]
+    return coordinator.checkpoint_state()["db.t"]
 
 
 def test_touched_key_log_stays_bounded_under_endless_writes(tmp_path: Path) -> None:
-    coordinator, _ = _coordinator(tmp_path, max_logged_touches=100, min_generation_seconds=0)
-    coordinator.tick(_pos(1), 1, {"db.t": SCHEMA}, Landed())
+    coordinator, _, _ = _coordinator(tmp_path, max_logged_touches=100, min_generation_seconds=0)
+    coordinator.on_tick(_pos(1))
     sizes = []
     for txn in range(2, 5002):  # a writer updating 1000 keys round and round
         coordinator.record_touch("db.t", (txn % 1000,), parse_gtid("mariadb", f"0-1-{txn}"), txn)
         if txn % 10 == 0:  # the engine ticks every few transactions
-            coordinator.tick(_pos(txn), txn + 1, {"db.t": SCHEMA}, Landed())
+            coordinator.on_tick(_pos(txn))
             sizes.append(coordinator.logged_touches("db.t"))
     assert max(sizes) <= 100 + 10  # the bound plus one tick's writes, never the 5000 written
     # The horizon went to the checkpoint: a generation behind the engine, not at its position.
@@ -101,12 +121,12 @@ def test_touched_key_log_stays_bounded_under_endless_writes(tmp_path: Path) -> N
 
 def test_pruning_rejects_only_chunks_read_before_the_previous_generation_and_stays_exact(
         tmp_path: Path) -> None:
-    coordinator, landing = _coordinator(tmp_path, max_logged_touches=1, min_generation_seconds=0)
-    landed = Landed()
-    coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, landed)
+    coordinator, landing, landed = _coordinator(tmp_path, max_logged_touches=1,
+                                                min_generation_seconds=0)
+    coordinator.on_tick(_pos(10))
     # Key 1 written at 0-1-11; the log prunes at 0-1-11 (generation mark), then key 2 at 0-1-12.
     coordinator.record_touch("db.t", (1,), parse_gtid("mariadb", "0-1-11"), 50)
-    coordinator.tick(_pos(11), 51, {"db.t": SCHEMA}, landed)
+    coordinator.on_tick(_pos(11))
     assert _session(coordinator)["horizon"] == "0-1-10"  # one generation: nothing dropped yet
     coordinator.record_touch("db.t", (2,), parse_gtid("mariadb", "0-1-12"), 51)
     # Both chunks were read before key 2's write. Pruning now moves the horizon to 0-1-11 and
@@ -114,7 +134,7 @@ def test_pruning_rejects_only_chunks_read_before_the_previous_generation_and_sta
     # one read at 0-1-11 commits, without key 2 (touched since its read view).
     _publish(landing, 0, ((1, 10), (2, 20)), read_at=10, high=2)
     _publish(landing, 1, ((1, 11), (2, 21)), read_at=11, high=2)
-    coordinator.tick(_pos(12), 52, {"db.t": SCHEMA}, landed)
+    coordinator.on_tick(_pos(12))
     session = _session(coordinator)
     assert session["horizon"] == "0-1-11" and coordinator.logged_touches("db.t") == 1
     assert "pruning horizon 0-1-11" in session["rejected"]["0"]
@@ -123,19 +143,21 @@ def test_pruning_rejects_only_chunks_read_before_the_previous_generation_and_sta
 
 def test_a_chunk_that_cannot_be_landed_is_rejected_and_the_session_goes_on(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    coordinator, landing = _coordinator(tmp_path)
-    coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed())
+    coordinator, landing, engine = _coordinator(tmp_path)
+    coordinator.on_tick(_pos(10))
     _publish(landing, 0, ((1, 10),), read_at=10, high=1)
-    coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed(fail_on="r"))
+    engine.fail_on = "r"
+    coordinator.on_tick(_pos(10))
     session = _session(coordinator)
     assert session["state"] == "open" and session["committed"] == []
     assert "chunk 0 of db.t could not be decided or landed (ValueError: records of op 'r' " \
            "do not fit db.t); re-select it" in session["rejected"]["0"]
     assert "chunk 0 of db.t could not be decided or landed" in caplog.text
     # The re-read lands.
-    landed = Landed()
+    engine.fail_on = None
+    landed = engine.landed_anew()
     _publish(landing, 1, ((1, 10),), read_at=10, high=1)
-    coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, landed)
+    coordinator.on_tick(_pos(10))
     assert _session(coordinator)["committed"] == [1] and landed.rows() == [(1, 10)]
 
 
@@ -144,8 +166,8 @@ def test_a_waiting_chunk_is_decided_from_its_manifest_and_its_rows_read_once(
     """While the engine has not processed a chunk's ``after`` (a lagging engine, looking at
     its pending chunks every poll), the chunk's rows file is not read: only its commit
     reads it."""
-    coordinator, landing = _coordinator(tmp_path)
-    coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed())
+    coordinator, landing, engine = _coordinator(tmp_path)
+    coordinator.on_tick(_pos(10))
     _publish(landing, 0, ((1, 10), (2, 20)), read_at=15, high=2)
     opened: list[Path] = []
     read_rows = sessions.read_chunk_rows
@@ -156,10 +178,10 @@ def test_a_waiting_chunk_is_decided_from_its_manifest_and_its_rows_read_once(
 
     monkeypatch.setattr(sessions, "read_chunk_rows", counting)
     for processed in range(10, 15):
-        assert not coordinator.tick(_pos(processed), 1, {"db.t": SCHEMA}, Landed())
+        assert not coordinator.on_tick(_pos(processed))
     assert opened == [] and _session(coordinator)["committed"] == []
-    landed = Landed()
-    coordinator.tick(_pos(15), 1, {"db.t": SCHEMA}, landed)
+    landed = engine.landed_anew()
+    coordinator.on_tick(_pos(15))
     assert _session(coordinator)["committed"] == [0] and landed.rows() == [(1, 10), (2, 20)]
     assert [p.name for p in opened] == ["00000000.json"]
 
@@ -168,11 +190,11 @@ def test_a_session_whose_chunks_are_always_rejected_is_stopped_with_the_reason(
         tmp_path: Path) -> None:
     """The engine's schema never matches the chunks: re-reading forever would only grow
     ``rejected``; after a few rejections in a row the session stops, naming the cause."""
-    coordinator, landing = _coordinator(tmp_path, max_rejections_in_a_row=3)
-    coordinator.tick(_pos(10), 1, {"db.t": WIDER}, Landed())
+    coordinator, landing, _ = _coordinator(tmp_path, {"db.t": WIDER}, max_rejections_in_a_row=3)
+    coordinator.on_tick(_pos(10))
     for seq in range(5):
         _publish(landing, seq, ((1, 10),), read_at=10, high=1)
-        coordinator.tick(_pos(10), 1, {"db.t": WIDER}, Landed())
+        coordinator.on_tick(_pos(10))
     session = _session(coordinator)
     assert session["state"] == "stopped" and len(session["rejected"]) == 3
     assert session["reason"].startswith("3 chunks in a row were rejected with no commit "
@@ -181,12 +203,12 @@ def test_a_session_whose_chunks_are_always_rejected_is_stopped_with_the_reason(
 
 
 def test_a_commit_resets_the_count_of_rejections_in_a_row(tmp_path: Path) -> None:
-    coordinator, landing = _coordinator(tmp_path, max_rejections_in_a_row=2)
-    coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed())
+    coordinator, landing, _ = _coordinator(tmp_path, max_rejections_in_a_row=2)
+    coordinator.on_tick(_pos(10))
     for seq in range(0, 6, 2):  # rejected (older schema), then committed, three times
         _publish(landing, seq, ((1, 10, "n"),), read_at=10, high=1, schema=WIDER)
         _publish(landing, seq + 1, ((1, 10),), read_at=10, high=1)
-        coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed())
+        coordinator.on_tick(_pos(10))
     session = _session(coordinator)
     assert session["state"] == "open" and session["committed"] == [1, 3, 5]
 
@@ -195,28 +217,29 @@ def test_the_schema_is_read_from_the_source_when_a_session_opens_and_when_missin
         tmp_path: Path) -> None:
     """After a DDL no row event followed, the engine's schema is old (or, for a table created
     since it started, missing): it asks the source before deciding the session's chunks."""
-    coordinator, landing = _coordinator(tmp_path)
+    coordinator, landing, landed = _coordinator(tmp_path)
     asked: list[str] = []
 
     def read_schema(table_id: str) -> TableSchema | None:
         asked.append(table_id)
         return WIDER
 
-    landed = Landed()
+    landed.read_schema = read_schema
     _publish(landing, 0, ((1, 10, "n"),), read_at=10, high=1, schema=WIDER)
-    coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, landed, read_schema)  # opens the session
-    coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, landed, read_schema)
+    coordinator.on_tick(_pos(10))  # opens the session
+    coordinator.on_tick(_pos(10))
     assert asked == ["db.t"]  # once per session, not per chunk
     assert _session(coordinator)["committed"] == [0] and landed.rows() == [(1, 10, "n")]
 
-    other, landing = _coordinator(tmp_path / "other")
+    other, landing, other_engine = _coordinator(tmp_path / "other", {})
+    other_engine.read_schema = read_schema
     _publish(landing, 0, ((1, 10, "n"),), read_at=10, high=1, schema=WIDER, complete=True)
-    other.tick(_pos(10), 1, {}, landed, read_schema)
+    other.on_tick(_pos(10))
     assert _session(other)["state"] == "done"
 
 
 def test_a_source_that_cannot_give_the_schema_holds_chunks_back(tmp_path: Path) -> None:
-    coordinator, landing = _coordinator(tmp_path)
+    coordinator, landing, engine = _coordinator(tmp_path)
 
     def unreachable(table_id: str) -> TableSchema | None:
         raise ConnectionError("source down")
@@ -224,18 +247,20 @@ def test_a_source_that_cannot_give_the_schema_holds_chunks_back(tmp_path: Path) 
     def gone(table_id: str) -> TableSchema | None:
         return None
 
+    engine.read_schema = unreachable
     _publish(landing, 0, ((1, 10),), read_at=10, high=1)
-    coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed(), unreachable)
+    coordinator.on_tick(_pos(10))
     assert _session(coordinator)["committed"] == []  # waits: the engine's schema may be old
-    other, landing = _coordinator(tmp_path / "other")
+    other, landing, other_engine = _coordinator(tmp_path / "other", {})
+    other_engine.read_schema = gone
     _publish(landing, 0, ((1, 10),), read_at=10, high=1)
-    other.tick(_pos(10), 1, {}, Landed(), gone)
+    other.on_tick(_pos(10))
     assert _session(other)["committed"] == [] and not _session(other)["rejected"]
 
 
 def test_a_failed_schema_read_is_tried_again_after_a_pause(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    coordinator, landing = _coordinator(tmp_path)
+    coordinator, landing, engine = _coordinator(tmp_path)
     asked: list[str] = []
 
     def unreachable(table_id: str) -> TableSchema | None:
@@ -247,28 +272,32 @@ def test_a_failed_schema_read_is_tried_again_after_a_pause(
         return SCHEMA
 
     _publish(landing, 0, ((1, 10),), read_at=10, high=1)
-    coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed(), unreachable)
-    coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed(), reachable)
+    engine.read_schema = unreachable
+    coordinator.on_tick(_pos(10))
+    engine.read_schema = reachable
+    coordinator.on_tick(_pos(10))
     assert asked == ["db.t"] and _session(coordinator)["committed"] == []  # not yet again
 
     monkeypatch.setattr(sessions, "SCHEMA_RETRY_SECONDS", 0.0)
-    other, landing = _coordinator(tmp_path / "other")
+    other, landing, other_engine = _coordinator(tmp_path / "other")
     _publish(landing, 0, ((1, 10),), read_at=10, high=1)
-    other.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed(), unreachable)
-    other.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed(), reachable)
+    other_engine.read_schema = unreachable
+    other.on_tick(_pos(10))
+    other_engine.read_schema = reachable
+    other.on_tick(_pos(10))
     assert asked == ["db.t"] * 3 and _session(other)["committed"] == [0]
 
 
 def test_an_unreadable_request_opens_nothing_until_it_is_written_again(
         tmp_path: Path) -> None:
-    coordinator, landing = _coordinator(tmp_path)
+    coordinator, landing, _ = _coordinator(tmp_path)
     path = request_path(landing, "db", "t")
     path.write_text('{"session_id": "s1", "action": "op')  # a broken hand edit
     for _ in range(3):
-        assert not coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed())
-    assert coordinator.state() == {}
+        assert not coordinator.on_tick(_pos(10))
+    assert coordinator.checkpoint_state() == {}
     write_request(landing, "db", "t", SnapshotRequest("s1", "open", ("k",), None, 10))
-    assert coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed())
+    assert coordinator.on_tick(_pos(10))
     assert _session(coordinator)["state"] == "open"
 
 
@@ -276,7 +305,7 @@ def test_a_request_is_read_again_only_when_its_file_changed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The engine looks for requests every few hundredths of a second: an unchanged
     request.json is a ``stat``, not a parse, and every action written after is seen."""
-    coordinator, landing = _coordinator(tmp_path)
+    coordinator, landing, _ = _coordinator(tmp_path)
     reads: list[str] = []
     read_request = sessions.read_request
 
@@ -285,27 +314,27 @@ def test_a_request_is_read_again_only_when_its_file_changed(
         return read_request(landing, database, table)
 
     monkeypatch.setattr(sessions, "read_request", counting)
-    assert coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed())
+    assert coordinator.on_tick(_pos(10))
     for _ in range(5):
-        coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed())
+        coordinator.on_tick(_pos(10))
     assert reads == ["t"] and _session(coordinator)["state"] == "open"
     for action, state in (("pause", "paused"), ("resume", "open"), ("stop", "stopped")):
         write_request(landing, "db", "t", SnapshotRequest("s1", action, ("k",), None, 10))
-        coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed())
+        coordinator.on_tick(_pos(10))
         assert _session(coordinator)["state"] == state, action
     assert len(reads) == 4
     request_path(landing, "db", "t").unlink()
-    coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed())
+    coordinator.on_tick(_pos(10))
     write_request(landing, "db", "t", SnapshotRequest("s2", "open", ("k",), None, 10))
-    coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed())
+    coordinator.on_tick(_pos(10))
     assert _session(coordinator)["session_id"] == "s2" and len(reads) == 5
 
 
 @pytest.mark.parametrize("end", ["done", "stopped", "restart"])
 def test_a_session_that_ends_no_longer_logs_touches(tmp_path: Path, end: str) -> None:
     """The engine logs touches only for tables under an open or paused session."""
-    coordinator, landing = _coordinator(tmp_path, max_rejections_in_a_row=1)
-    coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed())
+    coordinator, landing, _ = _coordinator(tmp_path, max_rejections_in_a_row=1)
+    coordinator.on_tick(_pos(10))
     coordinator.record_touch("db.t", (1,), parse_gtid("mariadb", "0-1-11"), 5)
     assert coordinator.key_columns("db.t") == ("k",) and coordinator.logged_touches("db.t") == 1
     if end == "done":
@@ -313,11 +342,11 @@ def test_a_session_that_ends_no_longer_logs_touches(tmp_path: Path, end: str) ->
     elif end == "stopped":  # (rejected once, which is here as many as in a row as allowed)
         _publish(landing, 0, ((2, 20, "n"),), read_at=11, high=None, schema=WIDER)
     else:
-        assert coordinator.record_ddl("db.t", parse_gtid("mariadb", "0-1-12"))
-    coordinator.tick(_pos(12), 6, {"db.t": SCHEMA}, Landed())
+        assert coordinator.on_ddl("db.t", parse_gtid("mariadb", "0-1-12"))
+    coordinator.on_tick(_pos(12))
     assert _session(coordinator)["state"] == end
     assert coordinator.key_columns("db.t") is None and coordinator.logged_touches("db.t") == 0
-    assert not coordinator.record_ddl("db.t", parse_gtid("mariadb", "0-1-13"))
+    assert not coordinator.on_ddl("db.t", parse_gtid("mariadb", "0-1-13"))
 
 
 def test_touched_key_log_generations() -> None:
@@ -374,12 +403,14 @@ def test_a_condition_read_back_from_request_json_is_checked_again(
     """request.json is a file anyone with access to the landing zone can edit: the engine
     checks its condition again, and a refused one lands nothing (its chunks are rejected)."""
     landing = LandingZone(str(tmp_path / "landing"), "demo")
-    coordinator = SnapshotCoordinator(landing, "mariadb", logging.getLogger(__name__))
+    engine = Engine()
+    coordinator = SnapshotCoordinator(landing, "mariadb", logging.getLogger(__name__), engine,
+                                      engine)
     write_request(landing, "db", "t", SnapshotRequest("s1", "open", ("k",), condition, 10))
-    coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, Landed())
+    coordinator.on_tick(_pos(10))
     _publish(landing, 0, ((1, 10),), read_at=10, high=1)
-    landed = Landed()
-    coordinator.tick(_pos(10), 1, {"db.t": SCHEMA}, landed)
+    landed = engine.landed_anew()
+    coordinator.on_tick(_pos(10))
     session = _session(coordinator)
     assert session["condition"] == condition and session["committed"] == committed
     if committed:
