@@ -52,7 +52,7 @@ def _stream(args: argparse.Namespace) -> int:
     stop = _stop_on_signals("stopping after the current event")
     engine = CaptureEngine(
         EngineOptions.from_settings(settings),
-        LandingZone(settings.landing_zone.url, settings.source.server_name),
+        LandingZone.from_settings(settings),
     )
     stats = engine.run(stop, stop_when_caught_up=args.until_caught_up,
                        caught_up_idle_seconds=args.idle_seconds)
@@ -114,7 +114,7 @@ def _snapshot(args: argparse.Namespace) -> int:
         check_source(settings)  # before any log line: a start failure is one line on stderr
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if args.action != "run":
-        landing = LandingZone(settings.landing_zone.url, settings.source.server_name)
+        landing = LandingZone.from_settings(settings)
         try:  # db.table, `my.db`.table or plain my.db.table, as the engine recorded them
             database, table = split_table_id(
                 resolve_table_id(args.table, landing.read_tables()) or args.table)

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 def discover_tables(config: Settings) -> list[TableSchema]:
     """Captured tables: what the engine recorded, plus what the source has now."""
     server = config.source.server_name
-    tables = LandingZone(config.landing_zone.url, server).read_tables()
+    tables = LandingZone.from_settings(config, server).read_tables()
     selector = selector_from_settings(config)
     try:
         with SourceSession(dict(config.source.connection_settings(), connect_timeout=3),

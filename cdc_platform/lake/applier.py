@@ -46,6 +46,7 @@ from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.gtid import parse_position
 from cdc_platform.capture.landing import retention
 from cdc_platform.capture.landing.zone import Checkpoint, LandingReader, LandingZone
+from cdc_platform.capture.s3store import S3Options
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.protocol import (
     SessionState,
@@ -88,6 +89,7 @@ class ApplierOptions:
     retention_seconds: float = 3600.0
     sweep_interval_seconds: float = 60.0
     first_load_wait_seconds: float = 30.0
+    s3: S3Options | None = None  # the config's s3 options (a landing zone at an S3 URL)
 
     @staticmethod
     def from_settings(settings: Any) -> ApplierOptions:
@@ -113,6 +115,7 @@ class ApplierOptions:
             min_snapshots_to_keep=settings.warehouse.min_snapshots_to_keep,
             retention_seconds=settings.landing_zone.retention_hours * 3600,
             first_load_wait_seconds=lake.freshness_seconds / 2,
+            s3=settings.s3.options(),
         )
 
 
@@ -260,7 +263,8 @@ class Applier:
         self.merges = 0
         self._housekept = False  # (this pass compacted or reconciled a table already)
         self._last_sweep = time.monotonic()
-        self._landing = LandingReader.open(options.landing_url, options.server_name)
+        self._landing = LandingReader.open(options.landing_url, options.server_name,
+                                           s3=options.s3)
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -288,7 +292,8 @@ class Applier:
         """One pass: merge every table with new records, then the housekeeping that is due."""
         self.cycles += 1
         self._housekept = False
-        checkpoint = read_checkpoint(self.options.landing_url, self.options.server_name)
+        checkpoint = read_checkpoint(self.options.landing_url, self.options.server_name,
+                                     s3=self.options.s3)
         if checkpoint is None:
             return
         tables = self.tables()
@@ -342,7 +347,8 @@ class Applier:
         try:
             result = materialise(self.spark, self.options.landing_url,
                                  self.options.warehouse_url, self.options.server_name, schema,
-                                 schema.database, schema.table, catalog=self.options.catalog)
+                                 schema.database, schema.table, catalog=self.options.catalog,
+                                 s3=self.options.s3)
         except Exception as error:  # noqa: BLE001 - one table's failure leaves the others going
             state.failures += 1
             state.retry_at = now + min(RETRY_SECONDS * 2 ** (state.failures - 1),
@@ -464,7 +470,8 @@ class Applier:
 
     def _sweep_landing_zone(self, consumed: Mapping[str, int | None], unread: list[str]
                             ) -> retention.RetentionReport:
-        landing = LandingZone(self.options.landing_url, self.options.server_name)
+        landing = LandingZone(self.options.landing_url, self.options.server_name,
+                              s3=self.options.s3)
         return retention.sweep(landing, consumed, unread, self.options.retention_seconds)
 
     def _sweep(self, tables: list[TableSchema]) -> None:

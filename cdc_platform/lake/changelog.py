@@ -31,6 +31,7 @@ from cdc_platform.capture.landing.zone import (
 )
 from cdc_platform.capture.landing_contract import HI_PREFIX, POS, RESERVED_PREFIX, THRESHOLD
 from cdc_platform.capture.names import table_id
+from cdc_platform.capture.s3store import S3Options
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.lake.columns import (
     CHANGELOG_META,
@@ -65,9 +66,10 @@ class TableChangelog:
     table: str
 
     @classmethod
-    def open(cls, landing_url: str, server_name: str, database: str, table: str
-             ) -> TableChangelog:
-        return cls(LandingReader.open(landing_url, server_name), database, table)
+    def open(cls, landing_url: str, server_name: str, database: str, table: str, *,
+             s3: S3Options | None = None) -> TableChangelog:
+        """``s3``: the config's ``s3`` options, for a landing zone at an S3 URL."""
+        return cls(LandingReader.open(landing_url, server_name, s3=s3), database, table)
 
     @property
     def table_id(self) -> str:
@@ -188,10 +190,11 @@ class TableChangelog:
         return batch.where(condition), newest
 
 
-def read_checkpoint(landing_url: str, server_name: str) -> Checkpoint | None:
+def read_checkpoint(landing_url: str, server_name: str, *, s3: S3Options | None = None
+                    ) -> Checkpoint | None:
     """The engine's checkpoint, or None before its first one (``LandingReader``: the one
     parser of ``checkpoint.json``)."""
-    return LandingReader.open(landing_url, server_name).read_checkpoint()
+    return LandingReader.open(landing_url, server_name, s3=s3).read_checkpoint()
 
 
 def read_table_schemas(landing_url: str, server_name: str) -> dict[str, TableSchema]:

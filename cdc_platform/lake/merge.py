@@ -59,6 +59,7 @@ from cdc_platform.capture.landing_contract import (
     TS_MS,
     hi_column,
 )
+from cdc_platform.capture.s3store import S3Options
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.lake.changelog import TableChangelog
 from cdc_platform.lake.columns import col, table_struct
@@ -161,6 +162,7 @@ def materialise(
     database: str,
     table: str,
     catalog: Any = None,
+    s3: S3Options | None = None,
 ) -> MergeResult:
     """Fold the table's new changelog records into its Iceberg table, as one snapshot.
 
@@ -168,12 +170,12 @@ def materialise(
     leaves the table as it was. A writer that loses the commit race to another runs again
     from the new snapshot, up to ``COMMIT_ATTEMPTS`` times, then raises
     ConcurrentCommitError. ``catalog``: ``config.CatalogSettings`` (default: Hadoop on the
-    warehouse).
+    warehouse). ``s3``: the config's ``s3`` options, for a landing zone at an S3 URL.
     """
     started = time.monotonic()
     ensure_lake_conf(spark)
     target = Lake(spark, warehouse_url, catalog).table(server_name, database, table)
-    changelog = TableChangelog.open(landing_url, server_name, database, table)
+    changelog = TableChangelog.open(landing_url, server_name, database, table, s3=s3)
     for attempt in range(1, COMMIT_ATTEMPTS + 1):
         try:
             # Writers of one table in this process (and, on a local Hadoop-catalog warehouse,

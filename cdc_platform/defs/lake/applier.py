@@ -218,7 +218,7 @@ def judge_targets(instance: dg.DagsterInstance, settings: Settings,
     """Every target's freshness verdict now (no Spark: run records, the checkpoint, segment
     footers and each target's newest materialisation)."""
     server = settings.source.server_name
-    landing = LandingReader.open(settings.landing_zone.url, server)
+    landing = LandingReader.open(settings.landing_zone.url, server, s3=settings.s3.options())
     checkpoint = landing.read_checkpoint()
     limit = settings.lake.freshness_seconds
     age = _checkpoint_age(checkpoint) if checkpoint is not None else None

@@ -59,6 +59,7 @@ def _target_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinitio
             schema.database,
             schema.table,
             catalog=settings.warehouse.catalog,
+            s3=settings.s3.options(),
         )
         context.log.info(
             f"{schema.table_id}: {result.identifier} snapshot {result.snapshot_id} "
@@ -80,7 +81,7 @@ def _target_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinitio
 def staleness(settings: Settings, schema: TableSchema, consumed_pos: int | None) -> str | None:
     """Why the target (consumed up to ``consumed_pos``) is stale after a DDL, or None; markers
     whose re-snapshot the target has applied are forgotten (``capture.ddl.stale_markers``)."""
-    landing = LandingZone(settings.landing_zone.url, settings.source.server_name)
+    landing = LandingZone.from_settings(settings)
     markers = stale_markers.resolve_markers(landing)
     stale_markers.forget_applied(landing, markers, schema.table_id, consumed_pos)
     return stale_markers.target_staleness(markers, schema.table_id, consumed_pos)

@@ -182,7 +182,7 @@ def build_sensor(settings: Settings, assets: dict[str, dg.AssetsDefinition]
     keys = {table_id: asset.key for table_id, asset in assets.items()}
     op_names = {table_id: asset.op.name for table_id, asset in assets.items()}
     captured = sorted(keys)
-    landing = LandingZone(settings.landing_zone.url, server)
+    landing = LandingZone.from_settings(settings, server)
 
     @dg.sensor(
         name=sensor_name(settings),

@@ -163,7 +163,7 @@ def _snapshot_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinit
                                       metadata={"status": status, "rows": 0, "chunks": 0})
             return
         reader = SnapshotReader(
-            LandingZone(settings.landing_zone.url, server),
+            LandingZone.from_settings(settings, server),
             settings.source.connection_settings(),
             settings.source.flavour,
             current,

@@ -57,7 +57,7 @@ def build_sensor(settings: Settings, assets: dict[str, dg.AssetsDefinition]
     server = settings.source.server_name
     capture = settings.capture
     keys = {table_id: asset.key for table_id, asset in assets.items()}
-    landing = LandingZone(settings.landing_zone.url, server)
+    landing = LandingZone.from_settings(settings, server)
 
     def launches(marker: stale_markers.StaleMarker) -> bool:
         return stale_markers.launched_by_platform(marker, capture.snapshot_mode,

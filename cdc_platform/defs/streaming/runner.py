@@ -81,8 +81,8 @@ def checkpoint_headroom(settings: Settings) -> tuple[Checkpoint | None, BinlogHe
     """The engine's checkpoint and its binlog headroom, read now (a short-lived source
     session; never raises: what cannot be read is an UNKNOWN headroom naming it)."""
     try:
-        checkpoint = LandingReader.open(settings.landing_zone.url,
-                                        settings.source.server_name).read_checkpoint()
+        checkpoint = LandingReader.open(settings.landing_zone.url, settings.source.server_name,
+                                        s3=settings.s3.options()).read_checkpoint()
     except (OSError, ValueError) as error:
         return None, BinlogHeadroom(HeadroomStatus.UNKNOWN,
                                     reason=f"the checkpoint cannot be read: {error}")
@@ -192,7 +192,7 @@ def _run_engine(
     report_materializations: bool,
 ) -> EngineStats:
     log = QueueLog()
-    landing = LandingZone(settings.landing_zone.url, settings.source.server_name)
+    landing = LandingZone.from_settings(settings)
     engine = CaptureEngine(EngineOptions.from_settings(settings), landing, log=log)
     standing = StandingReport(lambda: checkpoint_headroom(settings)[1], context.log)
 
