@@ -111,7 +111,6 @@ class CaptureEngine:
         self._last_flush = time.monotonic()
         self._checkpointed_position = ""
         self._checkpointed_at = time.monotonic()
-        self._last_commit_ts: float | None = None
         self._last_activity = time.monotonic()
         self._started = False
         self._applying = False
@@ -496,7 +495,6 @@ class CaptureEngine:
             self._xa_dirty = True
         self.stats.transactions += 1
         self.stats.records += count
-        self._last_commit_ts = float(txn.timestamp)
         self._last_activity = time.monotonic()
         self.stats.lag_seconds = max(0.0, time.time() - float(txn.timestamp))
         self.stats.caught_up = False
