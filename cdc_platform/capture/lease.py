@@ -101,9 +101,11 @@ class Lease:
                 return True
         self._forget()
         for _ in range(_ACQUIRE_ROUNDS):
+            started = time.monotonic()
             record = self._new_record(holder, ttl_seconds)
-            if self.store.write_exclusively(*self.parts, data=record.to_json()):
-                return self._took(record, ttl_seconds, started=time.monotonic())
+            written = self.store.write_versioned(*self.parts, data=record.to_json(), etag=None)
+            if written is not None:
+                return self._took(record, written, ttl_seconds, started=started)
             versioned = self.store.read_versioned(*self.parts)
             if versioned is None:
                 continue  # deleted in between: try to create it again
@@ -112,8 +114,9 @@ class Lease:
                 return False
             started = time.monotonic()
             record = self._new_record(holder, ttl_seconds)
-            if self.store.write_if_match(*self.parts, data=record.to_json(), etag=etag):
-                return self._took(record, ttl_seconds, started=started)
+            written = self.store.write_versioned(*self.parts, data=record.to_json(), etag=etag)
+            if written is not None:
+                return self._took(record, written, ttl_seconds, started=started)
         return False
 
     def renew(self, ttl_seconds: float | None = None) -> bool:
@@ -124,10 +127,12 @@ class Lease:
         ttl = self._ttl if ttl_seconds is None else ttl_seconds
         started = time.monotonic()
         record = self._new_record(self._record.holder, ttl, token=self._record.token)
-        if not self.store.write_if_match(*self.parts, data=record.to_json(), etag=self._etag):
+        written = self.store.write_versioned(*self.parts, data=record.to_json(),
+                                             etag=self._etag)
+        if written is None:
             self._forget()
             return False
-        return self._took(record, ttl, started=started)
+        return self._took(record, written, ttl, started=started)
 
     def release(self) -> None:
         """Give the lease up (marked expired, so the next acquirer takes it at once); nothing
@@ -149,13 +154,10 @@ class Lease:
     def _new_record(self, holder: str, ttl: float, token: str | None = None) -> LeaseRecord:
         return LeaseRecord(holder, token or uuid.uuid4().hex, self._clock() + ttl)
 
-    def _took(self, record: LeaseRecord, ttl: float, *, started: float) -> bool:
-        """Remember the version just written (its token tells it from a later holder's)."""
-        versioned = self.store.read_versioned(*self.parts)
-        if versioned is None or LeaseRecord.parse(versioned[0]).token != record.token:
-            self._forget()
-            return False
-        self._record, self._etag, self._ttl = record, versioned[1], ttl
+    def _took(self, record: LeaseRecord, etag: str, ttl: float, *, started: float) -> bool:
+        """Remember the version just written (the conditional write's own: a later holder's
+        write changes it, and this object's next swap fails)."""
+        self._record, self._etag, self._ttl = record, etag, ttl
         self._deadline = started + ttl
         return True
 

@@ -344,22 +344,30 @@ class S3FileStore(FileStore):
 
     def write_exclusively(self, *parts: str, data: bytes | memoryview) -> bool:
         """``PUT If-None-Match: *``: False (nothing written) on 412, the object exists."""
-        return self._conditional_put(self.key(*parts), bytes(data), IfNoneMatch="*")
+        return self.write_versioned(*parts, data=data, etag=None) is not None
 
     def write_if_match(self, *parts: str, data: bytes | memoryview, etag: str) -> bool:
         """``PUT If-Match: etag``: replace the object only if it is still the version
         ``read_versioned`` returned; False (nothing written) if it changed or is gone."""
-        return self._conditional_put(self.key(*parts), bytes(data), IfMatch=etag)
+        return self.write_versioned(*parts, data=data, etag=etag) is not None
 
-    def _conditional_put(self, key: str, data: bytes, **condition: str) -> bool:
-        """A conditional PUT. 409 ConditionalRequestConflict (a concurrent conditional write
+    def write_versioned(self, *parts: str, data: bytes | memoryview, etag: str | None
+                        ) -> str | None:
+        """The PUT's own ETag is the version written."""
+        condition = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": etag}
+        return self._conditional_put(self.key(*parts), bytes(data), **condition)
+
+    def _conditional_put(self, key: str, data: bytes, **condition: str) -> str | None:
+        """A conditional PUT: the new object's ETag, or None (nothing written) when the
+        condition failed. 409 ConditionalRequestConflict (a concurrent conditional write
         to the key) is repeated. A 412 after botocore retried the request (a timeout or a 5xx
         whose first attempt may have landed) is checked against the object's content: when
         it holds exactly ``data``, that landing was this write's."""
         for attempt in range(_CONFLICT_ATTEMPTS):
             try:
-                self.client.put_object(Bucket=self.bucket, Key=key, Body=data, **condition)
-                return True
+                response = self.client.put_object(Bucket=self.bucket, Key=key, Body=data,
+                                                   **condition)
+                return str(response["ETag"])
             except ClientError as error:
                 code, status = _error_code(error)
                 if status == 409 or code == "ConditionalRequestConflict":
@@ -369,10 +377,11 @@ class S3FileStore(FileStore):
                     retried = error.response.get("ResponseMetadata", {}).get("RetryAttempts", 0)
                     if retried:
                         current = self.read_versioned(*self._parts_of(key))
-                        return current is not None and current[0] == data
-                    return False
+                        return current[1] if current is not None and current[0] == data \
+                            else None
+                    return None
                 if code in _NOT_FOUND:  # (If-Match on a deleted object)
-                    return False
+                    return None
                 self._raise(error, key, "PUT")
         raise ObjectStoreError(
             f"{self._where()}: {_CONFLICT_ATTEMPTS} conditional writes of {key!r} in a row met "

@@ -123,6 +123,16 @@ class FileStore(ABC):
             f"{self.uri_of(*parts)}: replacing a file only if unchanged needs a conditional "
             "put (If-Match), which this storage backend does not make")
 
+    def write_versioned(self, *parts: str, data: bytes | memoryview, etag: str | None
+                        ) -> str | None:
+        """``write_exclusively`` (``etag`` None) or ``write_if_match``, returning the version
+        token of what it wrote (as ``read_versioned`` would give it), or None when nothing was
+        written: a writer that swaps the file again later (the lease's renewals, the fenced
+        checkpoint at every flush) needs no read to learn its own version."""
+        raise NotImplementedError(
+            f"{self.uri_of(*parts)}: conditional writes need a conditional put, which this "
+            "storage backend does not make")
+
     @abstractmethod
     def list_names(self, *parts: str) -> list[str]:
         """Names directly below a directory, sorted; empty when it does not exist."""
@@ -285,6 +295,12 @@ class LocalFileStore(FileStore):
                 return False
             write_atomically(path, data)
         return True
+
+    def write_versioned(self, *parts: str, data: bytes | memoryview, etag: str | None
+                        ) -> str | None:
+        written = (self.write_exclusively(*parts, data=data) if etag is None
+                   else self.write_if_match(*parts, data=data, etag=etag))
+        return _content_version(bytes(data)) if written else None
 
     def list_names(self, *parts: str) -> list[str]:
         directory = self.path(*parts)

@@ -487,26 +487,17 @@ class LandingZone(LandingReader):
             self._forget_xa_files(named)
             return
         self._check_fence()
-        if self._checkpoint_etag is None:
-            swapped = self.store.write_exclusively(CHECKPOINT_FILE, data=data)
-        else:
-            swapped = self.store.write_if_match(CHECKPOINT_FILE, data=data,
-                                                etag=self._checkpoint_etag)
-        if not swapped:
+        written = self.store.write_versioned(CHECKPOINT_FILE, data=data,
+                                             etag=self._checkpoint_etag)
+        if written is None:
             self._lease_lost.set()
             raise LandingZoneTakenError(
                 f"capture engine {self.server_name!r}: the checkpoint "
                 f"{self.store.uri_of(CHECKPOINT_FILE)} changed since this engine wrote it: "
                 "another engine took over the landing zone (this one's lease had expired); "
                 "stopping without committing")
-        versioned = self.store.read_versioned(CHECKPOINT_FILE)
-        if versioned is None or versioned[0] != data:
-            self._lease_lost.set()
-            raise LandingZoneTakenError(
-                f"capture engine {self.server_name!r}: the checkpoint "
-                f"{self.store.uri_of(CHECKPOINT_FILE)} was replaced right after this engine "
-                "wrote it: another engine took over the landing zone; stopping")
-        self._checkpoint_etag = versioned[1]
+        # (the version this write made: a replacement by another engine fails the next swap)
+        self._checkpoint_etag = written
         self._forget_xa_files(named)
 
     # ---- prepared XA transactions' spill files on object storage ----------------------------
