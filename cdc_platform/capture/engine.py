@@ -31,7 +31,13 @@ from typing import Any
 from cdc_platform.capture import names
 from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.binlog.stream import BinlogStream, learn_server_collations
-from cdc_platform.capture.changes.row_images import TableState, column_block, row_records
+from cdc_platform.capture.changes.row_images import (
+    TableState,
+    block_memory,
+    column_block,
+    records_memory,
+    row_records,
+)
 from cdc_platform.capture.changes.schemas import SchemaTracker
 from cdc_platform.capture.changes.spill import (
     HeldRecords,
@@ -82,11 +88,6 @@ from cdc_platform.capture.source import (
 HEARTBEAT_MAX_SECONDS = 0.025
 # An unchanged checkpoint is rewritten after this long (see ``flush``).
 CHECKPOINT_REFRESH_SECONDS = 10.0
-# The buffer's memory estimate of buffered records: the binlog bytes of their rows events (the
-# values' payload) plus Python's cost of a record and of each value object (tracemalloc of
-# 4-column records on this machine: 313 bytes each, estimated 311).
-_MEMORY_PER_RECORD = 120
-_MEMORY_PER_VALUE = 40
 
 
 class CaptureEngine:
@@ -454,17 +455,12 @@ class CaptureEngine:
                 "its table map; the binlog stream is inconsistent: restart the engine (it "
                 "resumes from its checkpoint)")
         if event.columnar:
-            table = column_block(state, event, gtid)
-            if table is not None:
-                # (what it holds is the Arrow buffers: the event's bytes are gone once
-                # decoded; their total size, not ``nbytes``, which costs as much as building
-                # the table)
-                self._buffer.add_block(HeldRecords(state.schema, table),
-                                       table.get_total_buffer_size())
+            block = column_block(state, event, gtid)
+            if block is not None:
+                self._buffer.add_block(HeldRecords(state.schema, block), block_memory(block))
             return
         records = row_records(state, event, gtid)
-        self._buffer.add(records, event.size + len(records) * (
-            _MEMORY_PER_RECORD + _MEMORY_PER_VALUE * len(state.names)))
+        self._buffer.add(records, records_memory(state, event, len(records)))
 
     def _on_statement(self, statement: Statement) -> None:
         """A statement outside row events (``DdlTracking``): the tables it changed without
