@@ -206,8 +206,12 @@ class CaptureEngine:
                               "segment(s) written after the last checkpoint; replaying them")
             self._checkpointed_position = checkpoint.gtid
             self._snapshots.on_start(checkpoint.extra.get("snapshots", {}), self._processed)
-        self._restore_prepared_xa(checkpoint.extra.get(XA_CHECKPOINT_KEY, {})
-                                  if checkpoint is not None else {})
+        restored, said = restore_prepared(checkpoint.extra.get(XA_CHECKPOINT_KEY, {})
+                                          if checkpoint is not None else {},
+                                          self._spill, self._new_record_log)
+        self._buffer.prepared.update(restored)
+        if said:
+            self.log.info(f"capture engine {opts.server_name}: {said}")
         self._started = True
         schemas = self._tracker.schemas = self.landing.read_tables()
         dropped = self._tracker.forget_uncaptured()
@@ -247,19 +251,6 @@ class CaptureEngine:
         except ValueError as error:
             raise EngineError(f"capture.initial_position {choice!r} is not a valid "
                               f"{self.options.flavour} GTID position: {error}") from None
-
-    def _restore_prepared_xa(self, state: dict[str, Any]) -> None:
-        """XA transactions prepared before the checkpoint, from their files (``xa_state``)."""
-        restored, removed = restore_prepared(state, self._spill, self._new_record_log)
-        self._buffer.prepared.update(restored)
-        if removed:
-            self.log.info(f"capture engine {self.options.server_name}: removed {len(removed)} "
-                          "spill file(s) of transactions read again from the binlog")
-        if state:
-            self.log.info(f"capture engine {self.options.server_name}: {len(state)} prepared XA "
-                          "transaction(s) wait for their XA COMMIT: "
-                          + ", ".join(f"{x} (prepared at GTID {e['gtid']})"
-                                      for x, e in state.items()))
 
     def _new_record_log(self) -> RecordLog:
         return RecordLog(self.options.transaction_memory_bytes, self._spill_records)

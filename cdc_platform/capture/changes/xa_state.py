@@ -36,11 +36,11 @@ def persist_prepared(prepared: Mapping[str, PreparedXa]) -> dict[str, Any]:
 
 
 def restore_prepared(state: Mapping[str, Any], spill: SpillStore,
-                     new_log: Callable[[], RecordLog]) -> tuple[dict[str, PreparedXa],
-                                                                list[Path]]:
-    """The XA transactions a checkpoint names, from their files, and the spill files removed
-    because nothing names them. EngineError when a named file is missing: the transaction's
-    rows could not land at its XA COMMIT."""
+                     new_log: Callable[[], RecordLog]) -> tuple[dict[str, PreparedXa], str]:
+    """The XA transactions a checkpoint names, from their files (the spill files nothing
+    names are removed), and what the start did, in words for its log ("": nothing).
+    EngineError when a named file is missing: the transaction's rows could not land at its XA
+    COMMIT."""
     restored: dict[str, PreparedXa] = {}
     keep = set()
     for xid, entry in state.items():
@@ -58,4 +58,17 @@ def restore_prepared(state: Mapping[str, Any], spill: SpillStore,
         log = new_log()
         log.restore(parts)
         restored[xid] = PreparedXa(entry["gtid"], log, persisted=True)
-    return restored, spill.remove_unreferenced(keep)
+    return restored, _described(state, spill.remove_unreferenced(keep))
+
+
+def _described(state: Mapping[str, Any], removed: list[Path]) -> str:
+    """A restore in one line: the transactions waiting, the files of unfinished ones gone."""
+    said = []
+    if state:
+        said.append(f"{len(state)} prepared XA transaction(s) wait for their XA COMMIT: "
+                    + ", ".join(f"{xid} (prepared at GTID {entry['gtid']})"
+                                for xid, entry in state.items()))
+    if removed:
+        said.append(f"removed {len(removed)} spill file(s) of transactions read again from "
+                    "the binlog")
+    return "; ".join(said)
