@@ -16,7 +16,7 @@ from cdc_platform.capture.changes.row_images import (
 from cdc_platform.capture.events import Rows
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 
-ITEMS = TableSchema("shop", "items", (ColumnSpec("id", "bigint"), ColumnSpec("name", "varchar"),
+ITEMS = TableSchema("shop", "items", (ColumnSpec("id", "int"), ColumnSpec("name", "string"),
                                       ColumnSpec("qty", "int"), ColumnSpec("price", "double")),
                     ("id",))
 
