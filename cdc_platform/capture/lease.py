@@ -23,6 +23,7 @@ later than what the others see, so a paused holder stops believing before others
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -33,6 +34,12 @@ from cdc_platform.capture.storage import FileStore
 __all__ = ["Lease", "LeaseRecord"]
 
 _ACQUIRE_ROUNDS = 10  # a lease released and re-created between our read and write: read again
+# While waiting for a live lease to expire: how often it is read again (a renewal seen ends the
+# wait), as a share of the acquirer's ttl (the holder's renewals come every third of it), and
+# the bounds of that interval in seconds.
+_WATCH_SHARE, _WATCH_MIN_SECONDS, _WATCH_MAX_SECONDS = 1 / 6, 0.1, 5.0
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -89,12 +96,53 @@ class Lease:
         versioned = self.store.read_versioned(*self.parts)
         return None if versioned is None else LeaseRecord.parse(versioned[0])
 
-    def acquire(self, holder: str, ttl_seconds: float) -> bool:
+    def acquire(self, holder: str, ttl_seconds: float, *, wait_seconds: float = 0.0) -> bool:
         """Take the lease for ``ttl_seconds`` if it is free, released or expired; False while
         another holder's (or another ``Lease`` object's) lease is live. Holding it already:
-        a renewal."""
+        a renewal.
+
+        ``wait_seconds`` > 0: a live lease that would expire within that time is watched
+        (logged once); False as soon as it is renewed or replaced meanwhile (its holder is
+        alive), or when it would not expire in time; taken over when it expires unrenewed (its
+        holder is dead or cut off, and can no longer write once its own deadline passed)."""
         if ttl_seconds <= 0:
             raise ValueError(f"lease ttl_seconds must be positive, not {ttl_seconds}")
+        if wait_seconds < 0:
+            raise ValueError(f"lease wait_seconds must not be negative, not {wait_seconds}")
+        deadline = time.monotonic() + wait_seconds
+        watched: LeaseRecord | None = None
+        for _ in range(_ACQUIRE_ROUNDS):  # (rounds that found the lease free, yet lost it)
+            if self._acquire_once(holder, ttl_seconds):
+                return True
+            current = self.current()
+            remaining = 0.0 if current is None else current.expires_at - self._clock()
+            if current is None or remaining <= 0:
+                continue  # deleted, expired or released in between: take it
+            if watched is not None and current != watched:
+                log.info(f"{self!r}: the lease of {current.holder or 'unknown'} was renewed "
+                         "(or taken) while waiting for it to expire: refused")
+                return False
+            left = deadline - time.monotonic()
+            if left <= 0 or remaining > left:
+                return False
+            if watched is None:
+                log.warning(f"{self!r}: waiting up to {remaining:.0f} s for the lease of "
+                            f"{current.holder or 'unknown'} to expire (not released: a killed "
+                            "holder? a live one renews it, and this acquirer is refused)")
+            watched = current
+            watch = min(_WATCH_MAX_SECONDS, max(_WATCH_MIN_SECONDS, ttl_seconds * _WATCH_SHARE))
+            while True:
+                time.sleep(min(remaining + 0.05, watch))
+                current = self.current()
+                if current != watched:
+                    break  # changed (renewed, released, taken) or expired: look again
+                remaining = current.expires_at - self._clock()
+                if remaining <= 0:
+                    break
+        return False
+
+    def _acquire_once(self, holder: str, ttl_seconds: float) -> bool:
+        """One ``acquire`` without waiting."""
         if self._record is not None and self._record.holder == holder:
             self._ttl = ttl_seconds
             if self.renew():

@@ -168,6 +168,60 @@ def test_release_frees_the_lease_at_once_and_only_the_holder_renews(store: FileS
     assert not holder.renew()
 
 
+def test_a_lease_nobody_renews_is_waited_out_and_taken_over(store: FileStore, caplog):
+    """A holder killed with kill -9 never releases its lease: an acquirer that may wait takes
+    it over when it expires (a restarted engine gets going by itself), and says so."""
+    dead = Lease(store, "l")
+    assert dead.acquire("dead pod", ttl_seconds=1.0)
+    successor = Lease(store, "l")
+    assert not successor.acquire("new pod", ttl_seconds=1.0)  # (no wait: refused at once)
+    started = time.monotonic()
+    with caplog.at_level("WARNING", logger="cdc_platform.capture.lease"):
+        assert successor.acquire("new pod", ttl_seconds=1.0, wait_seconds=10)
+    assert 0.3 < time.monotonic() - started < 8
+    assert successor.held and successor.current().holder == "new pod"
+    assert "for the lease of dead pod to expire" in caplog.text
+    assert not dead.renew()  # the dead holder's version is gone
+
+
+def test_a_waiting_acquirer_is_refused_when_the_holder_renews(store: FileStore):
+    """Never two holders: a renewal seen while waiting ends the wait with a refusal, well
+    before the wait's bound."""
+    live = Lease(store, "l")
+    assert live.acquire("live pod", ttl_seconds=1.5)
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(0.5):
+            live.renew()
+
+    renewer = threading.Thread(target=renew)
+    renewer.start()
+    try:
+        started = time.monotonic()
+        assert not Lease(store, "l").acquire("second pod", ttl_seconds=1.5, wait_seconds=30)
+        assert time.monotonic() - started < 10
+        assert live.held and live.current().holder == "live pod"
+    finally:
+        stop.set()
+        renewer.join()
+    # released while another waits: taken at once, not at the expiry
+    assert live.acquire("live pod", ttl_seconds=30)
+    release = threading.Timer(0.3, live.release)
+    release.start()
+    started = time.monotonic()
+    assert Lease(store, "l").acquire("third pod", ttl_seconds=1.5, wait_seconds=60)
+    assert time.monotonic() - started < 10
+    release.join()
+
+
+def test_a_lease_that_outlives_the_wait_is_refused_without_waiting(store: FileStore):
+    assert Lease(store, "l").acquire("a", ttl_seconds=60)
+    started = time.monotonic()
+    assert not Lease(store, "l").acquire("b", ttl_seconds=60, wait_seconds=5)
+    assert time.monotonic() - started < 3
+
+
 def test_an_unreadable_lease_object_counts_as_expired(store: FileStore):
     store.write_atomically("l", data=b"{torn")
     assert LeaseRecord.parse(b"{torn").expires_at == 0
