@@ -76,9 +76,11 @@ from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
 from cdc_platform.capture.snapshot.sessions import SnapshotCoordinator
 from cdc_platform.capture.source import (
     SourceSession,
+    initial_position,
     is_purged_position,
     is_retriable,
-    server_message,
+    purged_binlog_recovery,
+    purged_binlog_stop,
 )
 
 # The snapshot coordinator is ticked between binlog events, every ``sessions.
@@ -227,7 +229,8 @@ class CaptureEngine:
             self.log.info(f"capture engine {opts.server_name}: collations of the source that "
                           f"mysql-replication does not list, read from the server: {learnt}")
         if checkpoint is None:
-            self._processed = self._initial_position()
+            self._processed = initial_position(self._source, opts.flavour,
+                                               opts.initial_position)
         listed = self._tracker.learn_captured()
         self._history.at_start(control, checkpoint is None, self._processed,
                                self._lander.next_pos, schemas, recorded, listed)
@@ -238,19 +241,6 @@ class CaptureEngine:
             f"{str(self._processed) or '(start of the binlog)'} at changelog position "
             f"{self._lander.next_pos}"
         )
-
-    def _initial_position(self) -> GtidSet:
-        """Where a first start reads from (config: capture.initial_position)."""
-        choice = self.options.initial_position.strip()
-        if choice == "earliest":
-            choice = self._source.run(self._flavour.earliest_position)
-        if choice == "current":
-            choice = self._source.run(self._flavour.executed_gtid_text)
-        try:
-            return self._flavour.parse_position(choice)
-        except ValueError as error:
-            raise EngineError(f"capture.initial_position {choice!r} is not a valid "
-                              f"{self.options.flavour} GTID position: {error}") from None
 
     def _new_record_log(self) -> RecordLog:
         return RecordLog(self.options.transaction_memory_bytes, self._spill_records)
@@ -271,12 +261,7 @@ class CaptureEngine:
         old = str(self._processed) or "(start)"
         current_text = self._source.run(self._flavour.executed_gtid_text)
         current = self._flavour.parse_position(current_text)
-        self.log.warning(
-            f"source {opts.server_name}: the binlog no longer holds GTID position {old} (purged: "
-            f"{server_message(error)}). capture.snapshot_mode is when_needed: capture goes on "
-            f"from the source's current GTID position {current_text or '(empty)'}, and every "
-            "captured table is snapshotted again; until each snapshot is applied, its target "
-            f"misses the changes between {old} and {current_text or '(empty)'}")
+        self.log.warning(purged_binlog_recovery(opts.server_name, old, current_text, error))
         self._discard_open_transaction("binlog purged")
         # (DDL in the gap went unseen: every captured table's schema is read again)
         listed = self._source.list_tables()
@@ -340,15 +325,8 @@ class CaptureEngine:
                             self._recovered_at != str(self._processed)) and not self._applying:
                         self._recover_purged(error)
                         continue
-                    raise EngineError(
-                        f"source {opts.server_name}: the binlog no longer holds GTID position "
-                        f"{str(self._processed) or '(start)'} (purged: {server_message(error)})."
-                        " The changelog cannot continue exactly: keep binlogs longer, and either "
-                        "set capture.snapshot_mode: when_needed (the engine then goes on from the "
-                        "source's current position and snapshots every captured table again), "
-                        "or re-snapshot the tables (or move the checkpoint away and start with "
-                        "capture.initial_position)"
-                    ) from error
+                    raise EngineError(purged_binlog_stop(
+                        opts.server_name, str(self._processed), error)) from error
                 if not is_retriable(error) or self._applying:
                     # (mid-commit, the engine's state holds half of it: only a new run, from
                     # the last checkpoint, may go on)

@@ -20,7 +20,9 @@ import pymysql.cursors
 from pymysql.constants import FIELD_TYPE
 
 from cdc_platform.capture import names
+from cdc_platform.capture.events import EngineError
 from cdc_platform.capture.flavours import flavour_of
+from cdc_platform.capture.gtid import GtidSet
 from cdc_platform.capture.schema import TableSchema, column_from_information_schema
 
 T = TypeVar("T")
@@ -69,6 +71,48 @@ def server_message(error: BaseException) -> str:
     cause = error.__cause__ if isinstance(error, SourceDisconnected) else error
     args = getattr(cause, "args", ())
     return str(args[1]) if len(args) > 1 else str(cause)
+
+
+def purged_binlog_stop(server_name: str, position: str, error: BaseException) -> str:
+    """Why capture stops when the binlog no longer holds its GTID position, and the ways on."""
+    return (
+        f"source {server_name}: the binlog no longer holds GTID position "
+        f"{position or '(start)'} (purged: {server_message(error)})."
+        " The changelog cannot continue exactly: keep binlogs longer, and either "
+        "set capture.snapshot_mode: when_needed (the engine then goes on from the "
+        "source's current position and snapshots every captured table again), "
+        "or re-snapshot the tables (or move the checkpoint away and start with "
+        "capture.initial_position)"
+    )
+
+
+def purged_binlog_recovery(server_name: str, old: str, current: str,
+                           error: BaseException) -> str:
+    """What capture.snapshot_mode: when_needed does about a purged binlog, and what the
+    targets miss until their snapshots are applied."""
+    return (
+        f"source {server_name}: the binlog no longer holds GTID position {old} (purged: "
+        f"{server_message(error)}). capture.snapshot_mode is when_needed: capture goes on "
+        f"from the source's current GTID position {current or '(empty)'}, and every "
+        "captured table is snapshotted again; until each snapshot is applied, its target "
+        f"misses the changes between {old} and {current or '(empty)'}")
+
+
+def initial_position(session: SourceSession, flavour: str, choice: str) -> GtidSet:
+    """Where a first start reads from (config: capture.initial_position): ``earliest`` (the
+    oldest binlog the source still has), ``current`` (its executed GTIDs) or a GTID
+    position."""
+    positions = flavour_of(flavour)
+    choice = choice.strip()
+    if choice == "earliest":
+        choice = session.run(positions.earliest_position)
+    if choice == "current":
+        choice = session.run(positions.executed_gtid_text)
+    try:
+        return positions.parse_position(choice)
+    except ValueError as error:
+        raise EngineError(f"capture.initial_position {choice!r} is not a valid "
+                          f"{flavour} GTID position: {error}") from None
 
 
 class PrerequisiteError(RuntimeError):
