@@ -1,5 +1,6 @@
-"""The one source session (lazy connect, one retry on a broken connection, close) and the
-engine's schema tracker, against a real server."""
+"""The one source session (lazy connect, one retry on a broken connection, close), the
+engine's schema tracker and where a first start reads from, against a real server; what a
+purged binlog makes capture say, without one."""
 
 from __future__ import annotations
 
@@ -9,7 +10,15 @@ import pymysql
 import pytest
 
 from cdc_platform.capture.changes.schemas import SchemaTracker
-from cdc_platform.capture.source import SourceSession, TableSelector
+from cdc_platform.capture.events import EngineError
+from cdc_platform.capture.source import (
+    SourceDisconnected,
+    SourceSession,
+    TableSelector,
+    initial_position,
+    purged_binlog_recovery,
+    purged_binlog_stop,
+)
 from cdc_platform_tests.conftest import CdcEnv
 
 
@@ -90,3 +99,42 @@ def test_a_code_location_loads_its_recorded_tables_when_the_source_is_unreachabl
         port = unused.getsockname()[1]
     env.overrides["source"] = {"port": port}
     assert [s.table for s in discover_tables(env.settings)] == ["recorded"]
+
+
+def test_a_first_start_reads_from_the_configured_initial_position(cdc_env: CdcEnv) -> None:
+    """capture.initial_position: earliest, current (surrounding blanks ignored) or a GTID
+    position of the source's flavour; anything else stops the start naming the setting."""
+    flavour = cdc_env.settings.source.flavour
+    with _session(cdc_env) as session:
+        cdc_env.mariadb.query(f"CREATE TABLE `{cdc_env.db}`.moved (id INT PRIMARY KEY)")
+        earliest = initial_position(session, flavour, "earliest")
+        current = initial_position(session, flavour, " current ")
+        assert current.issuperset(earliest) and current != earliest
+        assert str(initial_position(session, flavour, str(current))) == str(current)
+        with pytest.raises(EngineError, match=rf"capture.initial_position 'latest' is not a "
+                                              rf"valid {flavour} GTID position"):
+            initial_position(session, flavour, "latest")
+
+
+def _purged() -> SourceDisconnected:
+    lost = SourceDisconnected("binlog stream lost")
+    lost.__cause__ = pymysql.err.OperationalError(
+        1236, "Could not find GTID state requested by slave in any binlog files")
+    return lost
+
+
+def test_a_purged_binlog_stop_names_the_position_the_server_and_the_ways_on() -> None:
+    text = purged_binlog_stop("shop", "0-1-40", _purged())
+    assert text.startswith("source shop: the binlog no longer holds GTID position 0-1-40 "
+                           "(purged: Could not find GTID state")
+    for way in ("keep binlogs longer", "capture.snapshot_mode: when_needed", "re-snapshot",
+                "capture.initial_position"):
+        assert way in text
+    assert "GTID position (start)" in purged_binlog_stop("shop", "", _purged())
+
+
+def test_a_purged_binlog_recovery_names_the_gap_its_targets_miss() -> None:
+    text = purged_binlog_recovery("shop", "0-1-40", "0-1-90", _purged())
+    assert "capture goes on from the source's current GTID position 0-1-90" in text
+    assert text.endswith("misses the changes between 0-1-40 and 0-1-90")
+    assert "between 0-1-40 and (empty)" in purged_binlog_recovery("shop", "0-1-40", "", _purged())
