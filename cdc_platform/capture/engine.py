@@ -263,10 +263,7 @@ class CaptureEngine:
         current = self._flavour.parse_position(current_text)
         self.log.warning(purged_binlog_recovery(opts.server_name, old, current_text, error))
         self._discard_open_transaction("binlog purged")
-        # (DDL in the gap went unseen: every captured table's schema is read again)
-        listed = self._source.list_tables()
-        for database, table in listed:
-            self._tracker.learn(database, table)
+        listed = self._tracker.learn_all()
         self._history.purged(listed, self._tracker.schemas, opts.selector, old, current_text,
                              self._lander.next_pos)
         named = any_gtid(current)
@@ -416,13 +413,8 @@ class CaptureEngine:
             self._history.first_seen(first_seen, gtid, self._processed, self._lander.next_pos)
 
     def _on_rows(self, event: Rows) -> None:
-        state = self._tracker.state(event.table_id)
         gtid = self._buffer.open_gtid or "?"
-        if state is None:
-            raise EngineError(
-                f"table {event.database}.{event.table} at GTID {gtid}: a rows event without "
-                "its table map; the binlog stream is inconsistent: restart the engine (it "
-                "resumes from its checkpoint)")
+        state = self._tracker.state_of(event, gtid)
         if event.columnar:
             block = column_block(state, event, gtid)
             if block is not None:

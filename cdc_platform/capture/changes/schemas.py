@@ -17,7 +17,7 @@ from typing import Any
 
 from cdc_platform.capture import names
 from cdc_platform.capture.changes.row_images import TableState
-from cdc_platform.capture.events import TableMap
+from cdc_platform.capture.events import EngineError, Rows, TableMap
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.source import SourceSession
 
@@ -34,9 +34,16 @@ class SchemaTracker:
         self._changed = False
         self._by_id: dict[int, TableState] = {}
 
-    def state(self, binlog_table_id: int) -> TableState | None:
-        """The decoding state of a table map's table id (None: no table map for it yet)."""
-        return self._by_id.get(binlog_table_id)
+    def state_of(self, event: Rows, gtid: str) -> TableState:
+        """The decoding state of a rows event's table map; EngineError when none came before
+        it (``gtid`` names the transaction): the stream is inconsistent."""
+        state = self._by_id.get(event.table_id)
+        if state is None:
+            raise EngineError(
+                f"table {event.database}.{event.table} at GTID {gtid}: a rows event without "
+                "its table map; the binlog stream is inconsistent: restart the engine (it "
+                "resumes from its checkpoint)")
+        return state
 
     def on_table_map(self, event: TableMap, gtid: str) -> TableSchema | None:
         """Note a table map's schema (shaped as it lands); returns it when the engine had no
@@ -91,6 +98,14 @@ class SchemaTracker:
     def learn_table(self, table_id: str) -> TableSchema | None:
         """``learn`` by table id: the snapshot coordinator's way to the source schema."""
         return self.learn(*names.split_table_id(table_id))
+
+    def learn_all(self) -> list[tuple[str, str]]:
+        """Read the schema of every captured table again (DDL may have gone unseen: a gap in
+        the binlog); returns the captured tables the source has."""
+        listed = self.source.list_tables()
+        for database, table in listed:
+            self.learn(database, table)
+        return listed
 
     def learn_captured(self) -> list[tuple[str, str]]:
         """Note the schema of every captured table the engine has none of, so empty tables
