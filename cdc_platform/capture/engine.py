@@ -394,17 +394,11 @@ class CaptureEngine:
             if outcome.gtid:
                 self._processed = self._processed.add(self._flavour.parse_gtid(outcome.gtid))
             self._xa_dirty = True
-            self.log.info(f"XA transaction {outcome.xid}: prepared at GTID {outcome.gtid} with "
-                          f"{outcome.records} record(s); they land at its XA COMMIT")
+            self.log.info(outcome.describe())
         elif isinstance(outcome, RolledBack):
             self.stats.rolled_back += 1
-            if outcome.xid is not None:
-                self._xa_dirty = True
-            # A group abandoned with rows is unusual (a binlog cut short by a server crash,
-            # or a stream the engine misread): visible, though nothing committed.
-            log = self.log.warning if outcome.abandoned and outcome.records else self.log.info
-            log(f"transaction {outcome.gtid or '?'}: {outcome.records} record(s) dropped "
-                f"({outcome.reason}); nothing emitted")
+            self._xa_dirty |= outcome.xid is not None
+            (self.log.warning if outcome.unusual else self.log.info)(outcome.describe())
 
     def _on_table_map(self, event: TableMap) -> None:
         gtid = self._buffer.open_gtid or ""

@@ -229,6 +229,16 @@ class RolledBack:
     xid: str | None = None  # an XA transaction dropped at XA ROLLBACK
     abandoned: bool = False  # a GTID event came before its end (it cannot have committed)
 
+    @property
+    def unusual(self) -> bool:
+        """A group abandoned with rows (a binlog cut short by a server crash, or a stream the
+        engine misread): worth a warning, though nothing committed."""
+        return self.abandoned and bool(self.records)
+
+    def describe(self) -> str:
+        return (f"transaction {self.gtid or '?'}: {self.records} record(s) dropped "
+                f"({self.reason}); nothing emitted")
+
 
 @dataclass(frozen=True)
 class Prepared:
@@ -237,6 +247,10 @@ class Prepared:
     gtid: str
     xid: str
     records: int
+
+    def describe(self) -> str:
+        return (f"XA transaction {self.xid}: prepared at GTID {self.gtid} with "
+                f"{self.records} record(s); they land at its XA COMMIT")
 
 
 Outcome = Committed | Statement | RolledBack | Prepared
