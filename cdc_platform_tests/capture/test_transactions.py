@@ -95,7 +95,13 @@ def test_rollback_and_abandoned_groups_emit_nothing():
               Begin("0-1-2"), Query("BEGIN"), [2], Begin("0-1-3"), Query("BEGIN"), [3], Xid())
     assert committed(out) == [("0-1-3", [3])]
     assert [(o.gtid, o.records, o.abandoned) for o in out if isinstance(o, RolledBack)] == [
-        ("0-1-1", 1, False), ("0-1-2", 1, True)]  # (the engine warns of abandoned rows)
+        ("0-1-1", 1, False), ("0-1-2", 1, True)]
+    # The engine warns of abandoned rows only; each outcome says what was dropped and why.
+    dropped = [o for o in out if isinstance(o, RolledBack)]
+    assert [o.unusual for o in dropped] == [False, True]
+    assert dropped[0].describe() == (f"transaction 0-1-1: 1 record(s) dropped "
+                                     f"({dropped[0].reason}); nothing emitted")
+    assert not RolledBack("0-1-4", 0, "cut", abandoned=True).unusual
 
 
 def test_savepoints_drop_only_the_rows_after_them():
@@ -157,6 +163,8 @@ def test_xa_rows_are_emitted_at_xa_commit_under_the_commit_gtid():
     out = run(buffer, Begin("0-1-3", standalone=False, xid=XID), [1, 2],
               Query("XA END X'7831',X'',1"), XaPrepare(XID))
     assert out == [Prepared("0-1-3", XID, 2)]
+    assert out[0].describe() == (f"XA transaction {XID}: prepared at GTID 0-1-3 with 2 "
+                                 "record(s); they land at its XA COMMIT")
     assert set(buffer.prepared) == {XID}
     out = run(buffer, Begin("0-1-4", standalone=True), Query("XA COMMIT X'7831',X'',1"))
     assert committed(out) == [("0-1-4", [1, 2])]
