@@ -29,10 +29,9 @@ from collections.abc import Callable
 from typing import Any
 
 from cdc_platform.capture import names
-from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.binlog.stream import BinlogStream, learn_server_collations
 from cdc_platform.capture.changes.row_images import (
-    TableState,
+    Record,
     block_memory,
     column_block,
     records_memory,
@@ -81,6 +80,7 @@ from cdc_platform.capture.source import (
     is_retriable,
     purged_binlog_recovery,
     purged_binlog_stop,
+    require_prerequisites,
 )
 
 # The snapshot coordinator is ticked between binlog events, every ``sessions.
@@ -216,14 +216,10 @@ class CaptureEngine:
             self.log.info(f"capture engine {opts.server_name}: {said}")
         self._started = True
         schemas = self._tracker.schemas = self.landing.read_tables()
-        dropped = self._tracker.forget_uncaptured()
-        if dropped:
-            self.log.info(f"capture engine {opts.server_name}: {len(dropped)} recorded table(s) "
-                          f"no longer captured (capture.tables): {', '.join(dropped)}; captured "
-                          "again later, each is snapshotted (capture.snapshot_mode)")
+        self._tracker.forget_uncaptured()
         recorded = set(schemas)
         control = self._source.connection()
-        source_sql.require_prerequisites(control, opts.flavour, opts.server_name)
+        require_prerequisites(control, opts.flavour, opts.server_name)
         learnt = learn_server_collations(control, opts.flavour)
         if learnt:
             self.log.info(f"capture engine {opts.server_name}: collations of the source that "
@@ -245,8 +241,7 @@ class CaptureEngine:
     def _new_record_log(self) -> RecordLog:
         return RecordLog(self.options.transaction_memory_bytes, self._spill_records)
 
-    def _spill_records(self, held: list[list[tuple[TableState, str, tuple[Any, ...]]]
-                                         | HeldRecords]) -> list[SpilledRecords]:
+    def _spill_records(self, held: list[list[Record] | HeldRecords]) -> list[SpilledRecords]:
         """The record log's way out of memory (``SpillStore.spill``)."""
         return self._spill.spill(held, self.options.flush_max_rows, self._buffer.open_gtid)
 

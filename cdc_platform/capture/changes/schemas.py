@@ -118,7 +118,7 @@ class SchemaTracker:
 
     def forget_uncaptured(self) -> list[str]:
         """Drop the recorded schemas of tables the capture filters no longer name (written
-        with the next checkpoint); returns their ids. The record then says which tables the
+        with the next checkpoint), saying so; returns their ids. The record then says which tables the
         changelog follows: one captured again later is "not in the record", and gets its
         history snapshot, since the changes made while it was not captured never landed."""
         dropped = sorted(t for t, s in self.schemas.items()
@@ -126,6 +126,10 @@ class SchemaTracker:
         for table_id in dropped:
             del self.schemas[table_id]
         self._changed |= bool(dropped)
+        if dropped:
+            self.log.info(f"{len(dropped)} recorded table(s) no longer captured "
+                          f"(capture.tables): {', '.join(dropped)}; captured again later, each "
+                          "is snapshotted (capture.snapshot_mode)")
         return dropped
 
     def forget_ids(self, table_id: str | None = None) -> None:
