@@ -331,6 +331,32 @@ class S3FileStore(FileStore):
             self._raise(error, key, "LIST")
         return bool(page.get("KeyCount", len(page.get("Contents", ()))))
 
+    def stamp(self, *parts: str) -> str | None:
+        """The object's ETag, from a HEAD (no body is transferred)."""
+        key = self.key(*parts)
+        try:
+            return str(self.client.head_object(Bucket=self.bucket, Key=key)["ETag"])
+        except ClientError as error:
+            if _error_code(error)[1] == 404 or _error_code(error)[0] in _NOT_FOUND:
+                return None
+            self._raise(error, key, "HEAD")
+
+    def delete_directory(self, *parts: str) -> None:
+        """Every object below the prefix, listed without a delimiter and deleted in batches
+        of up to 1000 (one request each)."""
+        prefix = self._dir_prefix(*parts)
+        if not prefix:
+            raise ValueError(f"{self.uri}: refusing to delete the whole store")
+        paginator = self.client.get_paginator("list_objects_v2")
+        try:
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+                keys = [{"Key": item["Key"]} for item in page.get("Contents", ())]
+                if keys:
+                    self.client.delete_objects(Bucket=self.bucket,
+                                               Delete={"Objects": keys, "Quiet": True})
+        except ClientError as error:
+            self._raise(error, prefix, "DELETE")
+
     # ---- writes ----------------------------------------------------------------------------
 
     def write_atomically(self, *parts: str, data: bytes | memoryview,

@@ -25,6 +25,7 @@ import fcntl
 import hashlib
 import os
 import posixpath
+import shutil
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -150,6 +151,21 @@ class FileStore(ABC):
     @abstractmethod
     def exists(self, *parts: str) -> bool:
         """Whether the file or directory exists."""
+
+    def stamp(self, *parts: str) -> str | None:
+        """A token that changes whenever the file is replaced (None when it does not exist),
+        cheaper than reading it: for pollers that re-read a small file only when it changed
+        (the engine's look at snapshot requests, a reader's at the checkpoint)."""
+        versioned = self.read_versioned(*parts)
+        return None if versioned is None else versioned[1]
+
+    def delete_directory(self, *parts: str) -> None:
+        """Remove a directory and every file below it; nothing when it does not exist (on
+        object storage: every object below the prefix)."""
+        for name in self.list_names(*parts):
+            if self.list_names(*parts, name):
+                self.delete_directory(*parts, name)
+            self.delete(*parts, name)
 
     @abstractmethod
     @contextlib.contextmanager
@@ -325,6 +341,18 @@ class LocalFileStore(FileStore):
 
     def exists(self, *parts: str) -> bool:
         return self.path(*parts).exists()
+
+    def stamp(self, *parts: str) -> str | None:
+        """A ``stat``: inode, modification time and size (every write here is a rename of a
+        new file, so a replaced file is a new inode)."""
+        try:
+            stat = self.path(*parts).stat()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return f"{stat.st_ino}:{stat.st_mtime_ns}:{stat.st_size}"
+
+    def delete_directory(self, *parts: str) -> None:
+        shutil.rmtree(self.path(*parts), ignore_errors=True)
 
     @contextlib.contextmanager
     def atomic_output(self, *parts: str, sync_dir: bool = True) -> Iterator[pa.NativeFile]:

@@ -27,7 +27,6 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from cdc_platform.capture import names
 from cdc_platform.capture.ddl.parse import TableDdl
@@ -147,12 +146,6 @@ class StaleMarker:
 
 
 MARKERS_DIR = "stale"
-
-
-def markers_dir(landing: LandingZone) -> Path:
-    """The markers' local directory (local zones; the functions here go through the zone's
-    store, local or not)."""
-    return landing.root / MARKERS_DIR
 
 
 def read_markers(landing: LandingReader) -> list[StaleMarker]:

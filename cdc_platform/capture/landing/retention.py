@@ -77,7 +77,6 @@ import socket
 import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -85,6 +84,8 @@ import pyarrow.parquet as pq
 from cdc_platform.capture.landing.zone import (
     CHANGELOG_DIR,
     SEGMENT_NAME,
+    SNAPSHOT_CHUNKS_DIR,
+    SNAPSHOT_REQUEST_FILE,
     SNAPSHOTS_DIR,
     Checkpoint,
     LandingZone,
@@ -96,7 +97,7 @@ from cdc_platform.capture.landing.zone import (
 )
 from cdc_platform.capture.lease import Lease
 from cdc_platform.capture.names import table_id
-from cdc_platform.capture.storage import fsync_directory
+from cdc_platform.capture.storage import FileInfo, fsync_directory
 
 log = logging.getLogger(__name__)
 
@@ -121,10 +122,8 @@ TEMPORARY_MAX_AGE_SECONDS = 3600.0
 SEGMENTS, CHUNKS, SPILL, TEMPORARY, OTHER = "segments", "chunks", "spill", "temporary", "other"
 KINDS = (SEGMENTS, CHUNKS, SPILL, TEMPORARY, OTHER)
 
-# The snapshot layout below ``snapshots/<db>/<table>/`` and the engine's session states, as
-# ``capture.snapshot.protocol`` defines them (a floor above this one; the tests compare).
-CHUNKS_DIR = "chunks"
-REQUEST_FILE = "request.json"
+# The engine's session states, as ``capture.snapshot.protocol`` defines them (a floor above
+# this one; the tests compare).
 SPILL_DIR = "spill"
 SWEEP_LOCK_FILE = "retention.lock"
 # On object storage one sweep at a time holds this lease (a sweep lasts seconds; a killed
@@ -370,12 +369,8 @@ def sweep(landing: LandingZone, consumed: Mapping[str, int | None], unread: Coll
                         checkpoint.next_pos, retention_seconds, now, compact, report)
                 except (OSError, pa.ArrowException, ValueError) as error:
                     _failed(report, f"changelog of {table_id(database, table)}", error)
-            if landing.is_local:  # (snapshot files are local only: docs/object-storage.md)
-                _sweep_chunks(landing, now, report)
-        if landing.is_local:
-            _count_kept(landing.root, report)
-        else:
-            _count_kept_segments(landing, report)
+            _sweep_chunks(landing, now, report)
+        _count_kept(landing, report)
     report.seconds = time.monotonic() - started
     return report
 
@@ -510,13 +505,13 @@ def _compact(landing: LandingZone, database: str, table: str, run: list[SegmentF
 
 def _sweep_chunks(landing: LandingZone, now: float, report: RetentionReport) -> None:
     """Chunk files the engine decided, and directories of finished sessions (module doc)."""
-    listed: list[tuple[str, str, str, list[str]]] = []  # (db dir, table dir, session, names)
+    listed: list[tuple[str, str, str, list[FileInfo]]] = []  # (db dir, table dir, session, files)
     for db_dir in landing.store.list_names(SNAPSHOTS_DIR):
         for table_dir in landing.store.list_names(SNAPSHOTS_DIR, db_dir):
             for session_id in landing.store.list_names(SNAPSHOTS_DIR, db_dir, table_dir,
-                                                       CHUNKS_DIR):
-                listed.append((db_dir, table_dir, session_id, landing.store.list_names(
-                    SNAPSHOTS_DIR, db_dir, table_dir, CHUNKS_DIR, session_id)))
+                                                       SNAPSHOT_CHUNKS_DIR):
+                listed.append((db_dir, table_dir, session_id, landing.store.list_files(
+                    SNAPSHOTS_DIR, db_dir, table_dir, SNAPSHOT_CHUNKS_DIR, session_id)))
     if not listed:
         return
     # Read after listing: a directory listed above belongs to a session requested (or
@@ -524,7 +519,7 @@ def _sweep_chunks(landing: LandingZone, now: float, report: RetentionReport) -> 
     checkpoint = landing.read_checkpoint()
     if checkpoint is None:
         return
-    for db_dir, table_dir, session_id, names in listed:
+    for db_dir, table_dir, session_id, files in listed:
         where = f"snapshot chunks {db_dir}/{table_dir}/{session_id}"
         try:
             database, table = table_of_parts(db_dir, table_dir)
@@ -532,28 +527,47 @@ def _sweep_chunks(landing: LandingZone, now: float, report: RetentionReport) -> 
                 continue  # (a raw name: the next engine start moves it)
             engine = engine_session(checkpoint, table_id(database, table))
             requested = _requested_session(landing, db_dir, table_dir, session_id)
-            directory = landing.store.path(SNAPSHOTS_DIR, db_dir, table_dir, CHUNKS_DIR,
-                                           session_id)
-            sizes, changed = _sizes(directory, names)
-            doomed, whole = chunk_deletions(session_id, names, engine, requested,
+            parts = (SNAPSHOTS_DIR, db_dir, table_dir, SNAPSHOT_CHUNKS_DIR, session_id)
+            sizes = {info.name: info.size for info in files}
+            # (an object store has no directory times: its newest file's; an empty local
+            # directory is quiet since its own last change)
+            changed = max([info.mtime for info in files] or [_directory_time(landing, parts)])
+            doomed, whole = chunk_deletions(session_id, sizes, engine, requested,
                                             now - changed)
             for name in doomed:
-                (directory / name).unlink(missing_ok=True)
+                landing.store.delete(*parts, name)
                 report.deleted(CHUNKS, sizes.get(name, 0))
             if whole:
-                with contextlib.suppress(OSError):  # (a replaced reader may write on)
-                    directory.rmdir()
-        except FileNotFoundError:
-            continue  # (its reader removed it: a session that ended done)
+                _remove_empty_directory(landing, parts)
         except (OSError, ValueError) as error:
             _failed(report, where, error)
+
+
+def _directory_time(landing: LandingZone, parts: tuple[str, ...]) -> float:
+    """A local directory's modification time; 0 elsewhere (nothing to wait for)."""
+    root = landing.store.local_root
+    if root is None:
+        return 0.0
+    try:
+        return root.joinpath(*parts).stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
+def _remove_empty_directory(landing: LandingZone, parts: tuple[str, ...]) -> None:
+    """A local directory, if still empty (a replaced reader may write on); object stores have
+    no directories (a prefix is gone with its last object)."""
+    root = landing.store.local_root
+    if root is not None:
+        with contextlib.suppress(OSError):
+            root.joinpath(*parts).rmdir()
 
 
 def _requested_session(landing: LandingZone, db_dir: str, table_dir: str,
                        session_id: str) -> str | None:
     """The session ``request.json`` names (None without one). One that does not read is
     taken to name ``session_id``: the directory is then not judged replaced."""
-    data = landing.store.read_bytes(SNAPSHOTS_DIR, db_dir, table_dir, REQUEST_FILE)
+    data = landing.store.read_bytes(SNAPSHOTS_DIR, db_dir, table_dir, SNAPSHOT_REQUEST_FILE)
     if data is None:
         return None
     try:
@@ -562,44 +576,27 @@ def _requested_session(landing: LandingZone, db_dir: str, table_dir: str,
         return session_id
 
 
-def _sizes(directory: Path, names: Sequence[str]) -> tuple[dict[str, int], float]:
-    """Each file's size, and when the directory or anything in it last changed."""
-    sizes: dict[str, int] = {}
-    changed = directory.stat().st_mtime
-    for name in names:
-        with contextlib.suppress(FileNotFoundError):
-            stat = (directory / name).stat()
-            sizes[name] = stat.st_size
-            changed = max(changed, stat.st_mtime)
-    return sizes, changed
-
-
-def _count_kept(root: Path, report: RetentionReport) -> None:
-    """What is left, by kind, from one walk of the server's folder."""
-    for directory, _, files in os.walk(root):
-        relative = Path(directory).relative_to(root).parts
-        for name in files:
-            try:
-                size = os.stat(os.path.join(directory, name)).st_size
-            except FileNotFoundError:
-                continue
-            kind = _kind(relative, name)
+def _count_kept(landing: LandingZone, report: RetentionReport) -> None:
+    """What is left, by kind, from one walk of the server's folder through its store (a
+    listing per directory; on object storage the engine's spill folder is local scratch,
+    not in the zone)."""
+    pending = [()]
+    while pending:
+        parts: tuple[str, ...] = pending.pop()
+        files = landing.store.list_files(*parts)
+        for info in files:
+            kind = _kind(parts, info.name)
             report.kept_files[kind] += 1
-            report.kept_bytes[kind] += size
-
-
-def _count_kept_segments(landing: LandingZone, report: RetentionReport) -> None:
-    """On object storage: what is left of the changelog (one listing per table)."""
-    for database, table in landing.changelog_tables():
-        for segment in _listed_segments(landing, database, table):
-            report.kept_files[SEGMENTS] += 1
-            report.kept_bytes[SEGMENTS] += segment.size
+            report.kept_bytes[kind] += info.size
+        file_names = {info.name for info in files}
+        pending.extend((*parts, name) for name in landing.store.list_names(*parts)
+                       if name not in file_names)
 
 
 def _kind(relative: tuple[str, ...], name: str) -> str:
     if relative[:1] == (SPILL_DIR,):
         return SPILL
-    if relative[:1] == (SNAPSHOTS_DIR,) and relative[3:4] == (CHUNKS_DIR,):
+    if relative[:1] == (SNAPSHOTS_DIR,) and relative[3:4] == (SNAPSHOT_CHUNKS_DIR,):
         return CHUNKS
     if name.startswith(".") and ".tmp-" in name:
         return TEMPORARY

@@ -53,6 +53,12 @@ TABLES_FILE = "tables.json"
 CHANGELOG_DIR = "changelog"
 SNAPSHOTS_DIR = "snapshots"
 SEGMENT_NAME = re.compile(r"^(\d{20})-(\d{20})\.parquet$")
+# A table's snapshot directory (``snapshot_parts``; docs/snapshots.md, ``snapshot.protocol``):
+SNAPSHOT_REQUEST_FILE = "request.json"
+SNAPSHOT_CONTROL_FILE = "control.json"
+SNAPSHOT_CHUNKS_DIR = "chunks"  # chunks/<session id>/: chunk files and the reader's state
+READER_LOCK_FILE = "reader.lock"  # local zones: a live reader's flock
+READER_LEASE_FILE = "reader.lease"  # object stores: a live reader's lease (capture.lease)
 COLUMN_RENAMES_DIR = "renames"
 COLUMN_RENAMES_NAME = re.compile(r"^(\d{20})\.json$")
 ENGINE_LOCK_FILE = "engine.lock"  # local zones: the engine's flock
@@ -273,9 +279,10 @@ class LandingZone(LandingReader):
 
     ``root`` is a local directory either way: the zone itself when it is local, else a local
     scratch directory of this zone (spill files, which are engine-private and never landing
-    data). Methods returning paths of landing data (``checkpoint_path``, ``table_dir``,
-    ``snapshot_dir``, ``column_renames_dir``, ``segments``) are for local zones; on object
-    storage they raise, naming what is not supported there yet (snapshot files).
+    data). Every landing file is read and written through ``store`` with path parts below the
+    server's folder (``changelog_parts``, ``snapshot_parts``, ...), alike on both; the few
+    methods returning local paths (``checkpoint_path``, ``table_dir``, ``segments``) serve
+    tools that look at a local zone's files and raise on object storage.
     """
 
     def __init__(self, url: str | FileStore, server_name: str, *, s3: S3Options | None = None,
@@ -317,27 +324,20 @@ class LandingZone(LandingReader):
         """The engine's spill folder: local scratch (in the zone when it is local)."""
         return self.root / "spill"
 
-    def _local_path(self, *parts: str, what: str) -> Path:
+    def _local_path(self, *parts: str) -> Path:
         if self.local is None:
             raise ValueError(
-                f"landing zone {self.store.uri}: {what} on object storage are not supported yet "
-                "(they are read and written as local files; docs/object-storage.md)")
+                f"landing zone {self.store.uri}: {'/'.join(parts)} has no local path on object "
+                "storage; read it through the zone's store (landing.store, read_checkpoint, "
+                "segment_names)")
         return self.local.joinpath(*parts)
 
     @property
     def checkpoint_path(self) -> Path:
-        return self._local_path(CHECKPOINT_FILE, what="checkpoint paths")
+        return self._local_path(CHECKPOINT_FILE)
 
     def table_dir(self, database: str, table: str) -> Path:
-        return self._local_path(*changelog_parts(database, table), what="changelog paths")
-
-    def snapshot_dir(self, database: str, table: str) -> Path:
-        return self._local_path(*snapshot_parts(database, table),
-                                what="snapshots (requests, controls, chunks)")
-
-    def column_renames_dir(self, database: str, table: str) -> Path:
-        return self._local_path(*column_renames_parts(database, table),
-                                what="column-rename paths")
+        return self._local_path(*changelog_parts(database, table))
 
     def where(self, *parts: str) -> Path | str:
         """A file's local path on a local zone, else its URL (for logs and return values)."""

@@ -4,17 +4,23 @@ One section per section of docs/snapshots.md, in its order: the layout under
 ``<landing>/<server>/snapshots/<db>/<table>/``, ``request.json`` (reader -> engine),
 ``control.json`` (a signal -> a run that has not opened its session yet), the chunk files and
 their manifest (reader -> engine), the engine's session state in ``checkpoint.json`` (engine ->
-reader), and ``reader.lock``. Nothing else is shared between the two processes; what each side
-does with these files is in ``reader`` and ``sessions``.
+reader), and ``reader.lock`` (``reader.lease`` on object storage). Nothing else is shared
+between the two processes; what each side does with these files is in ``reader`` and
+``sessions``. Every file is read and written through the zone's store (``landing.store``, path
+parts below the server's folder), so one code path serves a local zone and an ``s3://`` one.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import enum
+import fcntl
 import json
 import logging
 import os
+import socket
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from decimal import Decimal
@@ -25,12 +31,25 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cdc_platform.capture.keys import Key
-from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
+from cdc_platform.capture.landing.zone import (
+    READER_LEASE_FILE,
+    READER_LOCK_FILE,
+    SNAPSHOT_CHUNKS_DIR,
+    SNAPSHOT_CONTROL_FILE,
+    SNAPSHOT_REQUEST_FILE,
+    SNAPSHOTS_DIR,
+    Checkpoint,
+    LandingReader,
+    LandingZone,
+    snapshot_parts,
+    table_of_parts,
+    table_parts,
+)
+from cdc_platform.capture.lease import Lease
 from cdc_platform.capture.schema import ColumnSpec, ColumnValueError, TableSchema, landing_arrays
 from cdc_platform.capture.snapshot import native
 from cdc_platform.capture.snapshot.chunks import Chunk
 from cdc_platform.capture.snapshot.errors import SnapshotError
-from cdc_platform.capture.storage import write_atomically
 
 # Rows per chunk, chosen by measurement. Each chunk pays a fixed cost: its watermark
 # statements, opening the read view and planning the SELECT, the reader's state file and the
@@ -46,6 +65,9 @@ from cdc_platform.capture.storage import write_atomically
 # is cut there), and a wider chunk only widens the window in which touched keys are dropped
 # from it (each is then landed by the stream).
 DEFAULT_CHUNK_SIZE = 32768
+# The reader's record of its session (``progress_parts``), beside the session's chunks.
+READER_STATE_FILE = "reader.state"
+log = logging.getLogger(__name__)
 # A chunk's rows beside its manifest (``<seq:08d>.arrow``): ``write_chunk``, ``read_chunk_rows``.
 CHUNK_ROWS_SUFFIX = ".arrow"
 
@@ -115,37 +137,61 @@ class SnapshotSession:
 
 
 # ---- the layout ----------------------------------------------------------------------------------
+# Path parts below the server's folder, for the zone's store (``landing.store``): the same code
+# reads and writes a local zone and an ``s3://`` one.
 
 
 def timestamp_now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def snapshot_dir(landing: LandingZone, database: str, table: str) -> Path:
-    return landing.snapshot_dir(database, table)
+def request_parts(database: str, table: str) -> tuple[str, ...]:
+    return (*snapshot_parts(database, table), SNAPSHOT_REQUEST_FILE)
 
 
-def request_path(landing: LandingZone, database: str, table: str) -> Path:
-    return snapshot_dir(landing, database, table) / "request.json"
+def chunk_parts(database: str, table: str, session_id: str) -> tuple[str, ...]:
+    """A session's chunk directory: chunk files, manifests and ``reader.state``."""
+    return (*snapshot_parts(database, table), SNAPSHOT_CHUNKS_DIR, session_id)
 
 
-def chunk_dir(landing: LandingZone, database: str, table: str, session_id: str) -> Path:
-    return snapshot_dir(landing, database, table) / "chunks" / session_id
-
-
-def control_path(landing: LandingZone, database: str, table: str) -> Path:
+def control_parts(database: str, table: str) -> tuple[str, ...]:
     """The pause or resume a signal asked for while no session of the table was open."""
-    return snapshot_dir(landing, database, table) / "control.json"
+    return (*snapshot_parts(database, table), SNAPSHOT_CONTROL_FILE)
 
 
-def lock_path(landing: LandingZone, database: str, table: str) -> Path:
-    """The ``flock`` a live reader of the table holds (see :class:`ReaderLock`)."""
-    return snapshot_dir(landing, database, table) / "reader.lock"
-
-
-def progress_path(landing: LandingZone, database: str, table: str, session_id: str) -> Path:
+def progress_parts(database: str, table: str, session_id: str) -> tuple[str, ...]:
     """The reader's record of its ranges still to read and chunks written (docs/snapshots.md)."""
-    return chunk_dir(landing, database, table, session_id) / "reader.state"
+    return (*chunk_parts(database, table, session_id), READER_STATE_FILE)
+
+
+def manifest_name(seq: int) -> str:
+    return f"{seq:08d}.json"
+
+
+def manifest_seqs(landing: LandingReader, database: str, table: str,
+                  session_id: str) -> list[int]:
+    """The seqs of a session's published chunks (those whose manifest exists), in order."""
+    found = []
+    for name in landing.store.list_names(*chunk_parts(database, table, session_id)):
+        stem, _, suffix = name.partition(".")
+        if suffix == "json" and stem.isdigit():
+            found.append(int(stem))
+    return sorted(found)
+
+
+def requested_tables(landing: LandingReader) -> list[tuple[str, str]]:
+    """``(database, table)`` of every table with a snapshot directory (a request, a control
+    or chunks), in directory order; names not in escaped form are left out."""
+    found = []
+    for db_dir in landing.store.list_names(SNAPSHOTS_DIR):
+        for table_dir in landing.store.list_names(SNAPSHOTS_DIR, db_dir):
+            try:
+                names = table_of_parts(db_dir, table_dir)
+            except ValueError:  # (invalid %-escapes, or too long)
+                continue
+            if table_parts(*names) == (db_dir, table_dir):
+                found.append(names)
+    return found
 
 
 # ---- request.json (reader -> engine) ------------------------------------------------------------
@@ -221,51 +267,51 @@ class SnapshotRequest:
 
 
 def write_request(landing: LandingZone, database: str, table: str,
-                  request: SnapshotRequest) -> Path:
-    path = request_path(landing, database, table)
-    write_atomically(path, request.to_json())
-    return path
+                  request: SnapshotRequest) -> str:
+    """Replace the table's ``request.json`` atomically; its URL (a path locally)."""
+    parts = request_parts(database, table)
+    landing.store.write_atomically(*parts, data=request.to_json())
+    return str(landing.where(*parts))
 
 
-def read_request(landing: LandingZone, database: str, table: str) -> SnapshotRequest | None:
+def read_request(landing: LandingReader, database: str, table: str) -> SnapshotRequest | None:
     """The table's ``request.json``; None when there is none, or when it cannot be read (it is
     written atomically, so only a hand edit breaks it: logged, and the next write replaces it).
     """
-    path = request_path(landing, database, table)
-    try:
-        return SnapshotRequest.from_json(path.read_bytes())
-    except FileNotFoundError:
+    parts = request_parts(database, table)
+    data = landing.store.read_bytes(*parts)
+    if data is None:
         return None
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        try:
-            stat = path.stat()
-            version: tuple[int, int] | None = (stat.st_mtime_ns, stat.st_size)
-        except OSError:
-            version = None
-        if _unreadable_requests.get(path) != version:  # once per version of the file
-            _unreadable_requests[path] = version
-            logging.getLogger(__name__).warning(
-                f"snapshot request {path} is unreadable ({error!r}); treated as absent: the "
+    try:
+        return SnapshotRequest.from_json(data)
+    except (ValueError, KeyError, TypeError) as error:
+        where = landing.store.uri_of(*parts)
+        version = hash(data)
+        if _unreadable_requests.get(where) != version:  # once per version of the file
+            _unreadable_requests[where] = version
+            log.warning(
+                f"snapshot request {where} is unreadable ({error!r}); treated as absent: the "
                 f"next snapshot run or signal for {database}.{table} writes it again")
         return None
 
 
-_unreadable_requests: dict[Path, tuple[int, int] | None] = {}
+_unreadable_requests: dict[str, int] = {}
 
 
 # ---- control.json (signal -> a run not started yet) --------------------------------------------
 
 
-def read_control(landing: LandingZone, database: str, table: str
+def read_control(landing: LandingReader, database: str, table: str
                  ) -> tuple[str, SignalRef] | None:
     """``control.json``: (``pause`` or ``resume``, the signal), or None."""
-    try:
-        data = json.loads(control_path(landing, database, table).read_bytes())
-        signal = SignalRef.from_dict(data["signal"])
-        action = str(data["action"])
-    except FileNotFoundError:
+    data = landing.store.read_bytes(*control_parts(database, table))
+    if data is None:
         return None
-    except (OSError, ValueError, KeyError, TypeError):
+    try:
+        raw = json.loads(data)
+        signal = SignalRef.from_dict(raw["signal"])
+        action = str(raw["action"])
+    except (ValueError, KeyError, TypeError):
         return None  # (only a hand edit breaks it; the next pause or resume rewrites it)
     if signal is None or action not in ("pause", "resume"):
         return None
@@ -275,7 +321,7 @@ def read_control(landing: LandingZone, database: str, table: str
 def write_control(landing: LandingZone, database: str, table: str, action: str,
                   signal: SignalRef) -> None:
     """Record a pause or resume for a run that has not opened its session yet."""
-    write_atomically(control_path(landing, database, table), json.dumps(
+    landing.store.write_atomically(*control_parts(database, table), data=json.dumps(
         {"action": str(Action(action)), "signal": signal.to_dict(),
          "requested_at": timestamp_now()}).encode())
 
@@ -421,15 +467,19 @@ def chunk_arrow_table(schema: TableSchema, rows: Sequence[Sequence[Any]],
 
 def write_chunk(landing: LandingZone, chunk: Chunk, session_id: str, seq: int,
                 complete: bool) -> ChunkManifest:
-    """Write the chunk's rows file, then its manifest, each atomically (temp file + rename).
+    """Write the chunk's rows file, then its manifest, each created exclusively (a temporary
+    file, fsync and link locally; a PUT with ``If-None-Match`` on object storage).
 
     The engine lists manifests: one that exists always has its complete rows file beside it.
+    Exclusive, because a seq is written once per session: should a reader that lost its lock
+    (frozen past its lease) write on beside the reader that adopted its session, one of the two
+    fails loudly here instead of pairing its manifest with the other's rows.
     The rows are an Arrow IPC file (uncompressed): the file lives only until the engine
     commits it, so what counts is the time to write and read it, and Arrow's own layout costs
     a copy each way where Parquet encodes and decodes every value.
     """
     schema = chunk.table.schema
-    directory = chunk_dir(landing, schema.database, schema.table, session_id)
+    parts = chunk_parts(schema.database, schema.table, session_id)
     if chunk.arrow is not None:
         table = chunk.arrow
     elif isinstance(chunk.rows, native.ArrowRows):
@@ -439,9 +489,6 @@ def write_chunk(landing: LandingZone, chunk: Chunk, session_id: str, seq: int,
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
-    # (the manifest's directory fsync makes this rename durable too)
-    write_atomically(directory / f"{seq:08d}{CHUNK_ROWS_SUFFIX}", memoryview(sink.getvalue()),
-                     sync_dir=False)
     key_columns = [schema.column(name) for name in chunk.table.key.columns]
     manifest = ChunkManifest(
         session_id=session_id, seq=seq, rows=len(chunk.rows), complete=complete,
@@ -450,18 +497,30 @@ def write_chunk(landing: LandingZone, chunk: Chunk, session_id: str, seq: int,
         low_watermark=str(chunk.low_watermark), after=str(chunk.after),
         fingerprint=chunk.schema_fingerprint,
     )
-    write_atomically(directory / f"{seq:08d}.json", manifest.to_json())
+    for name, data in ((f"{seq:08d}{CHUNK_ROWS_SUFFIX}", memoryview(sink.getvalue())),
+                       (manifest_name(seq), manifest.to_json())):
+        if not landing.store.write_exclusively(*parts, name, data=data):
+            raise SnapshotError(
+                f"snapshot of {schema.table_id}: chunk {seq} of session {session_id} already "
+                f"exists ({landing.where(*parts, name)}): another reader writes this session "
+                "(this one lost its reader lock); this reader stops")
     return manifest
 
 
-def read_chunk_rows(manifest_path: Path) -> pa.Table:
+def read_chunk_rows(landing: LandingReader, database: str, table: str, session_id: str,
+                    seq: int) -> pa.Table:
     """The rows file beside a chunk's manifest: Arrow IPC, or Parquet as readers before
     issue 15 wrote it (a session a reader of that version left open)."""
-    rows_path = manifest_path.with_suffix(CHUNK_ROWS_SUFFIX)
-    if not rows_path.exists() and manifest_path.with_suffix(".parquet").exists():
-        return pq.read_table(manifest_path.with_suffix(".parquet"))
-    with pa.OSFile(str(rows_path)) as source:
-        return pa.ipc.open_file(source).read_all()
+    parts = chunk_parts(database, table, session_id)
+    data = landing.store.read_bytes(*parts, f"{seq:08d}{CHUNK_ROWS_SUFFIX}")
+    if data is None:
+        legacy = landing.store.read_bytes(*parts, f"{seq:08d}.parquet")
+        if legacy is not None:
+            return pq.read_table(pa.BufferReader(legacy))
+        raise FileNotFoundError(f"chunk {seq} of session {session_id} of {database}.{table}: "
+                                f"no rows file beside its manifest in "
+                                f"{landing.store.uri_of(*parts)}")
+    return pa.ipc.open_file(pa.BufferReader(data)).read_all()
 
 
 # ---- the engine's session state (engine -> reader) --------------------------------------------
@@ -475,22 +534,53 @@ def read_session_state(checkpoint: Checkpoint | None, table_id: str) -> Snapshot
     return SnapshotSession.from_dict(state, table_id) if isinstance(state, dict) else None
 
 
-# ---- reader.lock: one reader per table ---------------------------------------------------------
+# ---- reader.lock / reader.lease: one reader per table -----------------------------------------
+
+# The reader's lease on object storage, renewed every third of it: a killed reader's lease
+# blocks the next reader of the table at most this long (locally the flock goes at once).
+READER_LEASE_TTL_SECONDS = 30.0
 
 
 class ReaderLock:
-    """At most one live reader per table: an exclusive ``flock`` on ``reader.lock``, released
-    when the reader ends or its process dies (so a dead reader's session can be adopted)."""
+    """At most one live reader per table.
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    Locally an exclusive ``flock`` on ``reader.lock``, released when the reader ends or its
+    process dies, at once (so a dead reader's session can be adopted by the next run). On
+    object storage, where no process holds a file lock, a ``Lease`` (``reader.lease``, see
+    ``capture.lease``) renewed by a daemon thread every third of its ttl: a killed reader's
+    lease blocks the next reader until it expires, and a reader whose lease was lost (frozen
+    past the ttl, or taken over) must stop writing: ``check`` raises, and the reader calls it
+    before every write.
+    """
+
+    def __init__(self, landing: LandingReader, database: str, table: str,
+                 ttl_seconds: float | None = None) -> None:
+        self.landing = landing
+        self.table_id = f"{database}.{table}"
+        self._local = _reader_lock_file(landing, database, table)
+        self._lease = None if self._local is not None else Lease(
+            landing.store, *snapshot_parts(database, table), READER_LEASE_FILE)
+        self.ttl_seconds = READER_LEASE_TTL_SECONDS if ttl_seconds is None else ttl_seconds
         self._handle: Any = None
+        self._lost = threading.Event()
+        self._stop_renewing = threading.Event()
+        self._renewer: threading.Thread | None = None
 
     def try_acquire(self) -> bool:
-        import fcntl
-
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(self.path, "a+")  # noqa: SIM115 - held for the run
+        """Take the lock; False while another live reader holds it."""
+        holder = f"{socket.gethostname()} pid {os.getpid()}"
+        if self._lease is not None:
+            if not self._lease.acquire(holder, self.ttl_seconds):
+                return False
+            self._lost.clear()
+            self._stop_renewing.clear()
+            self._renewer = threading.Thread(target=self._renew, daemon=True,
+                                             name=f"reader-lease-{self.table_id}")
+            self._renewer.start()
+            return True
+        assert self._local is not None
+        self._local.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(self._local, "a+")  # noqa: SIM115 - held for the run
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -498,33 +588,85 @@ class ReaderLock:
             return False
         handle.seek(0)
         handle.truncate()
-        handle.write(f"pid {os.getpid()}")
+        handle.write(holder)
         handle.flush()
         self._handle = handle
         return True
 
+    def _renew(self) -> None:
+        assert self._lease is not None
+        while not self._stop_renewing.wait(self.ttl_seconds / 3):
+            try:
+                renewed = self._lease.renew()
+            except Exception:  # noqa: BLE001 - retried at the next interval while held
+                log.warning(f"snapshot of {self.table_id}: renewing the reader lease failed",
+                            exc_info=True)
+                renewed = self._lease.held
+            if not renewed:
+                self._lost.set()
+                log.error(f"snapshot of {self.table_id}: the reader lease "
+                          f"{self._lease.store.uri_of(*self._lease.parts)} was lost (expired or "
+                          "taken by another reader); this reader writes nothing more")
+                return
+
     @property
     def held(self) -> bool:
+        if self._lease is not None:
+            return self._lease.held and not self._lost.is_set()
         return self._handle is not None
 
+    def check(self) -> None:
+        """Raise SnapshotError if this reader held the lock and lost it (object storage): it
+        must not write another file."""
+        if self._lease is not None and self._renewer is not None and not self.held:
+            raise SnapshotError(
+                f"snapshot of {self.table_id}: this reader's lease "
+                f"{self._lease.store.uri_of(*self._lease.parts)} was lost (expired while the "
+                "reader was stalled, or taken by another reader); it stops without writing")
+
     def holder(self) -> str:
+        """Who holds the lock, for messages."""
+        if self._lease is not None:
+            current = self._lease.current()
+            return current.holder if current is not None and current.holder else "unknown"
+        assert self._local is not None
         try:
-            return self.path.read_text().strip() or "unknown"
+            return self._local.read_text().strip() or "unknown"
         except OSError:
             return "unknown"
 
     def release(self) -> None:
+        if self._lease is not None:
+            if self._renewer is not None:
+                self._stop_renewing.set()
+                self._renewer.join()
+                self._renewer = None
+                try:
+                    self._lease.release()
+                except Exception:  # noqa: BLE001 - it expires on its own
+                    log.warning(f"snapshot of {self.table_id}: releasing the reader lease "
+                                "failed (it expires on its own)", exc_info=True)
+            return
         if self._handle is not None:
             self._handle.close()
             self._handle = None
 
 
-def reader_alive(landing: LandingZone, database: str, table: str) -> bool:
-    """Whether a live reader holds the table's ``reader.lock`` (a dead one's lock is gone with
-    its process)."""
-    import fcntl
+def _reader_lock_file(landing: LandingReader, database: str, table: str) -> Path | None:
+    """The local ``reader.lock`` of a local zone, else None (object storage: the lease)."""
+    root = landing.store.local_root
+    return None if root is None else root.joinpath(*snapshot_parts(database, table),
+                                                   READER_LOCK_FILE)
 
-    path = lock_path(landing, database, table)
+
+def reader_alive(landing: LandingReader, database: str, table: str) -> bool:
+    """Whether a live reader holds the table's lock (a dead one's flock is gone with its
+    process; on object storage its lease has not expired yet)."""
+    path = _reader_lock_file(landing, database, table)
+    if path is None:
+        current = Lease(landing.store, *snapshot_parts(database, table),
+                        READER_LEASE_FILE).current()
+        return current is not None and current.expires_at > time.time()
     try:
         with open(path, "a+") as handle:
             try:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -36,7 +35,7 @@ import pyarrow.compute as pc
 from cdc_platform.capture import names
 from cdc_platform.capture.gtid import Gtid, GtidSet, parse_position
 from cdc_platform.capture.keys import Key
-from cdc_platform.capture.landing.zone import SNAPSHOTS_DIR, LandingZone, table_of_parts
+from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.landing_contract import (
     HI_OPEN,
     LO_OPEN,
@@ -68,10 +67,15 @@ from cdc_platform.capture.snapshot.protocol import (
     SessionState,
     SnapshotRequest,
     SnapshotSession,
+    chunk_parts,
     decode_key,
+    manifest_name,
+    manifest_seqs,
     read_chunk_rows,
     read_request,
     reader_alive,
+    request_parts,
+    requested_tables,
     session_time,
 )
 
@@ -224,10 +228,15 @@ class SnapshotCoordinator:
         self.max_rejections_in_a_row = max_rejections_in_a_row
         self.sessions: dict[str, SnapshotSession] = {}
         self._tracked: dict[str, _Tracked] = {}
-        # request.json files as last read, by (inode, mtime, size): a poll re-reads only the
-        # ones that changed (each is replaced by a rename, so a new one is a new inode).
-        self._requests: dict[Path, tuple[tuple[int, int, int], SnapshotRequest | None]] = {}
+        # request.json files as last read, by the store's stamp (a stat locally, an ETag on
+        # object storage): a poll re-reads only the ones that changed.
+        self._requests: dict[tuple[str, str], tuple[str, SnapshotRequest | None]] = {}
         self._last_tick = time.monotonic()
+        self._last_request_poll = float("-inf")
+        # Locally a look at the requests is a directory listing and a stat each (microseconds):
+        # at every tick. On object storage each is a request: at most every
+        # SNAPSHOT_REQUEST_POLL_SECONDS (a pause or stop takes effect that much later).
+        self._request_poll_seconds = 0.0 if landing.is_local else SNAPSHOT_REQUEST_POLL_SECONDS
         # Session state changed since the checkpoint last took it (``checkpoint_state``).
         self._changed = False
 
@@ -399,36 +408,33 @@ class SnapshotCoordinator:
                          f"{session.session_id}): stop the snapshot if the table is gone")
         return None
 
-    def _snapshot_dir(self, table_id: str) -> Path:
-        return self.landing.snapshot_dir(*names.split_table_id(table_id))
-
     def _poll_requests(self, processed: GtidSet, next_pos: int) -> bool:
-        changed = False
-        base = self.landing.root / SNAPSHOTS_DIR
-        if not base.is_dir():
+        """New or changed requests: a listing of the snapshot directories and a stamp of each
+        request (see ``_request_poll_seconds``)."""
+        now = time.monotonic()
+        if now - self._last_request_poll < self._request_poll_seconds:
             return False
-        for path in base.glob("*/*/request.json"):
-            database, table = table_of_parts(path.parent.parent.name, path.parent.name)
-            request = self._request(path, database, table)
+        self._last_request_poll = now
+        changed = False
+        for database, table in requested_tables(self.landing):
+            request = self._request(database, table)
             if request is not None:  # (an unreadable one is logged by read_request)
                 changed |= self._apply(names.table_id(database, table), request, processed,
                                       next_pos)
         return changed
 
-    def _request(self, path: Path, database: str, table: str) -> SnapshotRequest | None:
+    def _request(self, database: str, table: str) -> SnapshotRequest | None:
         """The table's request, read again only when its file changed since the last poll
-        (polls come every few hundredths of a second: a ``stat`` each, not a parse)."""
-        try:
-            stat = path.stat()
-        except FileNotFoundError:
-            self._requests.pop(path, None)
+        (a stamp each, not a parse)."""
+        stamp = self.landing.store.stamp(*request_parts(database, table))
+        if stamp is None:
+            self._requests.pop((database, table), None)
             return None
-        version = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
-        known = self._requests.get(path)
-        if known is not None and known[0] == version:
+        known = self._requests.get((database, table))
+        if known is not None and known[0] == stamp:
             return known[1]
         request = read_request(self.landing, database, table)
-        self._requests[path] = (version, request)
+        self._requests[(database, table)] = (stamp, request)
         return request
 
     def _apply(self, table_id: str, request: SnapshotRequest, processed: GtidSet,
@@ -464,16 +470,12 @@ class SnapshotCoordinator:
             self._untrack(table_id)
         return True
 
-    def _pending(self, session: SnapshotSession) -> list[tuple[int, Path]]:
-        directory = self._snapshot_dir(session.table_id) / "chunks" / session.session_id
-        if not directory.is_dir():
-            return []
+    def _pending(self, session: SnapshotSession) -> list[int]:
+        """The seqs of the session's published chunks not decided yet, in order."""
         decided = set(session.committed) | {int(s) for s in session.rejected}
-        found = []
-        for path in directory.glob("*.json"):
-            if path.stem.isdigit() and int(path.stem) not in decided:
-                found.append((int(path.stem), path))
-        return sorted(found)
+        database, table = names.split_table_id(session.table_id)
+        return [seq for seq in manifest_seqs(self.landing, database, table, session.session_id)
+                if seq not in decided]
 
     def _decide_pending(self, session: SnapshotSession, processed: GtidSet) -> bool:
         changed = False
@@ -482,12 +484,11 @@ class SnapshotCoordinator:
             return False
         tracked = self._tracked[session.table_id]
         decisions: _Decisions | None = None
-        for seq, manifest_path in self._pending(session):
+        for seq in self._pending(session):
             try:
                 if decisions is None:  # in the try: a schema that lacks a key column
                     decisions = self._decisions(session, schema)  # rejects, as a bad chunk
-                decision = self._decide_one(session, tracked, decisions, seq, manifest_path,
-                                            processed)
+                decision = self._decide_one(session, tracked, decisions, seq, processed)
             except Exception as error:  # noqa: BLE001 - one bad chunk must not stop the engine
                 # (a chunk that cannot be read, decoded or landed: rejecting is always safe,
                 # the reader reads the range again; a stop ends a loop of such rejections)
@@ -523,7 +524,7 @@ class SnapshotCoordinator:
                           parse_position(self.flavour, session.opening))
 
     def _decide_one(self, session: SnapshotSession, tracked: _Tracked, decisions: _Decisions,
-                    seq: int, manifest_path: Path, processed: GtidSet) -> Reject | Commit | None:
+                    seq: int, processed: GtidSet) -> Reject | Commit | None:
         """Decide one pending chunk, and land it if it commits; None when it must wait.
 
         Whether a chunk waits or is rejected depends on its manifest alone (watermarks, range,
@@ -531,7 +532,12 @@ class SnapshotCoordinator:
         lagging engine is looked at every ``SNAPSHOT_POLL_SECONDS`` without re-reading its
         file each time."""
         key_names = decisions.keys_only.key.columns
-        manifest = ChunkManifest.from_json(manifest_path.read_bytes())
+        database, table = names.split_table_id(session.table_id)
+        data = self.landing.store.read_bytes(*chunk_parts(database, table, session.session_id),
+                                             manifest_name(seq))
+        if data is None:
+            raise FileNotFoundError(f"manifest of chunk {seq} vanished")
+        manifest = ChunkManifest.from_json(data)
         # Bounds decode by the key's column specs: a bare kind cannot tell a DECIMAL wider
         # than 38 digits (landed as text) from a narrower one.
         chunk = Chunk(
@@ -545,7 +551,7 @@ class SnapshotCoordinator:
         decision = self._decide(chunk, processed, decisions, tracked)
         if not isinstance(decision, Commit):
             return decision
-        rows = read_chunk_rows(manifest_path)
+        rows = read_chunk_rows(self.landing, database, table, session.session_id, seq)
         if not tracked.touched.touches:
             # No key of the table touched since the opening: none can be dropped, and the
             # rule decided from the manifest alone (the chunk's keys in Python cost as much

@@ -43,11 +43,14 @@ from cdc_platform.capture.landing.retention import (
     sweep,
 )
 from cdc_platform.capture.landing.zone import (
+    SNAPSHOT_CHUNKS_DIR,
+    SNAPSHOTS_DIR,
     Checkpoint,
     LandingZone,
     column_renames_name,
     column_renames_parts,
     segment_name,
+    snapshot_parts,
 )
 from cdc_platform.capture.landing_contract import (
     GTID,
@@ -278,9 +281,8 @@ def test_chunk_rules_by_session_state() -> None:
 
 def test_the_rules_read_the_snapshot_protocols_layout_and_session_record(tmp_path: Path) -> None:
     landing = LandingZone(str(tmp_path), "demo")
-    assert protocol.chunk_dir(landing, "shop", "items", "s1") == landing.snapshot_dir(
-        "shop", "items") / retention.CHUNKS_DIR / "s1"
-    assert protocol.request_path(landing, "shop", "items").name == retention.REQUEST_FILE
+    assert protocol.chunk_parts("shop", "items", "s1") == (
+        SNAPSHOTS_DIR, "shop", "items", SNAPSHOT_CHUNKS_DIR, "s1")
     assert protocol.CHUNK_ROWS_SUFFIX == ".arrow"
     assert {str(s) for s in SessionState} - {"open", "paused"} == \
         retention.ENDED_SESSION_STATES
@@ -305,7 +307,8 @@ def _write_chunk(landing: LandingZone, session_id: str, seq: int,
                   low_watermark=gtids, after=gtids, schema_fingerprint="f", resume_key=None,
                   complete=False)
     protocol.write_chunk(landing, chunk, session_id, seq, complete=False)
-    return protocol.chunk_dir(landing, "shop", "items", session_id) / f"{seq:08d}.json"
+    return landing.root.joinpath(*protocol.chunk_parts("shop", "items", session_id),
+                                 f"{seq:08d}.json")
 
 
 def _sessions_checkpoint(landing: LandingZone, *sessions: SnapshotSession,
@@ -327,7 +330,7 @@ def test_sweep_deletes_decided_chunk_rows_and_finished_sessions_and_the_engine_s
     _sessions_checkpoint(landing, session)
 
     report = sweep(landing, {}, [], HOUR)
-    chunks = protocol.chunk_dir(landing, "shop", "items", "s1")
+    chunks = landing.root.joinpath(*protocol.chunk_parts("shop", "items", "s1"))
     assert sorted(p.name for p in chunks.iterdir()) == [
         "00000000.json", "00000001.json", "00000002.json", "00000003.arrow", "00000003.json"]
     assert (chunks.parent / "old").is_dir()  # replaced, but changed moments ago
@@ -338,8 +341,8 @@ def test_sweep_deletes_decided_chunk_rows_and_finished_sessions_and_the_engine_s
     coordinator.on_start(landing.read_checkpoint().extra["snapshots"],
                          parse_position("mariadb", "0-1-1"))
     pending = coordinator._pending(coordinator.sessions["shop.items"])
-    assert [seq for seq, _ in pending] == [3]
-    assert protocol.read_chunk_rows(pending[0][1]).num_rows == 1
+    assert pending == [3]
+    assert protocol.read_chunk_rows(landing, "shop", "items", "s1", 3).num_rows == 1
 
     later = time.time() + retention.FINISHED_SESSION_GRACE_SECONDS + 1
     sweep(landing, {}, [], HOUR, now=later)
@@ -746,7 +749,7 @@ def test_sweeps_killed_at_random_moments_never_cost_the_lake_or_the_engine_a_rec
         env.execute("ALTER TABLE items RENAME COLUMN name TO label")
         time.sleep(1.0)
     landing = env.landing
-    chunks = landing.snapshot_dir(env.db, "items") / "chunks"
+    chunks = landing.root.joinpath(*snapshot_parts(env.db, "items"), SNAPSHOT_CHUNKS_DIR)
     assert any(chunks.iterdir())
     assert len(landing.segments(env.db, "items")) > 30  # many small segments
     unread = [names.table_id(env.db, "log")]

@@ -27,7 +27,6 @@ import pytest
 from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
-from cdc_platform.capture.snapshot import protocol
 from cdc_platform.capture.snapshot.chunks import Chunk, ChunkedTable, ChunkKey, schema_fingerprint
 from cdc_platform.capture.snapshot.conditions import Condition, UnsafeConditionError
 from cdc_platform.capture.snapshot.errors import (
@@ -39,7 +38,7 @@ from cdc_platform.capture.snapshot.protocol import (
     ChunkManifest,
     SignalRef,
     SnapshotRequest,
-    chunk_dir,
+    chunk_parts,
     decode_key,
     encode_key,
     read_chunk_rows,
@@ -152,8 +151,8 @@ def test_request_json_has_the_contract_fields_and_actions_rewrite_it(tmp_path: P
     landing = _landing(tmp_path)
     request = SnapshotRequest("run-1", "open", ("id",), "total > 0", 4096)
     path = write_request(landing, "shop", "orders", request)
-    assert path == landing.root / "snapshots" / "shop" / "orders" / "request.json"
-    data = json.loads(path.read_bytes())
+    assert path == str(landing.root / "snapshots" / "shop" / "orders" / "request.json")
+    data = json.loads(Path(path).read_bytes())
     assert set(data) == {"session_id", "action", "chunk_key", "condition", "chunk_size",
                          "requested_at", "signal"}
     assert data["signal"] is None  # (set when a signal asked: docs/signals.md)
@@ -202,10 +201,10 @@ def test_a_chunk_written_as_parquet_by_an_earlier_reader_still_reads(tmp_path: P
     rows = ((3, Decimal("1.50"), at, "x"), (9, None, None, None))
     write_chunk(landing, _chunk(rows, (2,), (9,), False), "run-1", 7, False)
     directory = chunk_dir(landing, "shop", "orders", "run-1")
-    arrow = read_chunk_rows(directory / "00000007.json")
+    arrow = read_chunk_rows(landing, "shop", "orders", "run-1", 7)
     (directory / "00000007.arrow").unlink()
     pq.write_table(arrow, directory / "00000007.parquet", compression="none")
-    assert read_chunk_rows(directory / "00000007.json").equals(arrow)
+    assert read_chunk_rows(landing, "shop", "orders", "run-1", 7).equals(arrow)
     assert arrow.column("id").to_pylist() == [3, 9] and arrow.num_rows == 2
 
 
@@ -213,13 +212,13 @@ def test_chunk_files_rows_first_then_manifest(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     landing = _landing(tmp_path)
     written: list[str] = []
-    original = protocol.write_atomically
+    original = landing.store.write_exclusively
 
-    def recording(path: Path, data: bytes, **options: Any) -> None:
-        written.append(path.name)
-        original(path, data, **options)
+    def recording(*parts: str, data: bytes) -> bool:
+        written.append(parts[-1])
+        return original(*parts, data=data)
 
-    monkeypatch.setattr(protocol, "write_atomically", recording)
+    monkeypatch.setattr(landing.store, "write_exclusively", recording)
     at = dt.datetime(2025, 1, 1, 10, 0, 0, 5)
     rows = ((3, Decimal("1.50"), at, "x"), (9, None, None, None))
     manifest = write_chunk(landing, _chunk(rows, (2,), (9,), False), "run-1", 7, False)
@@ -235,7 +234,7 @@ def test_chunk_files_rows_first_then_manifest(tmp_path: Path,
         "range_high": [9], "low_open": False, "high_open": False, "low_watermark": "0-1-10",
         "after": "0-1-12", "fingerprint": schema_fingerprint(SCHEMA), "read_at": None}
     assert ChunkManifest.from_json((directory / "00000007.json").read_bytes()) == manifest
-    table = read_chunk_rows(directory / "00000007.json")
+    table = read_chunk_rows(landing, "shop", "orders", "run-1", 7)
     assert table.schema.equals(SCHEMA.arrow_schema(metadata_columns=False),
                                check_metadata=True)
     assert [tuple(r.values()) for r in table.to_pylist()] == [
@@ -497,6 +496,11 @@ def test_a_source_that_cannot_be_snapshotted_exactly_fails_naming_the_setting(
     assert not (landing.root / "snapshots").exists()
 
 
+def chunk_dir(landing: LandingZone, database: str, table: str, session_id: str) -> Path:
+    """A session's chunk directory in a local zone (the tests look at its files)."""
+    return landing.root.joinpath(*chunk_parts(database, table, session_id))
+
+
 def _committed_chunks(engine: ScriptedEngine) -> list[dict[str, Any]]:
     assert engine.session is not None
     return [engine.manifests[s] for s in engine.session["committed"]]
@@ -505,9 +509,8 @@ def _committed_chunks(engine: ScriptedEngine) -> list[dict[str, Any]]:
 def _ids(landing: LandingZone, db: str, manifests: list[dict[str, Any]]) -> list[int]:
     ids = []
     for manifest in manifests:
-        path = chunk_dir(landing, db, "items", manifest["session_id"]) / \
-            f"{manifest['seq']:08d}.json"
-        ids += [row["id"] for row in read_chunk_rows(path).to_pylist()]
+        ids += [row["id"] for row in read_chunk_rows(
+            landing, db, "items", manifest["session_id"], manifest["seq"]).to_pylist()]
     return ids
 
 
@@ -767,7 +770,9 @@ def test_stop_event_writes_stop_and_returns(shop: tuple[Any, str, LandingZone]) 
 def test_a_new_session_replaces_the_old_one_and_removes_its_chunks(
         shop: tuple[Any, str, LandingZone]) -> None:
     mariadb, db, landing = shop
-    with ScriptedEngine(landing, f"{db}.items", lambda s, m: "wait") as engine:
+    # (the first session's chunks wait for good: it can only end by being replaced)
+    with ScriptedEngine(landing, f"{db}.items",
+                        lambda s, m: "commit" if m["session_id"] == "run-b" else "wait"):
         first = _reader(mariadb, db, landing, chunk_size=50, session_id="run-a")
         errors: list[BaseException] = []
 
@@ -780,7 +785,6 @@ def test_a_new_session_replaces_the_old_one_and_removes_its_chunks(
         thread = threading.Thread(target=run_first, daemon=True)
         thread.start()
         _wait_until(lambda: any(chunk_dir(landing, db, "items", "run-a").glob("*.json")))
-        engine.decide = lambda s, m: "commit"
         second = _reader(mariadb, db, landing, chunk_size=50, session_id="run-b",
                          keep_chunks=False)
         result = second.run()

@@ -28,7 +28,7 @@ from cdc_platform.capture.snapshot.chunks import Chunk, ChunkedTable, ChunkKey, 
 from cdc_platform.capture.snapshot.commit_rule import TouchedKeyLog
 from cdc_platform.capture.snapshot.protocol import (
     SnapshotRequest,
-    request_path,
+    request_parts,
     write_chunk,
     write_request,
 )
@@ -169,12 +169,13 @@ def test_a_waiting_chunk_is_decided_from_its_manifest_and_its_rows_read_once(
     coordinator, landing, engine = _coordinator(tmp_path)
     coordinator.on_tick(_pos(10))
     _publish(landing, 0, ((1, 10), (2, 20)), read_at=15, high=2)
-    opened: list[Path] = []
+    opened: list[int] = []
     read_rows = sessions.read_chunk_rows
 
-    def counting(manifest_path: Path) -> Any:
-        opened.append(manifest_path)
-        return read_rows(manifest_path)
+    def counting(landing: LandingZone, database: str, table: str, session_id: str,
+                 seq: int) -> Any:
+        opened.append(seq)
+        return read_rows(landing, database, table, session_id, seq)
 
     monkeypatch.setattr(sessions, "read_chunk_rows", counting)
     for processed in range(10, 15):
@@ -183,7 +184,7 @@ def test_a_waiting_chunk_is_decided_from_its_manifest_and_its_rows_read_once(
     landed = engine.landed_anew()
     coordinator.on_tick(_pos(15))
     assert _session(coordinator)["committed"] == [0] and landed.rows() == [(1, 10), (2, 20)]
-    assert [p.name for p in opened] == ["00000000.json"]
+    assert opened == [0]
 
 
 def test_a_session_whose_chunks_are_always_rejected_is_stopped_with_the_reason(
@@ -291,7 +292,8 @@ def test_a_failed_schema_read_is_tried_again_after_a_pause(
 def test_an_unreadable_request_opens_nothing_until_it_is_written_again(
         tmp_path: Path) -> None:
     coordinator, landing, _ = _coordinator(tmp_path)
-    path = request_path(landing, "db", "t")
+    path = landing.root.joinpath(*request_parts("db", "t"))
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text('{"session_id": "s1", "action": "op')  # a broken hand edit
     for _ in range(3):
         assert not coordinator.on_tick(_pos(10))
@@ -323,7 +325,7 @@ def test_a_request_is_read_again_only_when_its_file_changed(
         coordinator.on_tick(_pos(10))
         assert _session(coordinator)["state"] == state, action
     assert len(reads) == 4
-    request_path(landing, "db", "t").unlink()
+    landing.root.joinpath(*request_parts("db", "t")).unlink()
     coordinator.on_tick(_pos(10))
     write_request(landing, "db", "t", SnapshotRequest("s2", "open", ("k",), None, 10))
     coordinator.on_tick(_pos(10))

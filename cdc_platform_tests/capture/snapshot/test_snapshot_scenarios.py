@@ -25,7 +25,7 @@ from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.snapshot.chunks import schema_fingerprint
 from cdc_platform.capture.snapshot.protocol import (
     SnapshotRequest,
-    chunk_dir,
+    chunk_parts,
     write_request,
 )
 from cdc_platform.capture.snapshot.reading.progress import (
@@ -369,7 +369,7 @@ def test_a_chunk_that_cannot_be_landed_is_rejected_and_the_engine_keeps_running(
                       SnapshotRequest("hand-made", "open", ("id",), None, 10))
         _wait_until(lambda: _engine_state(env, "items") == "open")
         position = env.query("SELECT @@GLOBAL.gtid_binlog_pos")[0][0]
-        directory = chunk_dir(env.landing, env.db, "items", "hand-made")
+        directory = env.landing.root.joinpath(*chunk_parts(env.db, "items", "hand-made"))
         directory.mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.table({"id": [1], "name": ["x"], "price": ["not a number"],
                                  "status": ["a"]}), directory / "00000000.parquet")

@@ -20,14 +20,11 @@ import concurrent.futures
 import contextlib
 import json
 import logging
-import os
 import re
-import shutil
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import pymysql
@@ -35,7 +32,13 @@ import pymysql
 from cdc_platform.capture import names
 from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.keys import Key
-from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
+from cdc_platform.capture.landing.zone import (
+    CHECKPOINT_FILE,
+    SNAPSHOT_CHUNKS_DIR,
+    Checkpoint,
+    LandingZone,
+    snapshot_parts,
+)
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot import native
 from cdc_platform.capture.snapshot.chunks import (
@@ -63,10 +66,10 @@ from cdc_platform.capture.snapshot.protocol import (
     SessionState,
     SignalRef,
     SnapshotRequest,
-    chunk_dir,
+    chunk_parts,
     encode_key,
-    lock_path,
-    progress_path,
+    manifest_name,
+    progress_parts,
     read_control,
     read_request,
     read_session_state,
@@ -101,7 +104,6 @@ from cdc_platform.capture.source import (
     is_retriable,
     selector_from_settings,
 )
-from cdc_platform.capture.storage import write_atomically
 
 __all__ = ["DEFAULT_CHUNK_SIZE", "SnapshotError", "SnapshotReader", "reader_from_settings"]
 
@@ -121,6 +123,9 @@ DEFAULT_POLL_SECONDS = 0.1
 # stat; parsed only when it changed): every chunk's commit reaches the reader this much later
 # at most, which at 200k rows/s is a fifth of a 4096-row chunk's reading time.
 COMMIT_POLL_SECONDS = 0.005
+# The same on object storage, where each look is a request (a HEAD of the checkpoint, a GET of
+# request.json): 20 looks a second.
+OBJECT_STORE_POLL_SECONDS = 0.05
 # How often a reader waiting for the engine to acknowledge its session looks (it reads
 # request.json each time, to see a stop).
 ACK_POLL_SECONDS = 0.02
@@ -203,10 +208,14 @@ class SnapshotReader:
         self.native_chunks = native_chunks and native.available()
         self._native_conn: Any = None
         self._table: ChunkedTable | None = None
-        self._checkpoint_stamp: tuple[int, int] | None = None
+        self._checkpoint_stamp: str | None = None
         self._checkpoint: Checkpoint | None = None
         self._checkpoint_changed_at = time.monotonic()
-        self._lock = ReaderLock(Path(os.devnull))
+        self._lock = ReaderLock(landing, schema.database, schema.table)
+        # How often the loop looks for the engine's decisions while it can only wait: a look
+        # is a stat locally, a request on object storage.
+        self._commit_poll_seconds = COMMIT_POLL_SECONDS if landing.is_local else \
+            OBJECT_STORE_POLL_SECONDS
 
     @property
     def table_id(self) -> str:
@@ -247,8 +256,6 @@ class SnapshotReader:
             if isinstance(key, SkippedTable):
                 self.log.warning(f"snapshot of {self.table_id}: {key.status}")
                 return SnapshotResult(self.table_id, self.session_id, key.status)
-            self._lock = ReaderLock(lock_path(self.landing, self.schema.database,
-                                              self.schema.table))
             self._lock.try_acquire()
             self._table = self._with_connection(
                 "reading the column widths", lambda conn: with_row_bound(
@@ -307,17 +314,17 @@ class SnapshotReader:
 
     def _request(self, action: str) -> None:
         assert self._table is not None
+        self._lock.check()
         write_request(self.landing, self.schema.database, self.schema.table, SnapshotRequest(
             self.session_id, action, self._table.key.columns, self.condition, self.chunk_size,
             signal=self._steering))
 
     def _poll_checkpoint(self) -> Checkpoint | None:
-        """The engine's checkpoint, re-parsed only when the file changed."""
-        try:
-            stat = self.landing.checkpoint_path.stat()
-        except FileNotFoundError:
+        """The engine's checkpoint, re-parsed only when the file changed (its store's stamp:
+        a stat locally, a HEAD on object storage)."""
+        stamp = self.landing.store.stamp(CHECKPOINT_FILE)
+        if stamp is None:
             return None
-        stamp = (stat.st_mtime_ns, stat.st_size)
         if stamp != self._checkpoint_stamp:
             self._checkpoint_stamp = stamp
             self._checkpoint_changed_at = time.monotonic()
@@ -567,22 +574,24 @@ class SnapshotReader:
             self.log.info(f"snapshot of {self.table_id}: session {request.session_id} is open with "
                           f"another chunk key or condition; starting a new session replaces it")
             return False
-        path = progress_path(self.landing, self.schema.database, self.schema.table,
-                             request.session_id)
+        data = self.landing.store.read_bytes(*progress_parts(
+            self.schema.database, self.schema.table, request.session_id))
         try:
-            saved = json.loads(path.read_bytes())
-        except (OSError, ValueError):
+            saved = json.loads(data) if data is not None else None
+        except ValueError:
+            saved = None
+        if not isinstance(saved, dict):
             return False
         self.session_id = request.session_id
         self._base_session_id = self.session_id.rsplit("-r", 1)[0] if re.fullmatch(
             r".*-r\d+", self.session_id) else self.session_id
         self._todo = collections.deque(decode_range(d) for d in saved["todo"])
-        directory = chunk_dir(self.landing, self.schema.database, self.schema.table,
-                              self.session_id)
+        files = self.landing.store.list_names(*chunk_parts(
+            self.schema.database, self.schema.table, self.session_id))
         for seq_text, data in sorted(saved["pending"].items(), key=lambda i: int(i[0])):
             written = WrittenChunk(int(seq_text), decode_range(data["range"]), int(data["rows"]),
                                    bool(data["complete"]), str(data["after_gtid"]))
-            if (directory / f"{written.seq:08d}.json").exists():
+            if manifest_name(written.seq) in files:
                 self._pending[written.seq] = written
                 if written.complete:
                     self._final_seq = written.seq
@@ -590,8 +599,11 @@ class SnapshotReader:
                 self._todo.appendleft(written.range)
         if saved.get("held") is not None:
             self._todo.append(decode_range(saved["held"]))
-        published = [int(p.stem) for p in directory.glob("*.json") if p.stem.isdigit()]
-        self._next_seq = max([int(saved["next_seq"]), *(p + 1 for p in published)])
+        # (past every chunk file, even a rows file without its manifest: seqs are written
+        # once, exclusively, and reader.state is not fsynced)
+        written_seqs = [int(stem) for stem in (name.partition(".")[0] for name in files)
+                        if stem.isdigit()]
+        self._next_seq = max([int(saved["next_seq"]), *(seq + 1 for seq in written_seqs)])
         self._rows, self._chunks = int(saved["rows"]), int(saved["chunks"])
         self._rejected = self._reselected = int(saved["rejected"])
         self._start_gtid, self._end_gtid = str(saved["start_gtid"]), str(saved["end_gtid"])
@@ -628,9 +640,10 @@ class SnapshotReader:
         }
         # Not fsynced: a stale or lost reader.state after a machine crash only means ranges
         # read again (chunks are idempotent upserts); the engine's checkpoint is the record.
-        write_atomically(
-            progress_path(self.landing, self.schema.database, self.schema.table, self.session_id),
-            json.dumps(data).encode(), durable=False)
+        self._lock.check()
+        self.landing.store.write_atomically(
+            *progress_parts(self.schema.database, self.schema.table, self.session_id),
+            data=json.dumps(data).encode(), durable=False)
 
     def _wait_for_acknowledgement(self) -> bool:
         deadline = time.monotonic() + self.ack_timeout_seconds
@@ -668,12 +681,10 @@ class SnapshotReader:
         """Chunk files of sessions this one replaced: the engine no longer reads them."""
         if self.keep_chunks:
             return
-        schema = self.schema
-        parent = chunk_dir(self.landing, schema.database, schema.table, self.session_id).parent
-        if parent.is_dir():
-            for path in parent.iterdir():
-                if path.name != self.session_id and path.is_dir():
-                    shutil.rmtree(path, ignore_errors=True)
+        chunks = (*snapshot_parts(self.schema.database, self.schema.table), SNAPSHOT_CHUNKS_DIR)
+        for session_id in self.landing.store.list_names(*chunks):
+            if session_id != self.session_id:
+                self.landing.store.delete_directory(*chunks, session_id)
 
     def _loop(self) -> SnapshotResult | None:
         """Read, publish and follow the engine until the session ends; None when the engine
@@ -720,7 +731,7 @@ class SnapshotReader:
                 self._publish(chunk, rng, complete=True)
                 continue
             self._check_stall()
-            time.sleep(min(self.poll_seconds, COMMIT_POLL_SECONDS))
+            time.sleep(min(self.poll_seconds, self._commit_poll_seconds))
 
     def _read_next(self) -> None:
         chunk, rng = self._read_range(self._todo.popleft())
@@ -781,8 +792,7 @@ class SnapshotReader:
         # One chunk being written while the next is read: a writer slower than the reader
         # must not make the reader hold many chunks (memory is bounded by chunk_max_bytes).
         self._check_writes(wait_until=1)
-        self._writes.append(self._writer.submit(
-            write_chunk, self.landing, chunk, self.session_id, seq, complete))
+        self._writes.append(self._writer.submit(self._write_chunk, chunk, seq, complete))
         if complete:
             self._final_seq = seq
         if not self._start_gtid:
@@ -790,6 +800,11 @@ class SnapshotReader:
         key_columns = [chunk.table.schema.column(n) for n in chunk.table.key.columns]
         self._last_key = encode_key(chunk.range_high, key_columns)
         self._progress()
+
+    def _write_chunk(self, chunk: Chunk, seq: int, complete: bool) -> ChunkManifest:
+        """(In the writer thread.) A reader that lost its lock writes no chunk."""
+        self._lock.check()
+        return write_chunk(self.landing, chunk, self.session_id, seq, complete)
 
     def _check_writes(self, wait: bool = False, wait_until: int | None = None) -> None:
         """Raise the first failed chunk write; with ``wait``, wait for all of them first, with
@@ -861,8 +876,8 @@ class SnapshotReader:
             self._progress()
             self._check_writes(wait=True)  # nothing recreates the directory removed next
             if not self.keep_chunks:
-                shutil.rmtree(chunk_dir(self.landing, self.schema.database, self.schema.table,
-                                        self.session_id), ignore_errors=True)
+                self.landing.store.delete_directory(*chunk_parts(
+                    self.schema.database, self.schema.table, self.session_id))
             result = self._result("done")
             self.log.info(f"{self._where()}: done, {result.rows} rows in {result.chunks} chunks "
                           f"({result.rejected} rejected and read again), "
@@ -910,6 +925,6 @@ def reader_from_settings(settings: Any, table_id: str, **options: Any) -> Snapsh
         except (LookupError, names.AmbiguousTableError) as error:
             raise SnapshotError(f"snapshot of {table_id} on {server!r}: {error}") from None
     options.setdefault("selector", selector)
-    return SnapshotReader(LandingZone(settings.landing_zone.url, server),
+    return SnapshotReader(LandingZone.from_settings(settings, server),
                           settings.source.connection_settings(), settings.source.flavour,
                           selector.shape(schema), **options)
