@@ -83,11 +83,6 @@ from cdc_platform.capture.source import (
     require_prerequisites,
 )
 
-# The snapshot coordinator is ticked between binlog events, every ``sessions.
-# SNAPSHOT_POLL_SECONDS`` while sessions are open: on an idle source, heartbeats are what
-# bring those events, so they come as often. A heartbeat is one small event: 40 a second cost
-# little.
-HEARTBEAT_MAX_SECONDS = 0.025
 # An unchanged checkpoint is rewritten after this long (see ``flush``).
 CHECKPOINT_REFRESH_SECONDS = 10.0
 
@@ -280,13 +275,8 @@ class CaptureEngine:
         while not stop.is_set():
             stream: BinlogStream | None = None
             try:
-                # Heartbeats also bound how long a lone commit waits for its flush, and on an
-                # idle source how long a snapshot chunk waits for its commit, so they come at
-                # least once per flush interval and snapshot poll.
-                heartbeat = min(opts.heartbeat_seconds, opts.flush_interval_seconds,
-                                HEARTBEAT_MAX_SECONDS)
                 stream = BinlogStream(opts.connection_settings, opts.server_id, self._flavour,
-                                      str(self._processed), heartbeat,
+                                      str(self._processed), opts.stream_heartbeat_seconds,
                                       wanted=opts.selector.captures)
                 self._transition(EngineState.STREAMING,
                                  f"from {str(self._processed) or 'the start of the binlog'}")
@@ -332,8 +322,7 @@ class CaptureEngine:
                         f"source {opts.server_name} unreachable after {failures - 1} "
                         f"reconnect attempts ({error}); check the replica and restart the run"
                     ) from error
-                backoff = min(opts.max_backoff_seconds,
-                              opts.initial_backoff_seconds * 2 ** (failures - 1))
+                backoff = opts.reconnect_backoff(failures)
                 self._transition(EngineState.RECONNECTING,
                                  f"{error}; retry {failures} in {backoff:.1f}s from "
                                  f"{str(self._processed) or 'the start'}")

@@ -1,6 +1,7 @@
-"""What a caller gives the capture engine and reads back: its options (from the config), the
-states of its lifecycle, and the stats of a run (which the Dagster op reports as metadata; the
-landing writer's thread adds what became durable)."""
+"""What a caller gives the capture engine and reads back: its options (from the config, and
+what follows from them: the stream's heartbeat, the reconnect backoff), the states of its
+lifecycle, and the stats of a run (which the Dagster op reports as metadata; the landing
+writer's thread adds what became durable)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,13 @@ if TYPE_CHECKING:
     from cdc_platform.capture.landing.segment_buffer import Landed
     from cdc_platform.capture.landing.zone import Checkpoint
     from cdc_platform.config import Settings
+
+
+# The snapshot coordinator is ticked between binlog events, every ``sessions.
+# SNAPSHOT_POLL_SECONDS`` while sessions are open: on an idle source, heartbeats are what
+# bring those events, so they come as often. A heartbeat is one small event: 40 a second cost
+# little.
+HEARTBEAT_MAX_SECONDS = 0.025
 
 
 class EngineState(enum.Enum):
@@ -65,6 +73,19 @@ class EngineOptions:
             transaction_memory_bytes=capture.transaction_memory_bytes,
             snapshot_mode=capture.snapshot_mode,
         )
+
+    @property
+    def stream_heartbeat_seconds(self) -> float:
+        """The heartbeat period the binlog stream asks the source for. Heartbeats also bound
+        how long a lone commit waits for its flush, and on an idle source how long a snapshot
+        chunk waits for its commit, so they come at least once per flush interval and
+        snapshot poll."""
+        return min(self.heartbeat_seconds, self.flush_interval_seconds, HEARTBEAT_MAX_SECONDS)
+
+    def reconnect_backoff(self, failures: int) -> float:
+        """The wait before reconnecting after ``failures`` failures in a row (1: the first):
+        doubling from ``initial_backoff_seconds``, at most ``max_backoff_seconds``."""
+        return min(self.max_backoff_seconds, self.initial_backoff_seconds * 2 ** (failures - 1))
 
 
 @dataclass
