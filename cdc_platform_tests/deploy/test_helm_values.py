@@ -4,6 +4,11 @@ The values, the embedded platform config and the Dockerfile must agree with the 
 environment variable they set is read by something, every secret they name is created by the
 install steps, the config validates against the schema, the entry points exist, and the streaming
 job's run settings are the ones the chart's daemon acts on.
+
+Two storage layouts, each checked: ``values.yaml`` alone (the landing zone and the warehouse in
+an S3 bucket, a REST catalog, an IRSA service account: no ReadWriteMany volume) and with the
+overlay ``values-shared-volume.yaml`` (one shared volume, the Hadoop catalog), merged as Helm
+merges ``-f`` files (``_helm_merge``). No ``helm`` binary is needed.
 """
 
 from __future__ import annotations
@@ -31,15 +36,47 @@ from cdc_platform.config import CONFIG_ENV, ConfigError, parse_settings
 from cdc_platform.defs.dbt import project as dbt_project
 from cdc_platform.defs.streaming import definitions as streaming_defs
 from cdc_platform.defs.streaming.runner import STOP_GRACE_SECONDS
+from cdc_platform.lake.iceberg import catalog_properties, iceberg_jar
+from cdc_platform.lake.s3 import JARS_ENV, S3_FILE_IO, is_s3_url
+from cdc_platform.lake.spark import settings_conf
 
 ROOT = Path(__file__).resolve().parents[2]
 HELM = ROOT / "helm"
 ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:-[^}]*)?\}")
+#: The value files of each storage layout, in the order `helm -f` takes them.
+LAYOUTS = {"s3": ("values.yaml",), "shared-volume": ("values.yaml", "values-shared-volume.yaml")}
+IRSA_ANNOTATION = "eks.amazonaws.com/role-arn"
+
+
+def _helm_merge(base: Any, overlay: Any) -> Any:
+    """``overlay`` over ``base`` as Helm coalesces value files: maps merge key by key, a null
+    deletes the key, anything else (lists included) replaces."""
+    if not isinstance(base, dict) or not isinstance(overlay, dict):
+        return overlay
+    merged = dict(base)
+    for key, value in overlay.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = _helm_merge(base.get(key), value)
+    return merged
+
+
+def _values(layout: str) -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    for name in LAYOUTS[layout]:
+        merged = _helm_merge(merged, yaml.safe_load((HELM / name).read_text()))
+    return merged
+
+
+@pytest.fixture(scope="module", params=sorted(LAYOUTS))
+def layout(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture(scope="module")
-def values() -> dict[str, Any]:
-    return yaml.safe_load((HELM / "values.yaml").read_text())
+def values(layout: str) -> dict[str, Any]:
+    return _values(layout)
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +186,7 @@ def test_secrets_come_from_kubernetes_secrets_that_the_install_steps_create(valu
             assert "valueFrom" in item, f"{name} is set inline in helm/values.yaml"
 
 
-def test_embedded_config_validates_and_points_into_mounted_volumes(deployment, env):
+def test_embedded_config_validates_and_points_into_mounted_volumes(layout, deployment, env):
     settings = _settings_with_values_env(env)
     config_file = Path(env[CONFIG_ENV]["value"])
     mounts = {m["name"]: m["mountPath"] for m in deployment["volumeMounts"]}
@@ -159,10 +196,85 @@ def test_embedded_config_validates_and_points_into_mounted_volumes(deployment, e
     config_map = volumes[config_volume]["configMap"]["name"]
     assert (f"create configmap {config_map} --from-file={config_file.name}="
             "helm/cdc-platform-config.yaml") in (HELM / "README.md").read_text()
-    for url in (settings.landing_zone.url, settings.warehouse.url):
-        assert any(Path(url).is_relative_to(path) for name, path in mounts.items()
-                   if "persistentVolumeClaim" in volumes[name]), url
+    claims = [name for name, volume in volumes.items() if "persistentVolumeClaim" in volume]
+    if layout == "s3":  # no volume to share: the data is in a bucket, the tables in a catalog
+        assert not claims
+        for url in (settings.landing_zone.url, settings.warehouse.url):
+            assert is_s3_url(url), url
+    else:
+        for url in (settings.landing_zone.url, settings.warehouse.url):
+            assert any(Path(url).is_relative_to(mounts[name]) for name in claims), url
+        assert settings.warehouse.catalog.type == "hadoop"
     assert settings.spark.master == env["CDC_SPARK_MASTER"]["value"]
+
+
+def test_s3_layout_has_a_rest_catalog_and_the_region_and_endpoint_of_the_values(layout, env):
+    if layout != "s3":
+        pytest.skip("the S3 layout's storage")
+    settings = _settings_with_values_env(env)
+    catalog = settings.warehouse.catalog
+    assert (catalog.type, catalog.uri) == ("rest", env["CDC_ICEBERG_REST_URI"]["value"])
+    assert catalog.uri.startswith(("http://", "https://"))
+    assert settings.s3.region == env["AWS_REGION"]["value"]
+    assert settings.s3.endpoint_url == env["CDC_S3_ENDPOINT_URL"]["value"] == ""  # AWS's own
+    assert settings.s3.path_style is False
+    properties = catalog_properties(settings.warehouse.url, catalog, settings.s3)
+    assert properties["io-impl"] == S3_FILE_IO
+    assert properties["client.region"] == env["AWS_REGION"]["value"]
+    assert properties["rest.auth.type"] == env["CDC_ICEBERG_REST_AUTH"]["value"]
+    assert "s3.endpoint" not in properties
+    # A store on another server: endpoint and path-style addressing come from the values too.
+    custom = {**env, "CDC_S3_ENDPOINT_URL": {"value": "http://minio.storage:9000"},
+              "CDC_S3_PATH_STYLE": {"value": "true"}}
+    s3 = _settings_with_values_env(custom).s3
+    assert (s3.endpoint_url, s3.path_style) == ("http://minio.storage:9000", True)
+
+
+def test_s3_credentials_come_from_the_service_accounts_role_never_the_values(layout, values,
+                                                                            deployment, env):
+    account = values["dagster-user-deployments"]["serviceAccount"]
+    annotations = account.get("annotations") or {}
+    if layout == "shared-volume":
+        assert IRSA_ANNOTATION not in annotations  # the overlay drops the role
+        return
+    assert account["create"] is True and account["name"]
+    assert re.fullmatch(r"arn:aws:iam::\d{12}:role/[\w+=,.@/-]+", annotations[IRSA_ANNOTATION])
+    # runs get the code server's service account (and its env) only with this on
+    assert deployment["includeConfigInLaunchedRuns"]["enabled"] is True
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        assert name not in env or "value" not in env[name], f"{name} inline in the values"
+    # the alternative without IRSA: a Secret of the two keys, made by the install steps
+    readme = (HELM / "README.md").read_text()
+    assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= _secret_keys()
+    assert "eks.amazonaws.com/role-arn" in readme
+
+
+def test_the_s3_layouts_sessions_take_the_images_s3_jars(layout, env, tmp_path, monkeypatch):
+    """The image downloads the S3 jars into $CDC_PLATFORM_S3_JARS; a session of the S3
+    layout puts exactly those on spark.jars, beside the Iceberg runtime of the same version."""
+    if layout != "s3":
+        pytest.skip("the S3 layout's sessions")
+    dockerfile = _dockerfile()
+    jars_dir = re.search(rf"^ENV {JARS_ENV}=(\S+)", dockerfile, re.M).group(1)
+    assert JARS_ENV not in env or env[JARS_ENV]["value"] == jars_dir
+    paths = re.search(r'ARG S3_JARS="([^"]+)"', dockerfile).group(1).split()
+    names = {path.rsplit("/", 1)[-1] for path in paths if path.endswith(".jar")}
+    assert len(names) == 3
+    runtime_version = re.search(r"-(\d+\.\d+\.\d+)\.jar$", iceberg_jar()).group(1)
+    assert f"iceberg-aws-bundle-{runtime_version}.jar" in names
+    pyspark_jars = Path(importlib.util.find_spec("pyspark").submodule_search_locations[0]) / "jars"
+    hadoop = re.search(r"hadoop-client-api-(\S+)\.jar",
+                       " ".join(p.name for p in pyspark_jars.glob("hadoop-client-api-*.jar")))
+    assert f"hadoop-aws-{hadoop.group(1)}.jar" in names
+    image_jars = tmp_path / "s3-jars"  # the image's directory, here with empty stand-ins
+    image_jars.mkdir()
+    for name in names:
+        (image_jars / name).touch()
+    monkeypatch.setenv(JARS_ENV, str(image_jars))
+    conf = settings_conf(_settings_with_values_env(env))
+    on_session = {Path(jar).name for jar in conf["spark.jars"].split(",")}
+    assert names <= on_session and Path(iceberg_jar()).name in on_session
+    assert conf["spark.hadoop.fs.s3a.endpoint.region"] == env["AWS_REGION"]["value"]
 
 
 def test_a_typo_in_the_embedded_config_would_be_caught(env, monkeypatch):
