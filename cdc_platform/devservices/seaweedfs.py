@@ -18,12 +18,13 @@ Layout of ``base_dir``::
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import sys
 import sysconfig
 import tempfile
-import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from dataclasses import dataclass, field
@@ -263,7 +264,7 @@ class SeaweedFS(ManagedService):
 
     def _is_ready(self) -> bool:
         """The S3 gateway answers a signed request (it needs the filer, which needs the
-        master and a volume), and the catalog its config endpoint."""
+        master and a volume), and the catalog serves the table bucket."""
         assert self.port is not None
         if not port_accepts(self.host, self.port):
             return False
@@ -271,13 +272,27 @@ class SeaweedFS(ManagedService):
             self.client().list_buckets()
         except Exception:
             return False
-        if self.table_bucket:
-            try:
-                with urllib.request.urlopen(f"{self.catalog_uri}/v1/config", timeout=2):
-                    pass
-            except (urllib.error.URLError, OSError):
-                return False
-        return True
+        return not self.table_bucket or self._catalog_serves_table_bucket()
+
+    def _catalog_serves_table_bucket(self) -> bool:
+        """The catalog lists the table bucket's namespaces. Its config endpoint answers
+        before the bucket exists (the server creates it shortly after its ports open), and a
+        client starting in between (a demo's first Spark session) fails on a missing
+        warehouse. Asked with an OAuth2 token for the S3 keys (no SigV4 signer needed)."""
+        try:
+            token_request = urllib.request.Request(
+                f"{self.catalog_uri}/v1/oauth/tokens", data=urllib.parse.urlencode({
+                    "grant_type": "client_credentials", "client_id": self.access_key,
+                    "client_secret": self.secret_key, "scope": "catalog"}).encode())
+            with urllib.request.urlopen(token_request, timeout=5) as answer:
+                token = json.load(answer)["access_token"]
+            listing = urllib.request.Request(
+                f"{self.catalog_uri}/v1/{self.table_bucket}/namespaces",
+                headers={"Authorization": f"Bearer {token}"})
+            with urllib.request.urlopen(listing, timeout=5) as answer:
+                return bool(answer.status == 200)
+        except (OSError, KeyError, ValueError):  # URLError and HTTPError are OSErrors
+            return False
 
     def _failure_hint(self) -> str:
         return (f"Fix the cause shown in the log above. If the data directory is damaged (test "
