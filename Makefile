@@ -3,13 +3,16 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 export PYSPARK_PYTHON := $(abspath .venv/bin/python)
 
-.PHONY: bootstrap demo ui test torture lint unit bench stream clean
+.PHONY: bootstrap demo demo-s3 ui test torture lint unit bench stream clean
 
 bootstrap:  ## Debian packages if missing, .venv with the package installed (idempotent)
 	@bash scripts/bootstrap.sh
 
 demo: bootstrap  ## the zero-configuration demo: stream, materialise, reconcile, summary
 	$(PY) -m cdc_platform demo
+
+demo-s3: bootstrap  ## the same demo with the landing zone and the lake on a private SeaweedFS (S3, Iceberg REST catalog)
+	$(PY) -m cdc_platform demo --s3
 
 UI_PORT ?= 3000
 ui: bootstrap  ## Dagster UI (dagster dev) on the demo config and its services; Ctrl-C stops all

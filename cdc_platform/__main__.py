@@ -5,7 +5,8 @@
   snapshot          snapshot one table in the foreground, or pause/resume/stop its session
   signal            send a signal (execute-snapshot, stop/pause/resume-snapshot, log) to the
                     signal topic, as an operator would with a Kafka console producer
-  demo              the zero-configuration demo (what ``make demo`` runs)
+  demo              the zero-configuration demo (what ``make demo`` runs; ``--s3``: on a
+                    private S3 server and REST catalog, what ``make demo-s3`` runs)
   ui                start the demo's services and ``dagster dev`` on the demo config
 
 ``demo`` and ``ui`` stop everything they started on Ctrl-C, SIGTERM or SIGHUP, and leave no
@@ -201,7 +202,7 @@ def _signal(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from cdc_platform.demo.run import run_demo
 
-    return run_demo(orders=args.orders, workload_seconds=args.workload_seconds)
+    return run_demo(orders=args.orders, workload_seconds=args.workload_seconds, s3=args.s3)
 
 
 def _ui(args: argparse.Namespace) -> int:
@@ -277,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--orders", type=int, default=100_000, help="initial orders (default 100k)")
     demo.add_argument("--workload-seconds", type=float, default=20.0,
                       help="how long the write workload runs while streaming")
+    demo.add_argument("--s3", action="store_true",
+                      help="the landing zone and the lake on a private SeaweedFS (S3) with its "
+                      "Iceberg REST catalog (what `make demo-s3` runs)")
     demo.set_defaults(run=_demo)
 
     ui = commands.add_parser("ui", help="dagster dev on the demo config")

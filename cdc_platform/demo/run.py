@@ -9,6 +9,9 @@ run, which finishes while the workload still writes; then ``materialise_targets`
 changes into the lake tables and reconciles each against the source, and ``build_dbt_models``
 builds the dbt models on them. Runs land in ``.cdc/dagster_home``, so ``make ui`` shows them
 afterwards.
+
+``make demo-s3`` (``--s3``) runs the same demo with the landing zone and the lake on a private
+SeaweedFS and its Iceberg REST catalog (``demo.object_storage``).
 """
 
 from __future__ import annotations
@@ -25,9 +28,12 @@ from typing import Any
 
 import yaml
 
+from cdc_platform.capture.landing.zone import changelog_parts
 from cdc_platform.capture.landing_contract import TS_MS
+from cdc_platform.config import CONFIG_ENV
 from cdc_platform.devservices.kafka import TansuBroker
 from cdc_platform.devservices.mariadb import MariaDBServer
+from cdc_platform.devservices.seaweedfs import SeaweedFS
 from cdc_platform.devservices.supervisor import Interrupted, ProcessSupervisor
 
 CDC_HOME = Path(os.environ.get("CDC_HOME", ".cdc")).absolute()
@@ -64,7 +70,11 @@ SNAPSHOT_TABLE = "inventory.orders"
 SNAPSHOT_RUN_TIMEOUT_SECONDS = 600.0
 
 
-def _environment(server: MariaDBServer, broker: TansuBroker) -> dict[str, str]:
+def _environment(server: MariaDBServer, broker: TansuBroker,
+                 s3: SeaweedFS | None = None) -> dict[str, str]:
+    """The environment of the demo's processes: its services, its Dagster home, and the
+    embedded demo config, or with ``s3`` the object-storage config written beside it and the
+    S3 server's credentials (in the AWS variables, never in a file)."""
     env = dict(os.environ)
     env.update({
         "CDC_HOME": str(CDC_HOME),
@@ -75,8 +85,26 @@ def _environment(server: MariaDBServer, broker: TansuBroker) -> dict[str, str]:
         "DAGSTER_HOME": str(DAGSTER_HOME),
         "PYSPARK_PYTHON": sys.executable,
     })
-    env.pop("CDC_PLATFORM_CONFIG", None)  # the embedded demo config
+    env.pop(CONFIG_ENV, None)  # the embedded demo config
+    if s3 is not None:
+        from cdc_platform.demo import object_storage
+
+        env = {key: value for key, value in env.items() if not key.startswith("AWS_")}
+        env.update(object_storage.environment(s3))
+        env[CONFIG_ENV] = str(object_storage.write_config(DEMO_DIR / "config.yaml",
+                                                          DEMO_CONFIG_PATH, s3))
     return env
+
+
+def _demo_settings(env: dict[str, str]) -> Any:
+    """The config the demo's runs load, read as they read it: their environment becomes the
+    demo process's own (its clients reach the same services with the same credentials)."""
+    from cdc_platform.config import load_settings
+
+    for key in [key for key in os.environ if key not in env]:
+        del os.environ[key]
+    os.environ.update(env)
+    return load_settings()
 
 
 def _broker() -> TansuBroker:
@@ -221,17 +249,18 @@ def _snapshot_summary(run: Any) -> str:
             f"GTID {meta.get('start_gtid')} .. {meta.get('end_gtid')}")
 
 
-def run_demo(orders: int = 100_000, workload_seconds: float = 20.0) -> int:
-    """The demo; Ctrl-C or SIGTERM stops it and everything it started (exit code 128 + the
-    signal's number)."""
+def run_demo(orders: int = 100_000, workload_seconds: float = 20.0, s3: bool = False) -> int:
+    """The demo (``s3``: on a private SeaweedFS, see ``demo.object_storage``); Ctrl-C or
+    SIGTERM stops it and everything it started (exit code 128 + the signal's number)."""
     try:
         with ProcessSupervisor() as supervisor:
-            return _run_demo(supervisor, orders, workload_seconds)
+            return _run_demo(supervisor, orders, workload_seconds, s3)
     except Interrupted as stop:
         return stop.exit_code
 
 
-def _run_demo(supervisor: ProcessSupervisor, orders: int, workload_seconds: float) -> int:
+def _run_demo(supervisor: ProcessSupervisor, orders: int, workload_seconds: float,
+              s3: bool = False) -> int:
     from cdc_platform.demo.inventory import Workload, create_schema, load_initial_data
 
     if DEMO_DIR.exists():
@@ -247,11 +276,11 @@ def _run_demo(supervisor: ProcessSupervisor, orders: int, workload_seconds: floa
     workload: Workload | None = None
     try:
         supervisor.start_service(broker)
-        env = _environment(server, broker)
-        from cdc_platform.config import parse_settings
+        seaweedfs = _start_seaweedfs(supervisor) if s3 else None
+        env = _environment(server, broker, seaweedfs)
         from cdc_platform.defs.signals.sensors import sensor_name
 
-        settings = parse_settings(yaml.safe_load(DEMO_CONFIG_PATH.read_text()), "demo config")
+        settings = _demo_settings(env)
         sensor = sensor_name(settings)
         _say("starting the Dagster daemon (runs the signal sensor and launches its runs)")
         daemon = _dagster_daemon(supervisor, env)
@@ -299,7 +328,7 @@ def _run_demo(supervisor: ProcessSupervisor, orders: int, workload_seconds: floa
         if code == 0:
             _say("building the dbt models on the lake tables (job build_dbt_models)")
             code = _dagster_job(supervisor, env, "build_dbt_models")
-        ok = _print_summary(server, env) and code == 0
+        ok = _print_summary(server, env, settings, seaweedfs) and code == 0
         _say("all tables reconcile: zero differences" if ok else
              f"differences found or a run failed: see {DEMO_DIR}/*.log")
         print()
@@ -314,16 +343,35 @@ def _run_demo(supervisor: ProcessSupervisor, orders: int, workload_seconds: floa
         # and the server
 
 
-def _print_summary(server: MariaDBServer, env: dict[str, str]) -> bool:
-    """Per table: source rows, target rows, differences, events streamed, lag."""
+def _start_seaweedfs(supervisor: ProcessSupervisor) -> SeaweedFS:
+    """The S3 server of ``--s3``, with its buckets, stopped with the demo."""
+    from cdc_platform.demo import object_storage
+
+    server = object_storage.demo_seaweedfs(DEMO_DIR / "seaweedfs")
+    _say(f"starting a private SeaweedFS in {server.base_dir} (S3 and an Iceberg REST catalog) "
+         "for the landing zone and the lake")
+    supervisor.start_service(server)
+    object_storage.create_buckets(server)
+    _say(f"landing zone {object_storage.LANDING_URL}, warehouse {object_storage.WAREHOUSE_URL} "
+         f"(REST catalog {server.catalog_uri}) on S3 at {server.endpoint_url}; config "
+         f"{DEMO_DIR / 'config.yaml'}")
+    return server
+
+
+def _print_summary(server: MariaDBServer, env: dict[str, str], settings: Any,
+                   s3: SeaweedFS | None = None) -> bool:
+    """Per table: source rows, target rows, differences, events streamed, lag. With ``s3``,
+    target rows are read with pyiceberg through the REST catalog."""
     os.environ["DAGSTER_HOME"] = env["DAGSTER_HOME"]
     import dagster as dg
 
-    from cdc_platform.capture.landing.zone import LandingZone
+    from cdc_platform.capture.landing.zone import LandingReader
 
     instance = dg.DagsterInstance.get()
-    landing = LandingZone(str(DEMO_DIR / "landing"), "demo")
+    landing = LandingReader.open(settings.landing_zone.url, settings.source.server_name,
+                                 s3=settings.s3.options())
     checkpoint = landing.read_checkpoint()
+    catalog_rows = _catalog_rows(s3, settings.source.server_name) if s3 is not None else None
     events = _events_by_table(landing)
     print()
     print(f"{'table':<24}{'source rows':>12}{'target rows':>12}{'differences':>12}"
@@ -335,8 +383,11 @@ def _print_summary(server: MariaDBServer, env: dict[str, str]) -> bool:
             source_rows = cur.fetchone()[0]
             key = dg.AssetKey(["demo", "inventory", table])
             event = instance.get_latest_materialization_event(key)
-            target_rows = "-"
-            if event and event.asset_materialization:
+            target_rows: Any = "-"
+            if catalog_rows is not None:
+                target_rows = catalog_rows.get(table)
+                target_rows = "-" if target_rows is None else target_rows
+            elif event and event.asset_materialization:
                 target_rows = event.asset_materialization.metadata["rows"].value
             differences: Any = "?"
             check = _latest_check(instance, key)
@@ -352,7 +403,20 @@ def _print_summary(server: MariaDBServer, env: dict[str, str]) -> bool:
           f"to its landing (1 s clock resolution)\nstreamed up to GTID "
           f"{checkpoint.gtid if checkpoint else '-'}; inventory.audit_log is excluded by the demo "
           "config, and inventory.customers.password_hash never leaves the engine")
+    if s3 is not None:
+        print(f"landing zone {settings.landing_zone.url} and warehouse {settings.warehouse.url} "
+              f"on S3 ({s3.endpoint_url}); target rows read with pyiceberg through the Iceberg "
+              f"REST catalog {s3.catalog_uri}")
     return all_ok
+
+
+def _catalog_rows(s3: SeaweedFS, server_name: str) -> dict[str, int | None]:
+    """The targets' rows as the REST catalog serves them (``object_storage.target_rows``)."""
+    from cdc_platform.demo.object_storage import target_rows
+    from cdc_platform.lake.iceberg.catalog import namespace_name
+
+    return target_rows(s3, namespace_name(server_name, "inventory"),
+                       ["customers", "products", "orders"])
 
 
 def _events_by_table(landing: Any) -> dict[str, tuple[int, float | None]]:
@@ -361,14 +425,21 @@ def _events_by_table(landing: Any) -> dict[str, tuple[int, float | None]]:
     import pyarrow.parquet as pq
 
     found: dict[str, tuple[int, float | None]] = {}
+    store = landing.store
     for table in ("customers", "products", "orders"):
-        segments = landing.segments("inventory", table)
-        count = sum(pq.ParquetFile(path).metadata.num_rows for _, _, path in segments)
+        parts = changelog_parts("inventory", table)
+        names = [name for _, _, name in landing.segment_names("inventory", table)]
+        count = 0
+        for name in names:
+            fs, path = store.arrow(*parts, name)
+            with fs.open_input_file(path) as file:
+                count += pq.ParquetFile(file).metadata.num_rows
         lag = None
-        if segments:
-            newest = segments[-1][2]
-            committed_ms = pc.max(pq.read_table(newest, columns=[TS_MS])[0]).as_py()
-            lag = max(0.0, newest.stat().st_mtime - committed_ms / 1000)
+        if names:
+            fs, path = store.arrow(*parts, names[-1])
+            committed_ms = pc.max(pq.read_table(path, filesystem=fs, columns=[TS_MS])[0]).as_py()
+            landed = next(f.mtime for f in store.list_files(*parts) if f.name == names[-1])
+            lag = max(0.0, landed - committed_ms / 1000)
         found[table] = (count, lag)
     return found
 
