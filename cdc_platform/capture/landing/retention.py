@@ -59,9 +59,10 @@ the next one finishes its work. One sweep runs at a time per landing folder (an 
 ``retention.lock``; on object storage the lease ``retention.lease``; a second one returns at
 once, ``skipped``).
 
-On object storage (an ``s3://`` landing zone) segments are deleted by the same rules, with
-sizes and ages from the listing (``FileStore.list_files``: an object's age is its upload
-time); compaction, snapshot chunks and temporary files are local-only for now.
+On object storage (an ``s3://`` landing zone) segments and snapshot chunks are deleted by the
+same rules, through the same code, with sizes and ages from the listing
+(``FileStore.list_files``: an object's age is its upload time); compaction is local-only for
+now (it reads and writes local paths), and there are no temporary files there (a PUT is whole).
 """
 
 from __future__ import annotations
