@@ -28,9 +28,9 @@ from typing import Any
 
 import yaml
 
-from cdc_platform.capture.landing.zone import changelog_parts
+from cdc_platform.capture.landing.zone import LandingReader, changelog_parts
 from cdc_platform.capture.landing_contract import TS_MS
-from cdc_platform.config import CONFIG_ENV
+from cdc_platform.config import CONFIG_ENV, Settings
 from cdc_platform.devservices.kafka import TansuBroker
 from cdc_platform.devservices.mariadb import MariaDBServer
 from cdc_platform.devservices.seaweedfs import SeaweedFS
@@ -96,7 +96,7 @@ def _environment(server: MariaDBServer, broker: TansuBroker,
     return env
 
 
-def _demo_settings(env: dict[str, str]) -> Any:
+def _demo_settings(env: dict[str, str]) -> Settings:
     """The config the demo's runs load, read as they read it: their environment becomes the
     demo process's own (its clients reach the same services with the same credentials)."""
     from cdc_platform.config import load_settings
@@ -358,14 +358,12 @@ def _start_seaweedfs(supervisor: ProcessSupervisor) -> SeaweedFS:
     return server
 
 
-def _print_summary(server: MariaDBServer, env: dict[str, str], settings: Any,
+def _print_summary(server: MariaDBServer, env: dict[str, str], settings: Settings,
                    s3: SeaweedFS | None = None) -> bool:
     """Per table: source rows, target rows, differences, events streamed, lag. With ``s3``,
     target rows are read with pyiceberg through the REST catalog."""
     os.environ["DAGSTER_HOME"] = env["DAGSTER_HOME"]
     import dagster as dg
-
-    from cdc_platform.capture.landing.zone import LandingReader
 
     instance = dg.DagsterInstance.get()
     landing = LandingReader.open(settings.landing_zone.url, settings.source.server_name,
@@ -419,8 +417,9 @@ def _catalog_rows(s3: SeaweedFS, server_name: str) -> dict[str, int | None]:
                        ["customers", "products", "orders"])
 
 
-def _events_by_table(landing: Any) -> dict[str, tuple[int, float | None]]:
-    """Records landed per table, and the lag of its newest change (landed - committed)."""
+def _events_by_table(landing: LandingReader) -> dict[str, tuple[int, float | None]]:
+    """Records landed per table, and the lag of its newest change (landed - committed: the
+    segment's modification or upload time), read through the file layer on either store."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
