@@ -363,3 +363,32 @@ def test_seaweedfs_stopped_under_the_streaming_engine_loses_and_repeats_nothing(
     for failure in supervisor.failures:  # a stop is loud: the state's reason, or one line
         assert "-> failed (" in failure or "cdc_platform stream: landing_zone.url" in failure, \
             failure
+
+
+def test_a_cli_engine_start_on_wrong_credentials_or_no_bucket_is_one_line(
+        cdc_env: CdcEnv, seaweedfs: SeaweedFS, s3_env: dict[str, str]):
+    """``python -m cdc_platform stream`` as a user runs it: one line on stderr naming
+    ``landing_zone.url`` and what to fix, no traceback, exit code 1; never the secret."""
+    env = cdc_env
+    url, config = _configure(env, seaweedfs)
+
+    def start(**aws: str) -> str:
+        child = subprocess.run(
+            [sys.executable, "-m", "cdc_platform", "stream", "--config", str(config)],
+            capture_output=True, text=True, timeout=120, cwd=REPO,
+            env={**os.environ, **aws})
+        assert child.returncode == 1, child.stderr[-3000:]
+        assert "Traceback" not in child.stderr, child.stderr[-3000:]
+        lines = child.stderr.strip().splitlines()
+        return lines[-1]
+
+    line = start(AWS_SECRET_ACCESS_KEY="not-the-secret-at-all")
+    assert line.startswith(f"cdc_platform stream: landing_zone.url {url}/{env.server_name}: "
+                           "access denied"), line
+    assert "not-the-secret" not in line
+    env.overrides["landing_zone"] = {"url": "s3://no-such-bucket-here/landing"}
+    config = env.write_config()
+    line = start()
+    assert line == (f"cdc_platform stream: landing_zone.url s3://no-such-bucket-here/landing/"
+                    f"{env.server_name}: bucket 'no-such-bucket-here' does not exist; create it "
+                    "or fix the URL"), line

@@ -259,3 +259,28 @@ def test_seaweedfs_restarting_under_merges_leaves_exactly_the_changelog_rows(
     assert rows == expected
     assert _pyiceberg_rows(seaweedfs) == expected
     print(f"merges under a server restart: {outcomes}")
+
+
+def test_the_lake_reading_an_s3_zone_with_wrong_credentials_or_no_bucket_is_one_line(
+        seaweedfs: SeaweedFS, monkeypatch: pytest.MonkeyPatch):
+    """What a merge and the applier open first (the changelog's checkpoint) names
+    ``landing_zone.url`` and the fix in one line, never the secret."""
+    from cdc_platform.capture.s3store import ObjectStoreError
+    from cdc_platform.capture.start_errors import describe_start_error
+    from cdc_platform.lake.changelog import TableChangelog
+
+    for name, value in seaweedfs.client_env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret-at-all")
+    with pytest.raises(ObjectStoreError) as denied:
+        TableChangelog.open(LANDING, SERVER_NAME, DATABASE, TABLE,
+                            s3=_options(seaweedfs)).checkpoint()
+    line = describe_start_error(denied.value)
+    assert line is not None and "\n" not in line and "not-the-secret" not in line
+    assert line.startswith(f"landing_zone.url {LANDING}/{SERVER_NAME}: access denied"), line
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", seaweedfs.secret_key)
+    with pytest.raises(ObjectStoreError, match=r"^landing_zone.url s3://no-such-bucket/zone/"
+                                               r"faults: bucket 'no-such-bucket' does not "
+                                               r"exist; create it or fix the URL$"):
+        TableChangelog.open("s3://no-such-bucket/zone", SERVER_NAME, DATABASE, TABLE,
+                            s3=_options(seaweedfs)).checkpoint()
