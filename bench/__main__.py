@@ -64,9 +64,11 @@ from typing import Any
 import pyarrow as pa
 
 from bench._engine import engine_peak_rss, run_engine
+from bench._s3 import BenchS3
 from bench._tables import SNAPSHOT_COLUMNS, SNAPSHOT_DB, SNAPSHOT_TABLE, fill_snapshot_table
 from cdc_platform.capture.engine import EngineOptions
 from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
+from cdc_platform.capture.s3store import S3Options
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.source import TableSelector
 from cdc_platform.devservices.mariadb import MariaDBServer, gtid_position_covers
@@ -150,8 +152,10 @@ def _timed(command: list[str]) -> float:
     return time.perf_counter() - started
 
 
-def _engine(server: MariaDBServer, landing: Path) -> tuple[int, float, int]:
-    """The capture engine in a fresh process until caught up: (records, seconds, peak RSS)."""
+def _engine(server: MariaDBServer, landing: Path | str, s3: S3Options | None = None
+            ) -> tuple[int, float, int]:
+    """The capture engine in a fresh process until caught up: (records, seconds, peak RSS).
+    ``landing``: a directory, or an s3:// URL with its ``s3`` options."""
     options = EngineOptions(
         server_name="bench", flavour="mariadb", server_id=7002,
         connection_settings=server.connection_settings(),
@@ -160,7 +164,8 @@ def _engine(server: MariaDBServer, landing: Path) -> tuple[int, float, int]:
         selector=TableSelector(include=(r"bench\..*",)), heartbeat_seconds=0.1)
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    child = context.Process(target=engine_peak_rss, args=(options, str(landing), "bench", results))
+    child = context.Process(target=engine_peak_rss, args=(options, str(landing), "bench", results,
+                                                          s3))
     child.start()
     records, seconds, _, peak = results.get()
     child.join()
@@ -171,8 +176,9 @@ def _mb(size: int) -> str:
     return f"{size / 2**20:,.0f} MB"
 
 
-def bench_streaming(rows: int, work: Path) -> None:
-    print(f"\n## streaming: {rows:,} inserted rows + updates, one binlog, same machine")
+def bench_streaming(rows: int, work: Path, s3: BenchS3 | None = None) -> None:
+    print(f"\n## streaming: {rows:,} inserted rows + updates, one binlog, same machine"
+          + ("; the engine again to an S3 landing zone (SeaweedFS, same machine)" if s3 else ""))
     server = MariaDBServer(base_dir=work / "mariadb", server_id=1)
     server.start()
     try:
@@ -180,6 +186,8 @@ def bench_streaming(rows: int, work: Path) -> None:
         native_s = _native_binlog_decoder(server)
         bare_rows, bare_s = _bare_loop(server, final)
         engine_rows, engine_s, engine_rss = _engine(server, work / "landing")
+        on_s3 = (_engine(server, s3.landing_url("bench-streaming"), s3.options())
+                 if s3 is not None else None)
     finally:
         server.stop()
     bare_rate, engine_rate = bare_rows / bare_s, engine_rows / engine_s
@@ -193,6 +201,13 @@ def bench_streaming(rows: int, work: Path) -> None:
     print(f"ratio engine/native: {engine_rate / native_rate:.2f}  (goal >= 0.50; and >= 60,000 "
           f"rows/s: {engine_rate:,.0f})")
     print(f"ratio engine/bare: {engine_rate / bare_rate:.2f}  (goal >= 0.80)")
+    if on_s3 is not None:
+        s3_rows, s3_s, s3_rss = on_s3
+        s3_rate = s3_rows / s3_s
+        print(f"capture engine (to S3):      {s3_rows:>9,} rows in {s3_s:6.2f}s = "
+              f"{s3_rate:>9,.0f} rows/s; engine peak RSS {_mb(s3_rss)}")
+        print(f"ratio engine on S3/local: {s3_rate / engine_rate:.2f}; on S3/bare: "
+              f"{s3_rate / bare_rate:.2f}")
 
 
 def _segment(schema: TableSchema, ids: list[int], ops: list[str], first_pos: int) -> pa.Table:
@@ -355,7 +370,8 @@ class _EngineProcess:
     (the snapshot run is another process); stopped on exit, when it reports its peak RSS."""
 
     def __init__(self, server: MariaDBServer, landing: LandingZone,
-                 options: EngineOptions | int) -> None:
+                 options: EngineOptions | int, landing_url: str | None = None,
+                 s3: S3Options | None = None) -> None:
         if isinstance(options, int):  # a server id: the snapshot benchmark's engine
             options = EngineOptions(
                 server_name=landing.server_name, flavour="mariadb", server_id=options,
@@ -367,8 +383,9 @@ class _EngineProcess:
         self.results = context.Queue()
         self.peak_rss = 0
         self.process = context.Process(
-            target=run_engine, args=(options, str(landing.root.parent), landing.server_name,
-                                      self.stop, self.results), name="bench-engine", daemon=True)
+            target=run_engine, args=(options, landing_url or str(landing.root.parent),
+                                     landing.server_name, self.stop, self.results, s3),
+            name="bench-engine", daemon=True)
 
     def __enter__(self) -> _EngineProcess:
         self.process.start()
@@ -460,21 +477,23 @@ class _WriteLoad:
         return self.changes / self.seconds if self.seconds > 0 else 0.0
 
 
-def _snapshot_once(server: MariaDBServer, landing_dir: Path, server_id: int,
-                   load_rate: float | None) -> tuple[Any, _WriteLoad | None, int]:
+def _snapshot_once(server: MariaDBServer, landing_dir: Path | str, server_id: int,
+                   load_rate: float | None, s3: S3Options | None = None
+                   ) -> tuple[Any, _WriteLoad | None, int]:
     """One snapshot of the table by the real reader and engine, with the default chunk size;
-    under a concurrent write load when ``load_rate`` is given. Also the engine's peak RSS."""
+    under a concurrent write load when ``load_rate`` is given. Also the engine's peak RSS.
+    ``landing_dir``: a directory, or an s3:// URL with its ``s3`` options."""
     from cdc_platform.capture import source as source_sql
     from cdc_platform.capture.snapshot.reading.reader import SnapshotReader
 
-    landing = LandingZone(str(landing_dir), "snap")
+    landing = LandingZone(str(landing_dir), "snap", s3=s3)
     selector = TableSelector(include=(rf"{SNAPSHOT_DB}\..*",))
     settings = server.connection_settings()
     with source_sql.source_connection(settings) as conn:
         schema = selector.shape(source_sql.read_table_schema(conn, SNAPSHOT_DB, SNAPSHOT_TABLE))
     reader = SnapshotReader(landing, settings, "mariadb", schema, selector=selector)
     load = _WriteLoad(server, _max_id(server), load_rate) if load_rate else None
-    engine = _EngineProcess(server, landing, server_id)
+    engine = _EngineProcess(server, landing, server_id, str(landing_dir), s3)
     with engine:
         if load is None:
             result = reader.run()
@@ -501,7 +520,8 @@ def _native_select(server: MariaDBServer) -> float:
         "-e", f"SELECT {SNAPSHOT_COLUMNS} FROM {SNAPSHOT_DB}.{SNAPSHOT_TABLE}"])
 
 
-def bench_snapshot(rows: int, write_rate: float, work: Path) -> None:
+def bench_snapshot(rows: int, write_rate: float, work: Path, s3: BenchS3 | None = None
+                   ) -> None:
     from cdc_platform.capture.snapshot.protocol import DEFAULT_CHUNK_SIZE
 
     print(f"\n## snapshot: {rows:,}-row table, chunk size {DEFAULT_CHUNK_SIZE}, reader + capture "
@@ -518,6 +538,12 @@ def bench_snapshot(rows: int, write_rate: float, work: Path) -> None:
         idle, _, idle_rss = _snapshot_once(server, work / "landing-snap-idle", 7004, None)
         loaded, load, loaded_rss = _snapshot_once(server, work / "landing-snap-load", 7005,
                                                   write_rate)
+        on_s3 = []
+        if s3 is not None:
+            on_s3.append(_snapshot_once(server, s3.landing_url("bench-snap-idle"), 7006, None,
+                                        s3.options()))
+            on_s3.append(_snapshot_once(server, s3.landing_url("bench-snap-load"), 7007,
+                                        write_rate, s3.options()))
         again_s = _native_select(server)
     finally:
         server.stop()
@@ -528,8 +554,12 @@ def bench_snapshot(rows: int, write_rate: float, work: Path) -> None:
           f"{rows / again_s:,.0f} rows/s; ratios use the mean, {native_rate:,.0f})")
     print(f"bare pymysql keyset loop:   {bare_rows:>9,} rows in {bare_s:6.2f}s = "
           f"{bare_rows / bare_s:>9,.0f} rows/s")
-    for label, result, rss in (("snapshot, no writes:", idle, idle_rss),
-                               (f"snapshot, {write_rate:.0f} writes/s:", loaded, loaded_rss)):
+    runs = [("snapshot, no writes:", idle, idle_rss),
+            (f"snapshot, {write_rate:.0f} writes/s:", loaded, loaded_rss)]
+    if on_s3:
+        runs += [("snapshot to S3, no writes:", on_s3[0][0], on_s3[0][2]),
+                 (f"snapshot to S3, {write_rate:.0f} w/s:", on_s3[1][0], on_s3[1][2])]
+    for label, result, rss in runs:
         rate = result.rows / result.duration_seconds
         print(f"{label:<27} {result.rows:>9,} rows in {result.duration_seconds:6.2f}s = "
               f"{rate:>9,.0f} rows/s; {result.chunks} chunks, {result.rejected} rejected, "
@@ -542,6 +572,12 @@ def bench_snapshot(rows: int, write_rate: float, work: Path) -> None:
     print(f"ratio snapshot/bare keyset loop: {idle.rows_per_second / (bare_rows / bare_s):.2f}")
     print(f"ratio snapshot under writes/idle: "
           f"{loaded.rows_per_second / idle.rows_per_second:.2f}  (goal >= 0.70)")
+    if on_s3:
+        s3_idle, s3_loaded = on_s3[0][0], on_s3[1][0]
+        print(f"ratio snapshot on S3/local: {s3_idle.rows_per_second / idle.rows_per_second:.2f}"
+              f" (no writes), {s3_loaded.rows_per_second / loaded.rows_per_second:.2f} (under "
+              f"writes); on S3 under writes/idle: "
+              f"{s3_loaded.rows_per_second / s3_idle.rows_per_second:.2f}")
 
 
 def bench_large_transaction(rows: int, work: Path) -> None:
@@ -605,6 +641,10 @@ def main() -> int:
     parser.add_argument("--initial-load-rows", type=int, default=1_000_000)
     parser.add_argument("--only", type=_sections,
                         help=f"comma-separated sections to run: {', '.join(SECTIONS)}")
+    parser.add_argument("--s3", action=argparse.BooleanOptionalAction, default=True,
+                        help="also run streaming, snapshot and e2e with the landing zone (and "
+                        "e2e's lake) on a SeaweedFS the bench starts; --no-s3: local only "
+                        "(default: on)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the work directory (servers' data, logs, landing zones)")
     args = parser.parse_args()
@@ -620,22 +660,35 @@ def main() -> int:
 
 
 def _run(args: argparse.Namespace, only: tuple[str, ...], work: Path) -> None:
+    if args.s3 and set(only) & set(S3_SECTIONS):
+        from bench._s3 import seaweedfs
+
+        with seaweedfs(work) as s3:
+            _run_sections(args, only, work, s3)
+    else:
+        _run_sections(args, only, work, None)
+
+
+def _run_sections(args: argparse.Namespace, only: tuple[str, ...], work: Path,
+                  s3: BenchS3 | None) -> None:
     if "streaming" in only:
-        bench_streaming(args.stream_rows, work)
+        bench_streaming(args.stream_rows, work, s3)
     if "freshness" in only:
         bench_freshness(work, args.freshness_rate)
     if "lake" in only:
         bench_lake_merge([int(s) for s in args.lake_sizes.split(",")], args.batch, work)
     if "snapshot" in only:
-        bench_snapshot(args.snapshot_rows, args.snapshot_write_rate, work)
+        bench_snapshot(args.snapshot_rows, args.snapshot_write_rate, work, s3)
     if "large_transaction" in only:
         bench_large_transaction(args.large_transaction_rows, work)
     if "e2e" in only:
         from bench.lake_e2e import bench_e2e
 
+        retention = None if args.e2e_retention_hours < 0 else args.e2e_retention_hours
         for rate in (float(r) for r in args.e2e_rates.split(",")):
-            bench_e2e(rate, args.e2e_seconds, args.e2e_writers,
-                      None if args.e2e_retention_hours < 0 else args.e2e_retention_hours, work)
+            bench_e2e(rate, args.e2e_seconds, args.e2e_writers, retention, work)
+            if s3 is not None:
+                bench_e2e(rate, args.e2e_seconds, args.e2e_writers, retention, work, s3)
     if "initial-load" in only:
         from bench.initial_load import bench_initial_load
 
@@ -644,6 +697,7 @@ def _run(args: argparse.Namespace, only: tuple[str, ...], work: Path) -> None:
 
 SECTIONS = ("streaming", "freshness", "lake", "snapshot", "large_transaction", "e2e",
             "initial-load")
+S3_SECTIONS = ("streaming", "snapshot", "e2e")  # (with --s3: their rows on SeaweedFS too)
 
 
 def _sections(text: str) -> tuple[str, ...]:

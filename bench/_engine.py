@@ -9,6 +9,7 @@ from typing import Any
 
 from cdc_platform.capture.engine import CaptureEngine, EngineOptions
 from cdc_platform.capture.landing.zone import LandingZone
+from cdc_platform.capture.s3store import S3Options
 
 
 def rss_bytes(field: str = "VmHWM", pid: int | str = "self") -> int:
@@ -25,19 +26,20 @@ def rss_bytes(field: str = "VmHWM", pid: int | str = "self") -> int:
 
 
 def run_engine(options: EngineOptions, landing_url: str, server_name: str, stop: Any,
-               results: Any = None) -> None:
-    """Run an engine until ``stop`` is set; put (records, peak RSS) in ``results``."""
-    engine = CaptureEngine(options, LandingZone(landing_url, server_name))
+               results: Any = None, s3: S3Options | None = None) -> None:
+    """Run an engine until ``stop`` is set; put (records, peak RSS) in ``results``. ``s3``:
+    the options of an s3:// landing URL (credentials from the inherited AWS environment)."""
+    engine = CaptureEngine(options, LandingZone(landing_url, server_name, s3=s3))
     stats = engine.run(stop)
     if results is not None:
         results.put((stats.records, rss_bytes()))
 
 
 def engine_peak_rss(options: EngineOptions, landing_url: str, server_name: str,
-                    results: Any) -> None:
+                    results: Any, s3: S3Options | None = None) -> None:
     """Run an engine until caught up, in this (fresh) process; put (records, seconds, RSS
     before the run, peak RSS) in ``results``, RSS in bytes (VmHWM: the process's peak)."""
-    engine = CaptureEngine(options, LandingZone(landing_url, server_name))
+    engine = CaptureEngine(options, LandingZone(landing_url, server_name, s3=s3))
     before = rss_bytes("VmRSS")
     started = time.perf_counter()
     stats = engine.run(stop_when_caught_up=True)
