@@ -1,6 +1,6 @@
 """What the living-lake benchmarks share: a config file for the platform's own commands, and a
-third-party view of the lake (pyiceberg reading the Hadoop-catalog table's newest metadata, as
-any Iceberg reader would; no Spark in the bench process)."""
+third-party view of the lake (pyiceberg reading the Hadoop-catalog table's newest metadata, or
+the REST catalog's on S3, as any Iceberg reader would; no Spark in the bench process)."""
 
 from __future__ import annotations
 
@@ -24,10 +24,12 @@ SOURCE_PASSWORD_ENV = "CDC_BENCH_SOURCE_PASSWORD"
 
 def write_config(path: Path, server: MariaDBServer, server_name: str, server_id: int,
                  include: str, work: Path, landing: dict[str, Any] | None = None,
-                 lake: dict[str, Any] | None = None) -> Path:
+                 lake: dict[str, Any] | None = None,
+                 sections: dict[str, dict[str, Any]] | None = None) -> Path:
     """A config file for ``python -m cdc_platform``: the private server through the CDC
     account (password from the environment), the landing zone and a Hadoop-catalog warehouse
-    under ``work``; every other setting at its default unless given."""
+    under ``work``; every other setting at its default unless given (``sections``: settings
+    merged into the config's sections, e.g. ``BenchS3.config_sections``)."""
     settings = server.connection_settings()
     config = {
         "source": {"flavour": "mariadb", "host": settings["host"], "port": settings["port"],
@@ -38,6 +40,8 @@ def write_config(path: Path, server: MariaDBServer, server_name: str, server_id:
         "warehouse": {"url": str(work / "warehouse")},
         "lake": dict(lake or {}),
     }
+    for name, values in (sections or {}).items():
+        config[name] = {**config.get(name, {}), **values}
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
 
@@ -171,18 +175,59 @@ class IcebergTail:
         return self.table.scan(selected_fields=columns).to_arrow()
 
 
+class RestIcebergTail(IcebergTail):
+    """``IcebergTail`` through a REST catalog (the lake on S3): each ``poll`` loads the table
+    and reads on only when its metadata location changed; data files are read through the
+    table's own FileIO."""
+
+    def __init__(self, catalog: Any, server_name: str, database: str, table: str) -> None:
+        self.catalog = catalog
+        self.identifier = (namespace_name(server_name, database),
+                           table_name(table, unicode_names=True))
+        self.table = None
+        self._version = None
+        self._seen = set()
+        self._location: str | None = None
+
+    @property
+    def metadata_file(self) -> Path | None:
+        return None  # (an object in the table bucket)
+
+    def _open_newest(self) -> bool:
+        try:
+            table = self.catalog.load_table(self.identifier)
+        except Exception:  # noqa: BLE001 - not created yet, or the catalog is busy: next poll
+            return False
+        if table.metadata_location == self._location:
+            return False
+        self.table, self._location = table, table.metadata_location
+        return True
+
+    def added_rows(self, snapshot: TargetSnapshot, columns: list[str]) -> pa.Table:
+        if snapshot.operation == "replace":
+            return pa.table({c: [] for c in columns})
+        parts = []
+        for path in self.added_files(snapshot):
+            with self.table.io.new_input(path).open() as stream:
+                parts.append(pq.read_table(stream, columns=columns))
+        return pa.concat_tables(parts) if parts else pa.table({c: [] for c in columns})
+
+
 class LandingTail:
     """A table's changelog segments as they land: each ``poll`` returns (landed at, rows) of
     segment files not seen before (a file retention removed before it was read is skipped;
     compaction's merged files repeat rows already seen: callers keep what they saw)."""
 
     def __init__(self, landing: LandingZone, database: str, table: str) -> None:
-        self.directory = landing.table_dir(database, table)
+        self.landing, self.database, self.table = landing, database, table
+        self.directory = landing.table_dir(database, table) if landing.is_local else None
         self._seen: set[str] = set()
         self.bytes_seen = 0
         self.files_seen = 0
 
     def poll(self, columns: list[str]) -> list[tuple[float, pa.Table]]:
+        if self.directory is None:
+            return self._poll_store(columns)
         try:
             names = sorted(n for n in os.listdir(self.directory)
                            if n.endswith(".parquet") and n not in self._seen)
@@ -200,6 +245,28 @@ class LandingTail:
             self.bytes_seen += stat.st_size
             self.files_seen += 1
             landed.append((stat.st_mtime, rows))
+        return landed
+
+    def _poll_store(self, columns: list[str]) -> list[tuple[float, pa.Table]]:
+        """On object storage: a listing, and the time this poll first saw a segment as its
+        landing time (an upper bound, by up to the poll interval: S3's upload times have
+        whole seconds)."""
+        seen_at = time.time()
+        store = self.landing.store
+        parts = ("changelog", self.database, self.table)
+        landed = []
+        for info in store.list_files(*parts):
+            if not info.name.endswith(".parquet") or info.name in self._seen:
+                continue
+            fs, path = store.arrow(*parts, info.name)
+            try:
+                rows = pq.read_table(path, filesystem=fs, columns=columns)
+            except (OSError, pa.ArrowInvalid):
+                continue
+            self._seen.add(info.name)
+            self.bytes_seen += info.size
+            self.files_seen += 1
+            landed.append((seen_at, rows))
         return landed
 
 

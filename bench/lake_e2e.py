@@ -10,6 +10,10 @@ process reads, every 0.5 s, the main branch's new snapshots of the Iceberg table
 third-party reader would (pyiceberg on the newest metadata file, the snapshots' added data
 files) and records, for each row version it sees first, now - t_commit. It reads the landing
 zone's new segments too (commit -> landed: the engine's share of the lag).
+
+With ``s3`` (``bench._s3``) the same soak runs with the landing zone and the lake on SeaweedFS:
+an s3:// landing zone, the table in the server's Iceberg REST catalog, the poller reading
+through that catalog (``RestIcebergTail``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any
 from bench._lake import (
     IcebergTail,
     LandingTail,
+    RestIcebergTail,
     command_env,
     describe_percentiles,
     directory_size,
@@ -35,6 +40,7 @@ from bench._lake import (
     write_config,
 )
 from bench._processes import CliProcess, cpu_seconds, system_busy_seconds
+from bench._s3 import BenchS3
 from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.devservices.mariadb import MariaDBServer, gtid_position_covers
 
@@ -197,13 +203,16 @@ def _mb(size: float) -> str:
 
 
 def bench_e2e(rate: float, seconds: float, writers: int, retention_hours: float | None,
-              work: Path) -> None:
+              work: Path, s3: BenchS3 | None = None) -> None:
     retention = "default (1 h)" if retention_hours is None else f"{retention_hours:g} h"
-    print(f"\n## end to end at {rate:,.0f} commits/s for {seconds:.0f} s: source commit -> row "
+    where = ("ON S3 (SeaweedFS, same machine: s3:// landing zone, Iceberg REST catalog)"
+             if s3 is not None else "local landing zone and Hadoop-catalog warehouse")
+    print(f"\n## end to end {where}, at {rate:,.0f} commits/s for {seconds:.0f} s: source "
+          f"commit -> row "
           f"readable in Iceberg (pyiceberg, polled every {POLL_SECONDS} s); engine and applier "
           f"as processes of their own, lake.poll_seconds and capture.flush_interval_seconds "
           f"at their defaults, landing_zone.retention_hours {retention}")
-    root = work / f"e2e-{rate:.0f}"
+    root = work / f"e2e-{rate:.0f}{'-s3' if s3 is not None else ''}"
     root.mkdir(parents=True)
     server = MariaDBServer(base_dir=root / "mariadb", server_id=1)
     server.start()
@@ -211,9 +220,11 @@ def bench_e2e(rate: float, seconds: float, writers: int, retention_hours: float 
     try:
         server.query(f"CREATE DATABASE {DATABASE}")
         server.query(CREATE_TABLE)
+        sections = s3.config_sections(f"e2e-{rate:.0f}") if s3 is not None else None
         config = write_config(
             root / "config.yaml", server, SERVER_NAME, 7101, rf"{DATABASE}\..*", root,
-            landing=({} if retention_hours is None else {"retention_hours": retention_hours}))
+            landing=({} if retention_hours is None else {"retention_hours": retention_hours}),
+            sections=sections)
         env = command_env(server)
         started = time.time()
         engine = CliProcess("engine", ["stream", "--config", str(config)], root / "engine.log",
@@ -222,8 +233,20 @@ def bench_e2e(rate: float, seconds: float, writers: int, retention_hours: float 
         applier = CliProcess("applier", ["apply", "--config", str(config)],
                              root / "applier.log", env, root)
         processes.append(applier)
-        landing = LandingZone(str(root / "landing"), SERVER_NAME)
-        iceberg = IcebergTail(root / "warehouse", SERVER_NAME, DATABASE, TABLE)
+        if s3 is not None:
+            assert sections is not None
+            landing_url = sections["landing_zone"]["url"]
+            landing = LandingZone(landing_url, SERVER_NAME, s3=s3.options(),
+                                  scratch=root / "scratch")
+            iceberg: IcebergTail = RestIcebergTail(s3.catalog(), SERVER_NAME, DATABASE, TABLE)
+        else:
+            landing = LandingZone(str(root / "landing"), SERVER_NAME)
+            iceberg = IcebergTail(root / "warehouse", SERVER_NAME, DATABASE, TABLE)
+
+        def zone_size() -> tuple[int, int]:
+            if s3 is not None:
+                return s3.bucket_size(f"{landing_url}/{SERVER_NAME}")
+            return directory_size(landing.root)
 
         # Warm up: one row through, so the soak measures a running applier, not its start.
         wait_until("the engine's first checkpoint", lambda: _alive_or_raise(processes) and
@@ -269,12 +292,12 @@ def bench_e2e(rate: float, seconds: float, writers: int, retention_hours: float 
             server_cpu = cpu_seconds(server.pid or 0) - server_before
             bench_cpu = _own_cpu() - bench_before
             usage = {p.label: p.usage() for p in processes}
-            zone_after = directory_size(landing.root)
+            zone_after = zone_size()
         if observed.errors:
             raise observed.errors[0]
         # Retention runs on the applier's sweep cadence: the zone after its next sweep.
         sweep_seen = _wait_for_sweep(applier, drained)
-        zone_swept = directory_size(landing.root)
+        zone_swept = zone_size()
         metadata = iceberg.metadata_file
         metadata_size = metadata.stat().st_size if metadata and metadata.exists() else 0
         current = iceberg.current()
@@ -301,7 +324,8 @@ def bench_e2e(rate: float, seconds: float, writers: int, retention_hours: float 
           "sinks commit every 1-5 min by default)")
     print(f"  commit -> Iceberg commit (snapshot timestamp): "
           f"{describe_percentiles(observed.iceberg_commit)}")
-    print(f"  commit -> landed (segment written by the engine): "
+    print(f"  commit -> landed (segment written by the engine"
+          f"{'; on S3: first seen by the poller' if s3 is not None else ''}): "
           f"{describe_percentiles(observed.landed)}")
     print(f"  landed -> Iceberg commit (the applier's poll and merge): "
           f"{describe_percentiles(observed.applied)}")
