@@ -161,7 +161,7 @@ def test_parquet_metadata_keeps_database_and_table_apart():
 def test_the_engine_moves_directories_written_before_names_were_escaped(tmp_path):
     """A table `2024 sales` landed by an earlier engine (raw directory names) is moved to its
     escaped directory when the next engine takes the landing zone; plain names stay."""
-    from cdc_platform.capture.landing.zone import LandingZone
+    from cdc_platform.capture.landing.zone import LandingZone, snapshot_parts
     from cdc_platform.lake.changelog import list_segments
 
     landing = LandingZone(str(tmp_path), "s1")
@@ -180,7 +180,7 @@ def test_the_engine_moves_directories_written_before_names_were_escaped(tmp_path
     assert sorted(p.name[:20] for p in new.iterdir()) == ["0" * 19 + "1", "0" * 19 + "3"]
     assert [s.first_pos for s in list_segments(str(tmp_path), "s1", "shop", "2024 sales")] == [
         1, 3]
-    assert landing.snapshot_dir("my db", "t").is_dir()
+    assert landing.root.joinpath(*snapshot_parts("my db", "t")).is_dir()
     assert not (landing.root / "snapshots" / "my db").exists()
     with landing.engine_lock():  # nothing left to move
         assert landing.escape_legacy_dirs() == []

@@ -18,7 +18,6 @@ server name, same landing zone), catches up, and every target is compared with t
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
 import re
@@ -455,20 +454,21 @@ def _run_requested_snapshots(settings: Any, landing: Any) -> None:
     from cdc_platform.capture import names
     from cdc_platform.capture.ddl import stale_markers
     from cdc_platform.capture.engine import CaptureEngine, EngineOptions
+    from cdc_platform.capture.snapshot import protocol
     from cdc_platform.capture.snapshot.reading import reader as snapshot_reader
 
-    snapshots = Path(landing.checkpoint_path).parent / "snapshots"
     checkpoint = landing.read_checkpoint()
-    sessions = checkpoint.extra.get("snapshots", {}) if checkpoint else {}
     requested: list[str] = []
-    for path in sorted(snapshots.glob("*/*/request.json")):
-        request = json.loads(path.read_text())
-        table_id = names.table_id(names.name_of_path_component(path.parent.parent.name),
-                                  names.name_of_path_component(path.parent.name))
-        session = sessions.get(table_id, {})
-        ended = session.get("session_id") == request.get("session_id") and session.get(
-            "state") in ("done", "stopped")
-        if request.get("action") != "stop" and not ended:
+    for database, table in protocol.requested_tables(landing):
+        request = protocol.read_request(landing, database, table)
+        if request is None:
+            continue
+        table_id = names.table_id(database, table)
+        session = protocol.read_session_state(checkpoint, table_id)
+        ended = (session is not None and session.session_id == request.session_id
+                 and session.state in (protocol.SessionState.DONE,
+                                       protocol.SessionState.STOPPED))
+        if request.action != protocol.Action.STOP and not ended:
             requested.append(table_id)
     if settings.capture.resnapshot_on_ddl:
         wanted = stale_markers.snapshots_wanted(stale_markers.resolve_markers(landing))
