@@ -318,17 +318,25 @@ def decoder_for(event: Any, schema: TableSchema | None = None) -> Any:
 
 
 def _codecs(event: Any, schema: TableSchema | None) -> tuple[ColumnCodec, ...] | None:
-    if not available() or event._ignore_decode_errors:  # noqa: SLF001 - the library's flag
+    if event._ignore_decode_errors:  # noqa: SLF001 - the library's flag
         return None
-    if schema is not None and len(schema.columns) != len(event.columns):
+    return _table_codecs(event.columns, event.charset_to_encoding, schema)
+
+
+def _table_codecs(columns: Sequence[Any], charset_to_encoding: Any,
+                  schema: TableSchema | None) -> tuple[ColumnCodec, ...] | None:
+    """The codecs of a table map's ``columns`` (None: not every column decodes natively)."""
+    if not available():
+        return None
+    if schema is not None and len(schema.columns) != len(columns):
         raise ValueError(f"table {schema.table_id}: the schema has {len(schema.columns)} "
-                         f"columns, its table map {len(event.columns)}; columns() needs the "
+                         f"columns, its table map {len(columns)}; columns() needs the "
                          "table map's own schema (binlog.schema_from_table_map), before any "
                          "column is excluded")
     found = []
-    for index, column in enumerate(event.columns):
+    for index, column in enumerate(columns):
         landing = schema.columns[index] if schema is not None else None
-        codec = column_codec(column, event.charset_to_encoding, landing)
+        codec = column_codec(column, charset_to_encoding, landing)
         if codec is None:
             return None
         found.append(codec)
@@ -438,16 +446,40 @@ class RowsDecoders:
              for arrow_type, column in zip(entry.types, image, strict=True)]
             for image in decoded))
 
+    def rows_of(self, table_id: int, table: Any, present: tuple[bytes, ...], data: bytes,
+                charset_to_encoding: Any) -> list[tuple[Any, ...]] | None:
+        """``rows`` for a rows event read without the library (``binlog/lean.py``): its
+        table map's ``table`` (the library's, as ``rows`` finds it), its columns-present
+        bitmaps (two for an update), and its row images ``data``. None: not decoded here
+        (the caller hands the event to the library). The caller has refused what
+        ``refuse_unreadable`` refuses (it reads only plain rows events of columns)."""
+        entry = self._by_table_id.get(table_id)
+        if entry is None or entry.table is not table:
+            entry = self._new_entry(table_id, table, _table_codecs(
+                table.columns, charset_to_encoding, None), len(table.columns))
+        if entry.decoder is None or any(bitmap != entry.full for bitmap in present):
+            return None
+        try:
+            return entry.decoder.decode(data, len(present))
+        except _rowcodec.Unsupported:
+            return None
+
     def _entry(self, event: Any) -> _TableDecoder:
         table = event.table_map.get(event.table_id)
         entry = self._by_table_id.get(event.table_id)
         if entry is None or entry.table is not table:
-            key = _codecs(event, None) if table is not None else None
-            decoder = None if key is None else self._decoders.get(key)
-            if key is not None and decoder is None:
-                decoder = self._decoders[key] = native_decoder(key)
-            entry = _TableDecoder(table, decoder, _full_bitmap(len(event.columns)), key)
-            self._by_table_id[event.table_id] = entry
+            entry = self._new_entry(event.table_id, table,
+                                    _codecs(event, None) if table is not None else None,
+                                    len(event.columns))
+        return entry
+
+    def _new_entry(self, table_id: int, table: Any, key: tuple[ColumnCodec, ...] | None,
+                   column_count: int) -> _TableDecoder:
+        decoder = None if key is None else self._decoders.get(key)
+        if key is not None and decoder is None:
+            decoder = self._decoders[key] = native_decoder(key)
+        entry = _TableDecoder(table, decoder, _full_bitmap(column_count), key)
+        self._by_table_id[table_id] = entry
         return entry
 
     def _body(self, event: Any, entry: _TableDecoder) -> tuple[bytes, int] | None:
