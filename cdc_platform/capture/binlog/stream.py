@@ -72,6 +72,7 @@ from cdc_platform.capture.binlog.decoding import (
     packed_int,
     read_mariadb_xa_id,
 )
+from cdc_platform.capture.binlog.lean import LeanDecoder, read_packet
 from cdc_platform.capture.binlog.rowcodec import RowsDecoders
 from cdc_platform.capture.charsets import (
     UTF8_CHARSETS,
@@ -80,6 +81,7 @@ from cdc_platform.capture.charsets import (
     text_decoder,
 )
 from cdc_platform.capture.events import (
+    Begin,
     Event,
     Heartbeat,
     Query,
@@ -631,6 +633,11 @@ class BinlogStream:
     """Project events from ``position`` over one connection; ``SourceDisconnected`` when it
     drops. Rows and table maps of tables ``wanted`` refuses are not decoded."""
 
+    # The lean decoder reads packets once the library has read the stream's first event
+    # over a connection this stream opened (``_take_packets``: its packets).
+    _lean_ready = False
+    _read_raw: Callable[[], bytes] | None = None
+
     def __init__(
         self,
         connection_settings: dict[str, Any],
@@ -652,6 +659,11 @@ class BinlogStream:
         self._gtid = ""
         self._decoders = RowsDecoders()
         self._table_schemas: dict[int, TableSchema] = {}  # table id -> its table map's schema
+        # The frequent small events are read from the packets (``lean.py``); the rest, and
+        # what the lean decoder leaves, is handed to the library's reader (``_handoff``).
+        self._lean = LeanDecoder(flavour, wanted, self._decoders, self._table_schemas,
+                                 TABLE_MAPS, COLUMNAR_MIN_EVENT_BYTES)
+        self._handoff: bytes | Exception | None = None
         start = flavour.stream_start(position, lambda: pymysql.connect(**connection_settings))
         self._reader = BinLogStreamReader(
             connection_settings=settings,
@@ -673,18 +685,81 @@ class BinlogStream:
             if self._connects > 1:
                 raise SourceDisconnected("binlog connection dropped")
         try:
-            return pymysql.connect(**settings)
+            conn = pymysql.connect(**settings)
         except pymysql.err.OperationalError as error:
             raise SourceDisconnected(f"cannot connect to the source: {error}") from error
+        if not is_control:
+            self._take_packets(conn)
+        return conn
+
+    def _take_packets(self, conn: Any) -> None:
+        """Read the stream connection's packets here, and hand to the library's reader those
+        the lean decoder leaves: its ``_read_packet`` returns the packet in ``_handoff`` (or
+        raises the error reading it raised) before reading the connection again, so the
+        library decodes it, and handles the error, exactly as if it had read it itself."""
+        library_read = conn._read_packet  # noqa: SLF001 - the reader's only way in
+        if isinstance(conn, pymysql.connections.Connection):
+            self._read_raw = lambda: read_packet(conn)
+        else:  # (a test's stand-in for a server)
+            self._read_raw = lambda: library_read().get_all_data()
+
+        def read(*packet_type: Any) -> Any:
+            handoff, self._handoff = self._handoff, None
+            if handoff is None:
+                return library_read(*packet_type)
+            if isinstance(handoff, Exception):
+                raise handoff
+            packet = (packet_type[0] if packet_type else pymysql.protocol.MysqlPacket)(
+                handoff, conn.encoding)
+            if packet.is_error_packet():  # (what pymysql's _read_packet does with one)
+                result = getattr(conn, "_result", None)
+                if result is not None and result.unbuffered_active is True:
+                    result.unbuffered_active = False
+                packet.raise_for_error()
+            return packet
+
+        conn._read_packet = read  # noqa: SLF001
+
+    def _sync_lean(self) -> None:
+        """After the library read an event: the reader's state the lean decoder needs; it
+        starts once the library has connected and read the stream's first event."""
+        reader = self._reader
+        self._lean_ready = bool(self._read_raw is not None and reader.dbms
+                                and reader._BinLogStreamReader__connected_stream)  # noqa: SLF001
+        if self._lean_ready:
+            self._lean.sync(reader, reader._BinLogStreamReader__use_checksum,  # noqa: SLF001
+                            reader._BinLogStreamReader__post_header_lengths)  # noqa: SLF001
+
+    def _lean_events(self) -> tuple[Event, ...] | None:
+        """The next packet's events from the lean decoder, or None: the library reads the
+        packet (``_handoff``), or the error reading it, next."""
+        try:
+            data = self._read_raw()  # type: ignore[misc]
+        except Exception as error:  # noqa: BLE001 - handed to the library, which handles it
+            self._handoff = error
+            return None
+        events = self._lean.decode(data)
+        if events is None:
+            self._handoff = data
+        return events
 
     def __iter__(self) -> Iterator[Event]:
         while True:
+            if self._lean_ready:
+                events = self._lean_events()
+                if events is not None:
+                    for lean_event in events:
+                        if type(lean_event) is Begin:
+                            self._gtid = lean_event.gtid
+                        yield lean_event
+                    continue
             try:
                 event = self._reader.fetchone()
             except (pymysql.err.OperationalError, pymysql.err.InterfaceError, OSError) as error:
                 if is_retriable(error):
                     raise SourceDisconnected(str(error)) from error
                 raise
+            self._sync_lean()
             if event is None:  # the server ended the stream (non-blocking only)
                 raise SourceDisconnected("binlog stream ended by the server")
             if isinstance(event, TransactionPayloadEvent):
