@@ -18,6 +18,10 @@ metadata by their declared lengths, so a column type or optional-metadata field 
 to the library (MySQL 9's VECTOR and its dimensionality field, say) is skipped by its size,
 and anything it cannot decode is kept in ``undecodable`` for the adapter to stop on when,
 and only when, the table is captured.
+
+The frequent small events (GTID, XID, QUERY, a table map seen before, a small rows event)
+are read from the packets by ``lean.LeanDecoder``, without the library's objects; each
+packet it does not read is handed to the library's reader as it came (``_take_packets``).
 """
 
 from __future__ import annotations
