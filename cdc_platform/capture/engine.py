@@ -188,12 +188,7 @@ class CaptureEngine:
         opts = self.options
         checkpoint = self.landing.read_checkpoint()
         if checkpoint is not None:
-            if checkpoint.flavour != opts.flavour:
-                raise EngineError(
-                    f"checkpoint of {opts.server_name} was written for a {checkpoint.flavour} "
-                    f"source but source.flavour is {opts.flavour}: fix the config or point "
-                    "landing_zone.url elsewhere"
-                )
+            checkpoint.check_flavour(opts.flavour)
             self._processed = self._flavour.parse_position(checkpoint.gtid)
             self._lander.next_pos = checkpoint.next_pos
             removed = self.landing.remove_uncommitted(checkpoint.next_pos)

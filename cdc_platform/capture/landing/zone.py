@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from cdc_platform.capture.events import EngineError
 from cdc_platform.capture.landing_contract import DICTIONARY_COLUMNS
 from cdc_platform.capture.lease import Lease
 from cdc_platform.capture.names import name_of_path_component, path_component
@@ -183,6 +184,16 @@ class Checkpoint:
             "lag_seconds": self.lag_seconds, **self.extra,
         }
         return json.dumps(data, indent=1).encode()
+
+    def check_flavour(self, flavour: str) -> None:
+        """Raise EngineError unless the checkpoint was written for a ``flavour`` source: its
+        GTID set reads only in the flavour that wrote it, and resuming another flavour's
+        position would skip or replay transactions."""
+        if self.flavour != flavour:
+            raise EngineError(
+                f"checkpoint of {self.server_name} was written for a {self.flavour} source but "
+                f"source.flavour is {flavour}: fix the config or point landing_zone.url "
+                "elsewhere")
 
     @staticmethod
     def from_json(text: bytes | str) -> Checkpoint:
