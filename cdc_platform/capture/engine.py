@@ -71,7 +71,7 @@ from cdc_platform.capture.events import (
 from cdc_platform.capture.flavours import flavour_of
 from cdc_platform.capture.gtid import GtidSet, any_gtid
 from cdc_platform.capture.landing.lander import Lander
-from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
+from cdc_platform.capture.landing.zone import SNAPSHOTS_CHECKPOINT_KEY, Checkpoint, LandingZone
 from cdc_platform.capture.snapshot.sessions import SnapshotCoordinator
 from cdc_platform.capture.source import (
     SourceSession,
@@ -197,7 +197,7 @@ class CaptureEngine:
                 self.log.info(f"capture engine {opts.server_name}: removed {len(removed)} "
                               "segment(s) written after the last checkpoint; replaying them")
             self._checkpointed_position = checkpoint.gtid
-            self._snapshots.on_start(checkpoint.extra.get("snapshots", {}), self._processed)
+            self._snapshots.on_start(checkpoint.extra.get(SNAPSHOTS_CHECKPOINT_KEY, {}), self._processed)
         restored, said = restore_prepared(checkpoint.extra.get(XA_CHECKPOINT_KEY, {})
                                           if checkpoint is not None else {},
                                           self._spill, self._new_record_log)
@@ -476,7 +476,7 @@ class CaptureEngine:
         extra: dict[str, Any] = {}
         snapshots = self._snapshots.checkpoint_state()
         if snapshots:
-            extra["snapshots"] = snapshots
+            extra[SNAPSHOTS_CHECKPOINT_KEY] = snapshots
         xa_files = bool(self._buffer.prepared)
         if xa_files:
             extra[XA_CHECKPOINT_KEY] = persist_prepared(self._buffer.prepared)

@@ -19,7 +19,7 @@ from cdc_platform.capture.ddl.stale_markers import (
     snapshots_wanted,
     target_staleness,
 )
-from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
+from cdc_platform.capture.landing.zone import SNAPSHOTS_CHECKPOINT_KEY, Checkpoint, LandingZone
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 
 SCHEMAS = {"s.t": TableSchema("s", "t", (ColumnSpec("id", "int"), ColumnSpec("a", "int")),
@@ -211,7 +211,7 @@ def _record(landing: LandingZone, query: str, gtid: str, position: int) -> list[
 
 def _checkpoint(landing: LandingZone, next_pos: int, **session: object) -> None:
     landing.write_checkpoint(Checkpoint("srv", "mariadb", "0-1-20", next_pos, extra={
-        "snapshots": {"s.t": {"session_id": "x1", "state": "done", "opening": "0-1-10",
+        SNAPSHOTS_CHECKPOINT_KEY: {"s.t": {"session_id": "x1", "state": "done", "opening": "0-1-10",
                               "opening_pos": 50, "condition": None, **session}}}))
 
 
@@ -266,5 +266,5 @@ def test_a_mysql_marker_is_resolved_by_gtid_set_containment(tmp_path: Path) -> N
     session = {"session_id": "m1", "state": "done", "opening_pos": 30, "condition": None}
     for opening, resolved in ((f"{uuid}:1-6", False), (f"{uuid}:1-7", True)):
         landing.write_checkpoint(Checkpoint("srv", "mysql", f"{uuid}:1-9", 60, extra={
-            "snapshots": {"s.t": {**session, "opening": opening}}}))
+            SNAPSHOTS_CHECKPOINT_KEY: {"s.t": {**session, "opening": opening}}}))
         assert resolve_markers(landing)[0].resolved is resolved

@@ -24,6 +24,7 @@ import dagster as dg
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from cdc_platform.capture.landing.zone import SNAPSHOTS_CHECKPOINT_KEY
 from cdc_platform.capture.signals.kafka import SignalCursor
 from cdc_platform.defs.lake.applier import PID_TAG
 from cdc_platform.defs.signals.sensors import SNAPSHOT_TABLE_TAG, sensor_name
@@ -139,7 +140,7 @@ def engine_session(env: CdcEnv, table: str) -> dict[str, Any]:
     checkpoint = env.landing.read_checkpoint()
     if checkpoint is None:
         return {}
-    return (checkpoint.extra.get("snapshots") or {}).get(f"{env.db}.{table}") or {}
+    return (checkpoint.extra.get(SNAPSHOTS_CHECKPOINT_KEY) or {}).get(f"{env.db}.{table}") or {}
 
 
 def notifications(env: CdcEnv) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from typing import Any
 
 import dagster as dg
 
+from cdc_platform.capture.landing.zone import SNAPSHOTS_CHECKPOINT_KEY
 from cdc_platform.definitions import build_definitions
 from cdc_platform.demo.run import create_dagster_storage
 from cdc_platform_tests.capture.snapshot.test_reader import EngineThread
@@ -345,4 +346,4 @@ def _session(env: CdcEnv, table: str = "orders") -> dict[str, Any]:
     checkpoint = env.landing.read_checkpoint()
     if checkpoint is None:
         return {}
-    return (checkpoint.extra.get("snapshots") or {}).get(f"{env.db}.{table}") or {}
+    return (checkpoint.extra.get(SNAPSHOTS_CHECKPOINT_KEY) or {}).get(f"{env.db}.{table}") or {}

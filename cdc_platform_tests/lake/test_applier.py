@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from cdc_platform.capture.landing.zone import SNAPSHOTS_CHECKPOINT_KEY
 from cdc_platform.lake import applier as applier_module
 from cdc_platform.lake.applier import (
     Applied,
@@ -317,7 +318,7 @@ def test_an_empty_target_says_once_that_it_waits_for_its_snapshot(
     session = SnapshotSession(f"{env.db}.t", "s1", SessionState.OPEN, checkpoint.gtid,
                               checkpoint.next_pos, checkpoint.gtid, ["id"])
     env.landing.write_checkpoint(dataclasses.replace(checkpoint, extra={
-        **checkpoint.extra, "snapshots": {session.table_id: dataclasses.asdict(session)}}))
+        **checkpoint.extra, SNAPSHOTS_CHECKPOINT_KEY: {session.table_id: dataclasses.asdict(session)}}))
     events: list[Any] = []
     applier = Applier(spark, _options(env, first_load_wait_seconds=600.0), events.append,
                       sweep_landing_zone=False)

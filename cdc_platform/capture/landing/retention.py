@@ -87,6 +87,7 @@ from cdc_platform.capture.landing.zone import (
     SEGMENT_NAME,
     SNAPSHOT_CHUNKS_DIR,
     SNAPSHOT_REQUEST_FILE,
+    SNAPSHOTS_CHECKPOINT_KEY,
     SNAPSHOTS_DIR,
     Checkpoint,
     LandingZone,
@@ -241,9 +242,9 @@ class EngineSession:
 
 
 def engine_session(checkpoint: Checkpoint, table: str) -> EngineSession | None:
-    """The table's session in the checkpoint's ``snapshots`` section, or None; ValueError when
+    """The table's session in the checkpoint's ``SNAPSHOTS_CHECKPOINT_KEY`` section, or None; ValueError when
     the record does not read (the table's chunk files are then left alone)."""
-    data = (checkpoint.extra.get("snapshots") or {}).get(table)
+    data = (checkpoint.extra.get(SNAPSHOTS_CHECKPOINT_KEY) or {}).get(table)
     if data is None:
         return None
     try:

@@ -53,6 +53,9 @@ CHECKPOINT_FILE = "checkpoint.json"
 TABLES_FILE = "tables.json"
 CHANGELOG_DIR = "changelog"
 SNAPSHOTS_DIR = "snapshots"
+# The checkpoint's section of the engine's snapshot sessions (table id -> its record, which
+# ``snapshot.protocol.SnapshotSession`` reads), beside ``changes.xa_state.XA_CHECKPOINT_KEY``.
+SNAPSHOTS_CHECKPOINT_KEY = "snapshots"
 SEGMENT_NAME = re.compile(r"^(\d{20})-(\d{20})\.parquet$")
 # A table's snapshot directory (``snapshot_parts``; docs/snapshots.md, ``snapshot.protocol``):
 SNAPSHOT_REQUEST_FILE = "request.json"

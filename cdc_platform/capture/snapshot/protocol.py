@@ -37,6 +37,7 @@ from cdc_platform.capture.landing.zone import (
     SNAPSHOT_CHUNKS_DIR,
     SNAPSHOT_CONTROL_FILE,
     SNAPSHOT_REQUEST_FILE,
+    SNAPSHOTS_CHECKPOINT_KEY,
     SNAPSHOTS_DIR,
     Checkpoint,
     LandingReader,
@@ -530,7 +531,7 @@ def read_session_state(checkpoint: Checkpoint | None, table_id: str) -> Snapshot
     """The engine's record of the table's snapshot session, from its checkpoint."""
     if checkpoint is None:
         return None
-    state = (checkpoint.extra.get("snapshots") or {}).get(table_id)
+    state = (checkpoint.extra.get(SNAPSHOTS_CHECKPOINT_KEY) or {}).get(table_id)
     return SnapshotSession.from_dict(state, table_id) if isinstance(state, dict) else None
 
 

@@ -44,6 +44,7 @@ from cdc_platform.capture.landing.retention import (
 )
 from cdc_platform.capture.landing.zone import (
     SNAPSHOT_CHUNKS_DIR,
+    SNAPSHOTS_CHECKPOINT_KEY,
     SNAPSHOTS_DIR,
     Checkpoint,
     LandingZone,
@@ -289,7 +290,7 @@ def test_the_rules_read_the_snapshot_protocols_layout_and_session_record(tmp_pat
     assert not SnapshotSession("t", "s", SessionState.DONE, "", 1, "", []).tracked
     session = SnapshotSession("shop.items", "s1", SessionState.OPEN, "0-1-1", 5, "0-1-1",
                               ["id"], committed=[0, 2], rejected={"1": "no"})
-    checkpoint = Checkpoint("demo", "mariadb", extra={"snapshots": {
+    checkpoint = Checkpoint("demo", "mariadb", extra={SNAPSHOTS_CHECKPOINT_KEY: {
         "shop.items": dataclasses.asdict(session)}})
     assert engine_session(checkpoint, "shop.items") == EngineSession(
         "s1", "open", frozenset({0, 1, 2}))
@@ -314,7 +315,7 @@ def _write_chunk(landing: LandingZone, session_id: str, seq: int,
 def _sessions_checkpoint(landing: LandingZone, *sessions: SnapshotSession,
                          next_pos: int = 1) -> None:
     landing.write_checkpoint(Checkpoint("demo", "mariadb", "0-1-1", next_pos, extra={
-        "snapshots": {s.table_id: dataclasses.asdict(s) for s in sessions}}))
+        SNAPSHOTS_CHECKPOINT_KEY: {s.table_id: dataclasses.asdict(s) for s in sessions}}))
 
 
 def test_sweep_deletes_decided_chunk_rows_and_finished_sessions_and_the_engine_still_decides(
@@ -338,7 +339,7 @@ def test_sweep_deletes_decided_chunk_rows_and_finished_sessions_and_the_engine_s
     # The engine, restarted from this checkpoint, decides only chunk 3, and reads its rows.
     coordinator = SnapshotCoordinator(landing, "mariadb", None, SimpleNamespace(next_pos=1),
                                       SimpleNamespace(schemas={}))
-    coordinator.on_start(landing.read_checkpoint().extra["snapshots"],
+    coordinator.on_start(landing.read_checkpoint().extra[SNAPSHOTS_CHECKPOINT_KEY],
                          parse_position("mariadb", "0-1-1"))
     pending = coordinator._pending(coordinator.sessions["shop.items"])
     assert pending == [3]

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cdc_platform.capture import source as source_sql
-from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
+from cdc_platform.capture.landing.zone import SNAPSHOTS_CHECKPOINT_KEY, Checkpoint, LandingZone
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.snapshot.chunks import Chunk, ChunkedTable, ChunkKey, schema_fingerprint
 from cdc_platform.capture.snapshot.conditions import Condition, UnsafeConditionError
@@ -427,7 +427,7 @@ class ScriptedEngine:
                     break
         self.landing.write_checkpoint(Checkpoint(
             self.landing.server_name, "mariadb", "0-1-1", 1,
-            extra={"snapshots": {self.table_id: dict(session)}}))
+            extra={SNAPSHOTS_CHECKPOINT_KEY: {self.table_id: dict(session)}}))
 
 
 @pytest.fixture
@@ -1106,12 +1106,12 @@ def _requested(env: CdcEnv, table: str) -> str | None:
 def _engine_session(env: CdcEnv, table: str) -> dict[str, Any]:
     checkpoint = env.landing.read_checkpoint()
     assert checkpoint is not None
-    return checkpoint.extra["snapshots"][f"{env.db}.{table}"]
+    return checkpoint.extra[SNAPSHOTS_CHECKPOINT_KEY][f"{env.db}.{table}"]
 
 
 def _engine_state(env: CdcEnv, table: str) -> str | None:
     checkpoint = env.landing.read_checkpoint()
-    state = (checkpoint.extra.get("snapshots") or {}).get(f"{env.db}.{table}") if checkpoint \
+    state = (checkpoint.extra.get(SNAPSHOTS_CHECKPOINT_KEY) or {}).get(f"{env.db}.{table}") if checkpoint \
         else None
     return state["state"] if state else None
 
