@@ -12,6 +12,8 @@ so a reader that trusts the checkpoint never sees a half-written or uncommitted 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
+import enum
 import fcntl
 import hashlib
 import json
@@ -22,7 +24,7 @@ import socket
 import tempfile
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -208,6 +210,58 @@ class Checkpoint:
             lag_seconds=data.get("lag_seconds"),
             extra={k: v for k, v in data.items() if k not in known},
         )
+
+
+class SessionState(enum.StrEnum):
+    """The engine's ``state`` of a session in ``checkpoint.json``."""
+
+    OPEN = "open"
+    PAUSED = "paused"
+    STOPPED = "stopped"
+    DONE = "done"
+    RESTART = "restart"  # ended for a DDL: the reader reads the table again in a new session
+
+
+def session_time() -> str:
+    """A session's ``started_at`` / ``ended_at``: UTC, to the second."""
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+@dataclass
+class SnapshotSession:
+    """One table's session as the checkpoint records it."""
+
+    table_id: str
+    session_id: str
+    state: SessionState
+    opening: str
+    opening_pos: int
+    horizon: str
+    chunk_key: list[str]
+    condition: str | None = None
+    committed: list[int] = field(default_factory=list)
+    rejected: dict[str, str] = field(default_factory=dict)
+    rows: int = 0
+    started_at: str = field(default_factory=session_time)
+    ended_at: str | None = None
+    reason: str | None = None  # why the engine ended it (a restart)
+
+    @staticmethod
+    def from_dict(data: dict[str, Any], table_id: str = "") -> SnapshotSession:
+        """The session a checkpoint records (``table_id``: its key there). Fields a record
+        lacks take their defaults, and fields this version does not know are left out, so a
+        checkpoint of another version reads too; ``state`` must be one of ``SessionState``."""
+        known = {f.name for f in fields(SnapshotSession)}
+        opening = str(data.get("opening") or "")
+        defaults = {"table_id": table_id, "opening": opening, "opening_pos": 0,
+                    "horizon": opening, "chunk_key": []}
+        return SnapshotSession(**{**defaults, **{k: v for k, v in data.items() if k in known},
+                                  "state": SessionState(data["state"])})
+
+    @property
+    def tracked(self) -> bool:
+        """Whether the engine tracks the session (open or paused): its touches are logged."""
+        return self.state in (SessionState.OPEN, SessionState.PAUSED)
 
 
 class LandingReader:

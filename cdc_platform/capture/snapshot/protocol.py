@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -42,10 +42,16 @@ from cdc_platform.capture.landing.zone import (
     Checkpoint,
     LandingReader,
     LandingZone,
+    SnapshotSession,
     snapshot_parts,
     table_of_parts,
     table_parts,
 )
+
+# The engine's session record is the checkpoint's (``landing.zone``, a floor below, so that
+# retention reads it with the same parser); its state is named here too, as docs/snapshots.md
+# names it with this protocol.
+from cdc_platform.capture.landing.zone import SessionState as SessionState
 from cdc_platform.capture.lease import Lease
 from cdc_platform.capture.schema import ColumnSpec, ColumnValueError, TableSchema, landing_arrays
 from cdc_platform.capture.snapshot import native
@@ -83,58 +89,6 @@ class Action(enum.StrEnum):
 
 
 ACTIONS = tuple(a.value for a in Action)
-
-
-class SessionState(enum.StrEnum):
-    """The engine's ``state`` of a session in ``checkpoint.json``."""
-
-    OPEN = "open"
-    PAUSED = "paused"
-    STOPPED = "stopped"
-    DONE = "done"
-    RESTART = "restart"  # ended for a DDL: the reader reads the table again in a new session
-
-
-def session_time() -> str:
-    """A session's ``started_at`` / ``ended_at``: UTC, to the second."""
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-
-
-@dataclass
-class SnapshotSession:
-    """One table's session as the checkpoint records it."""
-
-    table_id: str
-    session_id: str
-    state: SessionState
-    opening: str
-    opening_pos: int
-    horizon: str
-    chunk_key: list[str]
-    condition: str | None = None
-    committed: list[int] = field(default_factory=list)
-    rejected: dict[str, str] = field(default_factory=dict)
-    rows: int = 0
-    started_at: str = field(default_factory=session_time)
-    ended_at: str | None = None
-    reason: str | None = None  # why the engine ended it (a restart)
-
-    @staticmethod
-    def from_dict(data: dict[str, Any], table_id: str = "") -> SnapshotSession:
-        """The session a checkpoint records (``table_id``: its key there). Fields a record
-        lacks take their defaults, and fields this version does not know are left out, so a
-        checkpoint of another version reads too; ``state`` must be one of ``SessionState``."""
-        known = {f.name for f in fields(SnapshotSession)}
-        opening = str(data.get("opening") or "")
-        defaults = {"table_id": table_id, "opening": opening, "opening_pos": 0,
-                    "horizon": opening, "chunk_key": []}
-        return SnapshotSession(**{**defaults, **{k: v for k, v in data.items() if k in known},
-                                  "state": SessionState(data["state"])})
-
-    @property
-    def tracked(self) -> bool:
-        """Whether the engine tracks the session (open or paused): its touches are logged."""
-        return self.state in (SessionState.OPEN, SessionState.PAUSED)
 
 
 # ---- the layout ----------------------------------------------------------------------------------

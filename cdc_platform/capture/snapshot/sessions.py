@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 from cdc_platform.capture import names
 from cdc_platform.capture.gtid import Gtid, GtidSet, parse_position
 from cdc_platform.capture.keys import Key
-from cdc_platform.capture.landing.zone import LandingZone
+from cdc_platform.capture.landing.zone import LandingZone, session_time
 from cdc_platform.capture.landing_contract import (
     HI_OPEN,
     LO_OPEN,
@@ -76,7 +76,6 @@ from cdc_platform.capture.snapshot.protocol import (
     reader_alive,
     request_parts,
     requested_tables,
-    session_time,
 )
 
 # The state a reader's request asks for an existing session.
