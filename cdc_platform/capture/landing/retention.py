@@ -87,10 +87,10 @@ from cdc_platform.capture.landing.zone import (
     SEGMENT_NAME,
     SNAPSHOT_CHUNKS_DIR,
     SNAPSHOT_REQUEST_FILE,
-    SNAPSHOTS_CHECKPOINT_KEY,
     SNAPSHOTS_DIR,
     Checkpoint,
     LandingZone,
+    SessionState,
     changelog_parts,
     segment_name,
     segment_write_options,
@@ -124,8 +124,6 @@ TEMPORARY_MAX_AGE_SECONDS = 3600.0
 SEGMENTS, CHUNKS, SPILL, TEMPORARY, OTHER = "segments", "chunks", "spill", "temporary", "other"
 KINDS = (SEGMENTS, CHUNKS, SPILL, TEMPORARY, OTHER)
 
-# The engine's session states, as ``capture.snapshot.protocol`` defines them (a floor above
-# this one; the tests compare).
 SPILL_DIR = "spill"
 SWEEP_LOCK_FILE = "retention.lock"
 # On object storage one sweep at a time holds this lease (a sweep lasts seconds; a killed
@@ -133,7 +131,6 @@ SWEEP_LOCK_FILE = "retention.lock"
 SWEEP_LEASE_FILE = "retention.lease"
 SWEEP_LEASE_TTL_SECONDS = 600.0
 _CHUNK_FILE = re.compile(r"^(\d{8})\.(json|arrow|parquet)$")
-ENDED_SESSION_STATES = frozenset({"done", "stopped", "restart"})
 
 
 # ---- the rules (pure) ------------------------------------------------------------------------
@@ -233,26 +230,27 @@ class EngineSession:
     the engine decided (committed or rejected: never read again)."""
 
     session_id: str
-    state: str
+    state: SessionState
     decided: frozenset[int]
 
     @property
     def ended(self) -> bool:
-        return self.state in ENDED_SESSION_STATES
+        """Done, stopped or restarted: the engine no longer tracks it."""
+        return not self.state.tracked
 
 
 def engine_session(checkpoint: Checkpoint, table: str) -> EngineSession | None:
-    """The table's session in the checkpoint's ``SNAPSHOTS_CHECKPOINT_KEY`` section, or None; ValueError when
-    the record does not read (the table's chunk files are then left alone)."""
-    data = (checkpoint.extra.get(SNAPSHOTS_CHECKPOINT_KEY) or {}).get(table)
-    if data is None:
-        return None
+    """The table's session as the checkpoint records it (read by ``Checkpoint.snapshot_session``,
+    the engine's own parser), or None; ValueError when the record does not read (the table's
+    chunk files are then left alone)."""
     try:
-        decided = [*(data.get("committed") or ()), *(data.get("rejected") or {})]
-        return EngineSession(str(data["session_id"]), str(data["state"]),
-                             frozenset(int(seq) for seq in decided))
+        session = checkpoint.snapshot_session(table)
+        if session is None:
+            return None
+        decided = frozenset(int(seq) for seq in [*session.committed, *session.rejected])
     except (AttributeError, KeyError, TypeError, ValueError) as error:
         raise ValueError(f"snapshot session of {table} in the checkpoint: {error!r}") from error
+    return EngineSession(session.session_id, session.state, decided)
 
 
 def chunk_deletions(session_id: str, names: Collection[str], engine: EngineSession | None,

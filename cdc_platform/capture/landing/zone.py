@@ -200,6 +200,14 @@ class Checkpoint:
                 f"source.flavour is {flavour}: fix the config or point landing_zone.url "
                 "elsewhere")
 
+    def snapshot_session(self, table_id: str) -> SnapshotSession | None:
+        """The engine's record of the table's snapshot session (``SNAPSHOTS_CHECKPOINT_KEY``),
+        or None; the one parser of the record (``SnapshotSession.from_dict``), for the engine,
+        the snapshot reader and retention. KeyError, TypeError or ValueError when the record
+        does not read (its ``state`` not a ``SessionState``)."""
+        state = (self.extra.get(SNAPSHOTS_CHECKPOINT_KEY) or {}).get(table_id)
+        return SnapshotSession.from_dict(state, table_id) if isinstance(state, dict) else None
+
     @staticmethod
     def from_json(text: bytes | str) -> Checkpoint:
         data = json.loads(text)
@@ -220,6 +228,12 @@ class SessionState(enum.StrEnum):
     STOPPED = "stopped"
     DONE = "done"
     RESTART = "restart"  # ended for a DDL: the reader reads the table again in a new session
+
+    @property
+    def tracked(self) -> bool:
+        """Open or paused: the engine tracks the session (its touches are logged); any other
+        state has ended, and its chunk files are never read again."""
+        return self in (SessionState.OPEN, SessionState.PAUSED)
 
 
 def session_time() -> str:
@@ -261,7 +275,7 @@ class SnapshotSession:
     @property
     def tracked(self) -> bool:
         """Whether the engine tracks the session (open or paused): its touches are logged."""
-        return self.state in (SessionState.OPEN, SessionState.PAUSED)
+        return self.state.tracked
 
 
 class LandingReader:

@@ -37,7 +37,6 @@ from cdc_platform.capture.landing.zone import (
     SNAPSHOT_CHUNKS_DIR,
     SNAPSHOT_CONTROL_FILE,
     SNAPSHOT_REQUEST_FILE,
-    SNAPSHOTS_CHECKPOINT_KEY,
     SNAPSHOTS_DIR,
     Checkpoint,
     LandingReader,
@@ -483,10 +482,7 @@ def read_chunk_rows(landing: LandingReader, database: str, table: str, session_i
 
 def read_session_state(checkpoint: Checkpoint | None, table_id: str) -> SnapshotSession | None:
     """The engine's record of the table's snapshot session, from its checkpoint."""
-    if checkpoint is None:
-        return None
-    state = (checkpoint.extra.get(SNAPSHOTS_CHECKPOINT_KEY) or {}).get(table_id)
-    return SnapshotSession.from_dict(state, table_id) if isinstance(state, dict) else None
+    return None if checkpoint is None else checkpoint.snapshot_session(table_id)
 
 
 # ---- reader.lock / reader.lease: one reader per table -----------------------------------------

@@ -262,12 +262,12 @@ def test_compaction_never_spans_a_column_rename_and_waits_for_the_window_to_clos
 def test_chunk_rules_by_session_state() -> None:
     files = ["00000000.json", "00000000.arrow", "00000001.json", "00000001.arrow",
              "00000002.json", "00000002.parquet", "reader.state"]
-    open_ = EngineSession("s1", "open", frozenset({0, 1}))
+    open_ = EngineSession("s1", SessionState.OPEN, frozenset({0, 1}))
     # The engine's session: decided chunks' rows go at once, manifests stay.
     assert chunk_deletions("s1", files, open_, "s1", 0.0) == (
         ["00000000.arrow", "00000001.arrow"], False)
     # Ended, and quiet: everything, manifests first.
-    done = dataclasses.replace(open_, state="done")
+    done = dataclasses.replace(open_, state=SessionState.DONE)
     doomed, whole = chunk_deletions("s1", files, done, "s1", 1e9)
     assert whole and doomed[:3] == ["00000000.json", "00000001.json", "00000002.json"]
     assert set(doomed) == set(files)
@@ -285,16 +285,26 @@ def test_the_rules_read_the_snapshot_protocols_layout_and_session_record(tmp_pat
     assert protocol.chunk_parts("shop", "items", "s1") == (
         SNAPSHOTS_DIR, "shop", "items", SNAPSHOT_CHUNKS_DIR, "s1")
     assert protocol.CHUNK_ROWS_SUFFIX == ".arrow"
-    assert {str(s) for s in SessionState} - {"open", "paused"} == \
-        retention.ENDED_SESSION_STATES
     assert not SnapshotSession("t", "s", SessionState.DONE, "", 1, "", []).tracked
     session = SnapshotSession("shop.items", "s1", SessionState.OPEN, "0-1-1", 5, "0-1-1",
                               ["id"], committed=[0, 2], rejected={"1": "no"})
     checkpoint = Checkpoint("demo", "mariadb", extra={SNAPSHOTS_CHECKPOINT_KEY: {
         "shop.items": dataclasses.asdict(session)}})
     assert engine_session(checkpoint, "shop.items") == EngineSession(
-        "s1", "open", frozenset({0, 1, 2}))
+        "s1", SessionState.OPEN, frozenset({0, 1, 2}))
     assert engine_session(checkpoint, "shop.other") is None
+    # Retention reads the record with the engine's parser: a session ends for both at once,
+    # and a record the engine would not read is not taken as a live session either.
+    for state in SessionState:
+        record = dataclasses.asdict(dataclasses.replace(session, state=state))
+        checkpoint.extra[SNAPSHOTS_CHECKPOINT_KEY]["shop.items"] = record
+        read = engine_session(checkpoint, "shop.items")
+        assert read is not None and read.state is state
+        assert read.ended == (not protocol.read_session_state(checkpoint, "shop.items").tracked)
+        assert read.ended == (state not in (SessionState.OPEN, SessionState.PAUSED))
+    checkpoint.extra[SNAPSHOTS_CHECKPOINT_KEY]["shop.items"]["state"] = "finished"
+    with pytest.raises(ValueError, match="snapshot session of shop.items"):
+        engine_session(checkpoint, "shop.items")
     manifest = _write_chunk(landing, "s1", 3, [(7, "x")])
     assert sorted(p.name for p in manifest.parent.iterdir()) == ["00000003.arrow",
                                                                  "00000003.json"]
