@@ -104,6 +104,7 @@ def _snapshot(args: argparse.Namespace) -> int:
     from cdc_platform.capture.landing.zone import LandingZone
     from cdc_platform.capture.names import resolve_table_id, split_table_id
     from cdc_platform.capture.snapshot.errors import SnapshotError
+    from cdc_platform.capture.snapshot.reading import progress as snapshot_progress
     from cdc_platform.capture.snapshot.reading import reader as snapshot_reader
     from cdc_platform.capture.snapshot.reading.actions import request_action
     from cdc_platform.capture.snapshot.reading.progress import describe_progress
@@ -138,10 +139,11 @@ def _snapshot(args: argparse.Namespace) -> int:
     except SnapshotError as error:
         logging.error(str(error))
         return 1
-    logging.info(f"snapshot of {args.table}: {result.status}, {result.rows} rows in "
+    logging.info(f"snapshot of {args.table}: {result.status_text}, {result.rows} rows in "
                  f"{result.chunks} chunks ({result.rejected} rejected and read again), "
                  f"{result.rows_per_second:,.0f} rows/s")
-    return 0 if result.status in ("done", "stopped") else 2
+    ended = (snapshot_progress.SnapshotStatus.DONE, snapshot_progress.SnapshotStatus.STOPPED)
+    return 0 if result.status in ended else 2
 
 
 def _signal(args: argparse.Namespace) -> int:

@@ -16,7 +16,11 @@ from pydantic import Field
 from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.names import joined_name
 from cdc_platform.capture.schema import TableSchema
-from cdc_platform.capture.snapshot.chunks import DEFAULT_CHUNK_MAX_BYTES, snapshot_key_problem
+from cdc_platform.capture.snapshot.chunks import (
+    DEFAULT_CHUNK_MAX_BYTES,
+    SkippedTable,
+    snapshot_key_problem,
+)
 from cdc_platform.capture.snapshot.conditions import UnsafeConditionError, validate_condition
 from cdc_platform.capture.snapshot.errors import (
     EngineStalledError,
@@ -26,6 +30,7 @@ from cdc_platform.capture.snapshot.protocol import (
     DEFAULT_CHUNK_SIZE,
     SignalRef,
 )
+from cdc_platform.capture.snapshot.reading.progress import SnapshotStatus
 from cdc_platform.capture.snapshot.reading.reader import (
     DEFAULT_ACK_TIMEOUT_SECONDS,
     DEFAULT_STALL_TIMEOUT_SECONDS,
@@ -155,7 +160,8 @@ def _snapshot_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinit
             check_source(settings)
             current = _current_schema(settings, source, schema)
         if not current.primary_key and config.surrogate_key:
-            status = f"skipped: {snapshot_key_problem(current, config.surrogate_key)}"
+            status = SkippedTable(schema.table_id,
+                                  snapshot_key_problem(current, config.surrogate_key) or "").status
             context.log.warning(f"snapshot of {schema.table_id}: {status}")
             notify_skipped(context, settings, schema.table_id,
                            config.signal_id or context.run.run_id, status)
@@ -192,11 +198,11 @@ def _snapshot_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinit
             raise dg.Failure(description=str(error), allow_retries=False) from error
         metadata = {**result_metadata(result), "chunk_size": config.chunk_size,
                     "condition": condition or ""}
-        if result.status != "done":
+        if result.status is not SnapshotStatus.DONE:
             # Stopped or skipped: the table was not (wholly) snapshotted, so the asset is not
             # shown as freshly materialised; the chunks committed before a stop stay applied.
             if result.skipped:
-                context.log.warning(f"snapshot of {schema.table_id}: {result.status}")
+                context.log.warning(f"snapshot of {schema.table_id}: {result.status_text}")
             yield dg.AssetObservation(asset_key=context.asset_key, metadata=metadata)
             return
         yield dg.MaterializeResult(metadata=metadata)

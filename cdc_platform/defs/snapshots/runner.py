@@ -27,7 +27,7 @@ STOP_GRACE_SECONDS = 30.0
 
 def result_metadata(result: SnapshotResult) -> dict[str, Any]:
     return {
-        "status": result.status,
+        "status": result.status_text,
         "session_id": result.session_id,
         "rows": result.rows,
         "chunks": result.chunks,
@@ -129,7 +129,7 @@ def run_reader(
         notifications.notifier.aborted(str(error) or type(error).__name__)
         notifications.close()
         raise
-    notifications.notifier.finished(result.status, result.rows)
+    notifications.notifier.finished(result.status_text, result.rows)
     notifications.close()
     return result
 

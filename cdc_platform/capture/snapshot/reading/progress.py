@@ -12,6 +12,7 @@ from decimal import Decimal
 from typing import Any
 
 from cdc_platform.capture.keys import Key
+from cdc_platform.capture.snapshot.chunks import SkippedTable
 
 # ---- progress and result -----------------------------------------------------------------------
 
@@ -55,13 +56,21 @@ def describe_progress(progress: SnapshotProgress) -> str:
             f"{progress.elapsed_seconds:.0f}s")
 
 
+class SnapshotStatus(enum.StrEnum):
+    """How a snapshot run ended: the one spelling for the reader, the asset and the CLI."""
+
+    DONE = "done"  # every chunk committed: the table was read whole
+    STOPPED = "stopped"  # a stop (signal or run) ended it; committed chunks stay applied
+    SKIPPED = "skipped"  # not read at all (``reason``: no usable chunk key)
+
+
 @dataclass(frozen=True)
 class SnapshotResult:
-    """What a snapshot did; ``status`` is ``done``, ``stopped`` or ``skipped: <reason>``."""
+    """What a snapshot did: its ``status`` (``reason``: why it was skipped)."""
 
     table_id: str
     session_id: str
-    status: str
+    status: SnapshotStatus  # (a plain string is converted: ValueError if it is none of them)
     rows: int = 0
     chunks: int = 0
     rejected: int = 0
@@ -71,6 +80,10 @@ class SnapshotResult:
     end_gtid: str = ""
     rows_emitted: int | None = None  # what the engine landed (touched keys are dropped)
     restarts: int = 0  # sessions the engine ended for a DDL, each followed by a full re-read
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", SnapshotStatus(self.status))
 
     @property
     def rows_per_second(self) -> float:
@@ -78,7 +91,14 @@ class SnapshotResult:
 
     @property
     def skipped(self) -> bool:
-        return self.status.startswith("skipped")
+        return self.status is SnapshotStatus.SKIPPED
+
+    @property
+    def status_text(self) -> str:
+        """The status as a user reads it: ``done``, ``stopped`` or ``skipped: <reason>``."""
+        if self.skipped:
+            return SkippedTable(self.table_id, self.reason).status
+        return str(self.status)
 
 
 # ---- reader.state: the reader's own progress (to resume after its process died) ---------------

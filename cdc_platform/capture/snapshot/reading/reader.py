@@ -89,6 +89,7 @@ from cdc_platform.capture.snapshot.reading.progress import (
     ReaderState,
     SnapshotProgress,
     SnapshotResult,
+    SnapshotStatus,
     WrittenChunk,
     decode_range,
     encode_range,
@@ -255,7 +256,8 @@ class SnapshotReader:
             key = self._chunk_key(self.schema)
             if isinstance(key, SkippedTable):
                 self.log.warning(f"snapshot of {self.table_id}: {key.status}")
-                return SnapshotResult(self.table_id, self.session_id, key.status)
+                return SnapshotResult(self.table_id, self.session_id, SnapshotStatus.SKIPPED,
+                                      reason=key.reason)
             self._lock.try_acquire()
             self._table = self._with_connection(
                 "reading the column widths", lambda conn: with_row_bound(
@@ -434,7 +436,7 @@ class SnapshotReader:
         assert self._table is not None
         return self._table
 
-    def _result(self, status: str) -> SnapshotResult:
+    def _result(self, status: SnapshotStatus) -> SnapshotResult:
         return SnapshotResult(
             table_id=self.table_id, session_id=self.session_id, status=status,
             rows=self._rows, chunks=self._chunks, rejected=self._rejected,
@@ -452,7 +454,7 @@ class SnapshotReader:
     def _stopped(self, why: str) -> SnapshotResult:
         self.log.info(f"{self._where()}: stopped ({why}) after {self._chunks} committed "
                         f"chunks, {self._rows} rows; committed chunks stay applied")
-        return self._result("stopped")
+        return self._result(SnapshotStatus.STOPPED)
 
     # -- phases ----------------------------------------------------------------------------
 
@@ -878,7 +880,7 @@ class SnapshotReader:
             if not self.keep_chunks:
                 self.landing.store.delete_directory(*chunk_parts(
                     self.schema.database, self.schema.table, self.session_id))
-            result = self._result("done")
+            result = self._result(SnapshotStatus.DONE)
             self.log.info(f"{self._where()}: done, {result.rows} rows in {result.chunks} chunks "
                           f"({result.rejected} rejected and read again), "
                           f"{result.rows_per_second:,.0f} rows/s")
