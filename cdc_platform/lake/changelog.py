@@ -197,30 +197,6 @@ def read_checkpoint(landing_url: str, server_name: str, *, s3: S3Options | None 
     return LandingReader.open(landing_url, server_name, s3=s3).read_checkpoint()
 
 
-def read_table_schemas(landing_url: str, server_name: str) -> dict[str, TableSchema]:
-    """The engine's ``tables.json`` (table id -> newest schema); empty if absent or unreadable.
-
-    Used only as a fallback schema for a table that has no changelog yet.
-    """
-    try:
-        return LandingReader.open(landing_url, server_name).read_tables()
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return {}
-
-
-def list_segments(
-    landing_url: str,
-    server_name: str,
-    database: str,
-    table: str,
-    after_pos: int | None = None,
-    before_pos: int | None = None,
-) -> list[Segment]:
-    """``TableChangelog.segments`` of one table, opened for this call."""
-    return TableChangelog.open(landing_url, server_name, database, table).segments(
-        after_pos, before_pos)
-
-
 def read_column_renames(landing_url: str, server_name: str, database: str, table: str,
                         before_pos: int) -> list[ColumnRenames]:
     """``TableChangelog.column_renames`` of one table, opened for this call."""

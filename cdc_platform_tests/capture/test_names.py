@@ -162,7 +162,7 @@ def test_the_engine_moves_directories_written_before_names_were_escaped(tmp_path
     """A table `2024 sales` landed by an earlier engine (raw directory names) is moved to its
     escaped directory when the next engine takes the landing zone; plain names stay."""
     from cdc_platform.capture.landing.zone import LandingZone, snapshot_parts
-    from cdc_platform.lake.changelog import list_segments
+    from cdc_platform.lake.changelog import TableChangelog
 
     landing = LandingZone(str(tmp_path), "s1")
     legacy = landing.root / "changelog" / "shop" / "2024 sales"
@@ -178,8 +178,8 @@ def test_the_engine_moves_directories_written_before_names_were_escaped(tmp_path
         pass
     assert not legacy.exists() and plain.is_dir()
     assert sorted(p.name[:20] for p in new.iterdir()) == ["0" * 19 + "1", "0" * 19 + "3"]
-    assert [s.first_pos for s in list_segments(str(tmp_path), "s1", "shop", "2024 sales")] == [
-        1, 3]
+    changelog = TableChangelog.open(str(tmp_path), "s1", "shop", "2024 sales")
+    assert [s.first_pos for s in changelog.segments(None, None)] == [1, 3]
     assert landing.root.joinpath(*snapshot_parts("my db", "t")).is_dir()
     assert not (landing.root / "snapshots" / "my db").exists()
     with landing.engine_lock():  # nothing left to move

@@ -8,13 +8,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from cdc_platform.capture.landing.zone import LandingReader
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
-from cdc_platform.lake.changelog import (
-    changelog_batch,
-    list_segments,
-    read_checkpoint,
-    read_table_schemas,
-)
+from cdc_platform.lake.changelog import TableChangelog, changelog_batch, read_checkpoint
 from cdc_platform_tests.lake.helpers import SERVER, Landing, schema
 
 S = schema("items")
@@ -41,7 +37,8 @@ def test_segments_are_selected_by_their_position_range(tmp_path: Path):
     (directory / "notes.txt").write_text("not a segment")
 
     def ranges(after, before):
-        segments = list_segments(landing.url, SERVER, "shop", "items", after, before)
+        segments = TableChangelog.open(landing.url, SERVER, "shop", "items").segments(after,
+                                                                                   before)
         return [(s.first_pos, s.last_pos) for s in segments]
 
     assert ranges(None, None) == [(1, 2), (3, 4), (5, 5)]
@@ -49,8 +46,8 @@ def test_segments_are_selected_by_their_position_range(tmp_path: Path):
     assert ranges(3, 5) == [(3, 4)]
     assert ranges(5, 100) == []
     assert ranges(None, 1) == []
-    assert list_segments(landing.url, SERVER, "shop", "nothing", None, None) == []
-    segment = list_segments(landing.url, SERVER, "shop", "items")[0]
+    assert TableChangelog.open(landing.url, SERVER, "shop", "nothing").segments(None, None) == []
+    segment = TableChangelog.open(landing.url, SERVER, "shop", "items").segments(None, None)[0]
     metadata = pq.read_schema(segment.path, filesystem=segment.filesystem).metadata
     assert TableSchema.from_parquet_metadata(metadata) == S
 
@@ -75,12 +72,12 @@ def test_batch_filters_positions_and_conforms_older_segments_by_name(spark, tmp_
 
 
 def test_table_schemas_fallback(tmp_path: Path):
-    assert read_table_schemas(str(tmp_path), SERVER) == {}
+    assert LandingReader.open(str(tmp_path), SERVER).read_tables() == {}
     (tmp_path / SERVER).mkdir()
     (tmp_path / SERVER / "tables.json").write_text(
         json.dumps({"tables": {"shop.items": S.to_dict()}})
     )
-    assert read_table_schemas(str(tmp_path), SERVER) == {"shop.items": S}
+    assert LandingReader.open(str(tmp_path), SERVER).read_tables() == {"shop.items": S}
 
 
 def test_a_source_column_named_like_the_lakes_own_is_refused_by_name(spark, tmp_path: Path):

@@ -14,7 +14,7 @@ deletes. Why each is safe:
   ``next_pos``: files there belong to the flush being written or to a crash's left-overs,
   which the engine deletes at its next start and replays with the same positions. The engine
   itself never reads a segment again (it resumes from the checkpoint's GTID set), and a reader
-  reads only records after its target's mark (``lake.changelog.list_segments``).
+  reads only records after its target's mark (``lake.changelog.TableChangelog.segments``).
 * A segment **expires** when it ends at or below the horizon, its file is older than the
   retention, and it is not the table's newest committed segment. Age is the file's
   modification time (when it landed; a compacted segment takes its newest input's), not its

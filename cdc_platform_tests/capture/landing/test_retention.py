@@ -67,7 +67,7 @@ from cdc_platform.capture.snapshot.chunks import Chunk, ChunkedTable, ChunkKey
 from cdc_platform.capture.snapshot.protocol import SessionState, SnapshotSession
 from cdc_platform.capture.snapshot.sessions import SnapshotCoordinator
 from cdc_platform.capture.storage import LocalFileStore
-from cdc_platform.lake.changelog import list_segments
+from cdc_platform.lake.changelog import TableChangelog
 
 HOUR = 3600.0
 ITEMS = TableSchema("shop", "items", (ColumnSpec("id", "int"), ColumnSpec("name", "string")),
@@ -183,7 +183,7 @@ class _Simulated:
         return steps
 
     def reader_view(self) -> Counter[int]:
-        """What a reader after the mark reads (``lake.changelog.list_segments``' selection)."""
+        """What a reader after the mark reads (``lake.changelog.TableChangelog.segments``' selection)."""
         after = self.mark
         view: Counter[int] = Counter()
         for segment, positions in self.files.items():
@@ -402,8 +402,8 @@ def _view(landing: LandingZone, schema: TableSchema, after: int | None) -> list[
     """The positions the lake's reader finds after ``after`` (``lake.changelog``)."""
     before = landing.read_checkpoint().next_pos
     out = []
-    for segment in list_segments(str(landing.root.parent), landing.server_name,
-                                 schema.database, schema.table, after, before):
+    for segment in TableChangelog.open(str(landing.root.parent), landing.server_name,
+                                       schema.database, schema.table).segments(after, before):
         positions = pq.read_table(segment.path, columns=[POS]).column(0).to_pylist()
         out += [p for p in positions if (after is None or p > after) and p < before]
     return sorted(out)
@@ -724,8 +724,8 @@ def _items_records(landing: LandingZone, db: str, after: int,
                    before: int) -> Counter[tuple[Any, ...]]:
     """(position, op, id) of the records the lake's reader finds in (after, before)."""
     found: Counter[tuple[Any, ...]] = Counter()
-    for segment in list_segments(str(landing.root.parent), landing.server_name, db, "items",
-                                 after, before):
+    for segment in TableChangelog.open(str(landing.root.parent), landing.server_name, db,
+                                       "items").segments(after, before):
         table = pq.read_table(segment.path, columns=[POS, OP, "id"])
         found.update((p, o, k) for p, o, k in zip(*(c.to_pylist() for c in table.columns),
                                                   strict=True) if after < p < before)
