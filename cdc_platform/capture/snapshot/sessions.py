@@ -82,8 +82,8 @@ from cdc_platform.capture.snapshot.protocol import (
 _ACTION_STATES = {Action.PAUSE: SessionState.PAUSED, Action.RESUME: SessionState.OPEN,
                   Action.STOP: SessionState.STOPPED}
 # While sessions are open, the engine ticks the coordinator (pending chunks are decided) this
-# often. Ticks come between binlog events, so the source's heartbeat period is at most the
-# engine's HEARTBEAT_MAX_SECONDS: on an idle source a chunk waits at most about that long
+# often. Ticks come between binlog events, so the source's heartbeat period is at most
+# ``engine_options.HEARTBEAT_MAX_SECONDS``: on an idle source a chunk waits at most about that long
 # (measured: with a 0.2 s heartbeat and poll, polls fell 0.4 s apart and the reader waited for
 # the engine half of the time; with 0.1 s, a 1M-row snapshot read in 1.7 s spent 0.19 s of it
 # asleep, waiting for the commits of its last chunks; at 0.025 s a 1M-row snapshot ran in
@@ -377,7 +377,7 @@ class SnapshotCoordinator:
         DDL on a quiet table, or for a table created since the engine started, it has an old
         schema or none. So when a session opens (or the engine resumes one), and whenever the
         engine has no schema, it is read from the source. That schema may be newer than the
-        engine's position; it is still safe to decide with (engine.py, ``_read_source_schema``).
+        engine's position; it is still safe to decide with (``SchemaTracker.learn_table`` says why).
         """
         table_id = session.table_id
         schema = self._schemas.schemas.get(table_id)
