@@ -75,9 +75,17 @@ def server_message(error: BaseException) -> str:
 
 def purged_binlog_stop(server_name: str, position: str, error: BaseException) -> str:
     """Why capture stops when the binlog no longer holds its GTID position, and the ways on."""
+    return f"source {server_name}: {purged_binlog_text(position, server_message(error))}"
+
+
+def purged_binlog_text(position: str | None, message: str) -> str:
+    """The words for MySQL error 1236 (the binlog no longer holds the position asked for) and
+    the ways on, whoever meets it: the engine's stop (``purged_binlog_stop``) and the start
+    checks (``start_errors``, which do not know the position: None). ``""``: a first start."""
+    where = "the requested GTID position" if position is None else \
+        f"GTID position {position or '(start)'}"
     return (
-        f"source {server_name}: the binlog no longer holds GTID position "
-        f"{position or '(start)'} (purged: {server_message(error)})."
+        f"the binlog no longer holds {where} (purged: {message})."
         " The changelog cannot continue exactly: keep binlogs longer, and either "
         "set capture.snapshot_mode: when_needed (the engine then goes on from the "
         "source's current position and snapshots every captured table again), "

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import pymysql
 
 from cdc_platform.capture.flavours import flavour_of
+from cdc_platform.capture.source import purged_binlog_text
 
 if TYPE_CHECKING:
     from cdc_platform.config import Settings
@@ -172,8 +173,7 @@ def _describe_mysql(error: pymysql.MySQLError, account: SourceAccount | None) ->
     if code == _UNKNOWN_DATABASE:
         return f"{server}: {message}: check capture.tables and the table names used"
     if code == _PURGED:
-        return (f"{server}: the binlog no longer holds the requested position ({message}): "
-                "keep binlogs longer, and re-snapshot the tables (see README, Known limits)")
+        return f"{server}: {purged_binlog_text(None, message)}"
     return None
 
 

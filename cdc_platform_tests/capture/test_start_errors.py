@@ -17,7 +17,7 @@ import pytest
 from cdc_platform.capture.engine import EngineError
 from cdc_platform.capture.landing.zone import EngineLockedError
 from cdc_platform.capture.s3store import ObjectStoreError
-from cdc_platform.capture.source import PrerequisiteError
+from cdc_platform.capture.source import PrerequisiteError, purged_binlog_stop
 from cdc_platform.capture.start_errors import (
     SourceAccount,
     StartError,
@@ -85,7 +85,8 @@ def test_missing_grants_names_mysql_privileges_as_mysql_does() -> None:
     (pymysql.err.OperationalError(1049, "Unknown database 'shop'"), ["Unknown database 'shop'"]),
     (pymysql.err.OperationalError(1236, "Could not find GTID state requested by slave in any "
                                         "binlog files"),
-     ["no longer holds the requested position", "re-snapshot"]),
+     ["no longer holds the requested GTID position", "re-snapshot",
+      "capture.snapshot_mode: when_needed"]),
     (PrerequisiteError("source 'acc' cannot be captured exactly: server variable "
                        "binlog_format is 'MIXED', needs 'ROW'. Set these"),
      ["binlog_format is 'MIXED'"]),
@@ -256,3 +257,16 @@ def test_mysql_partial_json_updates_are_refused_at_start_in_one_line(tmp_path: A
     assert "Set binlog_row_value_options=''" in line
     checkpoint = engine.landing.read_checkpoint()  # (refused before streaming anything)
     assert checkpoint is None or (checkpoint.gtid, checkpoint.next_pos) == ("", 1)
+
+
+def test_a_purged_binlog_reads_the_same_at_start_and_when_the_engine_stops() -> None:
+    """Error 1236 met by the start checks or by the running engine: the same ways on, both
+    naming capture.snapshot_mode: when_needed."""
+    error = pymysql.err.OperationalError(1236, "Could not find GTID state requested by slave "
+                                               "in any binlog files")
+    line = describe_start_error(error, ACCOUNT)
+    stop = purged_binlog_stop("acc", "0-1-40", error)
+    assert line is not None
+    ways_on = stop.split("(purged: Could not find GTID state requested by slave in any binlog "
+                         "files).", 1)[1]
+    assert "capture.snapshot_mode: when_needed" in ways_on and line.endswith(ways_on)
