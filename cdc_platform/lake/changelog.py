@@ -197,29 +197,6 @@ def read_checkpoint(landing_url: str, server_name: str, *, s3: S3Options | None 
     return LandingReader.open(landing_url, server_name, s3=s3).read_checkpoint()
 
 
-def read_column_renames(landing_url: str, server_name: str, database: str, table: str,
-                        before_pos: int) -> list[ColumnRenames]:
-    """``TableChangelog.column_renames`` of one table, opened for this call."""
-    return TableChangelog.open(landing_url, server_name, database, table).column_renames(
-        before_pos)
-
-
-def changelog_batch(
-    spark: SparkSession,
-    landing_url: str,
-    server_name: str,
-    database: str,
-    table: str,
-    after_pos: int | None,
-    before_pos: int,
-    snapshot_columns: bool = False,
-    renames: Sequence[ColumnRenames] = (),
-) -> tuple[DataFrame | None, TableSchema | None]:
-    """``TableChangelog.batch`` of one table, opened for this call."""
-    return TableChangelog.open(landing_url, server_name, database, table).batch(
-        spark, after_pos, before_pos, snapshot_columns, renames)
-
-
 def _renamed_columns(df: DataFrame, records: Sequence[ColumnRenames]) -> DataFrame:
     """``df`` (one group of segments) with its user columns, and the range-assertion bound
     columns of renamed key columns, under their names after ``records``."""

@@ -23,7 +23,7 @@ from cdc_platform.capture.ddl.stale import stale_tables
 from cdc_platform.capture.ddl.stale_markers import read_markers
 from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
-from cdc_platform.lake.changelog import read_column_renames
+from cdc_platform.lake.changelog import TableChangelog
 from cdc_platform_tests.conftest import CdcEnv
 
 
@@ -146,13 +146,14 @@ def test_records_are_written_for_captured_tables_and_removed_when_uncommitted(tm
     later = parse_table_ddl("ALTER TABLE t CHANGE a c INT", "s")
     assert later is not None
     record_column_renames(landing, later, "0-1-9", 20, lambda db, t: True)
-    assert [r.position for r in read_column_renames(str(tmp_path), "srv", "s", "t", 21)] == [
+    changelog = TableChangelog.open(str(tmp_path), "srv", "s", "t")
+    assert [r.position for r in changelog.column_renames(21)] == [
         12, 20]
     # a checkpoint at next_pos 20 does not cover the second: readers leave it alone, and a
     # restart removes it (the replay records it again)
-    assert read_column_renames(str(tmp_path), "srv", "s", "t", 20) == [record]
+    assert TableChangelog.open(str(tmp_path), "srv", "s", "t").column_renames(20) == [record]
     landing.remove_uncommitted(20)
-    assert read_column_renames(str(tmp_path), "srv", "s", "t", 99) == [record]
+    assert TableChangelog.open(str(tmp_path), "srv", "s", "t").column_renames(99) == [record]
 
 
 def test_an_excluded_column_renamed_to_a_captured_name_marks_the_target_stale() -> None:
@@ -197,8 +198,8 @@ def test_a_renamed_column_keeps_its_values_without_a_re_snapshot(cdc_env: CdcEnv
     result = _materialise_and_reconcile(env, spark, "items")
 
     assert read_markers(env.landing) == []  # no re-snapshot for a rename
-    [record] = read_column_renames(env.settings.landing_zone.url, env.server_name, env.db,
-                                   "items", result.consumed_pos + 1)
+    [record] = TableChangelog.open(env.settings.landing_zone.url, env.server_name, env.db,
+                                   "items").column_renames(result.consumed_pos + 1)
     assert record.renames == (("name", "title"),) and record.gtid
     assert result.schema_changed
     rows = _third_party_rows(env, spark, "items")

@@ -10,7 +10,7 @@ import pytest
 
 from cdc_platform.capture.landing.zone import LandingReader
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
-from cdc_platform.lake.changelog import TableChangelog, changelog_batch, read_checkpoint
+from cdc_platform.lake.changelog import TableChangelog, read_checkpoint
 from cdc_platform_tests.lake.helpers import SERVER, Landing, schema
 
 S = schema("items")
@@ -60,7 +60,7 @@ def test_batch_filters_positions_and_conforms_older_segments_by_name(spark, tmp_
                    ColumnSpec("name", "string"))
     landing.segment(newer, [("u", {"id": 1, "name": "a", "email": "a@x"}),
                             ("d", {"id": 2}), ("c", {"id": 3, "name": "c", "email": "c@x"})])
-    batch, newest = changelog_batch(spark, landing.url, SERVER, "shop", "items", 1, 5)
+    batch, newest = TableChangelog.open(landing.url, SERVER, "shop", "items").batch(spark, 1, 5)
     assert newest == newer
     assert batch is not None
     assert batch.columns == ["__cdc_pos", "__cdc_gtid", "__cdc_op", "__cdc_ts_ms", "email", "id",
@@ -68,7 +68,8 @@ def test_batch_filters_positions_and_conforms_older_segments_by_name(spark, tmp_
     rows = [(r["__cdc_pos"], r["__cdc_op"], r.id, r.name, r.email)
             for r in batch.orderBy("__cdc_pos").collect()]
     assert rows == [(2, "c", 2, "b", None), (3, "u", 1, "a", "a@x"), (4, "d", 2, None, None)]
-    assert changelog_batch(spark, landing.url, SERVER, "shop", "items", 5, 9) == (None, None)
+    changelog = TableChangelog.open(landing.url, SERVER, "shop", "items")
+    assert changelog.batch(spark, 5, 9) == (None, None)
 
 
 def test_table_schemas_fallback(tmp_path: Path):
@@ -86,4 +87,4 @@ def test_a_source_column_named_like_the_lakes_own_is_refused_by_name(spark, tmp_
     landing.segment(odd, [("c", {"id": 1, "__CDC_note": "x"})])
     with pytest.raises(ValueError, match=r"shop.items: column\(s\) '__CDC_note' start with "
                                          r"'__cdc_'.*capture.excluded_columns"):
-        changelog_batch(spark, landing.url, SERVER, "shop", "items", None, 100)
+        TableChangelog.open(landing.url, SERVER, "shop", "items").batch(spark, None, 100)

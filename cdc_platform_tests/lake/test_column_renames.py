@@ -10,7 +10,7 @@ from decimal import Decimal
 import pytest
 
 from cdc_platform.capture.schema import ColumnSpec
-from cdc_platform.lake.changelog import changelog_batch, read_column_renames
+from cdc_platform.lake.changelog import TableChangelog
 from cdc_platform.lake.iceberg import RENAMED_THROUGH_PROPERTY, SchemaEvolutionError
 from cdc_platform.lake.merge import materialise
 from cdc_platform_tests.lake.helpers import (
@@ -40,10 +40,10 @@ def test_segments_before_and_after_a_rename_in_one_batch(spark, landing, warehou
     position = landing.rename_columns(BEFORE, ("name", "title"))
     landing.segment(AFTER, [("u", {"id": 1, "title": "one", "amount": Decimal("1.5")}),
                             ("c", {"id": 4, "title": "n4", "amount": Decimal(4)})])
-    [record] = read_column_renames(landing.url, SERVER, "shop", "items", landing.next_pos)
+    changelog = TableChangelog.open(landing.url, SERVER, "shop", "items")
+    [record] = changelog.column_renames(landing.next_pos)
     assert record.position == position and record.renames == (("name", "title"),)
-    batch, newest = changelog_batch(spark, landing.url, SERVER, "shop", "items", None,
-                                    landing.next_pos, renames=[record])
+    batch, newest = changelog.batch(spark, None, landing.next_pos, renames=[record])
     assert newest is not None and list(newest.column_names) == ["id", "title", "amount"]
     assert batch is not None and sorted(r.title for r in batch.collect()) == [
         "n1", "n2", "n3", "n4", "one"]
@@ -87,7 +87,8 @@ def test_a_swap_of_columns_of_different_types(spark, landing, warehouse):
     landing.segment(swapped, [("u", {"id": 1, "b": "x", "a": 11})])
     # a run that evolved the table and died before its MERGE committed: the next run must
     # not swap the columns back
-    records = read_column_renames(landing.url, SERVER, "shop", "pair", landing.next_pos)
+    records = TableChangelog.open(landing.url, SERVER, "shop", "pair").column_renames(
+        landing.next_pos)
     target_table(spark, warehouse, swapped).evolve(swapped, records)
     materialise_table(spark, landing, warehouse, swapped)
     rows = _rows(spark, warehouse, swapped)
@@ -191,7 +192,8 @@ def test_several_column_changes_are_one_metadata_commit(spark, landing, warehous
     landing.rename_columns(v1, ("a", "title"))
     landing.rename_columns(v1, ("b", "b2"))
     landing.rename_columns(v1, ("b2", "b"))  # back again: no net rename of b
-    records = read_column_renames(landing.url, SERVER, "shop", "many", landing.next_pos)
+    records = TableChangelog.open(landing.url, SERVER, "shop", "many").column_renames(
+        landing.next_pos)
     before = _metadata_commits(table)
 
     assert table.evolve(v2, records)
