@@ -160,8 +160,9 @@ def test_one_retention_sweep_at_a_time_on_object_storage(request, tmp_path):
 
 
 def test_a_second_engine_is_refused_on_an_s3_zone(seaweedfs, s3_zone_url, tmp_path):
-    first = _s3_zone(seaweedfs, s3_zone_url, tmp_path / "a")
-    second = _s3_zone(seaweedfs, s3_zone_url, tmp_path / "b")
+    # (a short ttl: the second engine waits until it sees the first renew, a third of it)
+    first = _s3_zone(seaweedfs, s3_zone_url, tmp_path / "a", lease_ttl_seconds=3.0)
+    second = _s3_zone(seaweedfs, s3_zone_url, tmp_path / "b", lease_ttl_seconds=3.0)
     with first.engine_lock():
         assert first.store.exists(ENGINE_LEASE_FILE)
         refused = r"another capture engine is already streaming 'demo' into s3a://.*pid"
@@ -282,7 +283,7 @@ def test_the_engine_streams_into_an_s3_landing_zone(cdc_env, seaweedfs, s3_zone_
 
     def engine(scratch: Path) -> CaptureEngine:
         landing = LandingZone(s3_zone_url, env.server_name, s3=s3_options(seaweedfs),
-                              scratch=scratch)
+                              scratch=scratch, lease_ttl_seconds=3.0)
         return CaptureEngine(EngineOptions.from_settings(env.settings), landing)
 
     stats = engine(tmp_path / "pod-a").run(stop_when_caught_up=True)
@@ -367,7 +368,7 @@ def test_a_second_engine_on_the_same_s3_zone_is_refused_in_one_line(
 
     def engine(scratch: Path) -> CaptureEngine:
         landing = LandingZone(s3_zone_url, env.server_name, s3=s3_options(seaweedfs),
-                              scratch=scratch)
+                              scratch=scratch, lease_ttl_seconds=3.0)
         return CaptureEngine(EngineOptions.from_settings(env.settings), landing)
 
     first, stop = engine(tmp_path / "pod-a"), threading.Event()

@@ -73,6 +73,9 @@ XA_DIR = "xa"  # object stores: copies of the spill files the checkpoint names
 # The engine's lease on object storage: renewed every third of it; a killed engine's lease
 # blocks a new engine at most this long.
 ENGINE_LEASE_TTL_SECONDS = 60.0
+# How much longer than the lease's ttl a starting engine waits for an unrenewed lease (clock
+# skew, a slow read) before it is refused.
+ENGINE_LEASE_WAIT_SLACK_SECONDS = 10.0
 
 log = logging.getLogger(__name__)
 
@@ -468,13 +471,18 @@ class LandingZone(LandingReader):
             check()  # (ObjectStoreError: one line naming landing_zone.url)
         lease = Lease(self.store, ENGINE_LEASE_FILE)
         holder = f"{socket.gethostname()} pid {os.getpid()}"
-        if not lease.acquire(holder, self.lease_ttl_seconds):
+        # A restarted engine (a run retry, a pod restart) meets the lease of the engine it
+        # replaces, killed without releasing it: it waits for that lease to expire rather
+        # than fail, and is refused as soon as the lease is renewed (its holder lives).
+        if not lease.acquire(holder, self.lease_ttl_seconds,
+                             wait_seconds=self.lease_ttl_seconds + ENGINE_LEASE_WAIT_SLACK_SECONDS):
             current = lease.current()
             other = current.holder if current is not None and current.holder else "unknown"
             raise EngineLockedError(
                 f"another capture engine is already streaming {self.server_name!r} into "
                 f"{self.store.uri} ({other}, lease {ENGINE_LEASE_FILE}); stop it first: one "
-                "engine per source server (a killed engine's lease expires after "
+                "engine per source server (its lease was renewed while this engine waited for "
+                f"it to expire; a killed engine's lease expires after "
                 f"{self.lease_ttl_seconds:g} s)")
         self._lease_lost.clear()
         stop = threading.Event()
