@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 export PYSPARK_PYTHON := $(abspath .venv/bin/python)
 
-.PHONY: bootstrap demo demo-s3 ui test torture lint unit bench stream clean
+.PHONY: bootstrap demo demo-s3 ui test torture torture-s3 lint unit bench stream clean
 
 bootstrap:  ## Debian packages if missing, .venv with the package installed (idempotent)
 	@bash scripts/bootstrap.sh
@@ -19,10 +19,13 @@ ui: bootstrap  ## Dagster UI (dagster dev) on the demo config and its services; 
 	$(PY) -m cdc_platform ui --port $(UI_PORT)
 
 test: bootstrap lint  ## unit, integration and the `dagster job execute` run (not the torture)
-	$(PY) -m pytest -q -p no:cacheprovider -m "not torture" cdc_platform_tests
+	$(PY) -m pytest -q -p no:cacheprovider -m "not torture and not torture_s3" cdc_platform_tests
 
 torture: bootstrap  ## acceptance: every type/name/feature cell, kill -9s and a failover (~10 min)
 	$(PY) -m pytest -q -p no:cacheprovider -m torture cdc_platform_tests/torture
+
+torture-s3: bootstrap  ## the torture's kill -9s and failover with landing zone and lake on SeaweedFS
+	$(PY) -m pytest -q -p no:cacheprovider -m torture_s3 cdc_platform_tests/torture/test_torture_s3.py
 
 lint: bootstrap
 	.venv/bin/ruff check cdc_platform cdc_platform_tests bench

@@ -5,6 +5,11 @@ default 10), ``TORTURE_SEED`` (kill points and workload, default 13),
 ``TORTURE_WORKLOAD_SECONDS`` (default 45), ``TORTURE_CELLS`` (a regular expression: only the
 cells whose id matches, e.g. ``types/.*latin1``), ``TORTURE_REPORT`` (also write the JSON report
 there).
+
+``make torture-s3`` (``test_torture_s3``) runs the fault run again with the landing zone and the
+warehouse on a SeaweedFS it starts (``harness.STORAGE``), targets read back with pyiceberg
+through its Iceberg REST catalog; ``TORTURE_KILLS`` defaults to 3 there (each kill costs the
+dead engine's 60 s lease).
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -93,6 +94,52 @@ class Cluster:
             server.query(f"SET GLOBAL log_bin_compress = {'ON' if on else 'OFF'}")
 
 
+@dataclass
+class ObjectStorage:
+    """Where a run's landing zone and warehouse live when the torture runs on S3: a SeaweedFS
+    (its ``s3`` section, the landing bucket, and its Iceberg REST catalog as the warehouse).
+    Unset (``STORAGE.s3 is None``), every run keeps both under its local folder."""
+
+    s3: Any = None  # the SeaweedFS the run started
+    landing_bucket: str = "landing"
+    table_bucket: str = "lake"
+
+    def sections(self, root: Path) -> dict[str, Any]:
+        """The config's storage sections for a run whose local folder is ``root``: each run's
+        landing zone under a prefix of its own (the folder's name), one warehouse (the table
+        bucket; a run's tables are apart by their server name's namespace)."""
+        if self.s3 is None:
+            return {"landing_zone": {"url": str(root / "landing")},
+                    "warehouse": {"url": str(root / "warehouse")}}
+        return {
+            "landing_zone": {"url": f"s3://{self.landing_bucket}/{root.name}"},
+            "warehouse": {"url": f"s3://{self.table_bucket}", "catalog": {
+                "type": "rest", "uri": self.s3.catalog_uri,
+                "properties": {"rest.auth.type": "sigv4", "rest.signing-name": "s3tables",
+                               "rest.signing-region": self.s3.region}}},
+            "s3": {"endpoint_url": self.s3.endpoint_url, "region": self.s3.region,
+                   "path_style": True},
+        }
+
+    def catalog_rows(self, namespace: str, name: str) -> list[dict[str, Any]] | None:
+        """A target's rows read with pyiceberg through the REST catalog (not through the Spark
+        session that wrote them), as the acceptance run reads them; None if it has no table."""
+        from pyiceberg.catalog.rest import RestCatalog
+        from pyiceberg.exceptions import NoSuchTableError
+
+        catalog = RestCatalog("torture", **self.s3.catalog_properties())
+        try:
+            table = catalog.load_table((namespace, name))
+        except NoSuchTableError:
+            return None
+        return [{k: v for k, v in row.items() if not k.startswith("__cdc_")}
+                for row in table.scan().to_arrow().to_pylist()]
+
+
+#: The storage of every run of this process (``test_torture_s3`` points it at its SeaweedFS).
+STORAGE = ObjectStorage()
+
+
 def config_dict(source: Any, server_name: str, root: Path, include: list[str],
                 initial_position: str, server_id: int | None = None,
                 surrogate_keys: dict[str, list[str]] | None = None) -> dict[str, Any]:
@@ -104,9 +151,8 @@ def config_dict(source: Any, server_name: str, root: Path, include: list[str],
         "capture": {"tables": {"include": include}, "heartbeat_interval_seconds": 1,
                     "flush_interval_seconds": 0.2, "initial_position": initial_position,
                     "reconnect": {"initial_backoff_seconds": 0.2, "max_backoff_seconds": 2}},
-        "landing_zone": {"url": str(root / "landing")},
-        "warehouse": {"url": str(root / "warehouse")},
         "spark": {"master": "local[2]"},
+        **STORAGE.sections(root),
     }
     if surrogate_keys:
         data["capture"]["surrogate_keys"] = surrogate_keys
@@ -145,6 +191,8 @@ def target_rows(spark: Any, settings: Any, database: str, table: str
 
     target = Lake.from_settings(spark, settings).table(settings.source.server_name, database,
                                                        table)
+    if STORAGE.s3 is not None:
+        return STORAGE.catalog_rows(target.namespace, target.name)
     if target.current() is None:
         return None
     return [row.asDict() for row in target.read().collect()]
@@ -159,14 +207,15 @@ def materialise_and_compare(spark: Any, settings: Any, primary: MariaDBServer,
     from cdc_platform.capture.landing.zone import LandingZone
     from cdc_platform.lake.merge import materialise
 
-    landing = LandingZone(settings.landing_zone.url, settings.source.server_name)
+    landing = LandingZone.from_settings(settings)
     gone = {m.table_id for m in stale_markers.read_markers(landing) if m.gone}
     verdicts = []
     with primary.root_connect() as conn:
         for database, table in tables:
             try:
                 materialise(spark, settings.landing_zone.url, settings.warehouse.url,
-                            settings.source.server_name, None, database, table)
+                            settings.source.server_name, None, database, table,
+                            catalog=settings.warehouse.catalog, s3=settings.s3.options())
                 rows = target_rows(spark, settings, database, table)
             except Exception as error:  # noqa: BLE001 - reported as the table's verdict
                 verdict = TableVerdict(f"{database}.{table}")
@@ -182,7 +231,7 @@ def materialise_and_compare(spark: Any, settings: Any, primary: MariaDBServer,
 def landed_tables(settings: Any) -> list[tuple[str, str]]:
     from cdc_platform.capture.landing.zone import LandingZone
 
-    landing = LandingZone(settings.landing_zone.url, settings.source.server_name)
+    landing = LandingZone.from_settings(settings)
     return sorted((s.database, s.table) for s in landing.read_tables().values())
 
 
@@ -308,7 +357,7 @@ def run_cell(cluster: Cluster, spark: Any, cell: Cell, root: Path, index: int) -
     settings = parse_settings(data, f"torture cell {cell.id}")
     (root / server_name).mkdir(parents=True, exist_ok=True)
     (root / server_name / "config.yaml").write_text(yaml.safe_dump(data, allow_unicode=True))
-    landing = LandingZone(settings.landing_zone.url, server_name)
+    landing = LandingZone.from_settings(settings)
     try:
         if cell.snapshot:
             _snapshot(cluster, settings, landing, cell)
@@ -328,7 +377,7 @@ def run_cell(cluster: Cluster, spark: Any, cell: Cell, root: Path, index: int) -
     problems = [v.summary() for v in verdicts if not v.ok]
     if cell.loud_words:
         problems.insert(0, f"the engine did not stop naming {', '.join(cell.loud_words)}")
-    problems += landing_layout_problems(settings.landing_zone.url, server_name)
+    problems += landing_layout_problems(settings)
     if cell.dagster:
         problems += dagster_problems(settings)
     detail = " | ".join(problems) or "all rows equal"
@@ -336,31 +385,47 @@ def run_cell(cluster: Cluster, spark: Any, cell: Cell, root: Path, index: int) -
                       [v.to_dict() for v in verdicts], time.monotonic() - started)
 
 
-def landing_layout_problems(landing_url: str, server_name: str) -> list[str]:
+def landing_layout_problems(settings: Any) -> list[str]:
     """Every changelog segment must sit at ``changelog/<db>/<table>/`` (docs/landing-zone.md),
     one directory per table: a name must never escape or share its table's directory.
 
     The table a segment belongs to is read from its documented Parquet metadata (``cdc.table``).
+    The zone is walked through its store (a local folder or an ``s3://`` prefix alike).
     """
     import pyarrow.parquet as pq
 
-    changelog = Path(landing_url) / server_name / "changelog"
+    from cdc_platform.capture.storage import open_store
+
+    store = open_store(settings.landing_zone.url, s3=settings.s3.options(),
+                       setting="landing_zone.url")
     problems: list[str] = []
-    tables_by_dir: dict[Path, set[str]] = {}
-    for path in sorted(Path(landing_url).rglob("*.parquet")):
-        metadata = pq.read_metadata(path).metadata or {}
+    tables_by_dir: dict[tuple[str, ...], set[str]] = {}
+    for parts in _parquet_files(store):
+        filesystem, path = store.arrow(*parts)
+        with filesystem.open_input_file(path) as source:
+            metadata = pq.read_metadata(source).metadata or {}
         table = metadata.get(b"cdc.table", b"?").decode(errors="replace")
         if not metadata.get(b"cdc.table"):
             continue  # not a changelog segment (snapshot chunks live elsewhere)
-        relative = Path(os.path.relpath(path.resolve(), changelog.resolve()))
-        if relative.parts[0] == ".." or len(relative.parts) != 3:
-            problems.append(f"a segment of {table} lies at {relative}, not at "
+        relative = parts[1:] if parts[0] == settings.source.server_name else ("..", *parts)
+        if relative[0] != "changelog" or len(relative) != 4:
+            problems.append(f"a segment of {table} lies at {'/'.join(relative)}, not at "
                             "changelog/<db>/<table>/")
-        tables_by_dir.setdefault(path.resolve().parent, set()).add(table)
+        tables_by_dir.setdefault(parts[:-1], set()).add(table)
     for directory, tables in tables_by_dir.items():
         if len(tables) > 1:
-            problems.append(f"segments of {sorted(tables)} share {directory.name}/")
+            problems.append(f"segments of {sorted(tables)} share {directory[-1]}/")
     return problems
+
+
+def _parquet_files(store: Any, *parts: str) -> Iterator[tuple[str, ...]]:
+    """The parts of every ``.parquet`` file below ``parts`` of ``store``, depth first."""
+    files = {f.name for f in store.list_files(*parts)}
+    for name in store.list_names(*parts):
+        if name not in files:
+            yield from _parquet_files(store, *parts, name)
+        elif name.endswith(".parquet"):
+            yield (*parts, name)
 
 
 def dagster_problems(settings: Any) -> list[str]:
@@ -368,7 +433,8 @@ def dagster_problems(settings: Any) -> list[str]:
     if "cdc_platform.definitions" not in sys.modules:
         # Its import builds the definitions of $CDC_PLATFORM_CONFIG (else the demo's, whose
         # source is not running): give it this source with no table, then build the cell's.
-        quiet = Path(settings.landing_zone.url).parent / "import-config.yaml"
+        # (a local folder of its own: the cell's landing zone may be an s3:// prefix)
+        quiet = Path(tempfile.mkdtemp(prefix="torture-import-")) / "import-config.yaml"
         data = config_dict(_Source(settings.source), "import", quiet.parent / "import", ["^$"],
                            "")
         quiet.write_text(yaml.safe_dump(data))
@@ -647,7 +713,11 @@ class EngineProcess:
 
 def run_faults(cluster: Cluster, spark: Any, cells: list[Cell], root: Path, *, kills: int,
                seed: int, workload_seconds: float) -> FaultResult:
-    from cdc_platform.capture.landing.zone import LandingZone
+    from cdc_platform.capture.landing.zone import (
+        ENGINE_LEASE_TTL_SECONDS,
+        ENGINE_LEASE_WAIT_SLACK_SECONDS,
+        LandingZone,
+    )
     from cdc_platform.config import parse_settings
 
     started = time.monotonic()
@@ -667,7 +737,10 @@ def run_faults(cluster: Cluster, spark: Any, cells: list[Cell], root: Path, *, k
         return parse_settings(data, "torture faults")
 
     settings = write_config(cluster.replica1)
-    landing = LandingZone(settings.landing_zone.url, server_name)
+    landing = LandingZone.from_settings(settings)
+    # On object storage a killed engine leaves its lease behind: the next engine waits it out.
+    progress_timeout = 30.0 + (0.0 if STORAGE.s3 is None
+                               else ENGINE_LEASE_TTL_SECONDS + ENGINE_LEASE_WAIT_SLACK_SECONDS)
     engine = EngineProcess(config, root)
     workload.start()
     deadline = time.monotonic() + workload_seconds
@@ -683,7 +756,7 @@ def run_faults(cluster: Cluster, spark: Any, cells: list[Cell], root: Path, *, k
             result.kills += 1
         before = landing.read_checkpoint()
         engine.start()
-        if _progresses(engine, landing, before, timeout=30):
+        if _progresses(engine, landing, before, timeout=progress_timeout):
             result.kills_survived += 1
         else:
             result.engine_exits.append(f"life {engine.lives} made no progress after a kill: "
@@ -694,7 +767,7 @@ def run_faults(cluster: Cluster, spark: Any, cells: list[Cell], root: Path, *, k
     settings = write_config(cluster.replica2)
     before = landing.read_checkpoint()
     engine.start()
-    if _progresses(engine, landing, before, timeout=30):
+    if _progresses(engine, landing, before, timeout=progress_timeout):
         result.failover = "progressing"
     time.sleep(max(0.0, deadline - time.monotonic()))
     workload.finish()
@@ -718,8 +791,7 @@ def run_faults(cluster: Cluster, spark: Any, cells: list[Cell], root: Path, *, k
     elif code != 0:
         result.failover = f"catch-up on replica 2 exited {code}: {engine.tail()}"
     # The platform re-snapshots tables a DDL left stale (the sensor's rule) after failover too.
-    _run_requested_snapshots(settings, LandingZone(settings.landing_zone.url,
-                                                   settings.source.server_name))
+    _run_requested_snapshots(settings, LandingZone.from_settings(settings))
     tables = sorted(set(landed_tables(settings)) | {(FAULTS_DB, t) for t in FAULT_TABLES}
                     | {t for c in cells for t in c.tables})
     result.tables = materialise_and_compare(spark, settings, cluster.primary, tables)
