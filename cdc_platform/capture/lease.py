@@ -24,6 +24,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import re
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -63,6 +66,46 @@ class LeaseRecord:
             return cls(str(raw["holder"]), str(raw["token"]), float(raw["expires_at"]))
         except (ValueError, KeyError, TypeError):
             return cls("", "", 0.0)
+
+
+def process_holder() -> str:
+    """This process as a lease holder: ``<host> pid <pid> ns <pid namespace>``, so that a
+    later process of the same host and namespace can tell whether it still runs
+    (``holder_gone``)."""
+    return f"{socket.gethostname()} pid {os.getpid()} ns {_pid_namespace()}"
+
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+_PROCESS_HOLDER = re.compile(r"^(?P<host>.+) pid (?P<pid>\d+) ns (?P<ns>\S+)$")
+
+
+def holder_gone(record: LeaseRecord) -> bool:
+    """Whether the lease's holder is a process of this host and pid namespace that no longer
+    exists: killed without releasing it (kill -9, OOM). Its lease is free at once rather than
+    at its expiry, so a restarted engine or reader on the same machine goes on at once. Only
+    what is certain counts: another host, another namespace (a container), an unreadable
+    holder, a live or unknown process are never gone; their leases expire as usual."""
+    match = _PROCESS_HOLDER.match(record.holder)
+    if match is None or match["host"] != socket.gethostname():
+        return False
+    if match["ns"] != _pid_namespace() or not match["ns"]:
+        return False
+    pid = int(match["pid"])
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # (PermissionError: it exists)
+        return False
+    return False
 
 
 class Lease:
@@ -115,7 +158,8 @@ class Lease:
             if self._acquire_once(holder, ttl_seconds):
                 return True
             current = self.current()
-            remaining = 0.0 if current is None else current.expires_at - self._clock()
+            remaining = 0.0 if current is None or holder_gone(current) else (
+                current.expires_at - self._clock())
             if current is None or remaining <= 0:
                 continue  # deleted, expired or released in between: take it
             if watched is not None and current != watched:
@@ -158,7 +202,8 @@ class Lease:
             if versioned is None:
                 continue  # deleted in between: try to create it again
             data, etag = versioned
-            if LeaseRecord.parse(data).expires_at > self._clock():
+            found = LeaseRecord.parse(data)
+            if found.expires_at > self._clock() and not holder_gone(found):
                 return False
             started = time.monotonic()
             record = self._new_record(holder, ttl_seconds)

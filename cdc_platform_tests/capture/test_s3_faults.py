@@ -325,9 +325,9 @@ def test_kill_9_mid_upload_then_restart_lands_every_change_exactly_once(
     assert ledger.transactions > 300
     ledger.assert_landed_exactly(reader)
     assert not supervisor.failures, supervisor.failures[0][-3000:]
-    # a restart waits out the dead engine's lease instead of being refused on it
-    assert supervisor.refusals == 0 and supervisor.waits >= 1, (supervisor.refusals,
-                                                                 supervisor.waits)
+    # a restart takes over the lease of the dead engine (a process of this host that is
+    # gone) instead of being refused on it
+    assert supervisor.refusals == 0, supervisor.refusals
     # a restart after a kill streams again about when the dead engine's lease expired
     assert max(restarts) < ttl + 60, restarts
     print(f"restarts after kill -9 streamed after {[round(s, 1) for s in restarts]} s "

@@ -222,6 +222,40 @@ def test_a_lease_that_outlives_the_wait_is_refused_without_waiting(store: FileSt
     assert time.monotonic() - started < 3
 
 
+def test_a_lease_whose_holder_process_is_gone_is_taken_over_at_once(store: FileStore):
+    """A holder of this host killed with kill -9: its process is gone, so its lease is free
+    before it expires (a restarted engine or reader on the same machine goes on at once). A
+    live process's lease, another host's, another pid namespace's are not."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from cdc_platform.capture.lease import holder_gone, process_holder
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # (gone: its pid is free)
+    mine = process_holder()
+    assert mine.startswith(f"{socket.gethostname()} pid {os.getpid()} ns ")
+    gone = mine.replace(f" pid {os.getpid()} ", f" pid {child.pid} ")
+    far = time.time() + 600
+
+    def held_by(holder: str) -> LeaseRecord:
+        record = LeaseRecord(holder, uuid.uuid4().hex, far)
+        store.write_atomically("l", data=record.to_json())
+        return record
+
+    assert holder_gone(held_by(gone))
+    assert Lease(store, "l").acquire("successor", ttl_seconds=60)
+    for alive in (mine,  # (this process: another Lease object of it)
+                  mine.replace(f" pid {os.getpid()} ", f" pid {os.getppid()} "),
+                  gone.replace(socket.gethostname(), "another-host", 1),
+                  gone.rsplit(" ns ", 1)[0] + " ns pid:[1]",
+                  gone.rsplit(" ns ", 1)[0], "dead pod"):
+        assert not holder_gone(held_by(alive)), alive
+        assert not Lease(store, "l").acquire("successor", ttl_seconds=60), alive
+
+
 def test_an_unreadable_lease_object_counts_as_expired(store: FileStore):
     store.write_atomically("l", data=b"{torn")
     assert LeaseRecord.parse(b"{torn").expires_at == 0

@@ -74,7 +74,6 @@ import json
 import logging
 import os
 import re
-import socket
 import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -97,7 +96,7 @@ from cdc_platform.capture.landing.zone import (
     table_of_parts,
     table_parts,
 )
-from cdc_platform.capture.lease import Lease
+from cdc_platform.capture.lease import Lease, process_holder
 from cdc_platform.capture.names import table_id
 from cdc_platform.capture.storage import FileInfo, fsync_directory
 
@@ -383,8 +382,7 @@ def _sweep_lock(landing: LandingZone) -> Iterator[bool]:
     ``SWEEP_LEASE_TTL_SECONDS``)."""
     if not landing.is_local:
         lease = Lease(landing.store, SWEEP_LEASE_FILE)
-        if not lease.acquire(f"{socket.gethostname()} pid {os.getpid()}",
-                             SWEEP_LEASE_TTL_SECONDS):
+        if not lease.acquire(process_holder(), SWEEP_LEASE_TTL_SECONDS):
             yield False
             return
         try:

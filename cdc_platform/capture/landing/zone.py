@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import re
-import socket
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -33,7 +32,7 @@ import pyarrow.parquet as pq
 
 from cdc_platform.capture.events import EngineError
 from cdc_platform.capture.landing_contract import DICTIONARY_COLUMNS
-from cdc_platform.capture.lease import Lease
+from cdc_platform.capture.lease import Lease, process_holder
 from cdc_platform.capture.names import name_of_path_component, path_component
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.storage import (
@@ -470,7 +469,7 @@ class LandingZone(LandingReader):
         if check is not None:
             check()  # (ObjectStoreError: one line naming landing_zone.url)
         lease = Lease(self.store, ENGINE_LEASE_FILE)
-        holder = f"{socket.gethostname()} pid {os.getpid()}"
+        holder = process_holder()
         # A restarted engine (a run retry, a pod restart) meets the lease of the engine it
         # replaces, killed without releasing it: it waits for that lease to expire rather
         # than fail, and is refused as soon as the lease is renewed (its holder lives).

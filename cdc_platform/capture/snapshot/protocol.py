@@ -17,8 +17,6 @@ import enum
 import fcntl
 import json
 import logging
-import os
-import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -51,7 +49,7 @@ from cdc_platform.capture.landing.zone import (
 # retention reads it with the same parser); its state is named here too, as docs/snapshots.md
 # names it with this protocol.
 from cdc_platform.capture.landing.zone import SessionState as SessionState
-from cdc_platform.capture.lease import Lease
+from cdc_platform.capture.lease import Lease, process_holder
 from cdc_platform.capture.schema import ColumnSpec, ColumnValueError, TableSchema, landing_arrays
 from cdc_platform.capture.snapshot import native
 from cdc_platform.capture.snapshot.chunks import Chunk
@@ -519,7 +517,7 @@ class ReaderLock:
 
     def try_acquire(self) -> bool:
         """Take the lock; False while another live reader holds it."""
-        holder = f"{socket.gethostname()} pid {os.getpid()}"
+        holder = process_holder()
         if self._lease is not None:
             if not self._lease.acquire(holder, self.ttl_seconds):
                 return False
