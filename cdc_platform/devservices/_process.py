@@ -576,7 +576,9 @@ class ManagedService:
                 code = self._proc.returncode if self._proc is not None else None
                 details = self.failure_details()
                 port_taken = any(
-                    text in details.lower() for text in ("already in use", "address in use")
+                    text in details.lower() for text in (
+                        "already in use", "address in use",
+                        "port allocation failed")  # (weed mini, for any of its ports)
                 )
                 if port_taken and self._owned and self._auto_port:
                     raise _PortTaken()
