@@ -145,6 +145,37 @@ def test_retention_deletes_consumed_segments_on_both_stores(zone: LandingZone):
     assert report.kept_files["segments"] == 1
 
 
+def test_retention_compacts_small_consumed_segments_on_both_stores(zone: LandingZone):
+    """Small consumed segments are rewritten as one through the store (read with its pyarrow
+    filesystem, written with one PUT on S3), every record once and in order, the inputs gone."""
+    from cdc_platform.capture.landing.retention import COMPACTION_WINDOW_SECONDS
+    from cdc_platform.capture.landing.zone import changelog_parts, segment_name
+
+    def records() -> list[dict]:
+        out = []
+        for first, last, _ in zone.segment_names("shop", "orders"):
+            filesystem, path = zone.store.arrow(*changelog_parts("shop", "orders"),
+                                                segment_name(first, last))
+            out += pq.read_table(path, filesystem=filesystem).to_pylist()
+        return out
+
+    schema = _schema()
+    for first in range(1, 13, 2):
+        zone.write_segment(schema, _records(first, 2), first, first + 1)
+    zone.write_checkpoint(Checkpoint("demo", "mariadb", next_pos=13))
+    before = records()
+    later = time.time() + 3 * COMPACTION_WINDOW_SECONDS  # (their window has closed)
+    report = sweep(zone, {"shop.orders": 12}, (), 10 * 3600, now=later)
+    assert not report.errors, report.errors
+    ranges = [(first, last) for first, last, _ in zone.segment_names("shop", "orders")]
+    # (six segments written within a second: one window, or two when it straddled a boundary)
+    assert ranges[0][0] == 1 and ranges[-1][1] == 12 and len(ranges) <= 2, ranges
+    assert report.compacted_segments >= 5 and report.compacted_bytes_out > 0
+    assert records() == before  # every record, once, in order
+    again = sweep(zone, {"shop.orders": 12}, (), 10 * 3600, now=later)
+    assert again.compacted_segments == 0 and records() == before
+
+
 def test_one_retention_sweep_at_a_time_on_object_storage(request, tmp_path):
     zone = _zone(request, "s3", tmp_path)
     zone.write_segment(_schema(), _records(1, 2), 1, 2)

@@ -61,8 +61,10 @@ once, ``skipped``).
 
 On object storage (an ``s3://`` landing zone) segments and snapshot chunks are deleted by the
 same rules, through the same code, with sizes and ages from the listing
-(``FileStore.list_files``: an object's age is its upload time); compaction is local-only for
-now (it reads and writes local paths), and there are no temporary files there (a PUT is whole).
+(``FileStore.list_files``: an object's age is its upload time), and small segments are
+compacted as locally; there a compacted segment's age is its upload's (object times cannot be
+set), so it stays up to one retention longer than its inputs would have. There are no
+temporary files there (a PUT is whole).
 """
 
 from __future__ import annotations
@@ -438,7 +440,7 @@ def _sweep_table(landing: LandingZone, database: str, table: str, free_through: 
                 if now - stat.st_mtime >= TEMPORARY_MAX_AGE_SECONDS:
                     path.unlink(missing_ok=True)
                     report.deleted(TEMPORARY, stat.st_size)
-    if not compact or not landing.is_local:  # (compaction: local zones only, for now)
+    if not compact:
         return
     gone = {s.name for s in expired}
     left = [s for s in segments if s.name not in gone]
@@ -454,7 +456,8 @@ def _same_schema_runs(landing: LandingZone, parts: tuple[str, ...],
     runs: list[list[SegmentFile]] = []
     previous: pa.Schema | None = None
     for segment in run:
-        schema = pq.read_schema(landing.store.path(*parts, segment.name))
+        filesystem, path = landing.store.arrow(*parts, segment.name)
+        schema = pq.read_schema(path, filesystem=filesystem)
         if previous is None or not schema.equals(previous, check_metadata=True):
             runs.append([])
         runs[-1].append(segment)
@@ -464,17 +467,24 @@ def _same_schema_runs(landing: LandingZone, parts: tuple[str, ...],
 
 def _compact(landing: LandingZone, database: str, table: str, run: list[SegmentFile],
              report: RetentionReport) -> None:
-    """Rewrite ``run`` as one segment, durably, then delete it (see the module's docstring)."""
+    """Rewrite ``run`` as one segment, durably, then delete it (see the module's docstring).
+    Through the zone's store: locally the output is renamed into place, fsynced and takes its
+    newest input's time; on object storage it appears with its upload (one PUT, or a multipart
+    upload completed at once), and its age starts then."""
+    store = landing.store
     parts = changelog_parts(database, table)
     name = segment_name(run[0].first_pos, run[-1].last_pos)
-    paths = [landing.store.path(*parts, s.name) for s in run]
-    schema = pq.read_schema(paths[0])
+    sources = [store.arrow(*parts, s.name) for s in run]
+    schema = pq.read_schema(sources[0][1], filesystem=sources[0][0])
     rows = 0
-    with landing.store.atomic_output(*parts, name, sync_dir=False) as sink, \
+    local = store.local_root is not None
+    # (locally the directory is synced once, below, after the output's time is set)
+    with store.atomic_output(*parts, name, **({"sync_dir": False} if local else {})) as sink, \
             pq.ParquetWriter(sink, schema, **segment_write_options(schema.names)) as writer:
         held: list[pa.Table] = []
-        for path in paths:
-            with pq.ParquetFile(path) as source:  # (a third of read_table's cost here)
+        for filesystem, path in sources:
+            with filesystem.open_input_file(path) as handle, \
+                    pq.ParquetFile(handle) as source:  # (a third of read_table's cost here)
                 if not source.schema_arrow.equals(schema, check_metadata=True):
                     raise ValueError(f"segment {path} changed while being compacted")
                 piece = source.read()
@@ -485,20 +495,22 @@ def _compact(landing: LandingZone, database: str, table: str, run: list[SegmentF
                 held = []
         if held:
             writer.write_table(pa.concat_tables(held))
-    output = landing.store.path(*parts, name)
-    newest = max(s.mtime for s in run)
-    os.utime(output, (newest, newest))  # its age is its newest input's
-    fsync_directory(output.parent)  # durable before any input goes
-    if pq.read_metadata(output).num_rows != rows:  # (never seen: a broken disk, a bug)
-        output.unlink(missing_ok=True)
-        raise ValueError(f"compacted segment {output} does not hold the {rows} records of "
-                         f"its {len(run)} inputs; removed, the inputs are kept")
+    if local:
+        output = store.local_root.joinpath(*parts, name)  # type: ignore[union-attr]
+        newest = max(s.mtime for s in run)
+        os.utime(output, (newest, newest))  # its age is its newest input's
+        fsync_directory(output.parent)  # durable before any input goes
+    filesystem, path = store.arrow(*parts, name)
+    if pq.read_metadata(path, filesystem=filesystem).num_rows != rows:  # (a broken disk, a bug)
+        store.delete(*parts, name)
+        raise ValueError(f"compacted segment {store.uri_of(*parts, name)} does not hold the "
+                         f"{rows} records of its {len(run)} inputs; removed, the inputs are kept")
     for segment in run:
-        landing.store.delete(*parts, segment.name)
+        store.delete(*parts, segment.name)
     report.compacted_segments += len(run)
     report.compacted_into += 1
     report.compacted_bytes_in += sum(s.size for s in run)
-    report.compacted_bytes_out += output.stat().st_size
+    report.compacted_bytes_out += filesystem.get_file_info(path).size
 
 
 def _sweep_chunks(landing: LandingZone, now: float, report: RetentionReport) -> None:
