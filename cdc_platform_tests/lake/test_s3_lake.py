@@ -18,9 +18,6 @@ import json
 import os
 import subprocess
 import sys
-import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -140,34 +137,12 @@ def test_session_conf_only_for_s3_deployments() -> None:
 # SeaweedFS
 
 
-def _catalog_ready(server: SeaweedFS) -> bool:
-    """The REST catalog serves the table bucket (created shortly after the ports open)."""
-    try:
-        token_request = urllib.request.Request(
-            f"{server.catalog_uri}/v1/oauth/tokens", data=urllib.parse.urlencode({
-                "grant_type": "client_credentials", "client_id": server.access_key,
-                "client_secret": server.secret_key, "scope": "catalog"}).encode())
-        with urllib.request.urlopen(token_request, timeout=5) as answer:
-            token = json.load(answer)["access_token"]
-        listing = urllib.request.Request(f"{server.catalog_uri}/v1/{TABLE_BUCKET}/namespaces",
-                                         headers={"Authorization": f"Bearer {token}"})
-        with urllib.request.urlopen(listing, timeout=5) as answer:
-            return answer.status == 200
-    except (OSError, KeyError, ValueError):  # URLError and HTTPError are OSErrors
-        return False
-
-
 @pytest.fixture(scope="module")
 def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
     server = SeaweedFS(tmp_path_factory.mktemp("seaweedfs"), table_bucket=TABLE_BUCKET,
                        region=REGION)
-    server.start()
+    server.start()  # (ready: its REST catalog serves the table bucket)
     try:
-        deadline = time.monotonic() + 60
-        while not _catalog_ready(server):
-            if time.monotonic() > deadline:
-                pytest.fail(f"SeaweedFS's Iceberg REST catalog never served {TABLE_BUCKET}")
-            time.sleep(0.3)
         yield server
     finally:
         server.stop()
