@@ -52,13 +52,12 @@ RowOp = Literal["insert", "update", "delete"]
 
 @dataclass(frozen=True, slots=True)
 class Rows:
-    """A rows event of one table. ``rows`` are mysql-replication's row dicts (``values`` or
-    ``before_values``/``after_values`` by column name); or with ``tuples`` the same values as
-    tuples in the table map's column order (an update's as ``(before, after)`` pairs), as the
-    native decoder (``capture/binlog/rowcodec.py``) gives them; or with ``columnar`` one
-    ``rowcodec.RowColumns`` (the rows column-wise, Arrow arrays in landing form where the
-    decoder builds them natively). ``size`` is the event's binlog size in bytes, the basis of
-    the transaction buffer's memory estimate."""
+    """A rows event of one table. ``rows`` are the row images as tuples in the table map's
+    column order (an update's as ``(before, after)`` pairs), as the native decoder
+    (``capture/binlog/rowcodec.py``) gives them and the adapter turns mysql-replication's
+    dicts into; or with ``columnar`` one ``rowcodec.RowColumns`` (the rows column-wise, Arrow
+    arrays in landing form where the decoder builds them natively). ``size`` is the event's
+    binlog size in bytes, the basis of the transaction buffer's memory estimate."""
 
     table_id: int
     database: str
@@ -66,7 +65,6 @@ class Rows:
     op: RowOp
     rows: Any
     size: int = 0
-    tuples: bool = False
     columnar: bool = False
 
 

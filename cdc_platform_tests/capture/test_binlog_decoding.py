@@ -24,8 +24,15 @@ from cdc_platform.capture.binlog.decoding import (
     payload_events,
 )
 from cdc_platform.capture.binlog.rowcodec import RowsDecoders
-from cdc_platform.capture.binlog.stream import BinlogStream, TableMapError
-from cdc_platform.capture.events import Heartbeat, Rows, TableMap, UnsupportedEvent, Xid
+from cdc_platform.capture.binlog.stream import BinlogStream, TableMapError, _library_rows
+from cdc_platform.capture.events import (
+    EngineError,
+    Heartbeat,
+    Rows,
+    TableMap,
+    UnsupportedEvent,
+    Xid,
+)
 from cdc_platform.capture.flavours import flavour_of
 from cdc_platform.capture.schema import column_from_information_schema
 from cdc_platform_tests.capture.mysql_binlog_files import BuiltColumn, lenenc, table_map_body
@@ -153,11 +160,30 @@ def test_a_transaction_payload_yields_its_rows(mariadb, compression):
     converted = [e for inner_event in parsed for e in _stream()._convert(inner_event)]
     assert isinstance(converted[0], TableMap) and converted[0].schema.table == "t"
     assert isinstance(converted[1], Rows) and converted[1].op == "insert"
-    rows = converted[1].rows
-    if not converted[1].tuples:  # (the library's form when the native decoder is not built)
-        rows = [tuple(r["values"].values()) for r in rows]
-    assert rows == [(7, "seven"), (8, "eight")]
+    assert converted[1].rows == [(7, "seven"), (8, "eight")]
     assert isinstance(converted[2], Xid)
+
+
+def _library_event(rows: list[dict]) -> SimpleNamespace:
+    """A rows event as mysql-replication decodes it: dicts by the table map's column names."""
+    columns = [SimpleNamespace(name=name) for name in ("id", "note", "n")]
+    return SimpleNamespace(schema="shop", table="t", columns=columns, rows=rows)
+
+
+def test_rows_the_library_decodes_are_tuples_in_table_map_order():
+    """The native decoder's row shape, whoever decoded the rows: the engine has one."""
+    inserted = _library_event([{"values": {"n": 3, "id": 1, "note": "a"}}])
+    assert _library_rows(inserted, False, "0-1-5") == [(1, "a", 3)]
+    updated = _library_event([{"before_values": {"id": 1, "note": "a", "n": 3},
+                               "after_values": {"id": 2, "note": None, "n": 3}}])
+    assert _library_rows(updated, True, "0-1-5") == [((1, "a", 3), (2, None, 3))]
+
+
+def test_a_library_row_without_a_table_map_column_is_a_loud_stop():
+    partial = _library_event([{"values": {"id": 1, "n": 3}}])
+    with pytest.raises(EngineError, match=r"table shop\.t: binlog row lacks column 'note' at "
+                                          r"GTID 0-1-5; is binlog_row_image FULL\?"):
+        _library_rows(partial, False, "0-1-5")
 
 
 def test_payload_events_come_one_at_a_time_from_a_stream():

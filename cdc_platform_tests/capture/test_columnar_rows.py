@@ -105,7 +105,7 @@ def test_column_wise_rows_buffer_the_records_of_the_row_wise_path(tmp_path_facto
             images = [[before for before, _ in rows], [after for _, after in rows]]
         else:
             images = [rows]
-        row_wise._handle(Rows(7, "db", "t", op, rows, 100, tuples=True))
+        row_wise._handle(Rows(7, "db", "t", op, rows, 100))
         column_wise._handle(Rows(7, "db", "t", op, _columns(images), 100, columnar=True))
     expected, got = _buffered(row_wise), _buffered(column_wise)
     assert got.schema.equals(expected.schema)

@@ -87,14 +87,19 @@ def _events(stream: BinlogStream) -> list[Event]:
     raise AssertionError("the stream ended without a heartbeat")
 
 
-def _rows(event: Rows) -> list[dict[str, Any]]:
-    """A rows event's rows as {column: value} (after-images of updates)."""
-    assert not event.columnar
+def _named_rows(events: list[Event]) -> list[tuple[Rows, list[dict[str, Any]]]]:
+    """Each rows event with its rows as {column: value} (after-images of updates), named by
+    the columns of its table map."""
+    names: dict[int, tuple[str, ...]] = {}
     out = []
-    for row in event.rows:
-        if event.tuples:
-            raise AssertionError("tuples are compared by the engine tests")
-        out.append(row.get("values", row.get("after_values")))
+    for event in events:
+        if isinstance(event, TableMap):
+            names[event.table_id] = event.schema.column_names
+        elif isinstance(event, Rows):
+            assert not event.columnar
+            images = [row[1] for row in event.rows] if event.op == "update" else event.rows
+            out.append((event, [dict(zip(names[event.table_id], image, strict=True))
+                                for image in images]))
     return out
 
 
@@ -112,7 +117,7 @@ def test_vector_columns_land_as_their_bytes_and_text_beside_them_keeps_its_chars
     assert [(c.name, c.kind) for c in maps["bar"].columns] == [
         ("id", "uint64"), ("vector_column", "binary"), ("foo", "string"),
         ("vector_column2", "binary")]
-    rows = [(e.table, e.op, _rows(e)) for e in stream if isinstance(e, Rows)]
+    rows = [(e.table, e.op, named) for e, named in _named_rows(stream)]
     # rust_mysql_common's expectation for table foo (VECTOR(3) of 1.1, 2.2, 3.3 and 1, -1, 0)
     assert rows[0] == ("foo", "insert", [
         {"id": 1, "vector_column": bytes([205, 204, 140, 63, 205, 204, 12, 64, 51, 51, 83, 64])},
@@ -135,7 +140,7 @@ def _events_of(monkeypatch: pytest.MonkeyPatch, name: str, **kwargs: Any
 
 def test_json_opaque_scalars_of_mysql_9(monkeypatch):
     events, _ = _events_of(monkeypatch, "json-opaque.binlog")
-    values = [_rows(e)[0]["a"] for e in events if isinstance(e, Rows)]
+    values = [rows[0]["a"] for _, rows in _named_rows(events)]
     # rust_mysql_common's expectations, as the adapter gives them (keys as bytes; landed as
     # JSON text by the engine)
     assert [{k.decode(): str(v) if k in (b"d", b"e") and i in (4, 5) else v
@@ -147,21 +152,21 @@ def test_json_opaque_scalars_of_mysql_9(monkeypatch):
 
 def test_enum_set_text_and_bit_columns_of_mysql_8(monkeypatch):
     events, _ = _events_of(monkeypatch, "mysql-enum-string-set.000001")
-    rows = [e for e in events if isinstance(e, Rows)]
-    assert [e.op for e in rows] == ["insert", "update", "delete"]
+    rows = _named_rows(events)
+    assert [e.op for e, _ in rows] == ["insert", "update", "delete"]
     digits = "0123456789"
     long_text = (digits * 12 + "012345678") * 2 + digits * 4  # (rust_mysql_common's literal)
-    inserted = _rows(rows[0])[0]
+    inserted = rows[0][1][0]
     assert inserted["f1"] == digits * 10 and inserted["f2"] == long_text
     assert inserted["f3"] == b"var1" and inserted["f4"] == {b"one", b"three"}  # 1, 0b101
     assert inserted["f5"] == digits
-    deleted = rows[2].rows[0]["values"]
+    deleted = rows[2][1][0]
     assert (deleted["f1"], deleted["f2"], deleted["f3"], deleted["f4"]) == (
         "field1", "field_2", b"variant2", {b"two", b"four"})  # 2, 0b1010
     assert deleted["f5"] == long_text
     events, _ = _events_of(monkeypatch, "mysql_type_bit.000001")
-    [bits] = [e for e in events if isinstance(e, Rows)]
-    assert _rows(bits) == [{"a": "100", "b": "foo", "c": "00100000"}]  # 0b100, 0b100000
+    [(_, bits)] = _named_rows(events)
+    assert bits == [{"a": "100", "b": "foo", "c": "00100000"}]  # 0b100, 0b100000
 
 
 @pytest.mark.parametrize("name", sorted(MINIMAL_FILES))

@@ -249,7 +249,7 @@ class LeanDecoder:
         if rows is None:
             return None
         return (Rows(table_id, table.schema, table.table, _ROWS_OPS[event_type], rows,
-                     end - _BODY, tuples=True),)
+                     end - _BODY),)
 
 
 def _status_var_end(packet: bytes, at: int) -> int | None:

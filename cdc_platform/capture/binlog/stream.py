@@ -86,6 +86,7 @@ from cdc_platform.capture.charsets import (
 )
 from cdc_platform.capture.events import (
     Begin,
+    EngineError,
     Event,
     Heartbeat,
     Query,
@@ -99,6 +100,7 @@ from cdc_platform.capture.events import (
 )
 from cdc_platform.capture.flavours import Flavour
 from cdc_platform.capture.gtid import MysqlGtidSet, encode_mysql_gtid_set
+from cdc_platform.capture.names import table_id
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.source import SourceDisconnected, is_retriable
 from cdc_platform.capture.values import json_opaque_text
@@ -291,6 +293,25 @@ def _table_init(self: Table, table_id: int, schema: str, table: str, columns: li
     self.__dict__.update({"table_id": table_id, "schema": schema, "table": table,
                           "columns": columns, "primary_key": primary_key,
                           "column_name_flag": column_name_flag})
+
+
+def _library_rows(event: RowsEvent, update: bool, gtid: str) -> list[Any]:
+    """The rows of an event the native decoder left to mysql-replication (its dicts by column
+    name) in the native decoder's shape: tuples in the table map's column order, an update's
+    as ``(before, after)`` pairs. So the engine has one row shape."""
+    names = [column.name for column in event.columns]
+
+    def image(values: dict[str, Any]) -> tuple[Any, ...]:
+        try:
+            return tuple([values[name] for name in names])
+        except KeyError as missing:
+            raise EngineError(
+                f"table {table_id(event.schema, event.table)}: binlog row lacks column "
+                f"{missing} at GTID {gtid or '?'}; is binlog_row_image FULL?") from None
+
+    if update:
+        return [(image(row["before_values"]), image(row["after_values"])) for row in event.rows]
+    return [image(row["values"]) for row in event.rows]
 
 
 # -- table maps --------------------------------------------------------------------------------
@@ -805,8 +826,9 @@ class BinlogStream:
                                    columnar=True)
                         return
                 rows = self._decoders.rows(event)
-                yield Rows(event.table_id, event.schema, event.table, op,
-                           event.rows if rows is None else rows, size, tuples=rows is not None)
+                if rows is None:
+                    rows = _library_rows(event, op == "update", self._gtid)
+                yield Rows(event.table_id, event.schema, event.table, op, rows, size)
         elif isinstance(event, TableMapEvent):
             if self._wanted(event.schema, event.table):
                 schema = self._table_schema(event)

@@ -5,9 +5,9 @@ A ``TableState`` is built once per table map: the landed columns (after exclusio
 value converters, the key. A rows event then arrives in one of two shapes, and each has one
 path here:
 
-* **rows** (``row_records``): one image per row, as the decoder's tuples in table-map column
-  order, or as mysql-replication's dicts by column name (its fallback); both become landing
-  tuples by ``TableState.landed``, and records ``(state, op, row)``;
+* **rows** (``row_records``): one image per row, a tuple in table-map column order (the
+  native decoder's, or mysql-replication's dicts turned into tuples by the binlog adapter),
+  which becomes a landing tuple by ``TableState.landed``, and records ``(state, op, row)``;
 * **columns** (``column_block``): the native decoder's column-wise form (Arrow arrays, or
   lists of Python values), which becomes one Arrow block of records with no Python object per
   value where the decoder built the arrays.
@@ -24,7 +24,6 @@ the transaction buffer's budget, past which a transaction spills to files.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,21 +83,7 @@ class TableState:
             values = tuple([values[i] for i in self.picks])
         if not self.converters:
             return values
-        return self._converted(list(values), gtid)
-
-    def landed_by_name(self, values: dict[str, Any], gtid: str) -> tuple[Any, ...]:
-        """A row decoded as a dict by column name (mysql-replication's form), as its landing
-        tuple."""
-        try:
-            row = [values[name] for name in self.names]
-        except KeyError as missing:
-            raise EngineError(
-                f"table {self.schema.table_id}: binlog row lacks column {missing} at GTID "
-                f"{gtid}; is binlog_row_image FULL?") from None
-        return self._converted(row, gtid)
-
-    def _converted(self, row: list[Any], gtid: str) -> tuple[Any, ...]:
-        """The row with the table's converters applied: its landing values."""
+        row = list(values)
         try:
             for index, convert in self.converters:
                 row[index] = convert(row[index])
@@ -120,29 +105,23 @@ Record = tuple[TableState, str, tuple[Any, ...]]
 
 
 def row_records(state: TableState, event: Rows, gtid: str) -> list[Record]:
-    """The records of a rows event decoded row by row (``Rows.tuples``, or the library's
-    dicts); ``gtid`` names the transaction in errors."""
+    """The records of a rows event decoded row by row (tuples in table-map column order, an
+    update's as ``(before, after)`` pairs); ``gtid`` names the transaction in errors."""
     rows = event.rows
-    if event.tuples:
-        if rows:
-            first = rows[0][0] if event.op == "update" else rows[0]
-            if len(first) != state.width:
-                raise EngineError(
-                    f"table {state.schema.table_id}: binlog row has {len(first)} columns at "
-                    f"GTID {gtid}, its table map {state.width}; the binlog stream is "
-                    "inconsistent: restart the engine (it resumes from its checkpoint)")
-        landed: Callable[[Any, str], tuple[Any, ...]] = state.landed
-        images = rows
-    else:
-        landed = state.landed_by_name
-        images = ([(r["before_values"], r["after_values"]) for r in rows]
-                  if event.op == "update" else [r["values"] for r in rows])
+    if rows:
+        first = rows[0][0] if event.op == "update" else rows[0]
+        if len(first) != state.width:
+            raise EngineError(
+                f"table {state.schema.table_id}: binlog row has {len(first)} columns at "
+                f"GTID {gtid}, its table map {state.width}; the binlog stream is "
+                "inconsistent: restart the engine (it resumes from its checkpoint)")
+    landed = state.landed
     if event.op == "insert":
-        return [(state, CREATE, landed(row, gtid)) for row in images]
+        return [(state, CREATE, landed(row, gtid)) for row in rows]
     if event.op == "delete":
-        return [(state, DELETE, state.tombstone(landed(row, gtid))) for row in images]
+        return [(state, DELETE, state.tombstone(landed(row, gtid))) for row in rows]
     records: list[Record] = []
-    for before, after in images:
+    for before, after in rows:
         _update_records(state, landed(before, gtid) if state.key_indexes else None,
                         landed(after, gtid), records)
     return records

@@ -30,7 +30,7 @@ def test_the_estimate_of_rows_decoded_one_by_one_is_near_what_python_holds() -> 
     tracemalloc.start()
     try:
         rows = [(1000 + i, f"item-{i:06d}", 500 + i, i * 1.5) for i in range(count)]
-        event = Rows(1, "shop", "items", "insert", rows, size=0, tuples=True)
+        event = Rows(1, "shop", "items", "insert", rows, size=0)
         records = row_records(state, event, "0-1-1")
         held, _ = tracemalloc.get_traced_memory()
     finally:
@@ -39,8 +39,8 @@ def test_the_estimate_of_rows_decoded_one_by_one_is_near_what_python_holds() -> 
     estimate = records_memory(state, event, len(records))
     assert 0.75 <= held / estimate <= 1.25
     binlog_bytes = 40 * count
-    assert records_memory(state, Rows(1, "shop", "items", "insert", rows, size=binlog_bytes,
-                                      tuples=True), count) == estimate + binlog_bytes
+    assert records_memory(state, Rows(1, "shop", "items", "insert", rows, size=binlog_bytes),
+                          count) == estimate + binlog_bytes
 
 
 def test_a_column_block_is_counted_by_its_arrow_buffers() -> None:
