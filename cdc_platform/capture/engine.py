@@ -283,8 +283,12 @@ class CaptureEngine:
                         self.flush()
                         if on_progress:
                             on_progress(self.stats)
-                    elif self._snapshots.tick_due(now):
-                        self._poll_snapshots()  # (without sessions: new requests only)
+                    elif self._tick_snapshots(now):
+                        # Between flushes, a tick that changed something (a chunk decided) is
+                        # flushed at once: chunk throughput is then bound by the reader, not by
+                        # the flush interval (each commit still lands atomically with its
+                        # checkpoint).
+                        self.flush(ticked=True)
                     if stop.is_set():
                         return
                     if stop_when_caught_up and not self._buffer.in_group and (
@@ -439,17 +443,11 @@ class CaptureEngine:
 
     # -- landing ---------------------------------------------------------------------------
 
-    def _poll_snapshots(self) -> None:
-        """Between flushes, while snapshot sessions are open: decide pending chunks now, and
-        flush only if that changed something. Chunk throughput is then bound by the reader,
-        not by the flush interval (each commit still lands atomically with its checkpoint)."""
-        if self._started and self._tick_snapshots():
-            self.flush(ticked=True)
-
-    def _tick_snapshots(self) -> bool:
-        """The coordinator's tick at the engine's point; its records count in the stats."""
+    def _tick_snapshots(self, now: float | None = None) -> bool:
+        """The coordinator's tick at the engine's point (with ``now``: only if one is due);
+        its records count in the stats."""
         first = self._lander.next_pos
-        changed = self._snapshots.on_tick(self._processed)
+        changed = self._snapshots.on_tick(self._processed, now)
         self.stats.records += self._lander.next_pos - first
         return changed
 
@@ -468,13 +466,13 @@ class CaptureEngine:
         # lag of 0) is how the lake's freshness checks tell an idle source from a dead engine.
         refresh = time.monotonic() - self._checkpointed_at >= CHECKPOINT_REFRESH_SECONDS
         tables = self._tracker.take_changed()
-        if self._lander.empty and position_text == self._checkpointed_position and not (
-            tables is not None or self._snapshots.changed or self._xa_dirty or force or refresh
-            or self._spill.removal_pending
-        ):
+        due = not self._lander.empty or position_text != self._checkpointed_position or (
+            tables is not None or self._xa_dirty or force or refresh
+            or self._spill.removal_pending)
+        snapshots = self._snapshots.checkpoint_state(due)
+        if snapshots is None:
             return
         extra: dict[str, Any] = {}
-        snapshots = self._snapshots.checkpoint_state()
         if snapshots:
             extra[SNAPSHOTS_CHECKPOINT_KEY] = snapshots
         xa_files = bool(self._buffer.prepared)

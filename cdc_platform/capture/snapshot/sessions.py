@@ -11,12 +11,13 @@ Streaming talks to the coordinator through a few hooks, as Debezium's binlog str
 read-only incremental snapshot source, and the coordinator never reaches into the run loop:
 
 - ``on_start`` (the sessions of the checkpoint), ``on_ddl`` (a DDL on a table), ``on_gap``
-  (capture jumped a purged part of the binlog) and ``on_tick`` (between events: requests,
-  pruning, chunk decisions); the keys each committed record touches come through the engine's
-  ``Lander`` (``key_columns``, ``record_touch``: the ``landing.segment_buffer.TouchLog``);
-- the engine reads back when it should tick next (``tick_due``), whether a reader still needs
-  its commits (``readers_alive``), and what the checkpoint says of snapshots (``changed``,
-  ``checkpoint_state``).
+  (capture jumped a purged part of the binlog) and ``on_tick`` (between events when one is
+  due, and at each flush: requests, pruning, chunk decisions); the keys each committed record
+  touches come through the engine's ``Lander`` (``key_columns``, ``record_touch``: the
+  ``landing.segment_buffer.TouchLog``);
+- the engine reads back whether a reader still needs its commits (``readers_alive``, asked
+  only when it could stop) and the snapshots' part of the checkpoint (``checkpoint_state``:
+  None when the coordinator has nothing new for a checkpoint the engine does not write anyway).
 
 What the coordinator needs of the engine is given once, at construction: the one emitter its
 records land through (``SnapshotEmitter``, the engine's ``Lander``) and the engine's schemas
@@ -251,15 +252,14 @@ class SnapshotCoordinator:
                 self._track(session)
             self.sessions[table_id] = session
 
-    @property
-    def changed(self) -> bool:
-        """Whether session state changed since ``checkpoint_state`` was last taken: the next
-        checkpoint must be written even if nothing else moved."""
-        return self._changed
-
-    def checkpoint_state(self) -> dict[str, Any]:
-        """Every session as the checkpoint keeps it (empty without sessions); from here the
-        state counts as checkpointed (the engine writes it with the records it emitted)."""
+    def checkpoint_state(self, due: bool) -> dict[str, Any] | None:
+        """Every session as the checkpoint keeps it (empty without sessions), when a checkpoint
+        is to be written: ``due`` (the engine writes one anyway), or session state changed
+        since it was last taken (a checkpoint must then be written even if nothing else moved);
+        None when neither. From here the state counts as checkpointed (the engine writes it
+        with the records it emitted)."""
+        if not due and not self._changed:
+            return None
         self._changed = False
         return {table_id: asdict(s) for table_id, s in self.sessions.items()}
 
@@ -275,13 +275,6 @@ class SnapshotCoordinator:
         """How many touches the table's touched-key log holds (0 without a session)."""
         tracked = self._tracked.get(table_id)
         return 0 if tracked is None else tracked.touched.size
-
-    def tick_due(self, now: float) -> bool:
-        """Whether the engine should tick now (``time.monotonic()``): often while a session is
-        open (chunks may be pending), less often while only new requests may come."""
-        active = any(s.state == SessionState.OPEN for s in self.sessions.values())
-        return now - self._last_tick >= (SNAPSHOT_POLL_SECONDS if active
-                                         else SNAPSHOT_REQUEST_POLL_SECONDS)
 
     def readers_alive(self) -> bool:
         """Whether a snapshot reader of an open or paused session is running (it holds its
@@ -336,10 +329,19 @@ class SnapshotCoordinator:
 
     # -- at each tick ----------------------------------------------------------------------
 
-    def on_tick(self, processed: GtidSet) -> bool:
+    def on_tick(self, processed: GtidSet, now: float | None = None) -> bool:
         """Pick up requests, prune touched-key logs, decide pending chunks (landing those that
         commit through the emitter) with ``processed`` the transactions the engine processed;
-        True when session state changed (the engine then checkpoints soon)."""
+        True when session state changed (the engine then checkpoints soon).
+
+        With ``now`` (``time.monotonic()``, the engine between events) only when a tick is
+        due: often while a session is open (chunks may be pending), less often while only new
+        requests may come; False, doing nothing, when none is."""
+        if now is not None:
+            active = any(s.state == SessionState.OPEN for s in self.sessions.values())
+            if now - self._last_tick < (SNAPSHOT_POLL_SECONDS if active
+                                        else SNAPSHOT_REQUEST_POLL_SECONDS):
+                return False
         self._last_tick = time.monotonic()
         changed = self._poll_requests(processed, self._emitter.next_pos)
         changed |= self._prune(processed)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
@@ -101,7 +102,7 @@ def _publish(landing: LandingZone, seq: int, rows: tuple[tuple[Any, ...], ...], 
 
 
 def _session(coordinator: SnapshotCoordinator) -> dict[str, Any]:
-    return coordinator.checkpoint_state()["db.t"]
+    return coordinator.checkpoint_state(due=True)["db.t"]
 
 
 def test_touched_key_log_stays_bounded_under_endless_writes(tmp_path: Path) -> None:
@@ -289,6 +290,30 @@ def test_a_failed_schema_read_is_tried_again_after_a_pause(
     assert asked == ["db.t"] * 3 and _session(other)["committed"] == [0]
 
 
+def test_a_checkpoint_takes_the_sessions_when_they_changed_or_when_it_is_written_anyway(
+        tmp_path: Path) -> None:
+    coordinator, landing, _ = _coordinator(tmp_path)
+    assert coordinator.checkpoint_state(due=False) is None
+    assert coordinator.checkpoint_state(due=True) == {}
+    write_request(landing, "db", "t", SnapshotRequest("s1", "open", ("k",), None, 10))
+    assert coordinator.on_tick(_pos(10))
+    assert coordinator.checkpoint_state(due=False)["db.t"]["state"] == "open"
+    assert coordinator.checkpoint_state(due=False) is None  # (taken: nothing new since)
+    assert coordinator.checkpoint_state(due=True)["db.t"]["state"] == "open"
+
+
+def test_between_events_the_coordinator_ticks_only_when_a_tick_is_due(tmp_path: Path) -> None:
+    coordinator, landing, _ = _coordinator(tmp_path)
+    write_request(landing, "db", "t", SnapshotRequest("s1", "open", ("k",), None, 10))
+    assert coordinator.on_tick(_pos(10), time.monotonic() + 1)  # (due: never ticked yet)
+    write_request(landing, "db", "t", SnapshotRequest("s1", "pause", ("k",), None, 10))
+    assert not coordinator.on_tick(_pos(10), time.monotonic())  # (ticked just now)
+    assert _session(coordinator)["state"] == "open"
+    later = time.monotonic() + sessions.SNAPSHOT_POLL_SECONDS
+    assert coordinator.on_tick(_pos(10), later)
+    assert _session(coordinator)["state"] == "paused"
+
+
 def test_an_unreadable_request_opens_nothing_until_it_is_written_again(
         tmp_path: Path) -> None:
     coordinator, landing, _ = _coordinator(tmp_path)
@@ -297,7 +322,7 @@ def test_an_unreadable_request_opens_nothing_until_it_is_written_again(
     path.write_text('{"session_id": "s1", "action": "op')  # a broken hand edit
     for _ in range(3):
         assert not coordinator.on_tick(_pos(10))
-    assert coordinator.checkpoint_state() == {}
+    assert coordinator.checkpoint_state(due=True) == {}
     write_request(landing, "db", "t", SnapshotRequest("s1", "open", ("k",), None, 10))
     assert coordinator.on_tick(_pos(10))
     assert _session(coordinator)["state"] == "open"
