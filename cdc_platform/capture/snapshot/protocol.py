@@ -13,7 +13,6 @@ parts below the server's folder), so one code path serves a local zone and an ``
 from __future__ import annotations
 
 import datetime as dt
-import enum
 import fcntl
 import json
 import logging
@@ -29,6 +28,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cdc_platform.capture.keys import Key
+
+# The engine's session record (``SnapshotSession``, ``SessionState``) is the checkpoint's, and
+# the reader's request record (``SnapshotRequest``, ``Action``, ``SignalRef`` ...) the landing
+# zone's too (``landing.zone``, a floor below, so that retention reads them with the same
+# parsers); they are named here too, as docs/snapshots.md names them with this protocol.
+from cdc_platform.capture.landing.zone import ACTIONS as ACTIONS
+from cdc_platform.capture.landing.zone import DEFAULT_CHUNK_SIZE as DEFAULT_CHUNK_SIZE
+from cdc_platform.capture.landing.zone import NO_SESSION as NO_SESSION
 from cdc_platform.capture.landing.zone import (
     READER_LEASE_FILE,
     READER_LOCK_FILE,
@@ -36,18 +43,18 @@ from cdc_platform.capture.landing.zone import (
     SNAPSHOT_CONTROL_FILE,
     SNAPSHOT_REQUEST_FILE,
     SNAPSHOTS_DIR,
+    Action,
     Checkpoint,
     LandingReader,
     LandingZone,
+    SignalRef,
+    SnapshotRequest,
     SnapshotSession,
     snapshot_parts,
     table_of_parts,
     table_parts,
+    timestamp_now,
 )
-
-# The engine's session record is the checkpoint's (``landing.zone``, a floor below, so that
-# retention reads it with the same parser); its state is named here too, as docs/snapshots.md
-# names it with this protocol.
 from cdc_platform.capture.landing.zone import SessionState as SessionState
 from cdc_platform.capture.lease import Lease, process_holder
 from cdc_platform.capture.schema import ColumnSpec, ColumnValueError, TableSchema, landing_arrays
@@ -55,20 +62,6 @@ from cdc_platform.capture.snapshot import native
 from cdc_platform.capture.snapshot.chunks import Chunk
 from cdc_platform.capture.snapshot.errors import SnapshotError
 
-# Rows per chunk, chosen by measurement. Each chunk pays a fixed cost: its watermark
-# statements, opening the read view and planning the SELECT, the reader's state file and the
-# chunk's two files (renames, an fsync), the engine's look at them: some 5 ms on this machine's
-# disk. While rows cost ~60 us each (PyMySQL, 2025) that was 9 % of a 4096-row chunk, and
-# 4096 was where the rate levelled off:
-#   256: 23k   1024: 36k   2048: 53k   4096: 60k   8192: 64k   16384: 66k   65536: 68k rows/s
-# Read in C straight into Arrow (issue 15) a row costs ~1 us, and the fixed cost was 80 % of a
-# 4096-row chunk. Measured again end to end (bench/profile_snapshot-style: 1M rows, reader +
-# engine in its own process, 2-core machine shared with other work, rows/s):
-#   4096: 373-453k   8192: 337k   16384: 430-748k   32768: 599-984k   65536: 493-656k
-# Memory does not grow with it past ``chunk_max_bytes`` (32 MiB of values by default: a chunk
-# is cut there), and a wider chunk only widens the window in which touched keys are dropped
-# from it (each is then landed by the stream).
-DEFAULT_CHUNK_SIZE = 32768
 # The reader's record of its session (``progress_parts``), beside the session's chunks.
 READER_STATE_FILE = "reader.state"
 log = logging.getLogger(__name__)
@@ -76,25 +69,9 @@ log = logging.getLogger(__name__)
 CHUNK_ROWS_SUFFIX = ".arrow"
 
 
-class Action(enum.StrEnum):
-    """``request.json``'s ``action``: the state the reader asks for its session."""
-
-    OPEN = "open"
-    PAUSE = "pause"
-    RESUME = "resume"
-    STOP = "stop"
-
-
-ACTIONS = tuple(a.value for a in Action)
-
-
 # ---- the layout ----------------------------------------------------------------------------------
 # Path parts below the server's folder, for the zone's store (``landing.store``): the same code
 # reads and writes a local zone and an ``s3://`` one.
-
-
-def timestamp_now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def request_parts(database: str, table: str) -> tuple[str, ...]:
@@ -147,75 +124,6 @@ def requested_tables(landing: LandingReader) -> list[tuple[str, str]]:
 
 
 # ---- request.json (reader -> engine) ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SignalRef:
-    """The signal behind a request: its id and its place in the signal topic.
-
-    Offsets order signals only within one topic incarnation (``topic_id``): a signal is newer
-    than another when both come from the same topic and its offset is higher.
-    """
-
-    id: str
-    topic_id: str
-    offset: int
-
-    def newer_than(self, other: SignalRef | None) -> bool:
-        return other is not None and self.topic_id == other.topic_id and \
-            self.offset > other.offset
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "topic_id": self.topic_id, "offset": self.offset}
-
-    @staticmethod
-    def from_dict(data: dict[str, Any] | None) -> SignalRef | None:
-        if not data:
-            return None
-        return SignalRef(str(data["id"]), str(data["topic_id"]), int(data["offset"]))
-
-
-# request.json of a table with no session, written by a stop-snapshot signal: runs launched by
-# earlier signals that have not opened their session yet must not open one.
-NO_SESSION = "none"
-
-
-@dataclass(frozen=True)
-class SnapshotRequest:
-    """``request.json``: what the reader asks of the engine for one table (and the signal
-    that asked, if one did)."""
-
-    session_id: str
-    action: Action  # (a plain string is converted)
-    chunk_key: tuple[str, ...]
-    condition: str | None
-    chunk_size: int
-    requested_at: str = field(default_factory=timestamp_now)
-    signal: SignalRef | None = None
-
-    def __post_init__(self) -> None:
-        if self.action not in ACTIONS:
-            raise ValueError(f"snapshot request action {self.action!r}: want one of {ACTIONS}")
-        object.__setattr__(self, "action", Action(self.action))
-
-    def to_json(self) -> bytes:
-        return json.dumps({
-            "session_id": self.session_id, "action": str(self.action),
-            "chunk_key": list(self.chunk_key), "condition": self.condition,
-            "chunk_size": self.chunk_size, "requested_at": self.requested_at,
-            "signal": None if self.signal is None else self.signal.to_dict(),
-        }, indent=1).encode()
-
-    @staticmethod
-    def from_json(text: bytes | str) -> SnapshotRequest:
-        data = json.loads(text)
-        return SnapshotRequest(
-            session_id=str(data["session_id"]), action=str(data["action"]),
-            chunk_key=tuple(data.get("chunk_key") or ()), condition=data.get("condition"),
-            chunk_size=int(data.get("chunk_size") or DEFAULT_CHUNK_SIZE),
-            requested_at=str(data.get("requested_at") or ""),
-            signal=SignalRef.from_dict(data.get("signal")),
-        )
 
 
 def write_request(landing: LandingZone, database: str, table: str,
