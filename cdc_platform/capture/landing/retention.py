@@ -72,7 +72,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 import fcntl
-import json
 import logging
 import os
 import re
@@ -92,6 +91,7 @@ from cdc_platform.capture.landing.zone import (
     Checkpoint,
     LandingZone,
     SessionState,
+    SnapshotRequest,
     changelog_parts,
     segment_name,
     segment_write_options,
@@ -575,13 +575,14 @@ def _remove_empty_directory(landing: LandingZone, parts: tuple[str, ...]) -> Non
 
 def _requested_session(landing: LandingZone, db_dir: str, table_dir: str,
                        session_id: str) -> str | None:
-    """The session ``request.json`` names (None without one). One that does not read is
-    taken to name ``session_id``: the directory is then not judged replaced."""
+    """The session ``request.json`` names (None without one), read by the request's one
+    parser (``SnapshotRequest.from_json``). One that does not read is taken to name
+    ``session_id``: the directory is then not judged replaced."""
     data = landing.store.read_bytes(SNAPSHOTS_DIR, db_dir, table_dir, SNAPSHOT_REQUEST_FILE)
     if data is None:
         return None
     try:
-        return str(json.loads(data)["session_id"])
+        return SnapshotRequest.from_json(data).session_id
     except (ValueError, KeyError, TypeError):
         return session_id
 

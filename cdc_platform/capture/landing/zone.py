@@ -1,5 +1,6 @@
 """The landing zone's layout and checkpoint, for the engine that writes it and the lake that
-reads it: file and directory names, the ``Checkpoint`` (its one parser), the table catalog,
+reads it: file and directory names, the ``Checkpoint`` (its one parser) with the engine's
+snapshot session records, the reader's ``SnapshotRequest`` (``request.json``), the table catalog,
 ``LandingReader`` (one server's folder, read from any store of ``capture.storage``) and
 ``LandingZone`` (the engine's writable folder, local or on S3, through the same store). The
 records' columns are ``capture.landing_contract``'s.

@@ -124,6 +124,7 @@ def requested_tables(landing: LandingReader) -> list[tuple[str, str]]:
 
 
 # ---- request.json (reader -> engine) ------------------------------------------------------------
+# (the record, ``SnapshotRequest``, and its one parser are ``landing.zone``'s: see the imports)
 
 
 def write_request(landing: LandingZone, database: str, table: str,

@@ -328,6 +328,17 @@ def _sessions_checkpoint(landing: LandingZone, *sessions: SnapshotSession,
         SNAPSHOTS_CHECKPOINT_KEY: {s.table_id: dataclasses.asdict(s) for s in sessions}}))
 
 
+def test_the_session_a_request_names_is_read_by_the_request_parser(tmp_path: Path) -> None:
+    landing = LandingZone(str(tmp_path), "demo")
+    parts = protocol.request_parts("shop", "items")
+    assert retention._requested_session(landing, *parts[1:3], "s1") is None  # (no request)
+    protocol.write_request(landing, "shop", "items", protocol.SnapshotRequest(
+        "s2", protocol.Action.OPEN, ("id",), None, 10))
+    assert retention._requested_session(landing, *parts[1:3], "s1") == "s2"
+    landing.root.joinpath(*parts).write_text('{"session_id": "s2", "act')  # a broken hand edit
+    assert retention._requested_session(landing, *parts[1:3], "s1") == "s1"
+
+
 def test_sweep_deletes_decided_chunk_rows_and_finished_sessions_and_the_engine_still_decides(
         tmp_path: Path) -> None:
     landing = LandingZone(str(tmp_path), "demo")
