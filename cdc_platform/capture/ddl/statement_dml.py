@@ -4,7 +4,7 @@ With ``binlog_format=STATEMENT`` (or MIXED, for statements the server deems safe
 the ``DELETE FROM db.t`` MariaDB writes when a MEMORY table comes back empty after a restart,
 a row change reaches the binlog as a Query event, not as row events. The engine cannot know
 the rows such a statement changed, so one that writes a captured table is a loud stop
-(``capture/engine.py``); this module says whether a statement is such DML and which tables
+(``capture/ddl/effects.py``); this module says whether a statement is such DML and which tables
 it writes. Statements whose target it cannot pin down (multi-table UPDATE/DELETE, ``WITH``)
 report ``exact=False`` with every database they name, so the engine can err on stopping.
 """

@@ -56,7 +56,7 @@ TABLES_FILE = "tables.json"
 CHANGELOG_DIR = "changelog"
 SNAPSHOTS_DIR = "snapshots"
 # The checkpoint's section of the engine's snapshot sessions (table id -> its record, which
-# ``snapshot.protocol.SnapshotSession`` reads), beside ``changes.xa_state.XA_CHECKPOINT_KEY``.
+# ``SnapshotSession`` below reads), beside ``changes.xa_state.XA_CHECKPOINT_KEY``.
 SNAPSHOTS_CHECKPOINT_KEY = "snapshots"
 SEGMENT_NAME = re.compile(r"^(\d{20})-(\d{20})\.parquet$")
 # A table's snapshot directory (``snapshot_parts``; docs/snapshots.md, ``snapshot.protocol``):

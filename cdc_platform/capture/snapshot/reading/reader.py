@@ -629,7 +629,7 @@ class SnapshotReader:
 
     def _save(self) -> None:
         """Record the ranges still to read and the chunks written, before publishing a chunk
-        and after the engine decided some (see ``resume_session``)."""
+        and after the engine decided some (see ``_resume_session``)."""
         data = {
             "todo": [encode_range(x) for x in self._todo],
             "pending": {str(w.seq): {"range": encode_range(w.range), "rows": w.rows,
