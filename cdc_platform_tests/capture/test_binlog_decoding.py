@@ -164,10 +164,13 @@ def test_a_transaction_payload_yields_its_rows(mariadb, compression):
     assert isinstance(converted[2], Xid)
 
 
-def _library_event(rows: list[dict]) -> SimpleNamespace:
-    """A rows event as mysql-replication decodes it: dicts by the table map's column names."""
+def _library_event(rows: list[dict], present: int = 0b111) -> SimpleNamespace:
+    """A rows event as mysql-replication decodes it: dicts by the table map's column names
+    (``present``: the columns-present bitmap of its row images)."""
     columns = [SimpleNamespace(name=name) for name in ("id", "note", "n")]
-    return SimpleNamespace(schema="shop", table="t", columns=columns, rows=rows)
+    return SimpleNamespace(schema="shop", table="t", columns=columns, rows=rows,
+                           columns_present_bitmap=bytes([0b111]),
+                           columns_present_bitmap2=bytes([present]))
 
 
 def test_rows_the_library_decodes_are_tuples_in_table_map_order():
@@ -184,6 +187,16 @@ def test_a_library_row_without_a_table_map_column_is_a_loud_stop():
     with pytest.raises(EngineError, match=r"table shop\.t: binlog row lacks column 'note' at "
                                           r"GTID 0-1-5; is binlog_row_image FULL\?"):
         _library_rows(partial, False, "0-1-5")
+
+
+def test_a_partial_row_image_the_library_decodes_is_a_loud_stop():
+    """binlog_row_image=MINIMAL set in a session: the library gives absent columns as None."""
+    minimal = _library_event([{"before_values": {"id": 1, "note": "a", "n": 3},
+                               "after_values": {"id": 1, "note": None, "n": 4}}],
+                             present=0b101)
+    with pytest.raises(EngineError, match=r"table shop\.t: binlog row lacks column 'note' at "
+                                          r"GTID 0-1-5; is binlog_row_image FULL\?"):
+        _library_rows(minimal, True, "0-1-5")
 
 
 def test_payload_events_come_one_at_a_time_from_a_stream():

@@ -264,6 +264,25 @@ def test_a_crash_while_a_large_transaction_lands_in_batches_replays_it_once(cdc_
     assert spill_files(env) == []
 
 
+def test_a_partial_row_image_set_in_a_session_stops_loudly_and_lands_nothing(cdc_env):
+    """binlog_row_image is FULL globally (checked at start) but MINIMAL in one session: its
+    update's after-image lacks the unchanged columns, which must not land as NULLs."""
+    env = cdc_env
+    env.execute("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(10), w INT)")
+    env.execute("INSERT INTO t VALUES (1, 'a', 7)")
+    env.catch_up()
+    position = env.landing.read_checkpoint().gtid
+    with env.mariadb.root_connect(database=env.db) as conn, conn.cursor() as cur:
+        cur.execute("SET SESSION binlog_row_image = 'MINIMAL'")
+        cur.execute("UPDATE t SET v = 'b' WHERE id = 1")
+        conn.commit()
+    with pytest.raises(EngineError, match=rf"table {env.db}\.t: binlog row lacks column 'v' at "
+                                          r"GTID .*; is binlog_row_image FULL\?"):
+        env.catch_up()
+    assert [(r["id"], r["v"], r["w"]) for r in records(env, "t")] == [(1, "a", 7)]
+    assert env.landing.read_checkpoint().gtid == position
+
+
 def test_a_row_change_logged_as_a_statement_stops_loudly_unless_the_table_is_excluded(cdc_env):
     env = cdc_env
     env.overrides["capture"] = {"tables": {"include": [rf"{env.db}\..*"],

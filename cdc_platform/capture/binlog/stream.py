@@ -298,16 +298,31 @@ def _table_init(self: Table, table_id: int, schema: str, table: str, columns: li
 def _library_rows(event: RowsEvent, update: bool, gtid: str) -> list[Any]:
     """The rows of an event the native decoder left to mysql-replication (its dicts by column
     name) in the native decoder's shape: tuples in the table map's column order, an update's
-    as ``(before, after)`` pairs. So the engine has one row shape."""
+    as ``(before, after)`` pairs. So the engine has one row shape.
+
+    A partial row image (``binlog_row_image`` MINIMAL or NOBLOB, set in a session since the
+    engine started) is a loud stop: the library gives its absent columns as None, which
+    would land as NULLs."""
     names = [column.name for column in event.columns]
+
+    def lacks(column: object) -> EngineError:
+        return EngineError(
+            f"table {table_id(event.schema, event.table)}: binlog row lacks column "
+            f"{column} at GTID {gtid or '?'}; is binlog_row_image FULL?")
+
+    bitmaps = [event.columns_present_bitmap]
+    if update:
+        bitmaps.append(event.columns_present_bitmap2)
+    for bitmap in bitmaps:
+        for index, name in enumerate(names):
+            if not bitmap[index // 8] >> (index % 8) & 1:
+                raise lacks(repr(name))
 
     def image(values: dict[str, Any]) -> tuple[Any, ...]:
         try:
             return tuple([values[name] for name in names])
         except KeyError as missing:
-            raise EngineError(
-                f"table {table_id(event.schema, event.table)}: binlog row lacks column "
-                f"{missing} at GTID {gtid or '?'}; is binlog_row_image FULL?") from None
+            raise lacks(missing) from None
 
     if update:
         return [(image(row["before_values"]), image(row["after_values"])) for row in event.rows]
