@@ -295,6 +295,14 @@ class S3Settings(_Section):
     read_timeout_seconds: float = Field(
         default=60.0, gt=0, description="Socket read timeout of one attempt."
     )
+    retry_seconds: float = Field(
+        default=120.0, gt=0,
+        description="How long the landing zone's store repeats a request, with backoff, while "
+        "the server is away, restarting or throttling (after botocore's `max_attempts`), "
+        "before the engine, a reader or retention stops with one line naming the endpoint. "
+        "The engine's lease is never renewed past its expiry: it rides out outages of about "
+        "half its 60 s lease.",
+    )
 
     def options(self) -> S3Options:
         """The options ``capture.storage.open_store(url, s3=...)`` takes."""

@@ -18,6 +18,12 @@ Expiry is by wall clock (``expires_at``, seconds since the epoch), compared by w
 the lease: choose ``ttl_seconds`` well above the clocks' skew plus the renewal interval. The
 holder itself trusts its lease only until its own monotonic deadline (``held``), which is never
 later than what the others see, so a paused holder stops believing before others take over.
+
+Every write of the lease object is made ``within`` the expiry of the lease it writes (the
+store's retries of an unreachable server give up before it, ``ObjectStoreUnavailableError``):
+a renewal that could only land after the lease expired is worthless, and a renewer blocked
+past the expiry would hold nothing while it waits. A retried write whose first attempt landed
+is recognised by its content (the record's token makes it unique), never taken for a loss.
 """
 
 from __future__ import annotations
@@ -195,7 +201,8 @@ class Lease:
         for _ in range(_ACQUIRE_ROUNDS):
             started = time.monotonic()
             record = self._new_record(holder, ttl_seconds)
-            written = self.store.write_versioned(*self.parts, data=record.to_json(), etag=None)
+            written = self.store.within(started + ttl_seconds).write_versioned(
+                *self.parts, data=record.to_json(), etag=None)
             if written is not None:
                 return self._took(record, written, ttl_seconds, started=started)
             versioned = self.store.read_versioned(*self.parts)
@@ -207,21 +214,24 @@ class Lease:
                 return False
             started = time.monotonic()
             record = self._new_record(holder, ttl_seconds)
-            written = self.store.write_versioned(*self.parts, data=record.to_json(), etag=etag)
+            written = self.store.within(started + ttl_seconds).write_versioned(
+                *self.parts, data=record.to_json(), etag=etag)
             if written is not None:
                 return self._took(record, written, ttl_seconds, started=started)
         return False
 
     def renew(self, ttl_seconds: float | None = None) -> bool:
         """Extend the lease (by ``ttl_seconds``, else the acquired ttl) if this object still
-        holds it; False, and no longer held, if anyone replaced it since."""
+        holds it; False, and no longer held, if anyone replaced it since. An unreachable store
+        is retried only until the lease held so far expires (then
+        ``ObjectStoreUnavailableError``; ``held`` is False by then, as it would be anyway)."""
         if self._record is None or self._etag is None:
             return False
         ttl = self._ttl if ttl_seconds is None else ttl_seconds
         started = time.monotonic()
         record = self._new_record(self._record.holder, ttl, token=self._record.token)
-        written = self.store.write_versioned(*self.parts, data=record.to_json(),
-                                             etag=self._etag)
+        written = self.store.within(self._deadline).write_versioned(
+            *self.parts, data=record.to_json(), etag=self._etag)
         if written is None:
             self._forget()
             return False
@@ -233,8 +243,12 @@ class Lease:
         if self._record is None or self._etag is None:
             return
         record = LeaseRecord(self._record.holder, self._record.token, 0.0)
-        self.store.write_if_match(*self.parts, data=record.to_json(), etag=self._etag)
-        self._forget()
+        try:
+            if self.held:  # (an expired lease needs no release)
+                self.store.within(self._deadline).write_if_match(
+                    *self.parts, data=record.to_json(), etag=self._etag)
+        finally:
+            self._forget()
 
     def __enter__(self) -> Lease:
         return self

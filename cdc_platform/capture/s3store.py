@@ -11,8 +11,14 @@ lake's reads (``arrow``), never for a publishing write.
 Where things come from: the endpoint, region and addressing style from the config's ``s3``
 section (``S3Options``); the credentials only from the standard AWS chain (environment,
 profile, web identity as IRSA sets it, instance metadata), never from the config file.
-Throttling (503 SlowDown), 5xx answers and timeouts are retried by botocore with backoff
-(``retry_mode``, ``max_attempts``).
+Throttling (503 SlowDown), 5xx answers, timeouts and refused connections are retried twice
+over: by botocore within one request (``retry_mode``, ``max_attempts``: blips of a few seconds),
+and beyond that by the store, the whole request again with backoff until ``retry_seconds``
+have passed (a server restarting, an outage of a minute); then it stops with one line naming the
+endpoint and ``s3.retry_seconds`` (``ObjectStoreUnavailableError``). A conditional PUT retried
+after its first attempt may have landed is decided by the object's content (``_conditional_put``).
+``within(deadline)`` is the same store retrying only while a request can end before a deadline:
+the lease's writes, which are worthless once the lease they write has expired.
 
 A wrong credential or a missing bucket is a start error of one line naming the setting
 (``check``); the same line is raised when an operation meets it later.
@@ -21,14 +27,16 @@ A wrong credential or a missing bucket is a start error of one line naming the s
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import posixpath
+import random
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal, NoReturn, TypeVar
 from urllib.parse import urlparse
 
 import boto3
@@ -41,19 +49,36 @@ from botocore.exceptions import (
     ClientError,
     ConnectTimeoutError,
     EndpointConnectionError,
+    HTTPClientError,
+    IncompleteReadError,
     NoCredentialsError,
     PartialCredentialsError,
 )
+from botocore.exceptions import ConnectionError as BotocoreConnectionError
 
 from cdc_platform.capture.storage import FileInfo, FileStore, _checked
 
-__all__ = ["ObjectStoreError", "S3FileStore", "S3Options", "parse_s3_url"]
+__all__ = ["ObjectStoreError", "ObjectStoreUnavailableError", "S3FileStore", "S3Options",
+           "parse_s3_url"]
 
 DEFAULT_REGION = "us-east-1"
 # 409 ConditionalRequestConflict: another conditional write to the key was in flight; the
 # request may be repeated (it is not an answer about the object's state).
 _CONFLICT_ATTEMPTS = 20
 _NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
+# Answers that say nothing about the request itself: the server is busy, restarting or away.
+_TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
+                    "RequestTimeoutException", "InternalError", "ServiceUnavailable",
+                    "TooManyRequests", "RequestLimitExceeded"}
+# The store's own retries of a whole request (after botocore's): backoff from the first to
+# the longest pause, each drawn at random from its upper half.
+_FIRST_BACKOFF_SECONDS, _MAX_BACKOFF_SECONDS = 0.5, 5.0
+# A store ``within`` a deadline sends single attempts (no botocore retries) with these
+# timeouts, so that an attempt started before the deadline ends about when it passes.
+_BOUNDED_CONNECT_SECONDS, _BOUNDED_READ_SECONDS = 2.0, 5.0
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 class ObjectStoreError(ValueError):
@@ -61,6 +86,12 @@ class ObjectStoreError(ValueError):
     endpoint); the message is one line naming the setting and the fix. (A ValueError like
     ``config.ConfigError``: a wrong setting. This module sits on the storage floor, below
     ``start_errors``, so it does not derive from ``StartError``.)"""
+
+
+class ObjectStoreUnavailableError(ObjectStoreError):
+    """The object store did not answer (refused connections, timeouts, 5xx, throttling) for
+    longer than ``s3.retry_seconds`` (or a ``within`` deadline); one line naming the endpoint
+    and the setting. Nothing about the deployment is wrong: a later start goes on."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +105,7 @@ class S3Options:
     max_attempts: int = 10
     connect_timeout_seconds: float = 10.0
     read_timeout_seconds: float = 60.0
+    retry_seconds: float = 120.0
 
 
 def parse_s3_url(url: str) -> tuple[str, str]:
@@ -94,6 +126,7 @@ class _Connection:
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     _session: Any = field(default=None, repr=False)
     _client: Any = field(default=None, repr=False)
+    _bounded_client: Any = field(default=None, repr=False)
     _arrow: pafs.S3FileSystem | None = field(default=None, repr=False)
 
     @property
@@ -109,25 +142,46 @@ class _Connection:
 
     @property
     def client(self) -> Any:
-        session, region = self.session, self.region
         with self._lock:
             if self._client is None:
                 options = self.options
-                config = Config(
-                    region_name=region,
-                    retries={"mode": options.retry_mode,
-                             "total_max_attempts": options.max_attempts},
-                    connect_timeout=options.connect_timeout_seconds,
-                    read_timeout=options.read_timeout_seconds,
-                    s3={"addressing_style": "path" if options.path_style else "auto"},
-                    # plain signed bodies, no aws-chunked trailing checksums (which some
-                    # S3-compatible servers refuse); PUTs carry Content-MD5 where required
-                    request_checksum_calculation="when_required",
-                    response_checksum_validation="when_required",
-                )
-                self._client = session.client("s3", endpoint_url=options.endpoint_url or None,
-                                              config=config)
+                self._client = self._new_client(options.max_attempts,
+                                                options.connect_timeout_seconds,
+                                                options.read_timeout_seconds)
             return self._client
+
+    @property
+    def bounded_client(self) -> Any:
+        """Single attempts with short timeouts, for requests that must end by a deadline."""
+        with self._lock:
+            if self._bounded_client is None:
+                options = self.options
+                self._bounded_client = self._new_client(
+                    1, min(options.connect_timeout_seconds, _BOUNDED_CONNECT_SECONDS),
+                    min(options.read_timeout_seconds, _BOUNDED_READ_SECONDS))
+            return self._bounded_client
+
+    @property
+    def bounded_attempt_seconds(self) -> float:
+        """The longest a ``bounded_client`` attempt takes (connect plus read timeout)."""
+        options = self.options
+        return (min(options.connect_timeout_seconds, _BOUNDED_CONNECT_SECONDS)
+                + min(options.read_timeout_seconds, _BOUNDED_READ_SECONDS))
+
+    def _new_client(self, attempts: int, connect_timeout: float, read_timeout: float) -> Any:
+        session, region, options = self.session, self.region, self.options
+        config = Config(
+            region_name=region,
+            retries={"mode": options.retry_mode, "total_max_attempts": attempts},
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            s3={"addressing_style": "path" if options.path_style else "auto"},
+            # plain signed bodies, no aws-chunked trailing checksums (which some
+            # S3-compatible servers refuse); PUTs carry Content-MD5 where required
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+        return session.client("s3", endpoint_url=options.endpoint_url or None, config=config)
 
     def arrow(self) -> pafs.S3FileSystem:
         with self._lock:
@@ -158,11 +212,13 @@ class S3FileStore(FileStore):
     """
 
     def __init__(self, bucket: str, prefix: str = "", options: S3Options | None = None, *,
-                 setting: str = "storage URL", _connection: _Connection | None = None) -> None:
+                 setting: str = "storage URL", _connection: _Connection | None = None,
+                 _deadline: float | None = None) -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.setting = setting
         self._connection = _connection or _Connection(options or S3Options())
+        self._deadline = _deadline  # (time.monotonic(); ``within``)
 
     @classmethod
     def from_url(cls, url: str, options: S3Options | None = None, *,
@@ -179,7 +235,10 @@ class S3FileStore(FileStore):
 
     @property
     def client(self) -> Any:
-        """The boto3 S3 client (shared by this store and its children)."""
+        """The boto3 S3 client (shared by this store and its children); single attempts with
+        short timeouts in a store ``within`` a deadline."""
+        if self._deadline is not None:
+            return self._connection.bounded_client
         return self._connection.client
 
     @property
@@ -192,7 +251,62 @@ class S3FileStore(FileStore):
 
     def child(self, *parts: str) -> S3FileStore:
         return S3FileStore(self.bucket, self.key(*parts), setting=self.setting,
-                           _connection=self._connection)
+                           _connection=self._connection, _deadline=self._deadline)
+
+    def within(self, deadline: float) -> S3FileStore:
+        """This store, retrying a request only while the retry can end before ``deadline``
+        (``time.monotonic()``): each attempt is one request with short timeouts (no
+        botocore retries), and none is started that could end after the deadline (the first
+        always is). Past it: ``ObjectStoreUnavailableError``."""
+        return S3FileStore(self.bucket, self.prefix, setting=self.setting,
+                           _connection=self._connection, _deadline=deadline)
+
+    # ---- retries beyond botocore's -----------------------------------------------------------
+
+    def _request(self, operation: str, key: str, call: Callable[[Any], _T]) -> _T:
+        """``call(client)``, repeated with backoff while the server is away, busy or
+        restarting (``_transient``) until ``s3.retry_seconds`` after the first attempt (or
+        the ``within`` deadline); then one line naming the endpoint and the setting. Any
+        other error is raised as it is, for the caller to tell (404, 412, 403...)."""
+        started = time.monotonic()
+        give_up = started + self.options.retry_seconds
+        attempt_seconds = 0.0
+        if self._deadline is not None:
+            give_up = min(give_up, self._deadline)
+            attempt_seconds = self._connection.bounded_attempt_seconds
+        backoff, failures = _FIRST_BACKOFF_SECONDS, 0
+        while True:
+            try:
+                result = call(self.client)
+            except Exception as error:
+                if not _transient(error):
+                    raise
+                failures += 1
+                pause = random.uniform(backoff / 2, backoff)
+                now = time.monotonic()
+                if now + pause + attempt_seconds >= give_up:
+                    raise ObjectStoreUnavailableError(
+                        self._unavailable(operation, key, error, now - started)) from error
+                if failures == 1:
+                    log.warning(f"{operation} s3://{self.bucket}/{key}: {_short(error)}; "
+                                f"retrying for up to {give_up - now:.0f} s (s3.retry_seconds)")
+                time.sleep(pause)
+                backoff = min(backoff * 2, _MAX_BACKOFF_SECONDS)
+                continue
+            if failures:
+                log.warning(f"{operation} s3://{self.bucket}/{key}: answered after "
+                            f"{time.monotonic() - started:.1f} s and {failures} retries")
+            return result
+
+    def _unavailable(self, operation: str, key: str, error: BaseException,
+                     waited: float) -> str:
+        endpoint = self.options.endpoint_url or f"the AWS S3 endpoint ({self._connection.region})"
+        bound = (f"s3.retry_seconds {self.options.retry_seconds:g}" if self._deadline is None
+                 else "the deadline of a lease write")
+        return (f"{self._where()}: {endpoint} did not answer {operation} {key!r} for "
+                f"{waited:.0f} s ({_short(error)}); retried with backoff until {bound}; "
+                "check the server and the network, or raise s3.retry_seconds to ride out "
+                "longer outages")
 
     def arrow(self, *parts: str) -> tuple[pafs.FileSystem, str]:
         return self._connection.arrow(), posixpath.join(self.bucket, self.key(*parts))
@@ -202,7 +316,7 @@ class S3FileStore(FileStore):
     def check(self) -> None:
         """Raise ``ObjectStoreError`` (one line naming the setting) unless the bucket exists
         and the credentials from the environment may use it."""
-        try:
+        try:  # (not retried beyond botocore: a wrong endpoint is a start error, said at once)
             self.client.head_bucket(Bucket=self.bucket)
             self.client.list_objects_v2(Bucket=self.bucket, Prefix=self._dir_prefix(),
                                         MaxKeys=1)
@@ -268,14 +382,18 @@ class S3FileStore(FileStore):
 
     def read_versioned(self, *parts: str) -> tuple[bytes, str] | None:
         key = self.key(*parts)
+
+        def get(client: Any) -> tuple[bytes, str]:
+            response = client.get_object(Bucket=self.bucket, Key=key)
+            with contextlib.closing(response["Body"]) as body:
+                return body.read(), str(response["ETag"])
+
         try:
-            response = self.client.get_object(Bucket=self.bucket, Key=key)
+            return self._request("GET", key, get)
         except ClientError as error:
             if _error_code(error)[0] in _NOT_FOUND:
                 return None
             self._raise(error, key, "GET")
-        with contextlib.closing(response["Body"]) as body:
-            return body.read(), response["ETag"]
 
     def _dir_prefix(self, *parts: str) -> str:
         key = self.key(*parts)
@@ -284,49 +402,55 @@ class S3FileStore(FileStore):
     def list_names(self, *parts: str) -> list[str]:
         prefix = self._dir_prefix(*parts)
         names: set[str] = set()
-        paginator = self.client.get_paginator("list_objects_v2")
+        for page in self._pages(prefix, delimiter="/"):
+            for item in page.get("Contents", ()):
+                name = item["Key"][len(prefix):]
+                if name:  # (not a "directory marker" object of the prefix itself)
+                    names.add(name)
+            for common in page.get("CommonPrefixes", ()):
+                name = common["Prefix"][len(prefix):].rstrip("/")
+                if name:
+                    names.add(name)
+        return sorted(names)
+
+    def _pages(self, prefix: str, delimiter: str = "") -> list[dict[str, Any]]:
+        """Every page of a listing (a listing interrupted by an outage is started over)."""
+        def pages(client: Any) -> list[dict[str, Any]]:
+            paginator = client.get_paginator("list_objects_v2")
+            extra = {"Delimiter": delimiter} if delimiter else {}
+            return list(paginator.paginate(Bucket=self.bucket, Prefix=prefix, **extra))
+
         try:
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix, Delimiter="/"):
-                for item in page.get("Contents", ()):
-                    name = item["Key"][len(prefix):]
-                    if name:  # (not a "directory marker" object of the prefix itself)
-                        names.add(name)
-                for common in page.get("CommonPrefixes", ()):
-                    name = common["Prefix"][len(prefix):].rstrip("/")
-                    if name:
-                        names.add(name)
+            return self._request("LIST", prefix, pages)
         except ClientError as error:
             self._raise(error, prefix, "LIST")
-        return sorted(names)
 
     def list_files(self, *parts: str) -> list[FileInfo]:
         """From the listing: sizes, and upload times as modification times."""
         prefix = self._dir_prefix(*parts)
         found = []
-        paginator = self.client.get_paginator("list_objects_v2")
-        try:
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix, Delimiter="/"):
-                for item in page.get("Contents", ()):
-                    name = item["Key"][len(prefix):]
-                    if name:
-                        found.append(FileInfo(name, int(item["Size"]),
-                                              item["LastModified"].timestamp()))
-        except ClientError as error:
-            self._raise(error, prefix, "LIST")
+        for page in self._pages(prefix, delimiter="/"):
+            for item in page.get("Contents", ()):
+                name = item["Key"][len(prefix):]
+                if name:
+                    found.append(FileInfo(name, int(item["Size"]),
+                                          item["LastModified"].timestamp()))
         return sorted(found, key=lambda info: info.name)
 
     def exists(self, *parts: str) -> bool:
         key = self.key(*parts)
         if key:
             try:
-                self.client.head_object(Bucket=self.bucket, Key=key)
+                self._request("HEAD", key, lambda client: client.head_object(
+                    Bucket=self.bucket, Key=key))
                 return True
             except ClientError as error:
                 if _error_code(error)[1] != 404:
                     self._raise(error, key, "HEAD")
+        prefix = self._dir_prefix(*parts)
         try:
-            page = self.client.list_objects_v2(Bucket=self.bucket, Prefix=self._dir_prefix(*parts),
-                                               MaxKeys=1)
+            page = self._request("LIST", prefix, lambda client: client.list_objects_v2(
+                Bucket=self.bucket, Prefix=prefix, MaxKeys=1))
         except ClientError as error:
             self._raise(error, key, "LIST")
         return bool(page.get("KeyCount", len(page.get("Contents", ()))))
@@ -335,7 +459,8 @@ class S3FileStore(FileStore):
         """The object's ETag, from a HEAD (no body is transferred)."""
         key = self.key(*parts)
         try:
-            return str(self.client.head_object(Bucket=self.bucket, Key=key)["ETag"])
+            return str(self._request("HEAD", key, lambda client: client.head_object(
+                Bucket=self.bucket, Key=key))["ETag"])
         except ClientError as error:
             if _error_code(error)[1] == 404 or _error_code(error)[0] in _NOT_FOUND:
                 return None
@@ -347,24 +472,24 @@ class S3FileStore(FileStore):
         prefix = self._dir_prefix(*parts)
         if not prefix:
             raise ValueError(f"{self.uri}: refusing to delete the whole store")
-        paginator = self.client.get_paginator("list_objects_v2")
-        try:
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
-                keys = [{"Key": item["Key"]} for item in page.get("Contents", ())]
-                if keys:
-                    self.client.delete_objects(Bucket=self.bucket,
-                                               Delete={"Objects": keys, "Quiet": True})
-        except ClientError as error:
-            self._raise(error, prefix, "DELETE")
+        for page in self._pages(prefix):
+            keys = [{"Key": item["Key"]} for item in page.get("Contents", ())]
+            if keys:
+                try:
+                    self._request("DELETE", prefix, lambda client, keys=keys: client.delete_objects(
+                        Bucket=self.bucket, Delete={"Objects": keys, "Quiet": True}))
+                except ClientError as error:
+                    self._raise(error, prefix, "DELETE")
 
     # ---- writes ----------------------------------------------------------------------------
 
     def write_atomically(self, *parts: str, data: bytes | memoryview,
                          durable: bool = True) -> None:
         """One PUT: atomic and durable on S3 (``durable`` changes nothing)."""
-        key = self.key(*parts)
+        key, body = self.key(*parts), bytes(data)
         try:
-            self.client.put_object(Bucket=self.bucket, Key=key, Body=bytes(data))
+            self._request("PUT", key, lambda client: client.put_object(
+                Bucket=self.bucket, Key=key, Body=body))
         except ClientError as error:
             self._raise(error, key, "PUT")
 
@@ -386,21 +511,30 @@ class S3FileStore(FileStore):
     def _conditional_put(self, key: str, data: bytes, **condition: str) -> str | None:
         """A conditional PUT: the new object's ETag, or None (nothing written) when the
         condition failed. 409 ConditionalRequestConflict (a concurrent conditional write
-        to the key) is repeated. A 412 after botocore retried the request (a timeout or a 5xx
-        whose first attempt may have landed) is checked against the object's content: when
-        it holds exactly ``data``, that landing was this write's."""
+        to the key) is repeated. A 412 after the request was retried (by botocore or by
+        ``_request``: a timeout, a lost connection or a 5xx whose attempt may have landed) is
+        checked against the object's content: when it holds exactly ``data``, that landing was
+        this write's, so a retry never turns into a false "lost the race" or a false fence.
+        (Callers whose racing writers could write equal bytes make them unique: the lease's
+        token.)"""
+        attempts = 0
+
+        def put(client: Any) -> Any:
+            nonlocal attempts
+            attempts += 1
+            return client.put_object(Bucket=self.bucket, Key=key, Body=data, **condition)
+
         for attempt in range(_CONFLICT_ATTEMPTS):
             try:
-                response = self.client.put_object(Bucket=self.bucket, Key=key, Body=data,
-                                                   **condition)
-                return str(response["ETag"])
+                return str(self._request("PUT", key, put)["ETag"])
             except ClientError as error:
                 code, status = _error_code(error)
                 if status == 409 or code == "ConditionalRequestConflict":
                     time.sleep(min(0.05 * 2 ** attempt, 1.0))
                     continue
                 if status == 412 or code == "PreconditionFailed":
-                    retried = error.response.get("ResponseMetadata", {}).get("RetryAttempts", 0)
+                    retried = attempts > 1 or error.response.get(
+                        "ResponseMetadata", {}).get("RetryAttempts", 0)
                     if retried:
                         current = self.read_versioned(*self._parts_of(key))
                         return current[1] if current is not None and current[0] == data \
@@ -420,7 +554,8 @@ class S3FileStore(FileStore):
     def delete(self, *parts: str) -> None:
         key = self.key(*parts)
         try:
-            self.client.delete_object(Bucket=self.bucket, Key=key)
+            self._request("DELETE", key, lambda client: client.delete_object(
+                Bucket=self.bucket, Key=key))
         except ClientError as error:
             if _error_code(error)[0] not in _NOT_FOUND:
                 self._raise(error, key, "DELETE")
@@ -437,7 +572,8 @@ class S3FileStore(FileStore):
             with pa.OSFile(spool, "wb") as sink:
                 yield sink
             try:
-                self.client.upload_file(spool, self.bucket, key, Config=_TRANSFER)
+                self._request("PUT", key, lambda client: client.upload_file(
+                    spool, self.bucket, key, Config=_TRANSFER))
             except S3UploadFailedError as error:  # (boto3 wraps the ClientError in it)
                 if isinstance(error.__context__, ClientError):
                     self._raise(error.__context__, key, "PUT")
@@ -449,6 +585,30 @@ class S3FileStore(FileStore):
 
 _TRANSFER = TransferConfig(multipart_threshold=64 * 1024 * 1024,
                            multipart_chunksize=16 * 1024 * 1024, use_threads=False)
+
+
+def _transient(error: BaseException) -> bool:
+    """Whether ``error`` says the server is away, busy or restarting (refused or lost
+    connections, timeouts, 5xx, throttling), not something about the request: worth the
+    same request again later. boto3's upload wraps the cause (``S3UploadFailedError``)."""
+    if isinstance(error, S3UploadFailedError):
+        cause = error.__context__
+        return cause is not None and cause is not error and _transient(cause)
+    if isinstance(error, BotocoreConnectionError | HTTPClientError | IncompleteReadError):
+        return True
+    if isinstance(error, ClientError):
+        code, status = _error_code(error)
+        return status >= 500 or status == 429 or code in _TRANSIENT_CODES
+    return False
+
+
+def _short(error: BaseException) -> str:
+    """An error as one short phrase for a log line."""
+    if isinstance(error, ClientError):
+        code, status = _error_code(error)
+        return f"{status} {code}".strip()
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}"[:200]
 
 
 def _error_code(error: ClientError) -> tuple[str, int]:

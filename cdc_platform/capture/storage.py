@@ -86,6 +86,12 @@ class FileStore(ABC):
     def child(self, *parts: str) -> FileStore:
         """The store rooted at a directory below this root."""
 
+    def within(self, deadline: float) -> FileStore:
+        """This store, for requests that are worthless after ``deadline`` (``time.monotonic()``:
+        a lease's writes, made for a lease that expires then): on object storage a request is
+        retried only while the retry can end before it. Local stores never wait: themselves."""
+        return self
+
     def uri_of(self, *parts: str) -> str:
         """A file's (or directory's) URL as Spark reads it."""
         return posixpath.join(self.uri, *_checked(parts, self.uri))

@@ -1,18 +1,24 @@
-"""S3FileStore's answers to a throttled, conflicted or forgetful server, on moto's in-process S3:
-503 SlowDown is retried with backoff (botocore's retry loop, not ours), 409
-ConditionalRequestConflict is repeated, and a conditional put whose first attempt landed although
-its answer was lost is recognised as this write's."""
+"""S3FileStore's answers to a throttled, conflicted, forgetful or absent server, on moto's
+in-process S3: 503 SlowDown is retried with backoff (botocore's retry loop first, then the
+store's own until ``s3.retry_seconds``), refused connections for longer than botocore's attempts
+are ridden out, 409 ConditionalRequestConflict is repeated, a conditional put whose first attempt
+landed although its answer was lost is recognised as this write's, and a lease renewal stops
+retrying before the lease expires."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 from botocore.awsrequest import AWSResponse
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, EndpointConnectionError
 from moto.server import ThreadedMotoServer
 
-from cdc_platform.capture.s3store import S3FileStore, S3Options
+from cdc_platform.capture.lease import Lease
+from cdc_platform.capture.s3store import ObjectStoreUnavailableError, S3FileStore, S3Options
+from cdc_platform.capture.start_errors import describe_start_error
 from cdc_platform.devservices.ports import free_port
 
 
@@ -85,11 +91,18 @@ def test_slow_down_is_retried_with_backoff_until_it_succeeds(store: S3FileStore)
 
 
 @pytest.mark.parametrize("store", [2], indirect=True)
-def test_throttling_beyond_max_attempts_is_raised(store: S3FileStore):
-    attempts = _inject(store, "PutObject", [(503, "SlowDown")] * 3)
-    with pytest.raises(ClientError, match="SlowDown"):
+def test_throttling_beyond_max_attempts_is_retried_by_the_store(store: S3FileStore):
+    attempts = _inject(store, "PutObject", [(503, "SlowDown")] * 5)
+    store.write_atomically("a.json", data=b"1")
+    assert len(attempts) == 6 and store.read_bytes("a.json") == b"1"
+
+
+@pytest.mark.parametrize("store", [2], indirect=True)
+def test_an_error_about_the_request_is_not_retried(store: S3FileStore):
+    attempts = _inject(store, "PutObject", [(400, "InvalidRequest")] * 3)
+    with pytest.raises(ClientError, match="InvalidRequest"):
         store.write_atomically("a.json", data=b"1")
-    assert len(attempts) == 2 and store.read_bytes("a.json") is None
+    assert len(attempts) == 1 and store.read_bytes("a.json") is None
 
 
 def test_a_conditional_request_conflict_is_repeated(store: S3FileStore):
@@ -120,3 +133,106 @@ def test_moto_refuses_exclusive_and_stale_conditional_puts_like_s3(store: S3File
     assert store.write_if_match("x", data=b"3", etag=etag)
     assert not store.write_if_match("x", data=b"4", etag=etag)
     assert store.read_bytes("x") == b"3"
+
+
+# ---- outages longer than botocore's attempts: the store's own retries -----------------------
+
+
+def _refuse(request: object, **_: object) -> None:
+    raise EndpointConnectionError(endpoint_url=getattr(request, "url", "http://injected"))
+
+
+def _outage(store: S3FileStore, operation: str, seconds: float,
+            before: object = None) -> list[float]:
+    """Requests of ``operation`` are refused (a connection error, as from a stopped server)
+    for ``seconds`` after the first one (after ``before()``, if given, on the first);
+    returns the times of the attempts seen."""
+    attempts: list[float] = []
+
+    def handler(request: object, **_: object) -> None:
+        attempts.append(time.monotonic())
+        if attempts[-1] - attempts[0] < seconds:
+            if callable(before) and len(attempts) == 1:
+                before()
+            _refuse(request)
+
+    store.client.meta.events.register(f"before-send.s3.{operation}", handler)
+    store._connection.bounded_client.meta.events.register(f"before-send.s3.{operation}",
+                                                          handler)
+    return attempts
+
+
+@pytest.mark.parametrize("store", [2], indirect=True)
+def test_an_outage_beyond_botocores_attempts_is_ridden_out(store: S3FileStore):
+    store.write_atomically("a.json", data=b"1")
+    attempts = _outage(store, "GetObject", 3.0)
+    assert store.read_bytes("a.json") == b"1"
+    assert attempts[-1] - attempts[0] >= 3.0 and len(attempts) > 4  # (2 per botocore call)
+    _outage(store, "PutObject", 2.0)
+    store.write_atomically("b.json", data=b"2")
+    _outage(store, "ListObjectsV2", 2.0)
+    assert store.list_names() == ["a.json", "b.json"]
+
+
+@pytest.mark.parametrize("store", [1], indirect=True)
+def test_an_outage_beyond_retry_seconds_is_one_line_naming_the_endpoint_and_setting(
+        store: S3FileStore):
+    store = S3FileStore(store.bucket, "zone", replace(store.options, retry_seconds=2.0),
+                        setting="landing_zone.url")
+    _outage(store, "PutObject", 60.0)
+    started = time.monotonic()
+    with pytest.raises(ObjectStoreUnavailableError) as raised:
+        store.write_atomically("a.json", data=b"1")
+    assert time.monotonic() - started < 4.0
+    line = str(raised.value)
+    assert "\n" not in line
+    assert line.startswith(f"landing_zone.url s3://{store.bucket}/zone: "
+                           f"{store.options.endpoint_url} did not answer PUT 'zone/a.json'")
+    assert "s3.retry_seconds" in line
+    assert describe_start_error(raised.value) == line
+
+
+@pytest.mark.parametrize("store", [1], indirect=True)
+def test_a_conditional_put_retried_across_an_outage_whose_first_attempt_landed_is_ours(
+        store: S3FileStore):
+    """The first attempt lands, then the connection is lost before its answer (as when the
+    server stops right after storing it); the store's retry meets 412 (exclusive) or a
+    changed ETag (If-Match) because of that first attempt: still this write's, never a lost
+    race or a false fence. Someone else's object in between is a lost race."""
+    landed = S3FileStore(store.bucket, "zone", store.options)
+    _outage(store, "PutObject", 1.0, before=lambda: landed.write_atomically("claim", data=b"me"))
+    assert store.write_exclusively("claim", data=b"me")
+
+    _, etag = store.read_versioned("claim")
+    _outage(store, "PutObject", 1.0,
+            before=lambda: landed.write_atomically("claim", data=b"me, renewed"))
+    written = store.write_versioned("claim", data=b"me, renewed", etag=etag)
+    assert written is not None and written == store.read_versioned("claim")[1]
+
+    _outage(store, "PutObject", 1.0,
+            before=lambda: landed.write_atomically("other", data=b"theirs"))
+    assert not store.write_exclusively("other", data=b"mine")
+    _, etag = store.read_versioned("other")
+    _outage(store, "PutObject", 1.0,
+            before=lambda: landed.write_atomically("other", data=b"theirs again"))
+    assert store.write_versioned("other", data=b"mine", etag=etag) is None
+    assert store.read_bytes("other") == b"theirs again"
+
+
+def test_a_lease_renewal_gives_up_before_the_lease_expires(store: S3FileStore):
+    """The server is away for longer than the lease lives: the renewal stops retrying before
+    the lease's expiry (loudly), and the holder never believes it holds the lease past it."""
+    store = S3FileStore(store.bucket, "zone", replace(store.options, retry_seconds=120.0))
+    lease = Lease(store, "engine.lease")
+    ttl = 12.0
+    assert lease.acquire("engine-1", ttl)
+    expires = time.monotonic() + ttl
+    _outage(store, "PutObject", 600.0)
+    started = time.monotonic()
+    with pytest.raises(ObjectStoreUnavailableError, match="the deadline of a lease write"):
+        lease.renew()
+    assert time.monotonic() < expires  # (gave up before the expiry, not after 120 s)
+    assert time.monotonic() - started > 1.0  # (it did retry)
+    while time.monotonic() < expires:
+        time.sleep(0.2)
+    assert not lease.held
