@@ -38,7 +38,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cdc_platform.capture.storage import FileStore
+from cdc_platform.capture.storage import FileStore, StoreUnavailableError
 
 __all__ = ["Lease", "LeaseRecord"]
 
@@ -239,7 +239,8 @@ class Lease:
 
     def release(self) -> None:
         """Give the lease up (marked expired, so the next acquirer takes it at once); nothing
-        when this object does not hold it any more."""
+        when this object does not hold it any more. Best effort: a store that does not answer
+        before the lease expires is logged in one line (the lease expires on its own)."""
         if self._record is None or self._etag is None:
             return
         record = LeaseRecord(self._record.holder, self._record.token, 0.0)
@@ -247,6 +248,8 @@ class Lease:
             if self.held:  # (an expired lease needs no release)
                 self.store.within(self._deadline).write_if_match(
                     *self.parts, data=record.to_json(), etag=self._etag)
+        except StoreUnavailableError as error:
+            log.warning(f"{self!r}: not released, it expires on its own: {error}")
         finally:
             self._forget()
 

@@ -56,10 +56,10 @@ from botocore.exceptions import (
 )
 from botocore.exceptions import ConnectionError as BotocoreConnectionError
 
-from cdc_platform.capture.storage import FileInfo, FileStore, _checked
+from cdc_platform.capture.storage import FileInfo, FileStore, StoreUnavailableError, _checked
 
 __all__ = ["ObjectStoreError", "ObjectStoreUnavailableError", "S3FileStore", "S3Options",
-           "parse_s3_url"]
+           "credentials_source", "parse_s3_url"]
 
 DEFAULT_REGION = "us-east-1"
 # 409 ConditionalRequestConflict: another conditional write to the key was in flight; the
@@ -88,7 +88,7 @@ class ObjectStoreError(ValueError):
     ``start_errors``, so it does not derive from ``StartError``.)"""
 
 
-class ObjectStoreUnavailableError(ObjectStoreError):
+class ObjectStoreUnavailableError(ObjectStoreError, StoreUnavailableError):
     """The object store did not answer (refused connections, timeouts, 5xx, throttling) for
     longer than ``s3.retry_seconds`` (or a ``within`` deadline); one line naming the endpoint
     and the setting. Nothing about the deployment is wrong: a later start goes on."""
@@ -330,15 +330,7 @@ class S3FileStore(FileStore):
         return f"{self.setting} s3://{self.bucket}/{self.prefix}".rstrip("/")
 
     def _credentials_source(self) -> str:
-        """Where the credentials came from, for the error line (never the secret)."""
-        credentials = self._connection.session.get_credentials()
-        if credentials is None:
-            return "none found"
-        key_id = credentials.access_key or ""
-        shown = f"{key_id[:4]}...{key_id[-2:]}" if len(key_id) > 8 else "(short)"
-        method = getattr(credentials, "method", "unknown")
-        origin = "AWS_ACCESS_KEY_ID" if method == "env" else method
-        return f"{origin} {shown}"
+        return credentials_source(self._connection.session)
 
     def _explain(self, error: BaseException) -> str:
         where = self._where()
@@ -585,6 +577,19 @@ class S3FileStore(FileStore):
 
 _TRANSFER = TransferConfig(multipart_threshold=64 * 1024 * 1024,
                            multipart_chunksize=16 * 1024 * 1024, use_threads=False)
+
+
+def credentials_source(session: boto3.session.Session) -> str:
+    """Where a session's credentials came from, for an error line: the source and the key id
+    shortened (never the secret), or "none found"."""
+    credentials = session.get_credentials()
+    if credentials is None:
+        return "none found"
+    key_id = credentials.access_key or ""
+    shown = f"{key_id[:4]}...{key_id[-2:]}" if len(key_id) > 8 else "(short)"
+    method = getattr(credentials, "method", "unknown")
+    origin = "AWS_ACCESS_KEY_ID" if method == "env" else method
+    return f"{origin} {shown}"
 
 
 def _transient(error: BaseException) -> bool:

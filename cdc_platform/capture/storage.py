@@ -59,6 +59,12 @@ def _checked(parts: tuple[str, ...], below: str) -> tuple[str, ...]:
     return parts
 
 
+class StoreUnavailableError(Exception):
+    """The store did not answer for as long as its requests are retried (an object store
+    away, restarting or throttling); nothing is known about the request's effect beyond
+    what the store could check."""
+
+
 @dataclass(frozen=True)
 class FileInfo:
     """A listed file: its name, size in bytes and modification time (seconds since the epoch)."""

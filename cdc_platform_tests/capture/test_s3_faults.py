@@ -337,11 +337,12 @@ def test_kill_9_mid_upload_then_restart_lands_every_change_exactly_once(
 
 def test_seaweedfs_stopped_under_the_streaming_engine_loses_and_repeats_nothing(
         cdc_env: CdcEnv, seaweedfs: SeaweedFS, s3_env: dict[str, str], tmp_path: Path):
-    """The server is down for seconds, twice, while the engine streams and flushes: its
-    requests are retried with backoff, or it stops loudly (seen: botocore's attempts end before
-    a restart of some seconds does, and the run fails on EndpointConnectionError) and its
-    restart resumes from the checkpoint; after the server is back, the changelog is exact."""
-    env, ttl = cdc_env, 15.0
+    """The server is down while the engine streams and flushes, for 2 s and then for 20 s
+    (longer than botocore's attempts, about 7-14 s): the store retries its requests with
+    backoff (``s3.retry_seconds``) and the engine rides both out without stopping, its lease
+    (the default 60 s ttl) renewed across them; after the server is back, the changelog is
+    exact."""
+    env, ttl = cdc_env, 60.0
     url, config = _configure(env, seaweedfs)
     reader = LandingReader(open_store(url, s3=s3_options(seaweedfs)), env.server_name)
     ledger = _Ledger(env)
@@ -351,25 +352,65 @@ def test_seaweedfs_stopped_under_the_streaming_engine_loses_and_repeats_nothing(
     supervisor.wait_streaming(120)
     ledger.start()
     try:
-        for down_seconds in (2.0, 4.0):
-            time.sleep(2.0)
+        for down_seconds in (2.0, 20.0):
+            time.sleep(3.0)
             seaweedfs.stop()
             time.sleep(down_seconds)
             seaweedfs.start()
-        time.sleep(2.0)
+        time.sleep(3.0)
     finally:
         ledger.stop()
-    if supervisor.process is not None and supervisor.process.poll() is not None:
-        supervisor.wait_streaming(ttl + 90)  # it stopped: started again, as a retry would
+    assert supervisor.process is not None and supervisor.process.poll() is None, \
+        supervisor.log_text()[-3000:]
     _wait_caught_up(reader, env, 180, supervisor)
     supervisor.finish()
 
     ledger.assert_landed_exactly(reader)
-    print(f"engine starts: {supervisor.starts} (failures: {len(supervisor.failures)}, "
-          f"refusals: {supervisor.refusals})")
-    for failure in supervisor.failures:  # a stop is loud: the state's reason, or one line
-        assert "-> failed (" in failure or "cdc_platform stream: landing_zone.url" in failure, \
-            failure[-3000:]
+    log = supervisor.log_text()
+    assert supervisor.starts == 1 and not supervisor.failures, log[-3000:]
+    assert "retrying for up to" in log and "Traceback" not in log, log[-3000:]
+    print(f"{ledger.transactions} transactions; the engine rode out both outages: "
+          f"{log.count('retrying for up to')} request(s) retried")
+
+
+def test_an_outage_beyond_retry_seconds_stops_the_engine_with_one_line(
+        cdc_env: CdcEnv, seaweedfs: SeaweedFS, s3_env: dict[str, str], tmp_path: Path):
+    """Down for longer than ``s3.retry_seconds`` (here 4 s, after botocore's own attempts):
+    the engine stops with one line naming the endpoint and the setting (its failed state's
+    reason, and the CLI's last line: no uncaught traceback); started again once the server is
+    back, it resumes from the checkpoint and the changelog is exact."""
+    env, ttl = cdc_env, 60.0
+    url, _ = _configure(env, seaweedfs)
+    env.overrides["s3"]["retry_seconds"] = 4.0
+    config = env.write_config()
+    reader = LandingReader(open_store(url, s3=s3_options(seaweedfs)), env.server_name)
+    ledger = _Ledger(env)
+    ledger.create()
+    supervisor = _Supervisor(env, config, ttl, tmp_path)
+    supervisor.start()
+    supervisor.wait_streaming(120)
+    ledger.start()
+    try:
+        time.sleep(2.0)
+        seaweedfs.stop()
+        assert supervisor.process is not None
+        supervisor.process.wait(60)  # (stopped: botocore's attempts, then 4 s)
+        stopped = supervisor.log_text()
+        seaweedfs.start()
+        supervisor.start()
+        supervisor.wait_streaming(120)
+        time.sleep(2.0)
+    finally:
+        ledger.stop()
+    _wait_caught_up(reader, env, 180, supervisor)
+    supervisor.finish()
+
+    ledger.assert_landed_exactly(reader)
+    line = stopped.strip().splitlines()[-1]  # (not an uncaught exception's last line)
+    assert line.startswith("cdc_platform stream: landing_zone.url "), stopped[-3000:]
+    assert seaweedfs.endpoint_url in line and "s3.retry_seconds" in line, line
+    assert "-> failed (ObjectStoreUnavailableError: landing_zone.url " in stopped, \
+        stopped[-3000:]
 
 
 def test_a_cli_engine_start_on_wrong_credentials_or_no_bucket_is_one_line(
