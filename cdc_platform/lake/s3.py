@@ -28,8 +28,12 @@ web identity, instance metadata).
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,3 +187,134 @@ def settings_s3_conf(settings: Any) -> dict[str, str]:
     ``s3_session_conf`` of its ``s3`` section when its landing zone or warehouse is on S3, else
     none."""
     return s3_session_conf(getattr(settings, "s3", None)) if settings_use_s3(settings) else {}
+
+
+# ---- start check: the warehouse and its catalog answer, as the session will ask them --------
+
+_CHECK_TIMEOUT_SECONDS = 10.0
+
+
+def check_warehouse(properties: dict[str, str]) -> None:
+    """Raise ``ObjectStoreError`` with one line naming the setting to fix (``warehouse.url``,
+    ``warehouse.catalog.uri``, ``warehouse.catalog.properties``, ``s3.*``) unless the lake's
+    catalog (its Spark properties, ``iceberg.catalog_properties``) can be used: a REST
+    catalog answers at its URI, accepts this environment's credentials and serves the
+    warehouse; a warehouse on S3 is a bucket the credentials may use. Other catalogs (JDBC,
+    Hive, Glue) and local warehouses are not checked here. Before any Spark statement, whose
+    failures are Java stack traces."""
+    from cdc_platform.capture.s3store import S3FileStore, S3Options
+
+    warehouse = properties.get("warehouse", "")
+    if properties.get("type") == "rest":
+        _check_rest_catalog(properties)
+    if is_s3_url(warehouse):
+        options = S3Options(endpoint_url=properties.get("s3.endpoint", ""),
+                            region=properties.get("client.region", ""),
+                            path_style=properties.get("s3.path-style-access") == "true")
+        S3FileStore.from_url(warehouse, options, setting="warehouse.url").check()
+
+
+def _check_rest_catalog(properties: dict[str, str]) -> None:
+    from cdc_platform.capture.s3store import ObjectStoreError
+
+    uri = properties.get("uri", "").rstrip("/")
+    warehouse = properties.get("warehouse", "")
+    where = f"warehouse.catalog.uri {uri}"
+    status, answer = _rest_get(properties, f"{uri}/v1/config?"
+                               + urllib.parse.urlencode({"warehouse": warehouse}))
+    if status is None:
+        raise ObjectStoreError(f"{where}: cannot reach the Iceberg REST catalog ({answer}); "
+                               "check the URI and that the catalog service runs")
+    if status in (401, 403):
+        raise ObjectStoreError(_refused(where, status, answer, properties))
+    if status != 200:
+        raise ObjectStoreError(f"{where}: the Iceberg REST catalog answered {status} "
+                               f"({_message(answer)}) for its config; is it an Iceberg REST "
+                               "catalog URI (its /v1/config)?")
+    prefix = str(_json(answer).get("overrides", {}).get("prefix", "") or "")
+    listing = f"{uri}/v1/{urllib.parse.quote(prefix, safe='')}/namespaces" if prefix else \
+        f"{uri}/v1/namespaces"
+    status, answer = _rest_get(properties, listing)
+    if status is None:
+        raise ObjectStoreError(f"{where}: cannot reach the Iceberg REST catalog ({answer}); "
+                               "check the URI and that the catalog service runs")
+    if status in (401, 403):
+        raise ObjectStoreError(_refused(where, status, answer, properties))
+    if status == 404:
+        raise ObjectStoreError(
+            f"warehouse.url {warehouse}: the Iceberg REST catalog at {uri} has no such "
+            f"warehouse ({_message(answer)}); create it (on SeaweedFS or S3 Tables: a table "
+            "bucket) or fix warehouse.url")
+    if status != 200:
+        raise ObjectStoreError(
+            f"warehouse.url {warehouse}: the Iceberg REST catalog at {uri} answered {status} "
+            f"listing its namespaces ({_message(answer)}); is it a warehouse of this catalog "
+            "(on SeaweedFS or S3 Tables: a table bucket, not a plain bucket)?")
+
+
+def _rest_get(properties: dict[str, str], url: str) -> tuple[int | None, str]:
+    """``(status, body)`` of a GET as the session's REST client sends it (SigV4-signed when
+    ``rest.auth.type`` is ``sigv4`` or ``rest.sigv4-enabled``, a bearer ``token`` if one is
+    set), or ``(None, reason)`` when the catalog cannot be reached."""
+    headers: dict[str, str] = {}
+    if properties.get("token"):
+        headers["Authorization"] = f"Bearer {properties['token']}"
+    if _signs(properties):
+        import boto3
+        from botocore.auth import SigV4Auth
+        from botocore.awsrequest import AWSRequest
+
+        session = boto3.session.Session()
+        credentials = session.get_credentials()
+        if credentials is not None:
+            region = (properties.get("rest.signing-region") or properties.get("client.region")
+                      or session.region_name or DEFAULT_REGION)
+            request = AWSRequest(method="GET", url=url)
+            SigV4Auth(credentials.get_frozen_credentials(),
+                      properties.get("rest.signing-name", "execute-api"), region
+                      ).add_auth(request)
+            headers.update(dict(request.headers.items()))
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                    timeout=_CHECK_TIMEOUT_SECONDS) as answer:
+            return answer.status, answer.read().decode(errors="replace")
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode(errors="replace")
+    except (OSError, ValueError) as error:  # URLError, refused, timed out, a malformed URI
+        reason = getattr(error, "reason", None) or error
+        return None, " ".join(str(reason).split())
+
+
+def _signs(properties: dict[str, str]) -> bool:
+    return (properties.get("rest.auth.type", "").lower() == "sigv4"
+            or properties.get("rest.sigv4-enabled", "").lower() == "true")
+
+
+def _refused(where: str, status: int, answer: str, properties: dict[str, str]) -> str:
+    if not _signs(properties):
+        return (f"{where}: the Iceberg REST catalog refused the request ({status} "
+                f"{_message(answer)}); set its authentication in warehouse.catalog.properties")
+    import boto3
+
+    from cdc_platform.capture.s3store import credentials_source
+
+    held = credentials_source(boto3.session.Session())
+    return (f"{where}: the Iceberg REST catalog refused the request ({status} "
+            f"{_message(answer)}) signed with the AWS credentials from the environment "
+            f"({held}); fix the credentials, or rest.signing-name / rest.signing-region in "
+            "warehouse.catalog.properties")
+
+
+def _json(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _message(answer: str) -> str:
+    """The catalog's error message (Iceberg REST's ``{"error": {"message": ...}}``), short."""
+    error = _json(answer).get("error")
+    text = error.get("message", "") if isinstance(error, dict) else answer
+    return " ".join(str(text).split())[:300] or "no message"

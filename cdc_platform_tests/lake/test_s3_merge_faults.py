@@ -1,6 +1,6 @@
 """The S3 server restarting under a merge: the changelog on an s3:// landing zone, the target an
-Iceberg table on SeaweedFS through its REST catalog, and SeaweedFS stopped for seconds at a
-random point of each merge. A merge the restart breaks fails loudly (or retries and succeeds);
+Iceberg table on SeaweedFS through its REST catalog, and SeaweedFS stopped at a random point of
+each merge, for 2 s twice and then for 20 s (longer than botocore's attempts). A merge the restart breaks fails loudly (or retries and succeeds);
 running it again gives exactly the rows the changelog says, because the consumed mark is in the
 Iceberg commit (a commit that landed although its caller saw an error is not merged twice).
 
@@ -223,12 +223,12 @@ def test_seaweedfs_restarting_under_merges_leaves_exactly_the_changelog_rows(
         changelog.add_batch(3000)
         child.send("merge")  # warm-up: the first merge creates the table (no fault)
         assert child.answer(300).startswith("MERGED")
-        for _ in range(3):
+        for down_seconds in (2.0, 2.0, 20.0):
             changelog.add_batch(2000)
             child.send("merge")
             time.sleep(rng.uniform(0.2, 2.0))
             seaweedfs.stop()
-            time.sleep(2.0)
+            time.sleep(down_seconds)
             seaweedfs.start()  # (ready as at first: the catalog serves the table bucket)
             answer = child.answer(300)
             outcomes.append(answer.split(" ", 1)[0])

@@ -11,9 +11,10 @@ from pyspark.sql import DataFrame, SparkSession
 from cdc_platform.capture.storage import open_store
 from cdc_platform.lake.iceberg.catalog import SPARK_CATALOG, UNICODE_CATALOGS, catalog_properties
 from cdc_platform.lake.iceberg.table import LakeTable
-from cdc_platform.lake.s3 import S3Endpoint, warehouse_on_s3
+from cdc_platform.lake.s3 import S3Endpoint, check_warehouse, warehouse_on_s3
 
 _register_lock = threading.Lock()
+_checked_catalogs: set[str] = set()  # (the properties of catalogs check_warehouse passed)
 
 
 class Lake:
@@ -34,6 +35,7 @@ class Lake:
         self.unicode_names = getattr(catalog, "type", "hadoop") in UNICODE_CATALOGS
         base = getattr(catalog, "name", "lake")
         self.catalog = self._register(base)
+        self._check_once()
         store = open_store(warehouse_url) if getattr(catalog, "type", "hadoop") == "hadoop" \
             else None
         # The Hadoop catalog commits a table version by checking that the next metadata file
@@ -62,6 +64,16 @@ class Lake:
                     return name
             raise RuntimeError(f"Spark catalog {base}_{digest} is registered with other "
                                "properties")
+
+    def _check_once(self) -> None:
+        """Once per process and catalog, before any Spark statement: the warehouse and its
+        catalog answer as the session will ask them, else one line naming the setting to fix
+        (``lake.s3.check_warehouse``: a missing warehouse bucket, refused credentials, an
+        unreachable catalog URI) instead of a Java stack trace later."""
+        key = repr(sorted(self.properties.items()))
+        if key not in _checked_catalogs:
+            check_warehouse(self.properties)
+            _checked_catalogs.add(key)
 
     @classmethod
     def from_settings(cls, spark: SparkSession, settings: Any) -> Lake:
