@@ -8,8 +8,9 @@ there).
 
 ``make torture-s3`` (``test_torture_s3``) runs the fault run again with the landing zone and the
 warehouse on a SeaweedFS it starts (``harness.STORAGE``), targets read back with pyiceberg
-through its Iceberg REST catalog; ``TORTURE_KILLS`` defaults to 3 there (each kill costs the
-dead engine's 60 s lease).
+through its Iceberg REST catalog, and snapshot rounds beside the engine
+(``TORTURE_SNAPSHOT_ROUNDS``, default 3), the first ``TORTURE_READER_KILLS`` (default 2) of
+whose readers are SIGKILLed mid-snapshot; ``TORTURE_KILLS`` defaults to 3 there.
 """
 
 from __future__ import annotations
@@ -79,7 +80,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
               f"{faults['failover']}, {faults['transactions']} transactions "
               f"({faults['rollbacks']} rolled back), {len(faults['tables'])} targets compared, "
               f"{len(bad)} differ, {len(faults['cells_included'])} cells included")
-        for line in faults["engine_exits"] + bad:
+        if faults["snapshot_rounds"]:
+            write(f"snapshots: {faults['snapshots_done']}/{faults['snapshot_rounds']} rounds "
+                  f"done, {faults['reader_kills']} readers killed mid-snapshot")
+        for line in faults["engine_exits"] + faults["snapshot_problems"] + bad:
             write(f"  {line[:400]}")
     text = json.dumps(REPORT, indent=2, default=str, ensure_ascii=False)
     for path in filter(None, (report_path(config), os.environ.get("TORTURE_REPORT"))):

@@ -13,6 +13,10 @@ Phase 2 (faults): one engine, ``python -m cdc_platform stream`` as a subprocess,
 cell that passed phase 1 (from the start of the binlog) plus a workload that keeps writing to the
 primary; it is SIGKILLed at seeded random points and restarted, then fails over to replica 2 (same
 server name, same landing zone), catches up, and every target is compared with the primary.
+With ``snapshot_rounds`` (the S3 torture's), snapshot readers (``python -m cdc_platform snapshot``
+as subprocesses, as the snapshot asset's runs) snapshot fault tables while the workload writes
+and the engine is killed, the first ``reader_kills`` of them SIGKILLed mid-snapshot and started
+again (the next reader resumes the session); each must end with exit code 0 before the failover.
 """
 
 from __future__ import annotations
@@ -655,6 +659,10 @@ class FaultResult:
     transactions: int = 0
     rollbacks: int = 0
     engine_exits: list[str] = field(default_factory=list)  # exits nobody asked for
+    snapshot_rounds: int = 0
+    snapshots_done: int = 0
+    reader_kills: int = 0
+    snapshot_problems: list[str] = field(default_factory=list)  # readers that did not end done
     tables: list[TableVerdict] = field(default_factory=list)
     cells: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -662,33 +670,42 @@ class FaultResult:
     @property
     def ok(self) -> bool:
         return (not self.engine_exits and self.failover == "ok"
-                and self.kills_survived == self.kills and all(v.ok for v in self.tables))
+                and self.kills_survived == self.kills and not self.snapshot_problems
+                and self.snapshots_done == self.snapshot_rounds
+                and all(v.ok for v in self.tables))
 
     def to_dict(self) -> dict[str, Any]:
         return {"kills": self.kills, "kills_survived": self.kills_survived,
                 "failover": self.failover, "transactions": self.transactions,
                 "rollbacks": self.rollbacks, "engine_exits": self.engine_exits,
+                "snapshot_rounds": self.snapshot_rounds, "snapshots_done": self.snapshots_done,
+                "reader_kills": self.reader_kills,
+                "snapshot_problems": self.snapshot_problems,
                 "cells_included": self.cells, "seconds": round(self.seconds, 1),
                 "tables": [v.to_dict() for v in self.tables], "ok": self.ok}
 
 
 class EngineProcess:
-    """``python -m cdc_platform stream --config <file>``: the engine as an operator runs it."""
+    """``python -m cdc_platform stream --config <file>``: the engine as an operator runs it;
+    with ``command``, another of the CLI's commands run the same way (a snapshot reader:
+    ``("snapshot", "db.table")``), its logs named ``name``."""
 
-    def __init__(self, config: Path, log_dir: Path) -> None:
+    def __init__(self, config: Path, log_dir: Path, command: tuple[str, ...] = ("stream",),
+                 name: str = "engine") -> None:
         self.config, self.log_dir = config, log_dir
+        self.command, self.name = command, name
         self.lives = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.log: Path | None = None
 
     def start(self, *extra: str) -> None:
         self.lives += 1
-        self.log = self.log_dir / f"engine-{self.lives:02d}.log"
+        self.log = self.log_dir / f"{self.name}-{self.lives:02d}.log"
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "cdc_platform", "stream", "--config", str(self.config),
-                 *extra], stdout=out, stderr=subprocess.STDOUT, env=env)
+                [sys.executable, "-m", "cdc_platform", *self.command, "--config",
+                 str(self.config), *extra], stdout=out, stderr=subprocess.STDOUT, env=env)
 
     def exited(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
@@ -711,8 +728,16 @@ class EngineProcess:
         return " / ".join(line.strip()[:300] for line in text[-lines:])
 
 
+# The fault tables snapshot rounds take in turn (keys of every kind: integer, collated
+# string, composite, unsigned, decimal), and the chunk size of their readers.
+# (the largest first: the first rounds' readers are the ones killed mid-snapshot)
+SNAPSHOT_TABLES = ("orders", "decimal_key", "composite", "ci_key", "unsigned_key")
+SNAPSHOT_CHUNK_SIZE = 20
+
+
 def run_faults(cluster: Cluster, spark: Any, cells: list[Cell], root: Path, *, kills: int,
-               seed: int, workload_seconds: float) -> FaultResult:
+               seed: int, workload_seconds: float, snapshot_rounds: int = 0,
+               reader_kills: int = 0) -> FaultResult:
     from cdc_platform.capture.landing.zone import (
         ENGINE_LEASE_TTL_SECONDS,
         ENGINE_LEASE_WAIT_SLACK_SECONDS,
@@ -742,11 +767,33 @@ def run_faults(cluster: Cluster, spark: Any, cells: list[Cell], root: Path, *, k
     progress_timeout = 30.0 + (0.0 if STORAGE.s3 is None
                                else ENGINE_LEASE_TTL_SECONDS + ENGINE_LEASE_WAIT_SLACK_SECONDS)
     engine = EngineProcess(config, root)
+    readers: list[EngineProcess] = []
     workload.start()
     deadline = time.monotonic() + workload_seconds
     engine.start()
-    for _ in range(kills):
+    for round_ in range(max(kills, snapshot_rounds)):
         lifetime = rng.uniform(0.5, max(1.0, 0.8 * workload_seconds / (kills + 1)))
+        if round_ < snapshot_rounds:  # a snapshot beside the engine, as a signal would ask
+            table = SNAPSHOT_TABLES[round_ % len(SNAPSHOT_TABLES)]
+            reader = EngineProcess(config, root, ("snapshot", f"{FAULTS_DB}.{table}",
+                                                  "--chunk-size", str(SNAPSHOT_CHUNK_SIZE)),
+                                   name=f"reader-{round_}-{table}")
+            reader.start()
+            readers.append(reader)
+            result.snapshot_rounds += 1
+            if round_ < reader_kills:  # kill -9 mid-snapshot; the next reader resumes it
+                _wait_chunks_committed(landing, f"{FAULTS_DB}.{table}", rng.randint(1, 4),
+                                       reader, timeout=progress_timeout)
+                code = reader.exited()
+                if code is None:
+                    reader.kill()
+                    result.reader_kills += 1
+                    reader.start()
+                elif code != 0:  # (ended before the kill: judged with the others below)
+                    result.snapshot_problems.append(f"{reader.name} life 1 exited {code} "
+                                                    f"before its kill: {reader.tail()}")
+        if round_ >= kills:
+            continue
         time.sleep(lifetime)
         code = engine.exited()
         if code is not None:
@@ -761,6 +808,18 @@ def run_faults(cluster: Cluster, spark: Any, cells: list[Cell], root: Path, *, k
         else:
             result.engine_exits.append(f"life {engine.lives} made no progress after a kill: "
                                        f"{engine.tail()}")
+    # Every snapshot ends (done: exit 0) while the engine still streams from replica 1.
+    for reader in readers:
+        try:
+            code = reader.proc.wait(progress_timeout + 300) if reader.proc else -1
+        except subprocess.TimeoutExpired:
+            reader.kill()
+            code = -9
+        if code == 0:
+            result.snapshots_done += 1
+        else:
+            result.snapshot_problems.append(f"{reader.name} life {reader.lives} exited {code}: "
+                                            f"{reader.tail()}")
     # Failover: the engine moves to replica 2 while writes continue, from its checkpoint.
     time.sleep(max(0.0, min(3.0, deadline - time.monotonic())))
     engine.kill()
@@ -797,6 +856,21 @@ def run_faults(cluster: Cluster, spark: Any, cells: list[Cell], root: Path, *, k
     result.tables = materialise_and_compare(spark, settings, cluster.primary, tables)
     result.seconds = time.monotonic() - started
     return result
+
+
+def _wait_chunks_committed(landing: Any, table_id: str, chunks: int, reader: EngineProcess,
+                           timeout: float) -> None:
+    """Until the engine committed ``chunks`` chunks of the table's snapshot session (the
+    checkpoint's session record), the reader exited, or ``timeout``: a reader killed then is
+    killed mid-snapshot."""
+    from cdc_platform.capture.snapshot import protocol
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and reader.exited() is None:
+        session = protocol.read_session_state(landing.read_checkpoint(), table_id)
+        if session is not None and len(session.committed) >= chunks:
+            return
+        time.sleep(0.1)
 
 
 def _progresses(engine: EngineProcess, landing: Any, before: Any, timeout: float) -> bool:

@@ -1,6 +1,6 @@
-"""The torture's fault run (kill -9s of the engine, a failover to the other replica, the
-snapshots the platform asks for, the compare) with the landing zone and the warehouse on a
-SeaweedFS the run starts: ``s3://`` landing zone, SeaweedFS's Iceberg REST catalog, and every
+"""The torture's fault run (kill -9s of the engine, snapshot rounds with kill -9s of their
+readers, a failover to the other replica, the snapshots the platform asks for, the compare)
+with the landing zone and the warehouse on a SeaweedFS the run starts: ``s3://`` landing zone, SeaweedFS's Iceberg REST catalog, and every
 target read back with pyiceberg through that catalog.
 
 Run it apart from ``make torture`` (``make torture-s3``): Spark's S3 jars are static, so this
@@ -68,7 +68,9 @@ def s3_fault_result(cluster: Cluster, s3_spark: Any, tmp_path_factory: pytest.Te
         # Each kill costs a lease's ttl on S3 (the restart waits the dead engine's lease out).
         kills=int(os.environ.get("TORTURE_KILLS", "3")),
         seed=int(os.environ.get("TORTURE_SEED", "13")),
-        workload_seconds=float(os.environ.get("TORTURE_WORKLOAD_SECONDS", "45")))
+        workload_seconds=float(os.environ.get("TORTURE_WORKLOAD_SECONDS", "45")),
+        snapshot_rounds=int(os.environ.get("TORTURE_SNAPSHOT_ROUNDS", "3")),
+        reader_kills=int(os.environ.get("TORTURE_READER_KILLS", "2")))
     REPORT["faults"] = result.to_dict()
     return result
 
@@ -78,6 +80,12 @@ def test_every_target_on_s3_equals_the_primary_after_kills_and_failover(
     bad = [v.summary() for v in s3_fault_result.tables if not v.ok]
     assert not bad, "targets differ from the primary after the faults:\n" + "\n".join(bad)
     assert len(s3_fault_result.tables) >= 5
+
+
+def test_snapshots_on_s3_end_done_after_reader_kills(s3_fault_result: FaultResult) -> None:
+    assert s3_fault_result.snapshot_rounds > 0 and s3_fault_result.reader_kills > 0
+    assert not s3_fault_result.snapshot_problems, s3_fault_result.snapshot_problems
+    assert s3_fault_result.snapshots_done == s3_fault_result.snapshot_rounds
 
 
 def test_engine_on_s3_survives_every_kill_and_the_failover(s3_fault_result: FaultResult
