@@ -255,10 +255,20 @@ def _materialise_once(
     source = rows_folded
     asserted = 0
     victims = None
-    if counts["instructions"]:
-        # (an empty table has no rows to read: the batch's own keys are the candidates)
+    # Into a table with no rows (an initial load) the batch is an append: nothing to
+    # match, and the writer skips the MERGE's join and its delete files.
+    appended = base.rows == 0
+    live_keys = sum(counts[op] for op in ROW_OPS if op != DELETE)
+    if counts["instructions"] and appended:
+        # An empty table has no rows to judge: the batch's own keys are the candidates, each
+        # its own newest record, so the verdicts filter the append in its one scan (counting
+        # tombstones first was a job over the whole batch: 5.5 s of a 23 s 1M-row load).
+        kept = _not_asserted_away(target.table_id, batch, newest)
+        if kept is not None:
+            source = rows_folded.where(kept)
+    elif counts["instructions"]:
         state = target.read(snapshot_id=base.snapshot_id, with_position=True,
-                            current_schema=True) if base.rows else None  # (evolved)
+                            current_schema=True)  # (evolved)
         victims = _tombstones(target.table_id, batch, rows_folded, state, newest)
     if victims is not None:
         victims = victims.persist(StorageLevel.MEMORY_AND_DISK)
@@ -269,9 +279,6 @@ def _materialise_once(
     properties = {CONSUMED_POS: str(consumed_pos), CONSUMED_GTID: gtid or ""}
     view = f"cdc_merge_source_{uuid.uuid4().hex}"
     source.createOrReplaceTempView(view)
-    # Into a table with no rows (an initial load) the batch is an append: nothing to
-    # match, and the writer skips the MERGE's join and its delete files.
-    appended = base.rows == 0
     statement = (partial(append_statement, rebalance=sorted_rows) if appended
                  else merge_statement)
     try:
@@ -281,6 +288,8 @@ def _materialise_once(
         spark.catalog.dropTempView(view)
         if victims is not None:
             victims.unpersist()
+    if appended:  # (the keys the verdicts kept out of the append)
+        asserted = live_keys - (snapshot.rows - base.rows)
     schema_changed = _drop_columns_dropped_at_source(changelog, target, renames,
                                                      before_pos) or schema_changed
 
@@ -485,18 +494,24 @@ def _drop_columns_dropped_at_source(changelog: TableChangelog, target: LakeTable
 # ---- range assertions and sweeps -------------------------------------------------------------
 
 
-def _tombstones(
-    table_id: str, batch: DataFrame, folded: DataFrame, state: DataFrame | None,
-    schema: TableSchema,
-) -> DataFrame | None:
-    """The deletes the batch's range assertions and sweeps call for, or None if none can.
+@dataclass(frozen=True)
+class _Verdicts:
+    """What a batch's range assertions and sweeps decide, as Spark expressions on the key."""
 
-    ``folded`` holds the batch's row records, one per key (newest), and ``state`` the table's
-    rows (keys and ``__cdc_pos``) as of the snapshot the batch applies to (None: empty). A key
-    live after the batch whose latest position is below the highest threshold of the
-    instructions covering it gets a tombstone at that instruction's position (never below the
-    threshold, so above the key's latest record).
-    """
+    keys: list[str]
+    key_types: list[DataType]
+    tree: Split | Verdict | None  # ``verdict_tree``
+    span_filter: Column | None  # the key spans the verdicts cover (None: all of them)
+
+    def tombstone_position(self, latest_pos: Column) -> Column:
+        """The tombstone's position for a key whose latest record is at ``latest_pos`` (NULL:
+        the key stays)."""
+        return _verdict_expression(self.tree, self.keys, self.key_types, latest_pos)
+
+
+def _verdicts(table_id: str, batch: DataFrame, schema: TableSchema) -> _Verdicts | None:
+    """The batch's instructions (job A1, ``_collect_instructions``) as verdicts, or None when
+    none can delete anything."""
     keys = list(schema.primary_key)
     types = {f.name: f.dataType for f in table_struct(schema).fields}
     key_types = [types[k] for k in keys]
@@ -505,23 +520,49 @@ def _tombstones(
     cut = intervals(instructions)
     if all(verdict is None for _, verdict in cut):
         return None
+    log.info("%s: applying %d range assertions/sweeps", table_id, len(instructions))
+    return _Verdicts(keys, key_types, verdict_tree(cut),
+                     _span_filter(covered_spans(cut, MAX_FILTER_SPANS), keys, key_types))
+
+
+def _not_asserted_away(table_id: str, batch: DataFrame, schema: TableSchema) -> Column | None:
+    """For a batch into an empty table, folded to one record per key: the condition its rows
+    meet unless a range assertion or sweep deletes their key (the rule of ``_tombstones``,
+    where each key's latest record is its own row), or None when no instruction deletes
+    anything. Never NULL (``_key_le``)."""
+    verdicts = _verdicts(table_id, batch, schema)
+    if verdicts is None:
+        return None
+    away = verdicts.tombstone_position(col(POS)).isNotNull()
+    if verdicts.span_filter is not None:
+        away = away & verdicts.span_filter
+    return ~away
+
+
+def _tombstones(
+    table_id: str, batch: DataFrame, folded: DataFrame, state: DataFrame, schema: TableSchema,
+) -> DataFrame | None:
+    """The deletes the batch's range assertions and sweeps call for, or None if none can.
+
+    ``folded`` holds the batch's row records, one per key (newest), and ``state`` the table's
+    rows (keys and ``__cdc_pos``) as of the snapshot the batch applies to (an empty table:
+    ``_not_asserted_away``). A key live after the batch whose latest position is below the
+    highest threshold of the instructions covering it gets a tombstone at that instruction's
+    position (never below the threshold, so above the key's latest record).
+    """
+    verdicts = _verdicts(table_id, batch, schema)
+    if verdicts is None:
+        return None
+    keys = verdicts.keys
     latest_pos, latest_op = "__cdc_latest_pos", "__cdc_latest_op"
-    candidates = folded.select(*[col(k) for k in keys], col(POS), col(OP))
-    span_filter = _span_filter(covered_spans(cut, MAX_FILTER_SPANS), keys, key_types)
-    if state is None:  # (``folded`` has one record per key: its newest)
-        latest = candidates.select(*[col(k) for k in keys], col(POS).alias(latest_pos),
-                                   col(OP).alias(latest_op))
-        if span_filter is not None:
-            latest = latest.where(span_filter)
-    else:
-        candidates = candidates.unionByName(
-            state.select(*[col(k) for k in keys], col(POS), F.lit(SNAPSHOT_ROW).alias(OP)))
-        if span_filter is not None:
-            candidates = candidates.where(span_filter)  # pushed down to the table's scan
-        latest = candidates.groupBy(*[col(k) for k in keys]).agg(
-            F.max(col(POS)).alias(latest_pos), F.max_by(col(OP), col(POS)).alias(latest_op)
-        )
-    tombstone_pos = _verdict_expression(verdict_tree(cut), keys, key_types, col(latest_pos))
+    candidates = folded.select(*[col(k) for k in keys], col(POS), col(OP)).unionByName(
+        state.select(*[col(k) for k in keys], col(POS), F.lit(SNAPSHOT_ROW).alias(OP)))
+    if verdicts.span_filter is not None:
+        candidates = candidates.where(verdicts.span_filter)  # pushed down to the table's scan
+    latest = candidates.groupBy(*[col(k) for k in keys]).agg(
+        F.max(col(POS)).alias(latest_pos), F.max_by(col(OP), col(POS)).alias(latest_op)
+    )
+    tombstone_pos = verdicts.tombstone_position(col(latest_pos))
     victims = latest.where(col(latest_op) != DELETE).select(
         *[col(k) for k in keys], tombstone_pos.alias(POS)
     ).where(col(POS).isNotNull())
@@ -533,7 +574,6 @@ def _tombstones(
             return F.lit(DELETE).alias(OP)
         return F.lit(None).cast(field.dataType).alias(field.name)
 
-    log.info("%s: applying %d range assertions/sweeps", table_id, len(instructions))
     return victims.select(*[tombstone(f) for f in table_struct(schema).fields])
 
 
