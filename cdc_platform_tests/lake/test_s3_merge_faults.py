@@ -96,7 +96,11 @@ def _merge_child() -> None:
                 print("ROWS " + json.dumps(sorted(rows)), flush=True)
         except Exception as error:  # noqa: BLE001 - the parent judges it
             first = (str(error).strip().splitlines() or [""])[0][:300]
-            print(f"FAILED {type(error).__name__}: {first}", flush=True)
+            cause = getattr(error, "java_exception", None)  # (Py4JJavaError: its root cause)
+            while cause is not None and cause.getCause() is not None:
+                cause = cause.getCause()
+            root = "" if cause is None else " <- " + " ".join(str(cause.toString()).split())[:300]
+            print(f"FAILED {type(error).__name__}: {first}{root}", flush=True)
     spark.stop()
 
 
@@ -231,7 +235,7 @@ def test_seaweedfs_restarting_under_merges_leaves_exactly_the_changelog_rows(
             time.sleep(down_seconds)
             seaweedfs.start()  # (ready as at first: the catalog serves the table bucket)
             answer = child.answer(300)
-            outcomes.append(answer.split(" ", 1)[0])
+            outcomes.append(answer[:500])  # (MERGED, or FAILED and why: shown below)
             answers = [answer]
             for _attempt in range(5):  # a failed merge runs again, as the applier's next pass
                 if answer.startswith("MERGED"):
@@ -251,7 +255,7 @@ def test_seaweedfs_restarting_under_merges_leaves_exactly_the_changelog_rows(
     assert len(expected) > 500
     assert rows == expected
     assert _pyiceberg_rows(seaweedfs) == expected
-    print(f"merges under a server restart: {outcomes}")
+    print("merges under a server restart:\n  " + "\n  ".join(outcomes))
 
 
 def test_the_lake_reading_an_s3_zone_with_wrong_credentials_or_no_bucket_is_one_line(
