@@ -127,6 +127,7 @@ class _Connection:
     _session: Any = field(default=None, repr=False)
     _client: Any = field(default=None, repr=False)
     _bounded_client: Any = field(default=None, repr=False)
+    _single_client: Any = field(default=None, repr=False)
     _arrow: pafs.S3FileSystem | None = field(default=None, repr=False)
 
     @property
@@ -160,6 +161,18 @@ class _Connection:
                     1, min(options.connect_timeout_seconds, _BOUNDED_CONNECT_SECONDS),
                     min(options.read_timeout_seconds, _BOUNDED_READ_SECONDS))
             return self._bounded_client
+
+    @property
+    def single_client(self) -> Any:
+        """Single attempts with the configured timeouts: the store's own retries during an
+        outage, so that its backoff (at most 5 s), not botocore's (up to some 13 s at the
+        default attempts), decides how soon a returning server is used again."""
+        with self._lock:
+            if self._single_client is None:
+                options = self.options
+                self._single_client = self._new_client(1, options.connect_timeout_seconds,
+                                                       options.read_timeout_seconds)
+            return self._single_client
 
     @property
     def bounded_attempt_seconds(self) -> float:
@@ -275,9 +288,10 @@ class S3FileStore(FileStore):
             give_up = min(give_up, self._deadline)
             attempt_seconds = self._connection.bounded_attempt_seconds
         backoff, failures = _FIRST_BACKOFF_SECONDS, 0
+        client = self.client
         while True:
             try:
-                result = call(self.client)
+                result = call(client)
             except Exception as error:
                 if not _transient(error):
                     raise
@@ -292,6 +306,8 @@ class S3FileStore(FileStore):
                                 f"retrying for up to {give_up - now:.0f} s (s3.retry_seconds)")
                 time.sleep(pause)
                 backoff = min(backoff * 2, _MAX_BACKOFF_SECONDS)
+                if self._deadline is None:
+                    client = self._connection.single_client
                 continue
             if failures:
                 log.warning(f"{operation} s3://{self.bucket}/{key}: answered after "

@@ -79,7 +79,8 @@ def _inject(store: S3FileStore, operation: str, answers: list[tuple[int, str]],
             return _error(request, status, code)
         return None
 
-    store.client.meta.events.register(f"before-send.s3.{operation}", handler)
+    for client in _clients(store):
+        client.meta.events.register(f"before-send.s3.{operation}", handler)
     return attempts
 
 
@@ -156,10 +157,16 @@ def _outage(store: S3FileStore, operation: str, seconds: float,
                 before()
             _refuse(request)
 
-    store.client.meta.events.register(f"before-send.s3.{operation}", handler)
-    store._connection.bounded_client.meta.events.register(f"before-send.s3.{operation}",
-                                                          handler)
+    for client in _clients(store):
+        client.meta.events.register(f"before-send.s3.{operation}", handler)
     return attempts
+
+
+def _clients(store: S3FileStore) -> tuple[object, ...]:
+    """Every client the store sends with: botocore's retries, then its own single attempts
+    (bounded ones for a ``within`` deadline)."""
+    connection = store._connection
+    return connection.client, connection.single_client, connection.bounded_client
 
 
 @pytest.mark.parametrize("store", [2], indirect=True)
