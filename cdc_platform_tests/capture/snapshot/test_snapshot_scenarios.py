@@ -373,11 +373,14 @@ def test_a_chunk_that_cannot_be_landed_is_rejected_and_the_engine_keeps_running(
         directory.mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.table({"id": [1], "name": ["x"], "price": ["not a number"],
                                  "status": ["a"]}), directory / "00000000.parquet")
-        (directory / "00000000.json").write_text(json.dumps({
+        # (published as the reader publishes a manifest, in one rename: the engine polls
+        # meanwhile, and one it lists half-written is rejected for that reason instead)
+        (directory / "00000000.json.tmp").write_text(json.dumps({
             "session_id": "hand-made", "seq": 0, "rows": 1, "complete": False,
             "range_low": None, "range_high": [1], "low_open": True, "high_open": False,
             "low_watermark": position, "after": position,
             "fingerprint": schema_fingerprint(schema), "read_at": "now"}))
+        (directory / "00000000.json.tmp").rename(directory / "00000000.json")
         _wait_until(lambda: "0" in _engine_session(env, "items")["rejected"])
         reason = _engine_session(env, "items")["rejected"]["0"]
         assert "could not be decided or landed" in reason and "price" in reason
