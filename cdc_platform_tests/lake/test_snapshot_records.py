@@ -361,6 +361,38 @@ def test_a_batch_without_instructions_runs_no_extra_spark_job(spark, tmp_path):
     assert plain == rows < asserted
 
 
+def test_an_initial_append_judges_its_assertions_in_its_own_scan(spark, tmp_path):
+    """Into an empty target, range assertions cost collecting them, not a count of tombstones
+    over the whole batch besides: the keys they delete are filtered out of the
+    append itself, and still reported as asserted deletes."""
+    def load(name: str, changes: list) -> tuple[MergeResult, int, str]:
+        landing = Landing(tmp_path / name / "landing")
+        warehouse = str(tmp_path / name / "warehouse")
+        landing.segment(S, changes, snapshot=True)
+        group = f"jobs-{random.getrandbits(32)}"
+        spark.sparkContext.setJobGroup(group, "counting jobs")
+        try:
+            result = run(spark, landing, warehouse)
+        finally:
+            spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+        return result, len(spark.sparkContext.statusTracker().getJobIdsForGroup(group)), warehouse
+
+    rows = [("r", row(i, i)) for i in range(1, 6)]  # positions 1..5
+    plain, plain_jobs, _ = load("plain", rows)
+    # 9 and 6: stream records (positions 6, 7) whose deletes the changelog never saw; the
+    # chunk (5, 10] read 7 alone (at 8), asserted at 9 with threshold 8
+    asserted, asserted_jobs, warehouse = load(
+        "asserted", [*rows, ("c", row(9, 9)), ("c", row(6, 6)), ("r", row(7, 70)),
+                     assertion((5,), (10,), 8)])
+    assert (plain.appended, plain.asserted_deletes, plain.rows) == (True, 0, 5)
+    assert (asserted.appended, asserted.asserted_deletes, asserted.rows) == (True, 2, 6)
+    assert ids(spark, warehouse) == {1: 1, 2: 2, 3: 3, 4: 4, 5: 5, 7: 70}
+    check_counts(spark, warehouse, asserted)
+    # collecting the instructions, and the shuffle stage of their fold (adaptive execution
+    # runs it as a job); with the tombstones counted first it was 7 jobs more, not 2
+    assert asserted_jobs <= plain_jobs + 2
+
+
 def test_an_initial_append_of_distinct_keys_shuffles_nothing(spark, tmp_path):
     """Snapshot rows of distinct keys skip the fold, and their append skips the REBALANCE
     too: the INSERT's plan has no exchange. A batch that folds (a key twice) shuffles, and
