@@ -834,7 +834,10 @@ def _tick_until_open(engine: ScriptedEngine) -> None:
         time.sleep(0.01)
 
 
-def _wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+def _wait_until(condition: Callable[[], bool], timeout: float = 90.0) -> None:
+    """Poll until ``condition`` holds; the generous default is for a loaded CI machine
+    (the engine's snapshot tick under load average 10 took over 30 s), a passing wait ends
+    at once."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
