@@ -47,7 +47,7 @@ def _stream(args: argparse.Namespace) -> int:
     from cdc_platform.capture.start_errors import check_source
     from cdc_platform.config import load_settings
 
-    settings = load_settings(args.config)
+    settings = load_settings(args.config).for_source(args.source)
     check_source(settings)  # before any log line: a start failure is one line on stderr
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     stop = _stop_on_signals("stopping after the current event")
@@ -69,7 +69,7 @@ def _apply(args: argparse.Namespace) -> int:
     from cdc_platform.lake.applier import Applied, Applier, ApplierOptions
     from cdc_platform.lake.spark import build_spark_session, settings_conf
 
-    settings = load_settings(args.config)
+    settings = load_settings(args.config).for_source(args.source)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     spark = build_spark_session(settings.spark.master, settings.spark.app_name,
                                 settings_conf(settings))
@@ -111,7 +111,7 @@ def _snapshot(args: argparse.Namespace) -> int:
     from cdc_platform.capture.start_errors import check_source
     from cdc_platform.config import load_settings
 
-    settings = load_settings(args.config)
+    settings = load_settings(args.config).for_source(args.source)
     if args.action == "run":
         check_source(settings)  # before any log line: a start failure is one line on stderr
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
@@ -160,7 +160,7 @@ def _signal(args: argparse.Namespace) -> int:
         from cdc_platform.demo.run import use_demo_broker
 
         use_demo_broker()  # the embedded demo config: the demo's broker, if one is running
-    settings = load_settings(args.config)
+    settings = load_settings(args.config).for_source(args.source)
     signals = settings.signals
     bootstrap = args.bootstrap_servers or signals.kafka.bootstrap_servers
     if not bootstrap:
@@ -226,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
 
     stream = commands.add_parser("stream", help="run the capture engine in the foreground")
+    stream.add_argument("--source", help="sources[].server_name of the source (needed "
+                        "when the config has several)")
     stream.add_argument("--config", help="config file (default: $CDC_PLATFORM_CONFIG or the demo)")
     stream.add_argument("--until-caught-up", action="store_true",
                         help="stop once everything the source executed is landed")
@@ -235,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
 
     apply = commands.add_parser(
         "apply", help="run the applier in the foreground (landing zone -> Iceberg tables)")
+    apply.add_argument("--source", help="sources[].server_name of the source (needed "
+                        "when the config has several)")
     apply.add_argument("--config", help="config file (default: $CDC_PLATFORM_CONFIG or the demo)")
     apply.set_defaults(run=_apply)
 
@@ -245,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
                           choices=("run", "pause", "resume", "stop"),
                           help="run (default; resumes a session whose reader died), or act on "
                           "the table's running session")
+    snapshot.add_argument("--source", help="sources[].server_name of the source (needed "
+                        "when the config has several)")
     snapshot.add_argument("--config", help="config file (default: $CDC_PLATFORM_CONFIG or the "
                           "demo)")
     snapshot.add_argument("--chunk-size", type=int,
@@ -272,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
                       "without a primary key, comma-separated")
     send.add_argument("--id", help="the signal's id (default: topic@offset); notifications "
                       "carry it")
+    send.add_argument("--source", help="sources[].server_name of the source (needed "
+                        "when the config has several)")
     send.add_argument("--config", help="config file (default: $CDC_PLATFORM_CONFIG or the demo)")
     send.add_argument("--bootstrap-servers", help="override signals.kafka.bootstrap_servers")
     send.set_defaults(run=_signal)
@@ -315,7 +323,8 @@ def _start_error_line(error: BaseException, args: Any) -> str | None:
     account = None
     if not isinstance(error, ConfigError):
         try:
-            account = SourceAccount.from_settings(load_settings(getattr(args, "config", None)))
+            account = SourceAccount.from_settings(load_settings(getattr(args, "config", None))
+                                                 .for_source(getattr(args, "source", None)))
         except Exception:  # noqa: BLE001 - the line is still worth showing without it
             account = None
     return describe_start_error(error, account)

@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 if TYPE_CHECKING:
     from cdc_platform.capture.s3store import S3Options
@@ -421,9 +428,25 @@ class SignalSettings(_Section):
     )
 
 
-class Settings(_Section):
-    source: SourceSettings
+class CapturedSource(SourceSettings):
+    """One source of a deployment: its replica (as ``source``) and what is captured from it (as
+    ``capture``). Its landing-zone folder, asset key prefix, lake namespaces and signal key are
+    its ``server_name``."""
+
     capture: CaptureSettings = Field(default_factory=CaptureSettings)
+
+
+class Settings(_Section):
+    """The whole deployment: its sources and what they share (landing zone, warehouse, Spark,
+    Kafka). A single-source config may say ``source:`` and ``capture:`` instead of ``sources:``;
+    it reads as a one-element ``sources``."""
+
+    sources: tuple[CapturedSource, ...] = Field(
+        min_length=1,
+        description="The databases this deployment captures, each with the keys of "
+        "`sources[].*` below. A config with one source may instead say `source:` (the keys "
+        "without `capture`) and `capture:` at the top level, as before.",
+    )
     landing_zone: LandingZoneSettings
     spark: SparkSettings = Field(default_factory=SparkSettings)
     warehouse: WarehouseSettings
@@ -431,6 +454,79 @@ class Settings(_Section):
     lake: LakeSettings = Field(default_factory=LakeSettings)
     reconcile: ReconcileSettings = Field(default_factory=ReconcileSettings)
     signals: SignalSettings = Field(default_factory=SignalSettings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _single_source(cls, data: Any) -> Any:
+        """``source:`` + ``capture:`` is the one-element ``sources:``."""
+        if not isinstance(data, dict) or ("source" not in data and "capture" not in data):
+            return data
+        if "sources" in data:
+            raise ValueError("set either `sources` or `source` (+ `capture`), not both")
+        data = dict(data)
+        source, capture = data.pop("source", None), data.pop("capture", None)
+        if not isinstance(source, dict):
+            raise ValueError("`source` must be a mapping (or use `sources`, a list)")
+        data["sources"] = [{**source, **({"capture": capture} if capture is not None else {})}]
+        return data
+
+    @model_validator(mode="after")
+    def _distinct_sources(self) -> Settings:
+        names: dict[str, int] = {}
+        ids: dict[tuple[str, int, int], int] = {}
+        for index, source in enumerate(self.sources):
+            first = names.setdefault(source.server_name, index)
+            if first != index:
+                raise ValueError(
+                    f"sources[{index}].server_name {source.server_name!r} is also "
+                    f"sources[{first}]'s; each source needs its own server_name")
+            host = (source.host, source.port, source.server_id)
+            first = ids.setdefault(host, index)
+            if first != index:
+                raise ValueError(
+                    f"sources[{index}].server_id {source.server_id} is also sources[{first}]'s "
+                    f"on {source.host}:{source.port}; give each source of a host its own "
+                    "server_id")
+        return self
+
+    @property
+    def server_names(self) -> tuple[str, ...]:
+        return tuple(source.server_name for source in self.sources)
+
+    @property
+    def source(self) -> CapturedSource:
+        """The source of a one-source settings (a config with one source, or ``for_source``)."""
+        return self._only_source()
+
+    @property
+    def capture(self) -> CaptureSettings:
+        """What is captured from the source of a one-source settings."""
+        return self._only_source().capture
+
+    def _only_source(self) -> CapturedSource:
+        if len(self.sources) != 1:
+            raise ValueError(
+                f"these settings hold {len(self.sources)} sources ({', '.join(self.server_names)})"
+                "; take one with settings.for_source(server_name)")
+        return self.sources[0]
+
+    def for_source(self, server_name: str | None) -> Settings:
+        """The settings of one source: its ``source`` and ``capture``, the shared sections.
+        ``None`` names the only source of a one-source config."""
+        if server_name is None and len(self.sources) == 1:
+            return self
+        for source in self.sources:
+            if source.server_name == server_name:
+                return self.model_copy(update={"sources": (source,)})
+        if server_name is None:
+            raise ConfigError(f"the config has {len(self.sources)} sources "
+                              f"({', '.join(self.server_names)}): name one with --source")
+        raise ConfigError(f"no source named {server_name!r} in sources[].server_name "
+                          f"({', '.join(self.server_names)})")
+
+    def per_source(self) -> list[Settings]:
+        """One single-source settings per source, in config order."""
+        return [self.for_source(name) for name in self.server_names]
 
 
 def _expand_env(value: Any, path: str) -> Any:
@@ -452,18 +548,33 @@ def _expand_env(value: Any, path: str) -> Any:
     return _ENV_REFERENCE.sub(replace, value)
 
 
+def _error_key(loc: tuple[Any, ...], single_source: bool) -> str:
+    """The dotted key of a validation error, as the user wrote it: ``sources[1].host``, or
+    ``source.host`` / ``capture.tables`` in a one-source config."""
+    parts = [str(part) for part in loc]
+    if parts[:1] == ["sources"] and len(parts) > 1 and parts[1].isdigit():
+        if single_source:
+            rest = parts[2:]
+            parts = rest if rest[:1] == ["capture"] else ["source", *rest]
+        else:
+            parts = [f"sources[{parts[1]}]", *parts[2:]]
+    return ".".join(parts)
+
+
 def parse_settings(data: Any, origin: str = "<config>") -> Settings:
     """Validate a parsed YAML document; errors list every bad key with its dotted path."""
     if not isinstance(data, dict):
         raise ConfigError(f"{origin}: expected a mapping at the top level")
     data = _expand_env(data, "")
+    single_source = "sources" not in data
     try:
         return Settings.model_validate(data)
     except ValidationError as error:
         problems = []
         for item in error.errors():
-            key = ".".join(str(part) for part in item["loc"])
-            problems.append(f"  {key}: {item['msg']}")
+            key = _error_key(item["loc"], single_source)
+            message = item["msg"].removeprefix("Value error, ")
+            problems.append(f"  {key}: {message}" if key else f"  {message}")
         raise ConfigError(f"{origin}: invalid configuration\n" + "\n".join(problems)) from None
 
 
@@ -516,6 +627,12 @@ def config_reference() -> str:
             annotation = info.annotation
             if isinstance(annotation, type) and issubclass(annotation, BaseModel):
                 walk(annotation, key + ".")
+                continue
+            item = get_args(annotation)[0] if get_origin(annotation) is tuple else None
+            if isinstance(item, type) and issubclass(item, BaseModel):
+                description = (info.description or "").replace("|", "\\|")
+                lines.append(f"| `{key}` | list | required | {description} |")
+                walk(item, key + "[].")
                 continue
             if info.is_required():
                 default = "required"

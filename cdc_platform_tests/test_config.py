@@ -67,3 +67,58 @@ def test_readme_documents_every_config_key():
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     assert config_reference() in readme, (
         "README's config reference is stale: paste `python -m cdc_platform config-reference`")
+
+
+def _source(name: str, server_id: int, host: str = "h", **capture) -> dict:
+    return {"flavour": "mariadb", "host": host, "user": "u", "server_id": server_id,
+            "server_name": name, **({"capture": capture} if capture else {})}
+
+
+def test_one_source_is_a_one_element_list_of_sources():
+    settings = parse_settings({**MINIMAL, "capture": {"snapshot_mode": "never"}})
+    assert settings.server_names == ("shop",)
+    assert settings.sources[0].capture.snapshot_mode == "never"
+    assert settings.capture.snapshot_mode == "never"
+    assert settings.for_source(None) is settings
+
+
+def test_several_sources_each_with_its_own_capture():
+    data = {**MINIMAL, "sources": [
+        _source("shop", 1, tables={"include": ["shop\\..*"]}),
+        _source("billing", 1, host="other", snapshot_mode="never")]}
+    del data["source"]
+    settings = parse_settings(data)
+    assert settings.server_names == ("shop", "billing")
+    billing = settings.for_source("billing")
+    assert (billing.source.host, billing.capture.snapshot_mode) == ("other", "never")
+    assert settings.for_source("shop").capture.tables.include == ("shop\\..*",)
+    assert billing.landing_zone == settings.landing_zone
+    with pytest.raises(ValueError, match="for_source"):
+        _ = settings.source
+    with pytest.raises(ConfigError, match="--source"):
+        settings.for_source(None)
+    with pytest.raises(ConfigError, match="no source named 'nope'"):
+        settings.for_source("nope")
+
+
+@pytest.mark.parametrize(("sources", "expected"), [
+    ([_source("shop", 1), _source("shop", 2, host="x")],
+     "sources[1].server_name 'shop' is also sources[0]'s"),
+    ([_source("shop", 1), _source("billing", 1)],
+     "sources[1].server_id 1 is also sources[0]'s on h:3306"),
+])
+def test_sources_need_distinct_names_and_server_ids_per_host(sources, expected):
+    data = {k: v for k, v in MINIMAL.items() if k != "source"}
+    with pytest.raises(ConfigError) as error:
+        parse_settings({**data, "sources": sources}, "c.yaml")
+    lines = str(error.value).splitlines()
+    assert len(lines) == 2 and expected in lines[1]
+
+
+def test_errors_of_several_sources_name_the_source():
+    data = {k: v for k, v in MINIMAL.items() if k != "source"}
+    bad = {**data, "sources": [_source("shop", 1), {**_source("b", 2), "port": "x"}]}
+    with pytest.raises(ConfigError, match=r"sources\[1\]\.port"):
+        parse_settings(bad)
+    with pytest.raises(ConfigError, match="not both"):
+        parse_settings({**MINIMAL, "sources": [_source("b", 2)]})
