@@ -19,6 +19,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -454,6 +455,8 @@ class Settings(_Section):
     lake: LakeSettings = Field(default_factory=LakeSettings)
     reconcile: ReconcileSettings = Field(default_factory=ReconcileSettings)
     signals: SignalSettings = Field(default_factory=SignalSettings)
+    # The server names of the whole deployment, kept by ``for_source``'s one-source settings.
+    _deployment: tuple[str, ...] = PrivateAttr(default=())
 
     @model_validator(mode="before")
     @classmethod
@@ -494,6 +497,11 @@ class Settings(_Section):
         return tuple(source.server_name for source in self.sources)
 
     @property
+    def deployment_server_names(self) -> tuple[str, ...]:
+        """Every source of the deployment, also from one source's settings (``for_source``)."""
+        return self._deployment or self.server_names
+
+    @property
     def source(self) -> CapturedSource:
         """The source of a one-source settings (a config with one source, or ``for_source``)."""
         return self._only_source()
@@ -517,7 +525,9 @@ class Settings(_Section):
             return self
         for source in self.sources:
             if source.server_name == server_name:
-                return self.model_copy(update={"sources": (source,)})
+                one = self.model_copy(update={"sources": (source,)})
+                one._deployment = self.deployment_server_names
+                return one
         if server_name is None:
             raise ConfigError(f"the config has {len(self.sources)} sources "
                               f"({', '.join(self.server_names)}): name one with --source")

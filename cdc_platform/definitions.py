@@ -1,14 +1,17 @@
 """The one Dagster entry point: merges the domains under ``defs/``.
 
-Which target assets exist depends on which tables are captured: they are discovered from the
-source (tables matching the config's filters) and from the landing zone's record of tables the
-engine has seen, so a table created later appears on the next code-location reload.
+One code location serves every source of the config (``sources``): each source's assets carry
+its server name as their key prefix and group prefix. Which target assets exist depends on
+which tables are captured: they are discovered from the source (tables matching its filters)
+and from the landing zone's record of tables its engine has seen, so a table created later, or
+a source added to the config, appears on the next code-location reload.
 """
 
 from __future__ import annotations
 
 import logging
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
@@ -19,9 +22,11 @@ from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.source import SourceSession, selector_from_settings
 from cdc_platform.config import Settings, settings
 from cdc_platform.defs.dbt import definitions as dbt_defs
+from cdc_platform.defs.failures import load_problem_sensor
 from cdc_platform.defs.lake import applier as lake_applier
 from cdc_platform.defs.lake import definitions as lake_defs
 from cdc_platform.defs.lake import maintenance as lake_maintenance
+from cdc_platform.defs.names import source_resource_key
 from cdc_platform.defs.resources import source_resource
 from cdc_platform.defs.signals import definitions as signals_defs
 from cdc_platform.defs.snapshots import definitions as snapshots_defs
@@ -32,11 +37,13 @@ from cdc_platform.lake.spark import DEFAULT_CONF, merge_conf, prepare_python_wor
 log = logging.getLogger(__name__)
 
 
-def discover_tables(config: Settings) -> list[TableSchema]:
-    """Captured tables: what the engine recorded, plus what the source has now."""
+def discover_tables(config: Settings) -> tuple[list[TableSchema], str]:
+    """Captured tables of one source: what the engine recorded, plus what the source has now;
+    and why the source could not be read ('' when it could)."""
     server = config.source.server_name
     tables = LandingZone.from_settings(config, server).read_tables()
     selector = selector_from_settings(config)
+    problem = ""
     try:
         with SourceSession(dict(config.source.connection_settings(), connect_timeout=3),
                            selector, attempts=1) as source:
@@ -46,10 +53,15 @@ def discover_tables(config: Settings) -> list[TableSchema]:
                     if schema is not None:
                         tables[schema.table_id] = schema
     except Exception as error:  # noqa: BLE001 - an unreachable source must not break loading
-        log.warning(f"source {server!r} unreachable while loading definitions ({error}); "
-                    f"target assets come from the landing zone only ({len(tables)} tables)")
+        problem = (f"unreachable while loading definitions ({_one_line(error)}); its target "
+                   f"assets come from the landing zone only ({len(tables)} tables)")
+        log.warning(f"source {server!r} {problem}")
     return [tables[k] for k in sorted(tables) if selector.captures(tables[k].database,
-                                                                   tables[k].table)]
+                                                                   tables[k].table)], problem
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
 
 
 def spark_config(config: Settings) -> dict[str, str]:
@@ -71,21 +83,46 @@ class LakeSparkResource(LazyPySparkResource):
         super()._init_session()
 
 
+def source_definitions(config: Settings) -> dg.Definitions:
+    """Everything of one source (``config`` is one source's settings, ``Settings.for_source``):
+    its streaming job, snapshot assets and sensors, targets and checks, applier, dbt models and
+    its session resource. A source whose definitions cannot be built gets only a sensor that
+    says why in one line (``failures.load_problem_sensor``); the others load as usual."""
+    server = config.source.server_name
+    try:
+        tables, problem = discover_tables(config)
+        snapshot_assets = snapshots_defs.snapshot_assets(config, tables)
+        built = dg.Definitions.merge(
+            streaming_defs.build(config),
+            lake_defs.build(config, tables),
+            lake_applier.build(config, tables),
+            lake_maintenance.build(config, tables),
+            snapshots_defs.build(config, snapshot_assets),
+            snapshots_sensors.build(config, snapshot_assets),
+            signals_defs.build(config, snapshot_assets),
+            dbt_defs.build(config, tables),
+            dg.Definitions(resources={source_resource_key(config): source_resource(config)}),
+        )
+    except Exception as error:  # noqa: BLE001 - one source must not keep the others from loading
+        line = f"not loaded: {_one_line(error)}"
+        log.error(f"source {server!r} {line}")
+        return dg.Definitions(sensors=[load_problem_sensor(server, line)])
+    if problem:
+        built = dg.Definitions.merge(
+            built, dg.Definitions(sensors=[load_problem_sensor(server, problem)]))
+    return built
+
+
 def build_definitions(config: Settings) -> dg.Definitions:
-    tables = discover_tables(config)
-    snapshot_assets = snapshots_defs.snapshot_assets(config, tables)
+    """Every source's definitions (discovered side by side: each may wait for its source to
+    answer), with what they share: the Spark resource and the executor."""
+    sources = config.per_source()
+    with ThreadPoolExecutor(max_workers=min(8, len(sources))) as pool:
+        per_source = list(pool.map(source_definitions, sources))
     return dg.Definitions.merge(
-        streaming_defs.build(config),
-        lake_defs.build(config, tables),
-        lake_applier.build(config, tables),
-        lake_maintenance.build(config, tables),
-        snapshots_defs.build(config, snapshot_assets),
-        snapshots_sensors.build(config, snapshot_assets),
-        signals_defs.build(config, snapshot_assets),
-        dbt_defs.build(config, tables),
+        *per_source,
         dg.Definitions(
-            resources={"pyspark": LakeSparkResource(spark_config=spark_config(config)),
-                       "source": source_resource(config)},
+            resources={"pyspark": LakeSparkResource(spark_config=spark_config(config))},
             executor=dg.in_process_executor,
         ),
     )

@@ -26,3 +26,17 @@ def start_errors_fail_the_run(settings: Settings) -> Iterator[None]:
         if line is None:
             raise
         raise dg.Failure(description=line, allow_retries=False) from error
+
+
+def load_problem_sensor(server_name: str, line: str) -> dg.SensorDefinition:
+    """A source's load-time problem in the UI, in one line: a sensor ``<server>_load_problem``
+    whose every tick is skipped with the line (and whose description is it), so the source that
+    could not be wired shows beside the others, which load and run as usual."""
+
+    @dg.sensor(name=f"{server_name}_load_problem", minimum_interval_seconds=300,
+               default_status=dg.DefaultSensorStatus.RUNNING,
+               description=f"source {server_name!r}: {line}")
+    def load_problem(_context: dg.SensorEvaluationContext) -> dg.SkipReason:
+        return dg.SkipReason(f"source {server_name!r}: {line}")
+
+    return load_problem

@@ -14,6 +14,8 @@ from typing import Any
 
 import dagster as dg
 
+from cdc_platform.config import Settings
+
 
 def single_asset(spec: dg.AssetSpec, *, op_name: str, deps: Sequence[dg.AssetKey] = (),
                  required: bool = True, **kwargs: Any
@@ -29,13 +31,15 @@ def single_asset(spec: dg.AssetSpec, *, op_name: str, deps: Sequence[dg.AssetKey
     )
 
 
-def single_asset_check(spec: dg.AssetCheckSpec, *, op_name: str
+def single_asset_check(spec: dg.AssetCheckSpec, *, op_name: str,
+                       required_resource_keys: set[str] | None = None,
                        ) -> Callable[[Callable[..., Any]], dg.AssetChecksDefinition]:
     """``@dg.asset_check`` for ``spec`` with op ``op_name``; the function returns its
     ``dg.AssetCheckResult``."""
 
     def decorate(fn: Callable[..., Any]) -> dg.AssetChecksDefinition:
         op = dg.op(name=op_name, description=spec.description,
+                   required_resource_keys=required_resource_keys,
                    ins={"asset": dg.In(dg.Nothing)},
                    out={"result": dg.Out(None)})(fn)
         return dg.AssetChecksDefinition.create(
@@ -46,3 +50,16 @@ def single_asset_check(spec: dg.AssetCheckSpec, *, op_name: str
         )
 
     return decorate
+
+
+def scoped_name(settings: Settings, name: str) -> str:
+    """A deployment-wide name (a job, a schedule, a resource key) for one source: ``name`` as
+    it was when the deployment has one source, ``<server>_<name>`` when it has several."""
+    if len(settings.deployment_server_names) == 1:
+        return name
+    return f"{settings.source.server_name}_{name}"
+
+
+def source_resource_key(settings: Settings) -> str:
+    """The key of the source's read-only session resource (``defs/resources.py``)."""
+    return scoped_name(settings, "source")

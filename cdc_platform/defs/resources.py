@@ -1,8 +1,9 @@
 """The source replica as a Dagster resource: one read-only ``SourceSession`` per run.
 
 Assets and checks that read the source (a table's current schema for a snapshot or a
-reconcile) take ``source: dg.ResourceParam[SourceSession]`` instead of opening connections of
-their own: the session connects on first use, retries a broken connection once, and is closed
+reconcile) require it (key ``defs.names.source_resource_key``: ``source``, or
+``<server>_source`` when the deployment has several) instead of opening connections of their
+own: the session connects on first use, retries a broken connection once, and is closed
 when the run ends.
 """
 

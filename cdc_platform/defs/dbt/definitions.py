@@ -22,6 +22,7 @@ from dagster_dbt import (
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.config import Settings
 from cdc_platform.defs.dbt import project as dbt_project
+from cdc_platform.defs.names import scoped_name
 from cdc_platform.lake.iceberg import namespace_name
 
 JOB_NAME = "build_dbt_models"
@@ -110,7 +111,7 @@ def build(settings: Settings, tables: list[TableSchema]) -> dg.Definitions:
         yield from dbt.cli(["build", "--vars", json.dumps(variables)], context=context).stream()
 
     job = dg.define_asset_job(
-        JOB_NAME,
+        scoped_name(settings, JOB_NAME),
         selection=dg.AssetSelection.assets(dbt_models),
         description="Build the dbt models on the lake's inventory tables and run their dbt "
         "tests (as asset checks). Run it after materialise_targets.",

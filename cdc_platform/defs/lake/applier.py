@@ -30,7 +30,7 @@ from cdc_platform.capture.names import joined_name
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.config import Settings
 from cdc_platform.defs.lake.definitions import staleness, target_key
-from cdc_platform.defs.names import single_asset_check
+from cdc_platform.defs.names import scoped_name, single_asset_check
 from cdc_platform.defs.signals.sensors import ACTIVE_STATUSES
 from cdc_platform.defs.streaming.definitions import STREAM_TAG
 from cdc_platform.defs.streaming.runner import changelog_key
@@ -131,7 +131,7 @@ def build_job(settings: Settings) -> dg.JobDefinition:
     server = settings.source.server_name
 
     @dg.op(
-        name="apply_landed_changes",
+        name=scoped_name(settings, "apply_landed_changes"),
         description="Keeps every lake table merged with its changelog until cancelled: one Spark "
         "session, one Iceberg commit per table per merge, compaction, reconciles and "
         "landing-zone retention on their own cadence (docs/iceberg.md, 'The applier').",
@@ -176,8 +176,9 @@ def build_job(settings: Settings) -> dg.JobDefinition:
             relay()
 
     return dg.JobDefinition(
-        name=JOB_NAME,
-        graph_def=dg.GraphDefinition(name=JOB_NAME, node_defs=[apply_landed_changes]),
+        name=scoped_name(settings, JOB_NAME),
+        graph_def=dg.GraphDefinition(name=scoped_name(settings, JOB_NAME),
+                                     node_defs=[apply_landed_changes]),
         description=f"Long-running applier of {server!r}: landing zone -> Iceberg tables, "
         "within lake.freshness_seconds. The sensor "
         f"{sensor_name(settings)} keeps one run of it going.",

@@ -10,7 +10,12 @@ from cdc_platform.capture.names import joined_name, valid_name
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.source import SourceSession, missing_table
 from cdc_platform.config import Settings
-from cdc_platform.defs.names import single_asset, single_asset_check
+from cdc_platform.defs.names import (
+    scoped_name,
+    single_asset,
+    single_asset_check,
+    source_resource_key,
+)
 from cdc_platform.defs.snapshots.definitions import snapshot_key
 from cdc_platform.defs.streaming.runner import changelog_key
 from cdc_platform.lake.iceberg import Lake
@@ -132,10 +137,11 @@ def _reconcile_check(settings: Settings, schema: TableSchema) -> dg.AssetChecksD
         ),
         # Not "<target op>_reconcile": a table named `orders_reconcile` has that op name.
         op_name=joined_name("reconcile", server, schema.database, schema.table),
+        required_resource_keys={"pyspark", source_resource_key(settings)},
     )
-    def reconcile(context: dg.AssetCheckExecutionContext, pyspark: LazyPySparkResource,
-                  source: dg.ResourceParam[SourceSession]) -> dg.AssetCheckResult:
-        spark = pyspark.spark_session
+    def reconcile(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        spark = context.resources.pyspark.spark_session
+        source: SourceSession = getattr(context.resources, source_resource_key(settings))
         connection = settings.source.connection_settings()
         current = source.read_schema(schema.database, schema.table)
         if current is None:
@@ -184,14 +190,14 @@ def build(settings: Settings, tables: list[TableSchema]) -> dg.Definitions:
     fresh = dg.AssetSelection.checks(*[dg.AssetCheckKey(k, "fresh") for k in target_keys])
     jobs = [
         dg.define_asset_job(
-            "materialise_targets",
+            scoped_name(settings, "materialise_targets"),
             selection=dg.AssetSelection.assets(*target_keys) - fresh,
             description="Fold the landed changes into every lake table and reconcile each "
             "against the source.",
             executor_def=dg.in_process_executor,
         ),
         dg.define_asset_job(
-            "catch_up_and_reconcile",
+            scoped_name(settings, "catch_up_and_reconcile"),
             selection=dg.AssetSelection.assets(changelog_key(settings), *target_keys) - fresh,
             description="Batch run (CI, demo): land the binlog up to the source's current "
             "position, materialise every lake table, fail if any reconciliation fails.",

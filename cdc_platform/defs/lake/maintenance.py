@@ -18,6 +18,7 @@ from cdc_platform.capture.names import joined_name
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.config import Settings
 from cdc_platform.defs.lake.definitions import target_key
+from cdc_platform.defs.names import scoped_name
 from cdc_platform.lake.iceberg import Lake
 from cdc_platform.lake.spark import ensure_lake_conf
 
@@ -72,14 +73,14 @@ def build(settings: Settings, tables: list[TableSchema]) -> dg.Definitions:
     job), and its schedule."""
     ops = [maintenance_op(settings, t) for t in tables if t.primary_key]
     job = dg.GraphDefinition(
-        name=JOB_NAME,
+        name=scoped_name(settings, JOB_NAME),
         node_defs=ops,
         description="Compaction and snapshot expiry of every lake table (Iceberg's "
         "rewrite-data-files, rewrite-position-deletes and expire-snapshots actions), keeping "
         "each table's consumed changelog mark.",
     ).to_job(executor_def=dg.in_process_executor)  # one Spark session for every table
     schedule = dg.ScheduleDefinition(
-        name=SCHEDULE_NAME,
+        name=scoped_name(settings, SCHEDULE_NAME),
         job=job,
         cron_schedule=settings.warehouse.maintenance_cron,
         default_status=dg.DefaultScheduleStatus.STOPPED,

@@ -175,6 +175,19 @@ def _cancel_queued(context: dg.SensorEvaluationContext, tables: tuple[str, ...],
                          f"of {table}")
 
 
+def _unknown_source(settings: Settings, key: bytes | None) -> str:
+    """Why a message keyed for another source is rejected, when no source of the deployment
+    has its key (said by the first source's sensor only, so it is said once); else ''."""
+    servers = settings.deployment_server_names
+    if settings.source.server_name != servers[0] or key is None:
+        return ""
+    name = key.decode("utf-8", "replace")
+    if name in servers:
+        return ""
+    return (f"no source of this deployment is named {name[:100]!r} (sources: "
+            f"{', '.join(servers)}); key a signal with its source's sources[].server_name")
+
+
 def build_sensor(settings: Settings, assets: dict[str, dg.AssetsDefinition]
                  ) -> dg.SensorDefinition:
     signals = settings.signals
@@ -232,10 +245,16 @@ def build_sensor(settings: Settings, assets: dict[str, dg.AssetsDefinition]
             checks.close()
         requests: list[dg.RunRequest] = []
         requested = {a.table_id for a in actions if isinstance(a, StartSnapshot)}
+        keys_by_offset = {m.offset: m.key for m in batch.messages}
         for action in actions:
             if isinstance(action, Skipped):
-                log = context.log.info if action.foreign else context.log.warning
-                log(action.describe())
+                unknown = action.foreign and _unknown_source(
+                    settings, keys_by_offset.get(action.offset))
+                if unknown:
+                    context.log.warning(f"{action.describe()}: {unknown}")
+                else:
+                    log = context.log.info if action.foreign else context.log.warning
+                    log(action.describe())
             elif isinstance(action, LogMessage):
                 context.log.info(f"{action.signal.describe()}: {action.signal.message}")
             elif isinstance(action, StartSnapshot):

@@ -41,7 +41,7 @@ from cdc_platform.capture.source import SourceSession, missing_table, selector_f
 from cdc_platform.capture.start_errors import check_source
 from cdc_platform.config import Settings
 from cdc_platform.defs.failures import start_errors_fail_the_run
-from cdc_platform.defs.names import single_asset
+from cdc_platform.defs.names import single_asset, source_resource_key
 from cdc_platform.defs.snapshots.runner import notify_skipped, result_metadata, run_reader
 
 
@@ -145,10 +145,11 @@ def _snapshot_asset(settings: Settings, schema: TableSchema) -> dg.AssetsDefinit
         ),
         op_name=joined_name(server, "snapshot", schema.database, schema.table),
         required=False,
+        required_resource_keys={source_resource_key(settings)},
     )
-    def snapshot(context: dg.AssetExecutionContext, config: SnapshotConfig,
-                 source: dg.ResourceParam[SourceSession]
+    def snapshot(context: dg.AssetExecutionContext, config: SnapshotConfig
                  ) -> Iterator[dg.MaterializeResult | dg.AssetObservation]:
+        source: SourceSession = getattr(context.resources, source_resource_key(settings))
         condition = config.condition
         if condition is not None:
             try:

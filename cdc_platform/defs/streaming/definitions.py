@@ -7,6 +7,7 @@ import dagster as dg
 from pydantic import Field
 
 from cdc_platform.config import Settings
+from cdc_platform.defs.names import scoped_name
 from cdc_platform.defs.streaming.checks import headroom_check
 from cdc_platform.defs.streaming.runner import (
     STOP_GRACE_SECONDS,
@@ -53,7 +54,7 @@ def build(settings: Settings) -> dg.Definitions:
     server = settings.source.server_name
 
     @dg.op(
-        name="capture_changes",
+        name=scoped_name(settings, "capture_changes"),
         description="Stream the source's binlog into the landing zone until cancelled "
         "(or until caught up, with stop_when_caught_up). Cancelling the run flushes and "
         "checkpoints; a new run resumes from the checkpoint.",
@@ -67,7 +68,7 @@ def build(settings: Settings) -> dg.Definitions:
             asset_key=changelog_key(settings), metadata=changelog_metadata(settings, stats)))
 
     @dg.job(
-        name="stream_changes",
+        name=scoped_name(settings, "stream_changes"),
         description=f"Long-running capture of source {server!r}: binlog -> landing zone.",
         tags={STREAM_TAG: server, **STREAM_RUN_TAGS},
         executor_def=dg.in_process_executor,
