@@ -153,7 +153,7 @@ def test_code_server_serves_the_packages_code_location(deployment):
 def test_every_env_var_the_values_set_is_read_by_the_code_or_the_config(env):
     settings_readers = {CONFIG_ENV}
     settings = _settings_with_values_env(env)
-    settings_readers.add(settings.source.password_env)
+    settings_readers |= {source.password_env for source in settings.sources}
     references = _config_references()
     unread = set(env) - settings_readers - set(references)
     assert not unread, f"helm/values.yaml sets {sorted(unread)} but nothing reads them"
@@ -172,8 +172,12 @@ def test_signals_read_the_kafka_credentials_from_the_secret(env):
 def test_secrets_come_from_kubernetes_secrets_that_the_install_steps_create(values, deployment,
                                                                             env):
     settings = _settings_with_values_env(env)
-    password = env[settings.source.password_env]
-    assert "value" not in password, "the source password must come from a Secret"
+    assert len(settings.sources) == 2, "the values show two sources"
+    passwords = [env[source.password_env] for source in settings.sources]
+    for password in passwords:
+        assert "value" not in password, "a source password must come from a Secret"
+    assert len({p["valueFrom"]["secretKeyRef"]["name"] for p in passwords}) == 2, (
+        "one Secret per source password")
     secrets = {item["valueFrom"]["secretKeyRef"]["name"] for item in env.values()
                if "valueFrom" in item}
     secrets |= {item["name"] for item in deployment.get("envSecrets", [])}
