@@ -1,0 +1,198 @@
+"""One code location, two sources: two real MariaDB servers, one landing zone, one warehouse.
+
+Both servers hold a database of the same name with a table of the same name but different
+rows, so anything that acted on the wrong source would show in the other's target.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from cdc_platform.capture.snapshot.protocol import read_request
+from cdc_platform.config import Settings, parse_settings
+from cdc_platform.definitions import build_definitions
+from cdc_platform.defs.signals.sensors import sensor_name
+from cdc_platform.devservices.mariadb import MariaDBServer
+from cdc_platform_tests.conftest import CdcEnv
+from cdc_platform_tests.defs.test_snapshot_assets import streaming
+
+B_PASSWORD_ENV = "CDC_TEST_SOURCE_B_PASSWORD"
+
+
+@pytest.fixture(scope="module")
+def second_mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDBServer]:
+    server = MariaDBServer(base_dir=tmp_path_factory.mktemp("mariadb_b"), server_id=2,
+                           cdc_password="cdc-b")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pair(cdc_env: CdcEnv, second_mariadb: MariaDBServer,
+         monkeypatch: pytest.MonkeyPatch) -> tuple[CdcEnv, CdcEnv]:
+    """Source A on the session's server, source B on the second one: the same database name,
+    the landing zone and warehouse shared, a password variable each."""
+    a = cdc_env
+    monkeypatch.setenv(B_PASSWORD_ENV, second_mariadb.cdc_password)
+    position = second_mariadb.query("SELECT @@GLOBAL.gtid_binlog_pos")[0][0] or ""
+    second_mariadb.query(f"CREATE DATABASE IF NOT EXISTS `{a.db}`")
+    b = CdcEnv(second_mariadb, a.db, f"{a.server_name}b", a.root,
+               {"source": {"password_env": B_PASSWORD_ENV}})
+    b.start_position = position
+    b.kafka_bootstrap = a.kafka_bootstrap
+    return a, b
+
+
+def two_sources(a: CdcEnv, b: CdcEnv) -> Settings:
+    """The config of a deployment capturing both (``sources:``), shared sections from A's."""
+    data = a.settings_dict()
+    sources = []
+    for env in (a, b):
+        one = env.settings_dict()
+        sources.append({**one["source"], "capture": one["capture"]})
+    del data["source"], data["capture"]
+    return parse_settings({**data, "sources": sources}, "two-source test config")
+
+
+def _seed(env: CdcEnv, rows: int) -> None:
+    env.execute("CREATE TABLE items (id INT PRIMARY KEY, owner VARCHAR(20))")
+    # Rows only a snapshot can bring (not in the binlog), then rows the stream brings.
+    env.execute("SET SESSION sql_log_bin = 0",
+                f"INSERT INTO items SELECT seq, '{env.server_name}' FROM seq_1_to_{rows}")
+
+
+def _unused_port() -> int:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        return unused.getsockname()[1]
+
+
+def test_one_code_location_serves_both_sources_and_one_unreachable(
+        pair: tuple[CdcEnv, CdcEnv]) -> None:
+    a, b = pair
+    _seed(a, 5)
+    _seed(b, 7)
+    b.execute("CREATE TABLE only_b (id INT PRIMARY KEY)")
+    defs = build_definitions(two_sources(a, b))
+    graph = defs.resolve_asset_graph()
+    for env in (a, b):
+        server = env.server_name
+        target = dg.AssetKey([server, env.db, "items"])
+        assert graph.get(target).group_name.startswith(f"{server}_")
+        assert graph.has(dg.AssetKey([server, "snapshot", env.db, "items"]))
+        for job in ("stream_changes", "materialise_targets", "catch_up_and_reconcile",
+                    "apply_changes", "lake_maintenance"):
+            defs.resolve_job_def(f"{server}_{job}")
+        defs.resolve_sensor_def(f"{server}_snapshot_signals")
+    assert graph.has(dg.AssetKey([b.server_name, b.db, "only_b"]))
+    assert not graph.has(dg.AssetKey([a.server_name, a.db, "only_b"]))
+
+    b.catch_up()  # B's landing zone records its tables
+    b.overrides["source"]["port"] = _unused_port()
+    defs = build_definitions(two_sources(a, b))
+    graph = defs.resolve_asset_graph()
+    assert graph.has(dg.AssetKey([a.server_name, a.db, "items"]))
+    assert graph.has(dg.AssetKey([b.server_name, b.db, "only_b"]))  # from the landing zone
+    problem = defs.resolve_sensor_def(f"{b.server_name}_load_problem")
+    assert "unreachable" in (problem.description or "")
+    assert "\n" not in (problem.description or "")
+    with pytest.raises(Exception, match="load_problem"):
+        defs.resolve_sensor_def(f"{a.server_name}_load_problem")
+
+
+def test_each_source_lands_its_own_targets_equal_to_its_own_source(
+        pair: tuple[CdcEnv, CdcEnv], spark: Any) -> None:
+    a, b = pair
+    _seed(a, 150)
+    _seed(b, 90)
+    settings = two_sources(a, b)
+    defs = build_definitions(settings)
+    with dg.instance_for_test() as instance:
+        with ExitStack() as stack:
+            for env in (a, b):
+                stack.enter_context(streaming(env))
+            for env in (a, b):
+                asset = defs.resolve_assets_def(
+                    dg.AssetKey([env.server_name, "snapshot", env.db, "items"]))
+                result = dg.materialize([asset], instance=instance, run_config={
+                    "ops": {asset.op.name: {"config": {"chunk_size": 40}}}})
+                assert result.success
+                env.execute(f"UPDATE items SET owner = 'streamed {env.server_name}' "
+                            "WHERE id % 10 = 0")
+                env.execute("DELETE FROM items WHERE id = 3")
+        for env in (a, b):
+            job = defs.resolve_job_def(f"{env.server_name}_catch_up_and_reconcile")
+            result = job.execute_in_process(instance=instance)
+            assert result.success
+            checks = [e for e in result.get_asset_check_evaluations()
+                      if e.check_name == "reconcile"]
+            assert checks and all(c.passed for c in checks)
+    for env, rows in ((a, 150), (b, 90)):
+        expected = [{"id": i, "owner": f"streamed {env.server_name}" if i % 10 == 0
+                     else env.server_name} for i in range(1, rows + 1) if i != 3]
+        assert env.target_rows(spark, "items") == expected
+
+
+def test_a_signal_keyed_for_one_source_never_acts_on_the_other(
+        signal_env: CdcEnv, pair: tuple[CdcEnv, CdcEnv],
+        capfd: pytest.CaptureFixture[str]) -> None:
+    from cdc_platform_tests.defs.test_signal_sensor import execute, send
+
+    a, b = pair  # (signals: the test's own topic on the shared broker, keyed per source)
+    b.kafka_bootstrap = signal_env.kafka_bootstrap
+    _seed(a, 3)
+    _seed(b, 3)
+    settings = two_sources(a, b)
+    defs = build_definitions(settings)
+    sensors = {env.server_name: defs.resolve_sensor_def(sensor_name(settings.for_source(
+        env.server_name))) for env in (a, b)}
+    cursors: dict[str, str | None] = {name: None for name in sensors}
+
+    def tick(instance: dg.DagsterInstance) -> dict[str, list[dg.RunRequest]]:
+        requested = {}
+        for name, sensor in sensors.items():
+            with dg.build_sensor_context(instance=instance, definitions=defs,
+                                         cursor=cursors[name]) as context:
+                data = sensor.evaluate_tick(context)
+            cursors[name] = data.cursor or cursors[name]
+            requested[name] = list(data.run_requests or [])
+        return requested
+
+    with dg.instance_for_test() as instance:
+        tick(instance)  # creates the topic
+        send(a, execute(a, "items"))  # keyed for A; B has a table of the same name
+        send(b, {"type": "stop-snapshot", "data": {"data-collections": [f"{b.db}.items"]}})
+        send(a, execute(a, "items"), key="nosuch")
+        capfd.readouterr()
+        requested = tick(instance)
+        logged = capfd.readouterr().err  # (a sensor's log goes to the console and the instance)
+    [run] = requested[a.server_name]
+    assert run.asset_selection == [dg.AssetKey([a.server_name, "snapshot", a.db, "items"])]
+    assert requested[b.server_name] == []
+    # B's stop acted on B's table only: A's request.json is untouched.
+    assert read_request(a.landing, a.db, "items") is None
+    assert read_request(b.landing, b.db, "items") is not None
+    assert "no source of this deployment is named 'nosuch'" in logged
+
+
+def test_a_source_that_cannot_be_wired_leaves_the_others_loaded(
+        pair: tuple[CdcEnv, CdcEnv], tmp_path: Path) -> None:
+    a, b = pair
+    _seed(a, 1)
+    _seed(b, 1)
+    b.catch_up()
+    (tmp_path / "landing" / b.server_name / "tables.json").write_text("{not json")
+    defs = build_definitions(two_sources(a, b))
+    assert defs.resolve_asset_graph().has(dg.AssetKey([a.server_name, a.db, "items"]))
+    problem = defs.resolve_sensor_def(f"{b.server_name}_load_problem")
+    assert (problem.description or "").startswith(f"source {b.server_name!r}: not loaded: ")
