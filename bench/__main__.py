@@ -37,6 +37,8 @@ capture engine's peak RSS (the engine runs in a process of its own, as in produc
   250k rows/s here; OLake 338k, filament 1.27M on bigger machines), when the snapshot was done,
   each merge, CPU and peak RSS of the three processes; then the same for a second table
   captured while engine and applier already run (no process start in the figure).
+* code-location (``bench/code_location.py``): the code location's load time with 1 and with 20
+  sources of 50 tables each (schemas are discovered from the sources at load).
 
 * on S3 (``--s3``, the default; ``--no-s3`` to skip): the bench starts a SeaweedFS
   (``bench/_s3.py``) and prints, beside the local figures, the streaming engine's rows/s into an
@@ -701,15 +703,20 @@ def _run_sections(args: argparse.Namespace, only: tuple[str, ...], work: Path,
         from bench.initial_load import bench_initial_load
 
         bench_initial_load(args.initial_load_rows, work)
+    if "code-location" in only:
+        from bench.code_location import bench_code_location
+
+        bench_code_location(work)
 
 
 SECTIONS = ("streaming", "freshness", "lake", "snapshot", "large_transaction", "e2e",
-            "initial-load")
+            "initial-load", "code-location")
 S3_SECTIONS = ("streaming", "snapshot", "e2e")  # (with --s3: their rows on SeaweedFS too)
 
 
 def _sections(text: str) -> tuple[str, ...]:
-    names = tuple(n.strip().replace("initial_load", "initial-load") for n in text.split(","))
+    names = tuple(n.strip().replace("initial_load", "initial-load")
+                  .replace("code_location", "code-location") for n in text.split(","))
     unknown = [n for n in names if n not in SECTIONS]
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown section(s) {', '.join(unknown)}; choose "
