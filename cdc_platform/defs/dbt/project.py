@@ -175,15 +175,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cdc_platform.defs.dbt.project",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=["prepare", "vars"])
-    parser.add_argument("--server", help="prepare: server name (default: the config's)")
+    parser.add_argument("--server", help="server name (default: the config's only source; "
+                        "vars: one of the config's sources)")
     parser.add_argument("--database", default=DEFAULT_INVENTORY_DATABASE,
                         help="captured database holding the inventory tables")
     args = parser.parse_args(argv)
     if args.command == "prepare":
-        server = args.server or settings().source.server_name
+        server = args.server or settings().for_source(None).source.server_name
         print(prepare(dbt_project(server, args.database), server, args.database))
         return 0
-    print(json.dumps(run_vars(settings(), args.database)))
+    print(json.dumps(run_vars(settings().for_source(args.server), args.database)))
     return 0
 
 
