@@ -176,13 +176,14 @@ def test_a_signal_keyed_for_one_source_never_acts_on_the_other(
         capfd.readouterr()
         requested = tick(instance)
         logged = capfd.readouterr().err  # (a sensor's log goes to the console and the instance)
-    [run] = requested[a.server_name]
-    assert run.asset_selection == [dg.AssetKey([a.server_name, "snapshot", a.db, "items"])]
-    assert requested[b.server_name] == []
-    # B's stop acted on B's table only: A's request.json is untouched.
-    assert read_request(a.landing, a.db, "items") is None
-    assert read_request(b.landing, b.db, "items") is not None
-    assert "no source of this deployment is named 'nosuch'" in logged
+        [request] = requested[a.server_name]
+        assert request.asset_selection == [
+            dg.AssetKey([a.server_name, "snapshot", a.db, "items"])]
+        assert requested[b.server_name] == []
+        # B's stop acted on B's table only: A's request.json is untouched.
+        assert read_request(a.landing, a.db, "items") is None
+        assert read_request(b.landing, b.db, "items") is not None
+        assert "no source of this deployment is named 'nosuch'" in logged
 
 
 def test_a_source_that_cannot_be_wired_leaves_the_others_loaded(

@@ -140,7 +140,8 @@ def _run_request(settings: Settings, action: StartSnapshot, topic_id: str,
 
 
 def _control(context: dg.SensorEvaluationContext, landing: LandingZone,
-             action: ControlSnapshots, topic_id: str, pending: set[str]) -> None:
+             action: ControlSnapshots, topic_id: str, pending: set[str],
+             keys: dict[str, dg.AssetKey]) -> None:
     """Stop, pause or resume; ``pending``: tables with a snapshot run that may not have opened
     its session yet (runs in progress, and the runs this tick requests)."""
     signal = action.signal
@@ -157,17 +158,20 @@ def _control(context: dg.SensorEvaluationContext, landing: LandingZone,
                                 run_pending=table_id in pending)
         context.log.info(f"{signal.describe()}: {outcome}")
     if action.action == "stop":
-        _cancel_queued(context, tables, ref)
+        _cancel_queued(context, tables, ref, {keys[t] for t in tables if t in keys})
 
 
 def _cancel_queued(context: dg.SensorEvaluationContext, tables: tuple[str, ...],
-                   ref: SignalRef) -> None:
+                   ref: SignalRef, snapshot_keys: set[dg.AssetKey]) -> None:
     """Queued snapshot runs of earlier signals for ``tables`` never start (they would see the
-    stop in request.json and end at once; cancelling shows it in the UI right away)."""
+    stop in request.json and end at once; cancelling shows it in the UI right away). Only runs
+    of this source's snapshot assets: another source may have tables of the same names."""
     instance = context.instance
     for run in instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED])):
         table = run.tags.get(SNAPSHOT_TABLE_TAG)
         if table not in tables or not launched_before(run, ref):
+            continue
+        if not snapshot_keys & set(run.asset_selection or ()):
             continue
         instance.report_run_canceled(run, message=f"stop-snapshot signal {ref.id} (offset "
                                                   f"{ref.offset})")
@@ -263,7 +267,7 @@ def build_sensor(settings: Settings, assets: dict[str, dg.AssetsDefinition]
                 context.log.info(f"{action.signal.describe()}: snapshot of "
                                  f"{action.table_id}{condition}")
             else:
-                _control(context, landing, action, topic_id, set(busy) | requested)
+                _control(context, landing, action, topic_id, set(busy) | requested, keys)
         first, last = batch.messages[0].offset, batch.messages[-1].offset
         summary = (f"{len(batch.messages)} signal messages (offsets {first}..{last}): "
                    f"{len(requests)} snapshot runs requested")
