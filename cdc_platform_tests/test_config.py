@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from cdc_platform.config import (
     DEMO_CONFIG,
@@ -122,3 +123,17 @@ def test_errors_of_several_sources_name_the_source():
         parse_settings(bad)
     with pytest.raises(ConfigError, match="not both"):
         parse_settings({**MINIMAL, "sources": [_source("b", 2)]})
+
+
+def test_cli_commands_name_their_source_when_the_config_has_several(tmp_path, capsys):
+    from cdc_platform.__main__ import main
+
+    data = {k: v for k, v in MINIMAL.items() if k != "source"}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({**data, "sources": [_source("shop", 1),
+                                                       _source("billing", 2)]}))
+    assert main(["stream", "--config", str(path)]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "cdc_platform stream: the config has 2 sources (shop, billing): name one with --source")
+    assert main(["snapshot", "x.y", "--config", str(path), "--source", "nope"]) == 1
+    assert "no source named 'nope'" in capsys.readouterr().err
