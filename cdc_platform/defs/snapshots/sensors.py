@@ -44,11 +44,14 @@ def run_key(marker: stale_markers.StaleMarker) -> str:
     return f"resnapshot:{marker.table_id}:{marker.gtid}:{marker.position}"
 
 
-def _ended_runs(instance: dg.DagsterInstance, keys: list[str]) -> dict[str, dg.DagsterRun]:
-    """Runs launched for these markers that are no longer queued or running."""
+def _ended_runs(instance: dg.DagsterInstance, server: str, keys: list[str]
+                ) -> dict[str, dg.DagsterRun]:
+    """Runs launched for these markers of ``server`` that are no longer queued or running (a
+    marker's key may repeat on another source)."""
     if not keys:
         return {}
-    runs = instance.get_runs(filters=dg.RunsFilter(tags={MARKER_TAG: keys}))
+    runs = instance.get_runs(filters=dg.RunsFilter(tags={MARKER_TAG: keys,
+                                                         AUTOMATIC_TAG: server}))
     return {run.tags[MARKER_TAG]: run for run in runs if run.status not in ACTIVE_STATUSES}
 
 
@@ -85,7 +88,7 @@ def build_sensor(settings: Settings, assets: dict[str, dg.AssetsDefinition]
         by_key = {v: k for k, v in keys.items()}
         busy = busy_tables(context.instance, landing, by_key)
         running = busy_tables(context.instance, landing, by_key, tags={AUTOMATIC_TAG: server})
-        ended = _ended_runs(context.instance, [run_key(m) for m in wanted.values()])
+        ended = _ended_runs(context.instance, server, [run_key(m) for m in wanted.values()])
         checkpoint = landing.read_checkpoint()
         free = capture.max_parallel_snapshots - len(running)
         requests, waiting = [], []
