@@ -126,6 +126,10 @@ class Lease:
         self._etag: str | None = None
         self._ttl = 0.0
         self._deadline = 0.0  # time.monotonic() until which this holder trusts the lease
+        # The expired lease of another holder this object's acquire replaced (None: it created
+        # the lease, renewed its own, or took over a released one): that holder may still
+        # have writes in flight (``LandingZone`` waits them out).
+        self.replaced: LeaseRecord | None = None
 
     def __repr__(self) -> str:
         return f"Lease({self.store.uri_of(*self.parts)!r}, holder={self.holder!r})"
@@ -139,6 +143,14 @@ class Lease:
     def held(self) -> bool:
         """Whether this object holds the lease and its own clock says it has not expired."""
         return self._record is not None and time.monotonic() < self._deadline
+
+    @property
+    def expiry(self) -> float:
+        """The ``time.monotonic()`` until which this object trusts the lease (renewals move it
+        on); 0.0 when it does not hold it. Never later than the ``expires_at`` the others
+        see (it is counted from before the write that set that). A deadline for writes made
+        under the lease (``FileStore.within``)."""
+        return self._deadline if self._record is not None else 0.0
 
     def current(self) -> LeaseRecord | None:
         """The lease object as stored (any holder), or None when there is none."""
@@ -204,6 +216,7 @@ class Lease:
             written = self.store.within(started + ttl_seconds).write_versioned(
                 *self.parts, data=record.to_json(), etag=None)
             if written is not None:
+                self.replaced = None
                 return self._took(record, written, ttl_seconds, started=started)
             versioned = self.store.read_versioned(*self.parts)
             if versioned is None:
@@ -217,6 +230,8 @@ class Lease:
             written = self.store.within(started + ttl_seconds).write_versioned(
                 *self.parts, data=record.to_json(), etag=etag)
             if written is not None:
+                self.replaced = found if found.expires_at > 0 and not holder_gone(found) \
+                    else None
                 return self._took(record, written, ttl_seconds, started=started)
         return False
 
@@ -224,13 +239,19 @@ class Lease:
         """Extend the lease (by ``ttl_seconds``, else the acquired ttl) if this object still
         holds it; False, and no longer held, if anyone replaced it since. An unreachable store
         is retried only until the lease held so far expires (then
-        ``ObjectStoreUnavailableError``; ``held`` is False by then, as it would be anyway)."""
+        ``ObjectStoreUnavailableError``; ``held`` is False by then, or within the store's
+        ``bounded_attempt_seconds``). A lease renewed after it expired (its holder was
+        frozen) is taken again like an acquire's (within the new ttl), if nobody replaced
+        it meanwhile."""
         if self._record is None or self._etag is None:
             return False
         ttl = self._ttl if ttl_seconds is None else ttl_seconds
         started = time.monotonic()
         record = self._new_record(self._record.holder, ttl, token=self._record.token)
-        written = self.store.within(self._deadline).write_versioned(
+        # (a store within a deadline sends nothing past it: an expired lease's renewal is
+        # bounded like an acquire, by the lease it would take again)
+        deadline = self._deadline if started < self._deadline else started + ttl
+        written = self.store.within(deadline).write_versioned(
             *self.parts, data=record.to_json(), etag=self._etag)
         if written is None:
             self._forget()

@@ -17,8 +17,11 @@ and beyond that by the store, the whole request again with backoff until ``retry
 have passed (a server restarting, an outage of a minute); then it stops with one line naming the
 endpoint and ``s3.retry_seconds`` (``ObjectStoreUnavailableError``). A conditional PUT retried
 after its first attempt may have landed is decided by the object's content (``_conditional_put``).
-``within(deadline)`` is the same store retrying only while a request can end before a deadline:
-the lease's writes, which are worthless once the lease they write has expired.
+``within(deadline)`` is the same store sending a request only before a deadline and retrying it
+only while the retry can end before it: the lease's writes, which are worthless once the lease
+they write has expired, and the engine's writes under its lease (``LandingZone.store``), which
+must not land after a successor took over (the deadline may be a callable: the lease's expiry,
+moved on by each renewal).
 
 A wrong credential or a missing bucket is a start error of one line naming the setting
 (``check``); the same line is raised when an operation meets it later.
@@ -76,6 +79,8 @@ _FIRST_BACKOFF_SECONDS, _MAX_BACKOFF_SECONDS = 0.5, 5.0
 # A store ``within`` a deadline sends single attempts (no botocore retries) with these
 # timeouts, so that an attempt started before the deadline ends about when it passes.
 _BOUNDED_CONNECT_SECONDS, _BOUNDED_READ_SECONDS = 2.0, 5.0
+# A deadline: a time.monotonic() value, or a callable giving the current one (a lease's expiry).
+Deadline = float | Callable[[], float]
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -226,12 +231,12 @@ class S3FileStore(FileStore):
 
     def __init__(self, bucket: str, prefix: str = "", options: S3Options | None = None, *,
                  setting: str = "storage URL", _connection: _Connection | None = None,
-                 _deadline: float | None = None) -> None:
+                 _deadline: Deadline | None = None) -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.setting = setting
         self._connection = _connection or _Connection(options or S3Options())
-        self._deadline = _deadline  # (time.monotonic(); ``within``)
+        self._deadline = _deadline  # (time.monotonic(), or a callable of it; ``within``)
 
     @classmethod
     def from_url(cls, url: str, options: S3Options | None = None, *,
@@ -266,38 +271,62 @@ class S3FileStore(FileStore):
         return S3FileStore(self.bucket, self.key(*parts), setting=self.setting,
                            _connection=self._connection, _deadline=self._deadline)
 
-    def within(self, deadline: float) -> S3FileStore:
-        """This store, retrying a request only while the retry can end before ``deadline``
-        (``time.monotonic()``): each attempt is one request with short timeouts (no
-        botocore retries), and none is started that could end after the deadline (the first
-        always is). Past it: ``ObjectStoreUnavailableError``."""
+    def within(self, deadline: Deadline) -> S3FileStore:
+        """This store, sending a request only before ``deadline`` (``time.monotonic()``, or a
+        callable giving it, asked again before every attempt: a lease's expiry that renewals
+        move on) and retrying it only while the retry can end before it: each attempt is one
+        request with short timeouts (no botocore retries, ``bounded_attempt_seconds`` at most
+        for a stalled one), no attempt is started at or after the deadline, and no retry that
+        could end after it. So every request ends within ``bounded_attempt_seconds`` of the
+        deadline (a request moving a body ends that long after its body stops moving; see
+        ``atomic_output`` for large uploads). Past it: ``ObjectStoreUnavailableError``. A
+        store already within a deadline keeps it too (the earlier of both counts)."""
+        if self._deadline is not None:
+            deadline = _earlier(self._deadline, deadline)
         return S3FileStore(self.bucket, self.prefix, setting=self.setting,
                            _connection=self._connection, _deadline=deadline)
+
+    def _deadline_now(self) -> float | None:
+        """The ``within`` deadline as it stands now (None: none)."""
+        deadline = self._deadline
+        return deadline() if callable(deadline) else deadline
 
     # ---- retries beyond botocore's -----------------------------------------------------------
 
     def _request(self, operation: str, key: str, call: Callable[[Any], _T]) -> _T:
         """``call(client)``, repeated with backoff while the server is away, busy or
         restarting (``_transient``) until ``s3.retry_seconds`` after the first attempt (or
-        the ``within`` deadline); then one line naming the endpoint and the setting. Any
+        the ``within`` deadline: no attempt then starts at or after it, and none is retried
+        that could end after it); then one line naming the endpoint and the setting. Any
         other error is raised as it is, for the caller to tell (404, 412, 403...)."""
         started = time.monotonic()
-        give_up = started + self.options.retry_seconds
+        retry_until = started + self.options.retry_seconds
+        give_up = retry_until
         attempt_seconds = 0.0
         if self._deadline is not None:
-            give_up = min(give_up, self._deadline)
             attempt_seconds = self._connection.bounded_attempt_seconds
         backoff, failures = _FIRST_BACKOFF_SECONDS, 0
+        last_error: BaseException | None = None
         client = self.client
         while True:
+            deadline = self._deadline_now()
+            if deadline is not None:
+                # (asked before every attempt: a renewal moves it on, a lost lease ends it)
+                give_up = min(retry_until, deadline)
+                if time.monotonic() >= deadline:
+                    raise ObjectStoreUnavailableError(self._too_late(
+                        operation, key, last_error, time.monotonic() - started)) from last_error
             try:
                 result = call(client)
             except Exception as error:
                 if not _transient(error):
                     raise
+                last_error = error
                 failures += 1
                 pause = random.uniform(backoff / 2, backoff)
                 now = time.monotonic()
+                if self._deadline is not None:
+                    give_up = min(retry_until, self._deadline_now() or 0.0)
                 if now + pause + attempt_seconds >= give_up:
                     raise ObjectStoreUnavailableError(
                         self._unavailable(operation, key, error, now - started)) from error
@@ -313,6 +342,14 @@ class S3FileStore(FileStore):
                 log.warning(f"{operation} s3://{self.bucket}/{key}: answered after "
                             f"{time.monotonic() - started:.1f} s and {failures} retries")
             return result
+
+    def _too_late(self, operation: str, key: str, error: BaseException | None,
+                  waited: float) -> str:
+        """The line of a request not sent because its ``within`` deadline had passed."""
+        if error is not None:
+            return self._unavailable(operation, key, error, waited)
+        return (f"{self._where()}: {operation} {key!r} not sent: the deadline of a lease write "
+                "had passed (the lease it was made under expired or was lost)")
 
     def _unavailable(self, operation: str, key: str, error: BaseException,
                      waited: float) -> str:
@@ -572,13 +609,26 @@ class S3FileStore(FileStore):
     def atomic_output(self, *parts: str) -> Iterator[pa.NativeFile]:
         """Spooled to a local temporary file (memory stays bounded), then uploaded in one PUT,
         or as a multipart upload beyond 64 MiB: either way the object appears only when the
-        upload completes, and an error in the block uploads nothing."""
+        upload completes, and an error in the block uploads nothing.
+
+        In a store ``within`` a deadline every request of the upload is one of its bounded
+        requests (``_multipart``: each part, and the completion, is started only before the
+        deadline and ends within ``bounded_attempt_seconds`` of it when stalled). What bounds
+        the total: the object appears only by the last request (the one PUT, or the multipart
+        upload's completion, which carries no data), and that request is started before the
+        deadline; its timeouts are per socket operation, so a healthy PUT of up to 64 MiB
+        takes its transfer time, while one whose transfer stalls (a partition) ends within the
+        connect plus read timeouts."""
         key = self.key(*parts)
         fd, spool = tempfile.mkstemp(prefix="cdc-s3-upload-")
         os.close(fd)
         try:
             with pa.OSFile(spool, "wb") as sink:
                 yield sink
+            if self._deadline is not None and \
+                    os.path.getsize(spool) > _TRANSFER.multipart_threshold:
+                self._multipart(key, spool)
+                return
             try:
                 self._request("PUT", key, lambda client: client.upload_file(
                     spool, self.bucket, key, Config=_TRANSFER))
@@ -589,6 +639,38 @@ class S3FileStore(FileStore):
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(spool)
+
+    def _multipart(self, key: str, spool: str) -> None:
+        """A multipart upload of ``spool`` made of separate requests, each through
+        ``_request`` (so in a store ``within`` a deadline each is sent only before it, where
+        boto3's ``upload_file`` would be one request to ``_request`` however many parts it
+        sends), in parts of ``_TRANSFER.multipart_chunksize``. The object appears only by the
+        completion; a failed upload is aborted (best effort: the bucket's lifecycle rule for
+        incomplete multipart uploads removes what an abort leaves)."""
+        try:
+            upload = self._request("PUT", key, lambda client: client.create_multipart_upload(
+                Bucket=self.bucket, Key=key))["UploadId"]
+        except ClientError as error:
+            self._raise(error, key, "PUT")
+        try:
+            done: list[dict[str, Any]] = []
+            with open(spool, "rb") as source:
+                while chunk := source.read(_TRANSFER.multipart_chunksize):
+                    number = len(done) + 1
+                    answer = self._request("PUT", key, lambda client, chunk=chunk, number=number:
+                                           client.upload_part(Bucket=self.bucket, Key=key,
+                                                              UploadId=upload, Body=chunk,
+                                                              PartNumber=number))
+                    done.append({"ETag": answer["ETag"], "PartNumber": number})
+            self._request("PUT", key, lambda client: client.complete_multipart_upload(
+                Bucket=self.bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": done}))
+        except BaseException as error:
+            with contextlib.suppress(Exception):
+                self._connection.bounded_client.abort_multipart_upload(
+                    Bucket=self.bucket, Key=key, UploadId=upload)
+            if isinstance(error, ClientError):
+                self._raise(error, key, "PUT")
+            raise
 
 
 _TRANSFER = TransferConfig(multipart_threshold=64 * 1024 * 1024,
@@ -606,6 +688,14 @@ def credentials_source(session: boto3.session.Session) -> str:
     method = getattr(credentials, "method", "unknown")
     origin = "AWS_ACCESS_KEY_ID" if method == "env" else method
     return f"{origin} {shown}"
+
+
+def _earlier(first: Deadline, second: Deadline) -> Deadline:
+    """The earlier of two deadlines (a callable when either is one)."""
+    if not callable(first) and not callable(second):
+        return min(first, second)
+    return lambda: min(first() if callable(first) else first,
+                       second() if callable(second) else second)
 
 
 def _transient(error: BaseException) -> bool:

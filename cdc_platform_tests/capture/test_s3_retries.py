@@ -2,15 +2,18 @@
 in-process S3: 503 SlowDown is retried with backoff (botocore's retry loop first, then the
 store's own until ``s3.retry_seconds``), refused connections for longer than botocore's attempts
 are ridden out, 409 ConditionalRequestConflict is repeated, a conditional put whose first attempt
-landed although its answer was lost is recognised as this write's, and a lease renewal stops
-retrying before the lease expires."""
+landed although its answer was lost is recognised as this write's, a lease renewal stops
+retrying before the lease expires, and the engine's writes under its lease (a store ``within``
+the lease's expiry) are never sent after it, nor its successor's before its writes ended."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
 
+import pyarrow as pa
 import pytest
 from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ClientError, EndpointConnectionError
@@ -243,3 +246,130 @@ def test_a_lease_renewal_gives_up_before_the_lease_expires(store: S3FileStore):
     while time.monotonic() < expires:
         time.sleep(0.2)
     assert not lease.held
+
+
+# ---- the engine's writes under its lease: never after the lease's expiry ------------------------
+
+
+def test_a_store_within_a_passed_deadline_sends_nothing(store: S3FileStore):
+    attempts = _outage(store, "PutObject", 0.0)  # (counts the attempts, refuses none)
+    with pytest.raises(ObjectStoreUnavailableError, match="not sent: the deadline"):
+        store.within(time.monotonic() - 1).write_atomically("a.json", data=b"1")
+    with pytest.raises(ObjectStoreUnavailableError, match="not sent: the deadline"):
+        store.within(lambda: 0.0).child("x").write_atomically("a.json", data=b"1")
+    assert attempts == [] and store.read_bytes("a.json") is None
+
+
+def test_a_callable_deadline_moved_on_by_a_renewal_rides_an_outage_out(store: S3FileStore):
+    """The deadline is asked again before every retry: a renewal during an outage lets the
+    write go on past the deadline it began with, a lost lease (0) ends it at once."""
+    deadline = [time.monotonic() + 9.0]  # (an attempt needs 7 s before it: one retry at most)
+    attempts = _outage(store, "PutObject", 3.0)
+    renewal = threading.Timer(0.2, lambda: deadline.__setitem__(0, time.monotonic() + 60))
+    renewal.start()
+    store.within(lambda: deadline[0]).write_atomically("a.json", data=b"1")
+    renewal.join()
+    assert store.read_bytes("a.json") == b"1" and attempts[-1] - attempts[0] >= 3.0
+
+    attempts = _outage(store, "PutObject", 60.0)
+    lost = threading.Timer(1.0, lambda: deadline.__setitem__(0, 0.0))
+    lost.start()
+    started = time.monotonic()
+    with pytest.raises(ObjectStoreUnavailableError, match="the deadline of a lease write"):
+        store.within(lambda: deadline[0]).write_atomically("b.json", data=b"2")
+    lost.join()
+    assert time.monotonic() - started < 8.0  # (not the 60 s the deadline first allowed)
+    assert all(at < started + 1.0 + 0.2 for at in attempts)
+
+
+def test_a_multipart_upload_within_a_deadline_completes_only_before_it(
+        store: S3FileStore, monkeypatch: pytest.MonkeyPatch):
+    """Beyond the multipart threshold a bounded store sends each part and the completion as
+    requests of their own, each only before the deadline: a deadline passed after the first
+    part completes nothing (the object never appears); one that holds uploads it whole."""
+    from boto3.s3.transfer import TransferConfig
+
+    from cdc_platform.capture import s3store
+
+    mib = 1024 * 1024
+    monkeypatch.setattr(s3store, "_TRANSFER", TransferConfig(
+        multipart_threshold=5 * mib, multipart_chunksize=5 * mib, use_threads=False))
+    data = bytes(range(256)) * (11 * mib // 256)  # (3 parts)
+    bounded = store.within(lambda: time.monotonic() + 60)
+    with bounded.atomic_output("big.bin") as sink:
+        sink.write(data)
+    assert store.read_bytes("big.bin") == data
+
+    deadline = [time.monotonic() + 60]
+    parts: list[int] = []
+
+    def after_a_part(**_: object) -> None:
+        parts.append(1)
+        deadline[0] = 0.0  # (the lease expires after the first part)
+
+    store._connection.bounded_client.meta.events.register("after-call.s3.UploadPart",
+                                                          after_a_part)
+    with pytest.raises(ObjectStoreUnavailableError, match="not sent"), \
+            store.within(lambda: deadline[0]).atomic_output("late.bin") as sink:
+        sink.write(data)
+    assert parts == [1] and store.read_bytes("late.bin") is None
+
+
+def test_a_fenced_segment_write_never_lands_after_the_lease_expired(
+        store: S3FileStore, tmp_path, caplog):
+    """The engine holds its lease; the server stops answering (a partition) just as it
+    writes a segment: the write retries only while a retry can end before the lease's expiry
+    (not for s3.retry_seconds), then raises; nothing lands when the server is back. The
+    renewer's line says the store did not answer (one line, no traceback), not that another
+    engine took over."""
+    from cdc_platform.capture.landing.zone import LandingZone, LandingZoneTakenError
+    from cdc_platform.capture.schema import ColumnSpec, TableSchema
+
+    ttl = 12.0
+    zone = LandingZone(store, "demo", scratch=tmp_path, lease_ttl_seconds=ttl)
+    schema = TableSchema("shop", "orders", (ColumnSpec("id", "int"),), ("id",))
+    table = pa.table({"__cdc_pos": pa.array([1], pa.int64()), "__cdc_op": ["c"],
+                      "id": pa.array([1], pa.int64())})
+    with caplog.at_level("WARNING"), zone.engine_lock():
+        expiry = zone._lease.expiry
+        attempts = _outage(store, "PutObject", 600.0)
+        with pytest.raises(ObjectStoreUnavailableError, match="the deadline of a lease write"):
+            zone.write_segment(schema, table, 1, 1)
+        ended = time.monotonic()
+        attempt_seconds = store._connection.bounded_attempt_seconds
+        assert ended < expiry + attempt_seconds  # (not after 120 s of s3.retry_seconds)
+        assert attempts and all(at < expiry for at in attempts)
+        while not zone._lease_lost.is_set() and time.monotonic() < expiry + 10:
+            time.sleep(0.2)
+        with pytest.raises(LandingZoneTakenError):
+            zone.write_segment(schema, table, 1, 1)
+    time.sleep(1.0)
+    answering = LandingZone(S3FileStore(store.bucket, "zone", store.options), "demo")
+    assert answering.segment_names("shop", "orders") == []  # (nothing left to land either)
+    lines = [r for r in caplog.records if "engine lease was lost" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].exc_info is None
+    assert "the store did not answer before it expired" in lines[0].getMessage()
+    assert "another engine took over" not in lines[0].getMessage()
+    assert "\n" not in lines[0].getMessage()
+
+
+def test_an_engine_taking_over_an_expired_lease_waits_out_its_holders_writes(
+        store: S3FileStore, tmp_path, monkeypatch: pytest.MonkeyPatch):
+    """A successor's first write comes only ENGINE_LEASE_WAIT_SLACK_SECONDS after the
+    expires_at of the lease it took over (by then any write its cut-off holder began before
+    the expiry has ended); a released lease is taken over at once."""
+    from cdc_platform.capture.landing import zone as zone_module
+    from cdc_platform.capture.landing.zone import ENGINE_LEASE_FILE, Checkpoint, LandingZone
+
+    monkeypatch.setattr(zone_module, "ENGINE_LEASE_WAIT_SLACK_SECONDS", 3.0)
+    stale = LandingZone(store, "demo", scratch=tmp_path / "a", lease_ttl_seconds=1.0)
+    fresh = LandingZone(store, "demo", scratch=tmp_path / "b", lease_ttl_seconds=30.0)
+    monkeypatch.setattr(stale, "_renew_lease", lambda lease, stop: None)  # (frozen)
+    with stale.engine_lock():
+        expires_at = Lease(fresh.store, ENGINE_LEASE_FILE).current().expires_at
+        with fresh.engine_lock():
+            assert time.time() >= expires_at + 3.0
+            fresh.write_checkpoint(Checkpoint("demo", "mariadb", next_pos=2))
+    started = time.monotonic()
+    with stale.engine_lock():  # (fresh released it: no wait)
+        assert time.monotonic() - started < 2.0

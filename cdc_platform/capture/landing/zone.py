@@ -23,6 +23,7 @@ import os
 import re
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -40,6 +41,7 @@ from cdc_platform.capture.storage import (
     ArrowFileStore,
     FileStore,
     LocalFileStore,
+    StoreUnavailableError,
     fsync_directory,
     open_store,
     write_atomically,
@@ -74,7 +76,16 @@ XA_DIR = "xa"  # object stores: copies of the spill files the checkpoint names
 # blocks a new engine at most this long.
 ENGINE_LEASE_TTL_SECONDS = 60.0
 # How much longer than the lease's ttl a starting engine waits for an unrenewed lease (clock
-# skew, a slow read) before it is refused.
+# skew, a slow read) before it is refused; and how long after an expired (unreleased) lease's
+# expires_at an engine that took it over waits before its first write. The invariant that keeps
+# a cut-off engine's writes from landing after its successor's first one (and so after its
+# successor's ``remove_uncommitted``, which would leave them as duplicates): every write the
+# engine makes under its lease goes through ``LandingZone.store``, a store ``within`` the
+# lease's expiry (``Lease.expiry``, by the holder's monotonic clock and never later than the
+# ``expires_at`` it wrote), so no attempt starts after the expiry and a started one ends
+# within ``bounded_attempt_seconds`` of it (2 s connect + 5 s read timeout = 7 s, s3store):
+#   last attempt end < expiry + 7 s < expires_at + 10 s (this slack) <= successor's first write,
+# which holds while the two hosts' clocks are less than 3 s apart.
 ENGINE_LEASE_WAIT_SLACK_SECONDS = 10.0
 
 log = logging.getLogger(__name__)
@@ -481,6 +492,10 @@ class LandingZone(LandingReader):
                  lease_ttl_seconds: float = ENGINE_LEASE_TTL_SECONDS) -> None:
         store = url if isinstance(url, FileStore) else open_store(
             url, s3=s3, setting="landing_zone.url")
+        self._lease: Lease | None = None
+        self._lease_lost = threading.Event()
+        self._fenced = False
+        self._bounded: FileStore | None = None
         if isinstance(store, ArrowFileStore):
             raise ValueError(
                 f"landing_zone.url {store.uri}: the capture engine writes only local paths, "
@@ -494,11 +509,34 @@ class LandingZone(LandingReader):
             digest = hashlib.sha256(self.store.uri.encode()).hexdigest()[:16]
             self.root = scratch or Path(tempfile.gettempdir()) / "cdc_platform-scratch" / digest
         self.lease_ttl_seconds = lease_ttl_seconds
-        self._lease: Lease | None = None
-        self._lease_lost = threading.Event()
         self._checkpoint_etag: str | None = None
-        self._fenced = False
         self._xa_uploaded: set[str] = set()
+
+    @property
+    def store(self) -> FileStore:
+        """The zone's store: on object storage, while this engine holds the lease, the store
+        ``within`` the lease's expiry (``_lease_expiry``), so that each of the engine's writes
+        (segments, tables.json, XA copies, column renames, snapshot controls, markers...) is
+        sent only before the lease expires and ends within the store's
+        ``bounded_attempt_seconds`` of it (``ENGINE_LEASE_WAIT_SLACK_SECONDS``: the
+        invariant); a write past it raises ``ObjectStoreUnavailableError`` instead of landing
+        after a successor took over. Reads go through it too (single attempts with short
+        timeouts, retried until the expiry: an engine past it could do nothing with them).
+        Otherwise (local zones, no lease held) the plain store."""
+        bounded = self._bounded
+        return bounded if self._fenced and bounded is not None else self._store
+
+    @store.setter
+    def store(self, store: FileStore) -> None:
+        self._store = store
+
+    def _lease_expiry(self) -> float:
+        """The deadline of the engine's writes: the lease's expiry, as renewals move it on
+        (``time.monotonic()``); 0.0 once the lease is lost."""
+        lease = self._lease
+        if lease is None or self._lease_lost.is_set():
+            return 0.0
+        return lease.expiry
 
     @staticmethod
     def from_settings(settings: Settings, server_name: str | None = None) -> LandingZone:
@@ -572,10 +610,10 @@ class LandingZone(LandingReader):
 
     @contextlib.contextmanager
     def _engine_lease(self) -> Iterator[None]:
-        check = getattr(self.store, "check", None)
+        check = getattr(self._store, "check", None)
         if check is not None:
             check()  # (ObjectStoreError: one line naming landing_zone.url)
-        lease = Lease(self.store, ENGINE_LEASE_FILE)
+        lease = Lease(self._store, ENGINE_LEASE_FILE)
         holder = process_holder()
         # A restarted engine (a run retry, a pod restart) meets the lease of the engine it
         # replaces, killed without releasing it: it waits for that lease to expire rather
@@ -595,10 +633,12 @@ class LandingZone(LandingReader):
         renewer = threading.Thread(target=self._renew_lease, args=(lease, stop),
                                    name=f"lease-{self.server_name}", daemon=True)
         try:
-            versioned = self.store.read_versioned(CHECKPOINT_FILE)
-            self._checkpoint_etag = None if versioned is None else versioned[1]
-            self._lease, self._fenced = lease, True
+            self._lease, self._bounded = lease, self._store.within(self._lease_expiry)
             renewer.start()
+            self._wait_out_replaced(lease)
+            versioned = self._store.read_versioned(CHECKPOINT_FILE)
+            self._checkpoint_etag = None if versioned is None else versioned[1]
+            self._fenced = True
             self._restore_xa_files()  # (renewed meanwhile: large files take a while)
             yield
         finally:
@@ -606,25 +646,48 @@ class LandingZone(LandingReader):
             if renewer.is_alive():
                 renewer.join()
             self._lease, self._fenced, self._checkpoint_etag = None, False, None
+            self._bounded = None
             try:
                 lease.release()
             except Exception:  # noqa: BLE001 - it expires on its own
                 log.warning(f"landing zone {self.store.uri}: releasing the engine lease failed "
                             "(it expires on its own)", exc_info=True)
 
+    def _wait_out_replaced(self, lease: Lease) -> None:
+        """After taking over another engine's expired lease (not released, its holder not
+        known gone): wait until ``ENGINE_LEASE_WAIT_SLACK_SECONDS`` past its ``expires_at``
+        before the first write, so that a write that engine started before its lease expired
+        (cut off by a partition, still retrying) has ended by then (the invariant at
+        ``ENGINE_LEASE_WAIT_SLACK_SECONDS``). The lease is renewed meanwhile."""
+        replaced = lease.replaced
+        if replaced is None:
+            return
+        wait = replaced.expires_at + ENGINE_LEASE_WAIT_SLACK_SECONDS - time.time()
+        if wait > 0:
+            log.warning(f"landing zone {self._store.uri}: took over the expired lease of "
+                        f"{replaced.holder or 'unknown'}; waiting {wait:.0f} s for any write it "
+                        "began before its expiry to end before writing")
+            time.sleep(wait)
+
     def _renew_lease(self, lease: Lease, stop: threading.Event) -> None:
         interval = self.lease_ttl_seconds / 3
         while not stop.wait(interval):
+            why = "another engine took over the landing zone"
             try:
                 renewed = lease.renew()
+            except StoreUnavailableError as error:
+                # (the renewal retried until it could no longer land before the expiry)
+                renewed = False
+                why = f"the store did not answer before it expired: {error}"
             except Exception:  # noqa: BLE001 - retried at the next interval while held
-                log.warning(f"landing zone {self.store.uri}: renewing the engine lease failed",
+                log.warning(f"landing zone {self._store.uri}: renewing the engine lease failed",
                             exc_info=True)
                 renewed = lease.held
+                why = "it expired while its renewal failed"
             if not renewed:
                 self._lease_lost.set()
-                log.error(f"landing zone {self.store.uri}: the engine lease was lost (another "
-                          "engine took over the landing zone); no more writes")
+                log.error(f"landing zone {self._store.uri}: the engine lease was lost ({why}); "
+                          "no more writes")
                 return
 
     def _check_fence(self) -> None:
