@@ -455,8 +455,8 @@ class Settings(_Section):
     lake: LakeSettings = Field(default_factory=LakeSettings)
     reconcile: ReconcileSettings = Field(default_factory=ReconcileSettings)
     signals: SignalSettings = Field(default_factory=SignalSettings)
-    # The server names of the whole deployment, kept by ``for_source``'s one-source settings.
-    _deployment: tuple[str, ...] = PrivateAttr(default=())
+    # The whole deployment's settings, kept by ``for_source``'s one-source settings.
+    _deployment: Settings | None = PrivateAttr(default=None)
 
     @model_validator(mode="before")
     @classmethod
@@ -499,7 +499,13 @@ class Settings(_Section):
     @property
     def deployment_server_names(self) -> tuple[str, ...]:
         """Every source of the deployment, also from one source's settings (``for_source``)."""
-        return self._deployment or self.server_names
+        return self.deployment.server_names
+
+    @property
+    def deployment(self) -> Settings:
+        """The settings of every source, also from one source's settings (``for_source``):
+        what one source's definitions may refer to in another (the dbt models joining them)."""
+        return self._deployment or self
 
     @property
     def source(self) -> CapturedSource:
@@ -526,7 +532,7 @@ class Settings(_Section):
         for source in self.sources:
             if source.server_name == server_name:
                 one = self.model_copy(update={"sources": (source,)})
-                one._deployment = self.deployment_server_names
+                one._deployment = self.deployment
                 return one
         if server_name is None:
             raise ConfigError(f"the config has {len(self.sources)} sources "

@@ -1,4 +1,5 @@
-"""The dbt domain: the inventory models of ``dbt_project/`` as assets downstream of the lake.
+"""The dbt domain: the inventory models of ``dbt_project/`` as assets downstream of the lake
+(and ``customer_billing``, downstream of another source's billing tables too).
 
 dbt runs in its own process with its own Spark session (dbt-spark ``session`` method), which
 has the lake's Iceberg catalog as its default catalog (``project.spark_conf``): the models read
@@ -58,16 +59,22 @@ class LakeDbtTranslator(DagsterDbtTranslator):
 
 
 def _check_lineage(settings: Settings, database: str, manifest: Mapping[str, Any],
-                   keyed: list[TableSchema]) -> None:
-    """Every dbt source must be a target asset of this code location, or lineage breaks."""
+                   keyed: list[TableSchema], billing: str | None) -> None:
+    """Every dbt source must be a target asset of this code location, or lineage breaks: one
+    of this source's targets, or a billing table the ``billing`` source's config captures
+    (its assets are built beside these, from its own discovery)."""
     targets = {(settings.source.server_name, t.database, t.table) for t in keyed}
+    if billing:
+        targets |= {(billing, dbt_project.BILLING_DATABASE, table)
+                    for table in dbt_project.BILLING_TABLES}
     for source in manifest["sources"].values():
         key = tuple(source.get("meta", {}).get("dagster", {}).get("asset_key") or ())
         if key not in targets:
             raise ValueError(
                 f"dbt source {source['source_name']}.{source['name']} has asset key {list(key)}, "
                 f"which is not a target asset of server {settings.source.server_name!r} "
-                f"(database {database!r}); remove dbt_project/target and load again"
+                f"(database {database!r}) nor a billing table of another configured source; "
+                "remove dbt_project/target and load again"
             )
 
 
@@ -88,6 +95,8 @@ def build(settings: Settings, tables: list[TableSchema]) -> dg.Definitions:
     """dbt assets and the ``build_dbt_models`` job, when the inventory tables are captured.
 
     Without them (another source, another schema) the location loads without dbt assets.
+    When another configured source captures the billing tables, the model ``customer_billing``
+    joins them to these customers: two sources feeding one model.
     """
     keyed = [t for t in tables if t.primary_key]
     database = dbt_project.inventory_database(keyed)
@@ -95,10 +104,11 @@ def build(settings: Settings, tables: list[TableSchema]) -> dg.Definitions:
         return dg.Definitions()
     server = settings.source.server_name
     _check_models_namespace(settings, keyed)
-    project = dbt_project.dbt_project(server, database)
-    manifest_path = dbt_project.prepare(project, server, database)
+    billing = dbt_project.billing_server(settings)
+    project = dbt_project.dbt_project(server, database, billing)
+    manifest_path = dbt_project.prepare(project, server, database, billing)
     manifest = json.loads(manifest_path.read_text())
-    _check_lineage(settings, database, manifest, keyed)
+    _check_lineage(settings, database, manifest, keyed, billing)
 
     @dbt_assets(
         manifest=manifest_path,

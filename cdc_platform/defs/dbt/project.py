@@ -44,6 +44,9 @@ from cdc_platform.lake.spark import DEFAULT_CONF, merge_conf, settings_conf
 PROJECT_DIR_ENV = "CDC_DBT_PROJECT_DIR"
 INVENTORY_TABLES = ("customers", "products", "orders")
 DEFAULT_INVENTORY_DATABASE = "inventory"
+# The billing tables the model ``customer_billing`` joins to the inventory customers.
+BILLING_DATABASE = "billing"
+BILLING_TABLES = ("invoices", "payments")
 # The models' namespace is ``<server>_analytics``; asset keys say ``<server>/analytics/<model>``.
 MODELS_SCHEMA = "analytics"
 
@@ -90,19 +93,42 @@ def models_schema(server_name: str) -> str:
     return namespace_name(server_name, MODELS_SCHEMA)
 
 
-def parse_vars(server_name: str, database: str) -> dict[str, str]:
+def billing_server(settings: Settings) -> str | None:
+    """Another source of the deployment whose config captures the billing tables, if any: its
+    ``billing`` dbt source and the model joining it to this source's customers are enabled.
+
+    Read from the config alone (no source is asked), so every process parses the same project.
+    """
+    from cdc_platform.capture.source import selector_from_settings
+
+    deployment = settings.deployment
+    for name in deployment.server_names:
+        if name == settings.source.server_name:
+            continue
+        selector = selector_from_settings(deployment.for_source(name))
+        if all(selector.captures(BILLING_DATABASE, table) for table in BILLING_TABLES):
+            return name
+    return None
+
+
+def parse_vars(server_name: str, database: str,
+               billing: str | None = None) -> dict[str, str]:
+    """The vars shaping the manifest; ``billing``: the server of the billing source (empty:
+    the billing source and its model are disabled)."""
     return {
         "cdc_server_name": server_name,
         "cdc_inventory_database": database,
         "cdc_inventory_schema": namespace_name(server_name, database),
         "cdc_models_schema": models_schema(server_name),
+        "cdc_billing_server_name": billing or "",
+        "cdc_billing_schema": namespace_name(billing, BILLING_DATABASE) if billing else "",
     }
 
 
-def dbt_project(server_name: str, database: str) -> DbtProject:
-    """The project with its own manifest location for this (server, database)."""
-    return DbtProject(project_dir=project_dir(),
-                      target_path=Path("target") / namespace_name(server_name, database))
+def dbt_project(server_name: str, database: str, billing: str | None = None) -> DbtProject:
+    """The project with its own manifest location for this (server, database, billing)."""
+    name = namespace_name(server_name, database) + (f"+{billing}" if billing else "")
+    return DbtProject(project_dir=project_dir(), target_path=Path("target") / name)
 
 
 def _newest_source_mtime(root: Path) -> float:
@@ -117,7 +143,8 @@ def _is_fresh(project: DbtProject) -> bool:
         project.project_dir)
 
 
-def prepare(project: DbtProject, server_name: str, database: str) -> Path:
+def prepare(project: DbtProject, server_name: str, database: str,
+            billing: str | None = None) -> Path:
     """Parse the project unless its manifest is newer than every project file; return its path.
 
     Processes loading the code location at the same time take turns on a lock file, so one
@@ -131,7 +158,7 @@ def prepare(project: DbtProject, server_name: str, database: str) -> Path:
             try:
                 if not _is_fresh(project):
                     args = ["parse", "--quiet", "--vars",
-                            json.dumps(parse_vars(server_name, database))]
+                            json.dumps(parse_vars(server_name, database, billing))]
                     dbt_resource(project).cli(args, target_path=target).wait()
             finally:
                 with contextlib.suppress(OSError):
@@ -166,7 +193,7 @@ def spark_conf(settings: Settings) -> dict[str, str]:
 def run_vars(settings: Settings, database: str) -> dict[str, Any]:
     """All vars of one dbt invocation on the inventory tables of ``database``."""
     return {
-        **parse_vars(settings.source.server_name, database),
+        **parse_vars(settings.source.server_name, database, billing_server(settings)),
         "cdc_spark_conf": spark_conf(settings),
     }
 
@@ -182,7 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "prepare":
         server = args.server or settings().for_source(None).source.server_name
-        print(prepare(dbt_project(server, args.database), server, args.database))
+        configured = settings()
+        billing = (billing_server(configured.for_source(server))
+                   if server in configured.server_names else None)
+        print(prepare(dbt_project(server, args.database, billing), server, args.database,
+                      billing))
         return 0
     print(json.dumps(run_vars(settings().for_source(args.server), args.database)))
     return 0
