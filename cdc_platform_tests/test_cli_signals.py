@@ -192,8 +192,9 @@ def test_ui_stops_everything_on_a_signal(tmp_path: Path, sig: signal.Signals) ->
         _stop_and_check(command, sig)
         assert "stopped everything this command started" in command.output()
         assert not _ui_answers(port)
-        datadir = tmp_path / "cdc" / "demo" / "mariadb" / "data"
-        assert find_processes("mariadbd", f"--datadir={datadir}") == []
+        for server in ("mariadb", "mariadb-billing"):  # both sources' servers
+            datadir = tmp_path / "cdc" / "demo" / server / "data"
+            assert find_processes("mariadbd", f"--datadir={datadir}") == []
 
 
 @needs_services
@@ -237,8 +238,9 @@ def test_demo_stops_everything_on_ctrl_c_while_streaming(tmp_path: Path) -> None
         def streaming() -> bool:
             running = " ".join(command.commands())
             return all(part in running for part in
-                       ("mariadbd", "tansu", "dagster-daemon", "-j stream_changes"))
-        command.wait_for("the daemon and the stream_changes run", streaming, 180)
+                       ("mariadbd", "tansu", "dagster-daemon", "-j demo_stream_changes",
+                        "-j billing_stream_changes"))
+        command.wait_for("the daemon and both sources' stream_changes runs", streaming, 180)
         _stop_and_check(command, signal.SIGINT, expected_code=128 + signal.SIGINT)
         assert "stopped everything this command started" in command.output()
 

@@ -26,9 +26,11 @@ MINIMAL = {
 def test_demo_config_is_the_default_and_valid(monkeypatch):
     monkeypatch.delenv("CDC_PLATFORM_CONFIG", raising=False)
     monkeypatch.setenv("CDC_SOURCE_PORT", "4406")
+    monkeypatch.setenv("CDC_BILLING_PORT", "4407")
     settings = load_settings()
-    assert settings.source.server_name == "demo"
-    assert settings.source.port == 4406
+    assert settings.server_names == ("demo", "billing")
+    assert settings.for_source("demo").source.port == 4406
+    assert settings.for_source("billing").source.port == 4407
     assert Path(DEMO_CONFIG).is_file()
 
 

@@ -1,13 +1,16 @@
 """``make demo`` and ``make ui``: zero configuration, everything under ``.cdc/``.
 
-The demo starts a private MariaDB and a private Kafka-compatible broker (Tansu), creates and
-loads the ``inventory`` database, and then works exactly as a user would, through Dagster: the
-Dagster daemon runs the signal sensor; the ``stream_changes`` job runs (``dagster job execute``)
-while a write workload runs; an ``execute-snapshot`` signal for ``inventory.orders`` goes to the
-signal topic (``python -m cdc_platform signal``), and the sensor launches the table's snapshot
-run, which finishes while the workload still writes; then ``materialise_targets`` folds the
-changes into the lake tables and reconciles each against the source, and ``build_dbt_models``
-builds the dbt models on them. Runs land in ``.cdc/dagster_home``, so ``make ui`` shows them
+The demo captures two sources, each a private MariaDB: ``demo`` with the ``inventory``
+database and ``billing`` with its invoices of the inventory customers (``demo.billing``); and a
+private Kafka-compatible broker (Tansu) carries the signals. It works exactly as a user would,
+through Dagster: the Dagster daemon runs the signal sensors; each source's ``stream_changes``
+job runs (``dagster job execute``; ``<server>_stream_changes``, as the config has two sources)
+while write workloads run on both; an ``execute-snapshot`` signal for ``inventory.orders`` goes
+to the signal topic (``python -m cdc_platform signal --source demo``), and the sensor launches
+the table's snapshot run, which finishes while the workload still writes; then each source's
+``materialise_targets`` folds its changes into the lake tables and reconciles each against its
+source, and ``demo_build_dbt_models`` builds the dbt models on them, ``customer_billing``
+joining the two sources. Runs land in ``.cdc/dagster_home``, so ``make ui`` shows them
 afterwards.
 
 ``make demo-s3`` (``--s3``) runs the same demo with the landing zone and the lake on a private
@@ -41,6 +44,13 @@ DEMO_DIR = CDC_HOME / "demo"
 DAGSTER_HOME = CDC_HOME / "dagster_home"
 DEMO_PASSWORD = "cdc"
 DEMO_CONFIG_PATH = Path(__file__).parent / "demo.yaml"
+#: The demo config's two sources (``demo.yaml``) and what each captures.
+INVENTORY_SOURCE = "demo"
+BILLING_SOURCE = "billing"
+INVENTORY_TABLES = ("inventory", ("customers", "products", "orders"))
+BILLING_TABLES = ("billing", ("invoices", "payments"))
+#: The dbt model the two sources feed.
+JOINED_MODEL = (INVENTORY_SOURCE, "analytics", "customer_billing")
 
 _DAGSTER_YAML = """\
 # Written by `make demo` / `make ui`. At most one streaming run and one applier per source.
@@ -70,7 +80,14 @@ SNAPSHOT_TABLE = "inventory.orders"
 SNAPSHOT_RUN_TIMEOUT_SECONDS = 600.0
 
 
-def _environment(server: MariaDBServer, broker: TansuBroker,
+def _servers() -> tuple[MariaDBServer, MariaDBServer]:
+    """The demo's two MariaDB servers: the inventory source's and the billing source's."""
+    return (MariaDBServer(base_dir=DEMO_DIR / "mariadb", server_id=1, cdc_password=DEMO_PASSWORD),
+            MariaDBServer(base_dir=DEMO_DIR / "mariadb-billing", server_id=2,
+                          cdc_password=DEMO_PASSWORD))
+
+
+def _environment(server: MariaDBServer, billing: MariaDBServer, broker: TansuBroker,
                  s3: SeaweedFS | None = None) -> dict[str, str]:
     """The environment of the demo's processes: its services, its Dagster home, and the
     embedded demo config, or with ``s3`` the object-storage config written beside it and the
@@ -81,6 +98,9 @@ def _environment(server: MariaDBServer, broker: TansuBroker,
         "CDC_SOURCE_HOST": server.host,
         "CDC_SOURCE_PORT": str(server.port),
         "CDC_SOURCE_PASSWORD": DEMO_PASSWORD,
+        "CDC_BILLING_HOST": billing.host,
+        "CDC_BILLING_PORT": str(billing.port),
+        "CDC_BILLING_PASSWORD": DEMO_PASSWORD,
         "CDC_KAFKA_BOOTSTRAP": broker.bootstrap_servers,
         "DAGSTER_HOME": str(DAGSTER_HOME),
         "PYSPARK_PYTHON": sys.executable,
@@ -261,57 +281,78 @@ def run_demo(orders: int = 100_000, workload_seconds: float = 20.0, s3: bool = F
 
 def _run_demo(supervisor: ProcessSupervisor, orders: int, workload_seconds: float,
               s3: bool = False) -> int:
+    from cdc_platform.defs.names import scoped_name
+    from cdc_platform.demo import billing as billing_db
     from cdc_platform.demo.inventory import Workload, create_schema, load_initial_data
 
     if DEMO_DIR.exists():
         shutil.rmtree(DEMO_DIR)  # every demo starts from an empty source and lake
     DEMO_DIR.mkdir(parents=True)
     _prepare_dagster_home()
-    server = MariaDBServer(base_dir=DEMO_DIR / "mariadb", server_id=1,
-                           cdc_password=DEMO_PASSWORD)
+    server, billing = _servers()
     broker = _broker()
-    _say(f"starting a private MariaDB in {DEMO_DIR / 'mariadb'} and a Kafka-compatible broker "
-         "(Tansu) for the signal topic")
+    _say(f"starting two private MariaDB servers in {DEMO_DIR / 'mariadb'} (source "
+         f"{INVENTORY_SOURCE!r}: inventory) and {DEMO_DIR / 'mariadb-billing'} (source "
+         f"{BILLING_SOURCE!r}: billing), and a Kafka-compatible broker (Tansu) for the signal "
+         "topic")
     supervisor.start_service(server)
+    supervisor.start_service(billing)
     workload: Workload | None = None
     try:
         supervisor.start_service(broker)
         seaweedfs = _start_seaweedfs(supervisor) if s3 else None
-        env = _environment(server, broker, seaweedfs)
+        env = _environment(server, billing, broker, seaweedfs)
         from cdc_platform.defs.signals.sensors import sensor_name
 
-        settings = _demo_settings(env)
-        sensor = sensor_name(settings)
-        _say("starting the Dagster daemon (runs the signal sensor and launches its runs)")
+        deployment = _demo_settings(env)
+        sources = [deployment.for_source(name) for name in (INVENTORY_SOURCE, BILLING_SOURCE)]
+        inventory_settings = sources[0]
+        sensor = sensor_name(inventory_settings)
+        _say("starting the Dagster daemon (runs the signal sensors and launches their runs)")
         daemon = _dagster_daemon(supervisor, env)
         started = time.monotonic()
-        _say(f"creating the inventory database with {orders:,} orders")
+        _say(f"creating the inventory database with {orders:,} orders, and the billing "
+             "database with invoices of the inventory customers")
         with server.root_connect() as conn:
             create_schema(conn)
             load_initial_data(conn, orders=orders)
+        with billing.root_connect() as conn:
+            billing_db.create_schema(conn)
+            billing_db.load_initial_data(conn)
         _say(f"loaded in {time.monotonic() - started:.1f}s")
 
         workload = Workload(server.connection_settings(user="root"), rate=150.0)
-        _say("streaming (job stream_changes) while a write workload runs")
-        launched = _dagster_job(supervisor, env, "stream_changes", {"ops": {"capture_changes": {
-            "config": {"stop_when_caught_up": True, "caught_up_idle_seconds": 4.0,
-                       "progress_seconds": 5.0}}}}, background=True)
-        assert isinstance(launched, subprocess.Popen)
-        stream = launched
+        streams: dict[str, subprocess.Popen[bytes]] = {}
+        for source in sources:
+            job = scoped_name(source, "stream_changes")
+            _say(f"streaming source {source.source.server_name!r} (job {job})")
+            launched = _dagster_job(supervisor, env, job, {"ops": {
+                scoped_name(source, "capture_changes"): {"config": {
+                    "stop_when_caught_up": True, "caught_up_idle_seconds": 4.0,
+                    "progress_seconds": 5.0}}}}, background=True)
+            assert isinstance(launched, subprocess.Popen)
+            streams[job] = launched
+        _say("write workloads on both sources while they stream")
         workload.start(seconds=24 * 3600)  # until the snapshot has finished, stopped below
         workload_started = time.monotonic()
+        with billing.root_connect() as conn:
+            billing_db.write_some(conn)
         _say(f"asking for a snapshot of {SNAPSHOT_TABLE} through the signal topic "
-             f"{settings.signals.topic!r}; the sensor {sensor} launches its run")
-        if not _send_signal(env, "execute-snapshot", SNAPSHOT_TABLE):
+             f"{deployment.signals.topic!r}; the sensor {sensor} launches its run")
+        if not _send_signal(env, "execute-snapshot", SNAPSHOT_TABLE, "--source",
+                            INVENTORY_SOURCE):
             _say("the signal could not be sent")
             return 1
+        # billing's stream may end before (caught up after its few writes): it is waited for
+        inventory_job = scoped_name(inventory_settings, "stream_changes")
         run = _wait_for_snapshot_run(sensor, workload_started, workload_seconds,
-                                     {"dagster-daemon": daemon, "stream_changes": stream})
+                                     {"dagster-daemon": daemon,
+                                      inventory_job: streams[inventory_job]})
         stats = workload.stop()
         workload = None
         _say(f"workload done: {stats.transactions} transactions committed, "
              f"{stats.rolled_back} rolled back (it wrote all through the snapshot); waiting for "
-             "the stream to catch up")
+             "the streams to catch up")
         if run is None:
             return 1
         if run.status.value != "SUCCESS":
@@ -319,28 +360,37 @@ def _run_demo(supervisor: ProcessSupervisor, orders: int, workload_seconds: floa
                  f"(make ui) or {DEMO_DIR / 'dagster-daemon.log'}")
             return 1
         _say(_snapshot_summary(run))
-        if supervisor.wait(stream) != 0:
-            _say(f"stream_changes failed: see {DEMO_DIR / 'stream_changes.log'}")
-            return 1
+        for job, stream in streams.items():
+            if supervisor.wait(stream) != 0:
+                _say(f"{job} failed: see {DEMO_DIR / (job + '.log')}")
+                return 1
 
-        _say("materialising the lake tables and reconciling them (job materialise_targets)")
-        code = _dagster_job(supervisor, env, "materialise_targets")
+        code = 0
+        for source in sources:
+            job = scoped_name(source, "materialise_targets")
+            _say(f"materialising and reconciling the lake tables of source "
+                 f"{source.source.server_name!r} (job {job})")
+            code = code or _dagster_job(supervisor, env, job)
         if code == 0:
-            _say("building the dbt models on the lake tables (job build_dbt_models)")
-            code = _dagster_job(supervisor, env, "build_dbt_models")
-        ok = _print_summary(server, env, settings, seaweedfs) and code == 0
-        _say("all tables reconcile: zero differences" if ok else
-             f"differences found or a run failed: see {DEMO_DIR}/*.log")
+            job = scoped_name(inventory_settings, "build_dbt_models")
+            _say(f"building the dbt models on the lake tables, {JOINED_MODEL[-1]} joining both "
+                 f"sources (job {job})")
+            code = _dagster_job(supervisor, env, job)
+        ok = _print_summary({INVENTORY_SOURCE: server, BILLING_SOURCE: billing}, env,
+                            deployment, seaweedfs) and code == 0
+        _say("all tables of both sources reconcile: zero differences, and the joined model is "
+             "built" if ok else f"differences found or a run failed: see {DEMO_DIR}/*.log")
         print()
         print("See the runs (the snapshot run launched by the signal sensor among them), "
-              "materialisations and reconcile checks in the Dagster UI:")
+              "materialisations, reconcile checks and the lineage of both sources into "
+              f"{JOINED_MODEL[-1]} in the Dagster UI:")
         print("    make ui        # then open http://127.0.0.1:3000")
         return 0 if ok else 1
     finally:
         if workload is not None:
             workload.stop()
-        # the supervisor then stops the stream first (it checkpoints), the daemon, the broker
-        # and the server
+        # the supervisor then stops the streams first (they checkpoint), the daemon, the
+        # broker and the servers
 
 
 def _start_seaweedfs(supervisor: ProcessSupervisor) -> SeaweedFS:
@@ -358,66 +408,80 @@ def _start_seaweedfs(supervisor: ProcessSupervisor) -> SeaweedFS:
     return server
 
 
-def _print_summary(server: MariaDBServer, env: dict[str, str], settings: Settings,
-                   s3: SeaweedFS | None = None) -> bool:
-    """Per table: source rows, target rows, differences, events streamed, lag. With ``s3``,
-    target rows are read with pyiceberg through the REST catalog."""
+def _print_summary(servers: dict[str, MariaDBServer], env: dict[str, str],
+                   deployment: Settings, s3: SeaweedFS | None = None) -> bool:
+    """Per table of both sources: source rows, target rows, differences, events streamed,
+    lag; then whether the model joining them was built. With ``s3``, target rows are read with
+    pyiceberg through the REST catalog."""
     os.environ["DAGSTER_HOME"] = env["DAGSTER_HOME"]
     import dagster as dg
 
     instance = dg.DagsterInstance.get()
-    landing = LandingReader.open(settings.landing_zone.url, settings.source.server_name,
-                                 s3=settings.s3.options())
-    checkpoint = landing.read_checkpoint()
-    catalog_rows = _catalog_rows(s3, settings.source.server_name) if s3 is not None else None
-    events = _events_by_table(landing)
     print()
-    print(f"{'table':<24}{'source rows':>12}{'target rows':>12}{'differences':>12}"
+    print(f"{'table':<28}{'source rows':>12}{'target rows':>12}{'differences':>12}"
           f"{'events':>10}{'lag':>8}")
     all_ok = True
-    with server.root_connect() as conn, conn.cursor() as cur:
-        for table in ("customers", "products", "orders"):
-            cur.execute(f"SELECT COUNT(*) FROM inventory.{table}")
-            source_rows = cur.fetchone()[0]
-            key = dg.AssetKey(["demo", "inventory", table])
-            event = instance.get_latest_materialization_event(key)
-            target_rows: Any = "-"
-            if catalog_rows is not None:
-                target_rows = catalog_rows.get(table)
-                target_rows = "-" if target_rows is None else target_rows
-            elif event and event.asset_materialization:
-                target_rows = event.asset_materialization.metadata["rows"].value
-            differences: Any = "?"
-            check = _latest_check(instance, key)
-            if check is not None:
-                differences = sum(int(check.get(k, 0)) for k in ("missing", "extra", "different"))
-            all_ok &= differences == 0 and target_rows == source_rows
-            count, lag = events.get(table, (0, None))
-            lag_text = f"{lag:.1f}s" if lag is not None else "-"
-            print(f"{'inventory.' + table:<24}{source_rows:>12,}{target_rows:>12,}"
-                  f"{differences!s:>12}{count:>10,}{lag_text:>8}")
+    positions = []
+    for server_name, (database, tables) in ((INVENTORY_SOURCE, INVENTORY_TABLES),
+                                            (BILLING_SOURCE, BILLING_TABLES)):
+        landing = LandingReader.open(deployment.landing_zone.url, server_name,
+                                     s3=deployment.s3.options())
+        checkpoint = landing.read_checkpoint()
+        positions.append(f"{server_name} {checkpoint.gtid if checkpoint else '-'}")
+        catalog_rows = (_catalog_rows(s3, server_name, database, tables) if s3 is not None
+                        else None)
+        events = _events_by_table(landing, database, tables)
+        with servers[server_name].root_connect() as conn, conn.cursor() as cur:
+            for table in tables:
+                cur.execute(f"SELECT COUNT(*) FROM {database}.{table}")
+                source_rows = cur.fetchone()[0]
+                key = dg.AssetKey([server_name, database, table])
+                event = instance.get_latest_materialization_event(key)
+                target_rows: Any = "-"
+                if catalog_rows is not None:
+                    target_rows = catalog_rows.get(table)
+                    target_rows = "-" if target_rows is None else target_rows
+                elif event and event.asset_materialization:
+                    target_rows = event.asset_materialization.metadata["rows"].value
+                differences: Any = "?"
+                check = _latest_check(instance, key)
+                if check is not None:
+                    differences = sum(int(check.get(k, 0))
+                                      for k in ("missing", "extra", "different"))
+                all_ok &= differences == 0 and target_rows == source_rows
+                count, lag = events.get(table, (0, None))
+                lag_text = f"{lag:.1f}s" if lag is not None else "-"
+                name = f"{server_name}/{database}.{table}"
+                print(f"{name:<28}{source_rows:>12,}{target_rows:>12,}"
+                      f"{differences!s:>12}{count:>10,}{lag_text:>8}")
+    model = instance.get_latest_materialization_event(dg.AssetKey(list(JOINED_MODEL)))
+    built = model is not None
+    all_ok &= built
     print(f"\nevents: records landed (row changes, and the snapshot's chunk rows and range "
           "assertions); lag: from the newest change's commit on the source "
           f"to its landing (1 s clock resolution)\nstreamed up to GTID "
-          f"{checkpoint.gtid if checkpoint else '-'}; inventory.audit_log is excluded by the demo "
-          "config, and inventory.customers.password_hash never leaves the engine")
+          f"{'; '.join(positions)}; inventory.audit_log is excluded by the demo config, and "
+          "inventory.customers.password_hash never leaves the engine")
+    print(f"dbt model {'/'.join(JOINED_MODEL)} (billing's invoices and payments joined to "
+          f"inventory's customers): {'built in run ' + model.run_id if built else 'NOT built'}")
     if s3 is not None:
-        print(f"landing zone {settings.landing_zone.url} and warehouse {settings.warehouse.url} "
-              f"on S3 ({s3.endpoint_url}); target rows read with pyiceberg through the Iceberg "
-              f"REST catalog {s3.catalog_uri}")
+        print(f"landing zone {deployment.landing_zone.url} and warehouse "
+              f"{deployment.warehouse.url} on S3 ({s3.endpoint_url}); target rows read with "
+              f"pyiceberg through the Iceberg REST catalog {s3.catalog_uri}")
     return all_ok
 
 
-def _catalog_rows(s3: SeaweedFS, server_name: str) -> dict[str, int | None]:
+def _catalog_rows(s3: SeaweedFS, server_name: str, database: str,
+                  tables: tuple[str, ...]) -> dict[str, int | None]:
     """The targets' rows as the REST catalog serves them (``object_storage.target_rows``)."""
     from cdc_platform.demo.object_storage import target_rows
     from cdc_platform.lake.iceberg.catalog import namespace_name
 
-    return target_rows(s3, namespace_name(server_name, "inventory"),
-                       ["customers", "products", "orders"])
+    return target_rows(s3, namespace_name(server_name, database), list(tables))
 
 
-def _events_by_table(landing: LandingReader) -> dict[str, tuple[int, float | None]]:
+def _events_by_table(landing: LandingReader, database: str, tables: tuple[str, ...]
+                     ) -> dict[str, tuple[int, float | None]]:
     """Records landed per table, and the lag of its newest change (landed - committed: the
     segment's modification or upload time), read through the file layer on either store."""
     import pyarrow.compute as pc
@@ -425,9 +489,9 @@ def _events_by_table(landing: LandingReader) -> dict[str, tuple[int, float | Non
 
     found: dict[str, tuple[int, float | None]] = {}
     store = landing.store
-    for table in ("customers", "products", "orders"):
-        parts = changelog_parts("inventory", table)
-        names = [name for _, _, name in landing.segment_names("inventory", table)]
+    for table in tables:
+        parts = changelog_parts(database, table)
+        names = [name for _, _, name in landing.segment_names(database, table)]
         count = 0
         for name in names:
             fs, path = store.arrow(*parts, name)
@@ -455,28 +519,30 @@ def _latest_check(instance: Any, key: Any) -> dict[str, Any] | None:
 
 
 def run_ui(port: int = 3000) -> int:
-    """Start the demo's MariaDB (its data survives from ``make demo``), its broker and
-    ``dagster dev``. Ctrl-C or SIGTERM stops all of them (and whatever ``dagster dev`` started:
-    webserver, daemon, code servers, runs) and exits 0."""
+    """Start the demo's two MariaDB servers (their data survives from ``make demo``), its
+    broker and ``dagster dev``. Ctrl-C or SIGTERM stops all of them (and whatever ``dagster
+    dev`` started: webserver, daemon, code servers, runs) and exits 0."""
     try:
         with ProcessSupervisor() as supervisor:
             _prepare_dagster_home()
-            server = MariaDBServer(base_dir=DEMO_DIR / "mariadb", server_id=1,
-                                   cdc_password=DEMO_PASSWORD)
+            server, billing = _servers()
             supervisor.start_service(server)
+            supervisor.start_service(billing)
             broker = _broker()
             supervisor.start_service(broker)
-            env = _environment(server, broker)
-            _say(f"MariaDB on {server.host}:{server.port}, Kafka (Tansu) on "
+            env = _environment(server, billing, broker)
+            _say(f"MariaDB on {server.host}:{server.port} (source {INVENTORY_SOURCE!r}) and "
+                 f"{billing.host}:{billing.port} (source {BILLING_SOURCE!r}), Kafka (Tansu) on "
                  f"{broker.bootstrap_servers}; Dagster UI on http://127.0.0.1:{port} (Ctrl-C "
-                 "stops all three)")
-            _say("with the stream_changes job running, snapshot a table from another shell: "
-                 ".venv/bin/python -m cdc_platform signal execute-snapshot inventory.customers")
+                 "stops them all)")
+            _say("with the demo_stream_changes job running, snapshot a table from another "
+                 "shell: .venv/bin/python -m cdc_platform signal execute-snapshot "
+                 f"inventory.customers --source {INVENTORY_SOURCE}")
             command = [str(Path(sys.executable).with_name("dagster")), "dev", "-w",
                        "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)]
             dagster_dev = supervisor.spawn("dagster dev", command, env=env,
                                            stop_signal=signal.SIGINT,
                                            grace=DAGSTER_STOP_GRACE_SECONDS)
-            return supervisor.wait(dagster_dev, services=(server, broker))
+            return supervisor.wait(dagster_dev, services=(server, billing, broker))
     except Interrupted:
         return 0

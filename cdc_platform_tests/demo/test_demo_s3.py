@@ -48,7 +48,8 @@ def _embedded() -> dict[str, Any]:
 
 def _settings(config: dict[str, Any]) -> Any:
     with pytest.MonkeyPatch.context() as env:
-        for name in ("CDC_SOURCE_HOST", "CDC_SOURCE_PORT", "CDC_KAFKA_BOOTSTRAP", "CDC_HOME"):
+        for name in ("CDC_SOURCE_HOST", "CDC_SOURCE_PORT", "CDC_BILLING_HOST",
+                     "CDC_BILLING_PORT", "CDC_KAFKA_BOOTSTRAP", "CDC_HOME"):
             env.delenv(name, raising=False)
         return parse_settings(config, "demo-s3 config")
 
@@ -67,7 +68,7 @@ def test_the_s3_config_moves_only_the_storage_to_the_server() -> None:
         (FAKE_SERVER.endpoint_url, "us-east-1", True)
     # everything else is the embedded demo config, which `make demo` keeps using unchanged
     plain = _settings(embedded)
-    for section in ("source", "capture", "spark", "signals", "lake", "reconcile"):
+    for section in ("sources", "spark", "signals", "lake", "reconcile"):
         assert getattr(settings, section) == getattr(plain, section), section
     assert not plain.landing_zone.url.startswith("s3://")
     assert plain.warehouse.catalog.type == "hadoop"
@@ -162,8 +163,10 @@ def test_demo_s3_stops_everything_on_ctrl_c_while_streaming(tmp_path: Path) -> N
         def streaming() -> bool:
             running = " ".join(command.commands())
             return all(part in running for part in
-                       ("mariadbd", "tansu", "weed mini", "dagster-daemon", "-j stream_changes"))
-        command.wait_for("SeaweedFS, the daemon and the stream_changes run", streaming, 180)
+                       ("mariadbd", "tansu", "weed mini", "dagster-daemon",
+                        "-j demo_stream_changes", "-j billing_stream_changes"))
+        command.wait_for("SeaweedFS, the daemon and both sources' stream_changes runs",
+                         streaming, 180)
         config = yaml.safe_load((tmp_path / "cdc" / "demo" / "config.yaml").read_text())
         assert config["landing_zone"]["url"].startswith("s3://")
         _stop_and_check(command, signal.SIGINT, expected_code=128 + signal.SIGINT)
