@@ -202,3 +202,41 @@ def test_a_captured_database_in_the_models_namespace_is_refused(lake):
               for db in (lake.db, "analytics") for table in dbt_project.INVENTORY_TABLES]
     with pytest.raises(ValueError, match=f"'analytics'.*'{lake.server_name}_analytics'"):
         dbt_defs.build(lake.settings, tables)
+
+
+def _with_billing_source(settings: Any) -> Any:
+    """``settings`` and a second source of the deployment capturing the billing tables."""
+    source = settings.source
+    tables = source.capture.tables.model_copy(update={"include": (r"billing\..*",),
+                                                      "exclude": ()})
+    billing = source.model_copy(update={
+        "server_name": f"{source.server_name}_billing", "server_id": source.server_id + 1,
+        "capture": source.capture.model_copy(update={"tables": tables})})
+    return settings.model_copy(update={"sources": (source, billing)})
+
+
+def test_another_sources_billing_tables_feed_the_joined_model(lake):
+    """Two sources feeding one model: the inventory source's dbt assets take the billing
+    source's target keys as the parents of ``customer_billing`` (the config names which source
+    captures billing), and the lineage check accepts them."""
+    deployment = _with_billing_source(lake.settings)
+    inventory = deployment.for_source(lake.server_name)
+    billing = deployment.server_names[1]
+    assert dbt_project.billing_server(inventory) == billing
+    assert dbt_project.billing_server(deployment.for_source(billing)) is None
+    assert dbt_project.run_vars(inventory, lake.db)["cdc_billing_schema"] == \
+        f"{billing}_billing"
+    tables = [TableSchema(lake.db, table, (ColumnSpec("id", "int"),), ("id",))
+              for table in dbt_project.INVENTORY_TABLES]
+    graph = dbt_defs.build(inventory, tables).resolve_asset_graph()
+    assert set(graph.get(_model_key(lake, "customer_billing")).parent_keys) == {
+        dg.AssetKey([lake.server_name, lake.db, "customers"]),
+        dg.AssetKey([billing, "billing", "invoices"]),
+        dg.AssetKey([billing, "billing", "payments"]),
+    }
+
+
+def test_without_a_billing_source_the_joined_model_is_disabled(lake, build):
+    assert dbt_project.billing_server(lake.settings) is None
+    keys = build["defs"].resolve_asset_graph().get_all_asset_keys()
+    assert _model_key(lake, "customer_billing") not in keys
