@@ -33,8 +33,8 @@ lint: bootstrap
 bench: bootstrap  ## performance ratios against bare baselines (printed, not asserted)
 	$(PY) -m bench
 
-stream: bootstrap  ## run the capture engine in the foreground on $$CDC_PLATFORM_CONFIG
-	$(PY) -m cdc_platform stream
+stream: bootstrap  ## run the capture engine in the foreground on $$CDC_PLATFORM_CONFIG (SOURCE=name picks one of several sources)
+	$(PY) -m cdc_platform stream $(if $(SOURCE),--source $(SOURCE))
 
 clean:  ## remove demo state (.cdc/); keeps the virtualenv
 	rm -rf .cdc
