@@ -11,6 +11,8 @@ from decimal import Decimal
 
 import pymysql
 
+from cdc_platform.demo.inventory import create_database
+
 TABLES = ("invoices", "payments")
 
 SCHEMA = """
@@ -33,12 +35,7 @@ CREATE TABLE IF NOT EXISTS {db}.payments (
 
 
 def create_schema(conn: pymysql.Connection, db: str = "billing") -> None:
-    with conn.cursor() as cur:
-        cur.execute(f"CREATE DATABASE IF NOT EXISTS `{db}`")
-        for statement in SCHEMA.format(db=f"`{db}`").split(";"):
-            if statement.strip():
-                cur.execute(statement)
-    conn.commit()
+    create_database(conn, db, SCHEMA)
 
 
 def load_initial_data(conn: pymysql.Connection, db: str = "billing", customers: int = 2_000,

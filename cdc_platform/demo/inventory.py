@@ -62,13 +62,19 @@ _LAST = ["Lovelace", "Hopper", "Torvalds", "Hamilton", "Thompson", "Liskov", "Di
 _NOTES = [None, "leave at door", "gift 🎁", "call first ☎", "fragile", "学生割引", None, None]
 
 
-def create_schema(conn: pymysql.Connection, db: str = "inventory") -> None:
+def create_database(conn: pymysql.Connection, db: str, schema: str) -> None:
+    """Create ``db`` and run ``schema`` (statements separated by ``;``, ``{db}`` for the
+    quoted database name) in it: the demo databases' one way of being created."""
     with conn.cursor() as cur:
         cur.execute(f"CREATE DATABASE IF NOT EXISTS `{db}`")
-        for statement in SCHEMA.format(db=f"`{db}`").split(";"):
+        for statement in schema.format(db=f"`{db}`").split(";"):
             if statement.strip():
                 cur.execute(statement)
     conn.commit()
+
+
+def create_schema(conn: pymysql.Connection, db: str = "inventory") -> None:
+    create_database(conn, db, SCHEMA)
 
 
 def _customer(rng: random.Random, i: int) -> tuple[Any, ...]:
