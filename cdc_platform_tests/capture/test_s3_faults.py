@@ -275,6 +275,20 @@ def _configure(env: CdcEnv, server: SeaweedFS) -> tuple[str, Path]:
     return url, env.write_config()
 
 
+def _streaming_under_load(env: CdcEnv, url: str, config: Path, ttl: float, tmp_path: Path,
+                          server: SeaweedFS) -> tuple[LandingReader, _Ledger, _Supervisor]:
+    """The zone's reader, and the engine (supervised, lease ttl ``ttl``) streaming while the
+    ledger's write load runs: the start every fault test here shares."""
+    reader = LandingReader(open_store(url, s3=s3_options(server)), env.server_name)
+    ledger = _Ledger(env)
+    ledger.create()
+    supervisor = _Supervisor(env, config, ttl, tmp_path)
+    supervisor.start()
+    supervisor.wait_streaming(120)
+    ledger.start()
+    return reader, ledger, supervisor
+
+
 def _wait_caught_up(reader: LandingReader, env: CdcEnv, timeout: float,
                     supervisor: _Supervisor) -> None:
     final = env.mariadb.query("SELECT @@GLOBAL.gtid_binlog_pos")[0][0]
@@ -294,14 +308,9 @@ def test_kill_9_mid_upload_then_restart_lands_every_change_exactly_once(
         cdc_env: CdcEnv, seaweedfs: SeaweedFS, s3_env: dict[str, str], tmp_path: Path):
     env, ttl = cdc_env, 8.0  # (longer than a child's start on a loaded machine)
     url, config = _configure(env, seaweedfs)
-    reader = LandingReader(open_store(url, s3=s3_options(seaweedfs)), env.server_name)
-    ledger = _Ledger(env)
-    ledger.create()
-    supervisor = _Supervisor(env, config, ttl, tmp_path)
+    reader, ledger, supervisor = _streaming_under_load(env, url, config, ttl, tmp_path,
+                                                       seaweedfs)
     rng = random.Random(9)
-    supervisor.start()
-    supervisor.wait_streaming(120)
-    ledger.start()
     restarts: list[float] = []
     try:
         for round_ in range(4):
@@ -344,13 +353,8 @@ def test_seaweedfs_stopped_under_the_streaming_engine_loses_and_repeats_nothing(
     exact."""
     env, ttl = cdc_env, 60.0
     url, config = _configure(env, seaweedfs)
-    reader = LandingReader(open_store(url, s3=s3_options(seaweedfs)), env.server_name)
-    ledger = _Ledger(env)
-    ledger.create()
-    supervisor = _Supervisor(env, config, ttl, tmp_path)
-    supervisor.start()
-    supervisor.wait_streaming(120)
-    ledger.start()
+    reader, ledger, supervisor = _streaming_under_load(env, url, config, ttl, tmp_path,
+                                                       seaweedfs)
     try:
         for down_seconds in (2.0, 20.0):
             time.sleep(3.0)
@@ -383,13 +387,8 @@ def test_an_outage_beyond_retry_seconds_stops_the_engine_with_one_line(
     url, _ = _configure(env, seaweedfs)
     env.overrides["s3"]["retry_seconds"] = 4.0
     config = env.write_config()
-    reader = LandingReader(open_store(url, s3=s3_options(seaweedfs)), env.server_name)
-    ledger = _Ledger(env)
-    ledger.create()
-    supervisor = _Supervisor(env, config, ttl, tmp_path)
-    supervisor.start()
-    supervisor.wait_streaming(120)
-    ledger.start()
+    reader, ledger, supervisor = _streaming_under_load(env, url, config, ttl, tmp_path,
+                                                       seaweedfs)
     try:
         time.sleep(2.0)
         seaweedfs.stop()
