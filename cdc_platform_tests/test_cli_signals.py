@@ -264,6 +264,7 @@ def test_devservices_up_foreground_stops_both(tmp_path: Path, sig: signal.Signal
                                          for cmd in command.commands()}
         _stop_and_check(command, sig)
         assert not (tmp_path / "dev" / "mariadb" / "state.json").exists()
+        assert not (tmp_path / "dev" / "mariadb-billing" / "state.json").exists()
         assert not (tmp_path / "dev" / "kafka" / "state.json").exists()
 
 

@@ -376,15 +376,22 @@ def test_cli_up_status_down(tmp_path: Path) -> None:
             line.removeprefix("export ").split("=", 1) for line in up.stdout.strip().splitlines()
         )
         assert set(env) >= {"CDC_SOURCE_HOST", "CDC_SOURCE_PORT", "CDC_KAFKA_BOOTSTRAP"}
+        # a server per source of the embedded demo config, under the variables it reads
+        assert set(env) >= {"CDC_BILLING_HOST", "CDC_BILLING_PORT", "CDC_BILLING_PASSWORD"}
+        assert env["CDC_BILLING_PORT"] != env["CDC_SOURCE_PORT"]
 
         # the services outlived the `up` command
-        with pymysql.connect(
-            host=env["CDC_SOURCE_HOST"],
-            port=int(env["CDC_SOURCE_PORT"]),
-            user=env["CDC_SOURCE_USER"],
-            password=env["CDC_SOURCE_PASSWORD"],
-        ) as conn:
-            conn.ping()
+        server_ids = set()
+        for prefix in ("CDC_SOURCE", "CDC_BILLING"):
+            with pymysql.connect(
+                host=env[f"{prefix}_HOST"],
+                port=int(env[f"{prefix}_PORT"]),
+                user=env[f"{prefix}_USER"],
+                password=env[f"{prefix}_PASSWORD"],
+            ) as conn, conn.cursor() as cur:
+                cur.execute("SELECT @@server_id")
+                server_ids.add(cur.fetchone()[0])
+        assert len(server_ids) == 2
         kafka = TansuBroker(tmp_path / "dev" / "kafka")
         assert kafka.attach() and kafka.bootstrap_servers == env["CDC_KAFKA_BOOTSTRAP"]
 
@@ -397,8 +404,9 @@ def test_cli_up_status_down(tmp_path: Path) -> None:
     finally:
         down = subprocess.run([*cli, "down", *base], capture_output=True, text=True, timeout=60)
     assert down.returncode == 0, down.stderr
-    datadir = tmp_path / "dev" / "mariadb" / "data"
-    assert find_processes("mariadbd", f"--datadir={datadir}") == []
+    for folder in ("mariadb", "mariadb-billing"):
+        datadir = tmp_path / "dev" / folder / "data"
+        assert find_processes("mariadbd", f"--datadir={datadir}") == []
     assert kafka.pid is not None and _wait_gone(kafka.pid, 5)
     status = subprocess.run([*cli, "status", *base], capture_output=True, text=True)
     assert status.returncode == 1 and "stopped" in status.stdout
