@@ -143,6 +143,29 @@ def test_each_source_lands_its_own_targets_equal_to_its_own_source(
         assert env.target_rows(spark, "items") == expected
 
 
+class SignalSensors:
+    """Every loaded source's signal sensor, ticked in config order as the daemon ticks them;
+    a call returns each one's run requests."""
+
+    def __init__(self, defs: dg.Definitions, settings: Settings) -> None:
+        self.defs = defs
+        repository = defs.get_repository_def()
+        names = {server: sensor_name(settings, server) for server in settings.server_names}
+        self.sensors = {server: repository.get_sensor_def(name) for server, name
+                        in names.items() if repository.has_sensor_def(name)}
+        self.cursors: dict[str, str | None] = {server: None for server in self.sensors}
+
+    def __call__(self, instance: dg.DagsterInstance) -> dict[str, list[dg.RunRequest]]:
+        requested = {}
+        for server, sensor in self.sensors.items():
+            with dg.build_sensor_context(instance=instance, definitions=self.defs,
+                                         cursor=self.cursors[server]) as context:
+                data = sensor.evaluate_tick(context)
+            self.cursors[server] = data.cursor or self.cursors[server]
+            requested[server] = list(data.run_requests or [])
+        return requested
+
+
 def test_a_signal_keyed_for_one_source_never_acts_on_the_other(
         signal_env: CdcEnv, pair: tuple[CdcEnv, CdcEnv],
         capfd: pytest.CaptureFixture[str]) -> None:
@@ -153,20 +176,7 @@ def test_a_signal_keyed_for_one_source_never_acts_on_the_other(
     _seed(a, 3)
     _seed(b, 3)
     settings = two_sources(a, b)
-    defs = build_definitions(settings)
-    sensors = {env.server_name: defs.resolve_sensor_def(sensor_name(settings.for_source(
-        env.server_name))) for env in (a, b)}
-    cursors: dict[str, str | None] = {name: None for name in sensors}
-
-    def tick(instance: dg.DagsterInstance) -> dict[str, list[dg.RunRequest]]:
-        requested = {}
-        for name, sensor in sensors.items():
-            with dg.build_sensor_context(instance=instance, definitions=defs,
-                                         cursor=cursors[name]) as context:
-                data = sensor.evaluate_tick(context)
-            cursors[name] = data.cursor or cursors[name]
-            requested[name] = list(data.run_requests or [])
-        return requested
+    tick = SignalSensors(build_definitions(settings), settings)
 
     with dg.instance_for_test() as instance:
         tick(instance)  # creates the topic
@@ -197,3 +207,36 @@ def test_a_source_that_cannot_be_wired_leaves_the_others_loaded(
     assert defs.resolve_asset_graph().has(dg.AssetKey([a.server_name, a.db, "items"]))
     problem = defs.resolve_sensor_def(f"{b.server_name}_load_problem")
     assert (problem.description or "").startswith(f"source {b.server_name!r}: not loaded: ")
+
+
+@pytest.mark.parametrize("first_source", ["unreachable", "not loaded"])
+def test_a_signal_keyed_for_no_source_is_rejected_once_whichever_sources_load(
+        signal_env: CdcEnv, pair: tuple[CdcEnv, CdcEnv], capfd: pytest.CaptureFixture[str],
+        first_source: str) -> None:
+    """The rejection is said by the first source whose sensor loaded: with the first source
+    unreachable (its sensor loads from the landing zone) and with it not loaded at all."""
+    from cdc_platform_tests.defs.test_signal_sensor import execute, send
+
+    a, b = pair
+    b.kafka_bootstrap = signal_env.kafka_bootstrap
+    _seed(a, 1)
+    _seed(b, 1)
+    a.catch_up()
+    if first_source == "unreachable":
+        a.overrides.setdefault("source", {})["port"] = _unused_port()
+    else:
+        (a.root / "landing" / a.server_name / "tables.json").write_text("{not json")
+    settings = two_sources(a, b)
+    tick = SignalSensors(build_definitions(settings), settings)
+    assert (a.server_name in tick.sensors) == (first_source == "unreachable")
+    assert b.server_name in tick.sensors
+    with dg.instance_for_test() as instance:
+        tick(instance)  # creates the topic
+        send(b, execute(b, "items"), key="nosuch")
+        capfd.readouterr()
+        requested = tick(instance)
+        logged = capfd.readouterr().err
+    assert not any(requested.values())
+    rejection = "no source of this deployment is named 'nosuch'"
+    assert rejection in logged, logged[-2000:]
+    assert sum(rejection in line for line in logged.splitlines()) == 1

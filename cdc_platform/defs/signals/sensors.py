@@ -52,8 +52,9 @@ ACTIVE_STATUSES = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
                    dg.DagsterRunStatus.CANCELING]
 
 
-def sensor_name(settings: Settings) -> str:
-    return f"{settings.source.server_name}_snapshot_signals"
+def sensor_name(settings: Settings, server_name: str | None = None) -> str:
+    """The signal sensor of ``settings``' source (or of the deployment's ``server_name``)."""
+    return f"{server_name or settings.source.server_name}_snapshot_signals"
 
 
 def run_key(topic_id: str, offset: int, table_id: str) -> str:
@@ -179,11 +180,22 @@ def _cancel_queued(context: dg.SensorEvaluationContext, tables: tuple[str, ...],
                          f"of {table}")
 
 
+def says_unknown_keys(settings: Settings, repository: dg.RepositoryDefinition | None) -> bool:
+    """Whether this source's sensor says why a message keyed for no source is rejected: the
+    sensor of the first source, in config order, whose signal sensor loaded, so the line is
+    said once, and still said when a source before it failed to load (it has no sensor then).
+    Without the repository (a sensor evaluated on its own) the first configured source's."""
+    servers = settings.deployment_server_names
+    loaded = [server for server in servers if repository is None
+              or repository.has_sensor_def(sensor_name(settings, server))]
+    return loaded[:1] == [settings.source.server_name]
+
+
 def _unknown_source(settings: Settings, key: bytes | None) -> str:
     """Why a message keyed for another source is rejected, when no source of the deployment
-    has its key (said by the first source's sensor only, so it is said once); else ''."""
+    has its key; else ''."""
     servers = settings.deployment_server_names
-    if settings.source.server_name != servers[0] or key is None:
+    if key is None:
         return ""
     name = key.decode("utf-8", "replace")
     if name in servers:
@@ -250,9 +262,10 @@ def build_sensor(settings: Settings, assets: dict[str, dg.AssetsDefinition]
         requests: list[dg.RunRequest] = []
         requested = {a.table_id for a in actions if isinstance(a, StartSnapshot)}
         keys_by_offset = {m.offset: m.key for m in batch.messages}
+        says_unknown = says_unknown_keys(settings, context.repository_def)
         for action in actions:
             if isinstance(action, Skipped):
-                unknown = action.foreign and _unknown_source(
+                unknown = action.foreign and says_unknown and _unknown_source(
                     settings, keys_by_offset.get(action.offset))
                 if unknown:
                     context.log.warning(f"{action.describe()}: {unknown}")
