@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,7 @@ from cdc_platform_tests.torture.compare import TableVerdict, compare_table
 PASSWORD_ENV = "CDC_TORTURE_SOURCE_PASSWORD"
 FAULTS_DB = "torture_faults"
 #: What the suite found, cell by cell and for the fault run (printed and written as JSON).
-REPORT: dict[str, Any] = {"cells": {}, "faults": None}
+REPORT: dict[str, Any] = {"cells": {}, "faults": None, "sources": None}
 _server_ids = iter(range(7000, 8000))
 
 
@@ -434,13 +434,22 @@ def _parquet_files(store: Any, *parts: str) -> Iterator[tuple[str, ...]]:
 
 def dagster_problems(settings: Any) -> list[str]:
     """The cell's tables must not break the Dagster code location (every table's assets)."""
+    try:
+        build_definitions(settings).get_repository_def()
+    except Exception as error:  # noqa: BLE001 - the cell's verdict
+        return [f"Dagster definitions do not load: {_one_line(error)}"]
+    return []
+
+
+def build_definitions(settings: Any) -> Any:
+    """The code location of ``settings`` (``cdc_platform.definitions.build_definitions``)."""
     if "cdc_platform.definitions" not in sys.modules:
         # Its import builds the definitions of $CDC_PLATFORM_CONFIG (else the demo's, whose
-        # source is not running): give it this source with no table, then build the cell's.
-        # (a local folder of its own: the cell's landing zone may be an s3:// prefix)
+        # sources are not running): give it the first source with no table, then build these.
+        # (a local folder of its own: the landing zone may be an s3:// prefix)
         quiet = Path(tempfile.mkdtemp(prefix="torture-import-")) / "import-config.yaml"
-        data = config_dict(_Source(settings.source), "import", quiet.parent / "import", ["^$"],
-                           "")
+        data = config_dict(_Source(settings.sources[0]), "import", quiet.parent / "import",
+                           ["^$"], "")
         quiet.write_text(yaml.safe_dump(data))
         saved = os.environ.get("CDC_PLATFORM_CONFIG")
         os.environ["CDC_PLATFORM_CONFIG"] = str(quiet)
@@ -454,13 +463,9 @@ def dagster_problems(settings: Any) -> list[str]:
                 os.environ.pop("CDC_PLATFORM_CONFIG", None)
             else:
                 os.environ["CDC_PLATFORM_CONFIG"] = saved
-    from cdc_platform.definitions import build_definitions
+    from cdc_platform.definitions import build_definitions as build
 
-    try:
-        build_definitions(settings).get_repository_def()
-    except Exception as error:  # noqa: BLE001 - the cell's verdict
-        return [f"Dagster definitions do not load: {_one_line(error)}"]
-    return []
+    return build(settings)
 
 
 def _snapshot(cluster: Cluster, settings: Any, landing: Any, cell: Cell) -> None:
@@ -565,10 +570,12 @@ FAULT_TABLES = {
 
 
 class Workload:
-    """Seeded random transactions on the fault tables of the primary, in a thread."""
+    """Seeded random transactions on the fault tables of ``database`` on the primary, in a
+    thread."""
 
-    def __init__(self, primary: MariaDBServer, seed: int, rate: float = 150.0) -> None:
-        self.primary, self.rate = primary, rate
+    def __init__(self, primary: MariaDBServer, seed: int, rate: float = 150.0,
+                 database: str = FAULTS_DB) -> None:
+        self.primary, self.rate, self.database = primary, rate, database
         self.random = random.Random(seed)
         self.stop = threading.Event()
         self.transactions = 0
@@ -577,9 +584,13 @@ class Workload:
         self._thread = threading.Thread(target=self._run, name="torture-workload", daemon=True)
 
     def create(self) -> None:
-        run_statements(self.primary, [f"CREATE DATABASE IF NOT EXISTS {FAULTS_DB}"] + [
-            f"CREATE TABLE {FAULTS_DB}.{name} {columns}"
+        run_statements(self.primary, [f"CREATE DATABASE IF NOT EXISTS {self.database}"] + [
+            f"CREATE TABLE {self.database}.{name} {columns}"
             for name, columns in FAULT_TABLES.items()])
+
+    @property
+    def tables(self) -> list[tuple[str, str]]:
+        return [(self.database, table) for table in FAULT_TABLES]
 
     def start(self) -> None:
         self._thread.start()
@@ -592,7 +603,7 @@ class Workload:
         r = self.random
         table = r.choice(list(FAULT_TABLES))
         kind = r.choices(("insert", "update", "delete"), (5, 4, 1))[0]
-        db = FAULTS_DB
+        db = self.database
         if table == "orders":
             key = r.randrange(1, 3000)
             if kind == "delete":
@@ -735,9 +746,22 @@ SNAPSHOT_TABLES = ("orders", "decimal_key", "composite", "ci_key", "unsigned_key
 SNAPSHOT_CHUNK_SIZE = 20
 
 
+#: The config of the fault run's engine streaming from ``replica`` (the data written to its
+#: config file).
+ConfigFor = Callable[[MariaDBServer], dict[str, Any]]
+
+
 def run_faults(cluster: Cluster, spark: Any, cells: list[Cell], root: Path, *, kills: int,
                seed: int, workload_seconds: float, snapshot_rounds: int = 0,
-               reader_kills: int = 0) -> FaultResult:
+               reader_kills: int = 0, config_for: ConfigFor | None = None,
+               source: str | None = None, database: str = FAULTS_DB,
+               while_streaming: Callable[[], None] | None = None) -> FaultResult:
+    """The fault run (phase 2) of ``cluster``'s fault tables and ``cells``. By default the
+    engine's config has one source of its own (``torture``); ``config_for`` gives it instead
+    (e.g. a ``sources:`` config), ``source`` naming the source under faults (its engine's
+    ``--source``; ``cells`` must then be captured by that config); ``database`` is where the
+    workload writes. ``while_streaming`` is run once halfway through the kills, while the
+    engine streams between two of them."""
     from cdc_platform.capture.landing.zone import (
         ENGINE_LEASE_TTL_SECONDS,
         ENGINE_LEASE_WAIT_SLACK_SECONDS,
@@ -748,41 +772,45 @@ def run_faults(cluster: Cluster, spark: Any, cells: list[Cell], root: Path, *, k
     started = time.monotonic()
     result = FaultResult(cells=[c.id for c in cells])
     rng = random.Random(seed)
-    workload = Workload(cluster.primary, seed)
+    workload = Workload(cluster.primary, seed, database=database)
     workload.create()
-    include = [rf"{re.escape(FAULTS_DB)}\..*"] + [p for c in cells for p in c.include_patterns()]
+    include = [rf"{re.escape(database)}\..*"] + [p for c in cells for p in c.include_patterns()]
     server_name = "torture"
     server_id = next(_server_ids)
     config = root / "config.yaml"
+    select = ("--source", source) if source else ()
 
-    def write_config(source: MariaDBServer) -> Any:
+    def write_config(replica: MariaDBServer) -> Any:
         # "" = from the start of the binlog: every cell's history is replayed under the faults.
-        data = config_dict(source, server_name, root, include, "", server_id)
+        data = (config_for(replica) if config_for is not None
+                else config_dict(replica, server_name, root, include, "", server_id))
         config.write_text(yaml.safe_dump(data, allow_unicode=True))
-        return parse_settings(data, "torture faults")
+        return parse_settings(data, "torture faults").for_source(source)
 
     settings = write_config(cluster.replica1)
     landing = LandingZone.from_settings(settings)
     # On object storage a killed engine leaves its lease behind: the next engine waits it out.
     progress_timeout = 30.0 + (0.0 if STORAGE.s3 is None
                                else ENGINE_LEASE_TTL_SECONDS + ENGINE_LEASE_WAIT_SLACK_SECONDS)
-    engine = EngineProcess(config, root)
+    engine = EngineProcess(config, root, ("stream", *select))
     readers: list[EngineProcess] = []
     workload.start()
     deadline = time.monotonic() + workload_seconds
     engine.start()
     for round_ in range(max(kills, snapshot_rounds)):
+        if while_streaming is not None and round_ == kills // 2:
+            while_streaming()
         lifetime = rng.uniform(0.5, max(1.0, 0.8 * workload_seconds / (kills + 1)))
         if round_ < snapshot_rounds:  # a snapshot beside the engine, as a signal would ask
             table = SNAPSHOT_TABLES[round_ % len(SNAPSHOT_TABLES)]
-            reader = EngineProcess(config, root, ("snapshot", f"{FAULTS_DB}.{table}",
+            reader = EngineProcess(config, root, ("snapshot", *select, f"{database}.{table}",
                                                   "--chunk-size", str(SNAPSHOT_CHUNK_SIZE)),
                                    name=f"reader-{round_}-{table}")
             reader.start()
             readers.append(reader)
             result.snapshot_rounds += 1
             if round_ < reader_kills:  # kill -9 mid-snapshot; the next reader resumes it
-                _wait_chunks_committed(landing, f"{FAULTS_DB}.{table}", rng.randint(1, 4),
+                _wait_chunks_committed(landing, f"{database}.{table}", rng.randint(1, 4),
                                        reader, timeout=progress_timeout)
                 code = reader.exited()
                 if code is None:
@@ -851,7 +879,7 @@ def run_faults(cluster: Cluster, spark: Any, cells: list[Cell], root: Path, *, k
         result.failover = f"catch-up on replica 2 exited {code}: {engine.tail()}"
     # The platform re-snapshots tables a DDL left stale (the sensor's rule) after failover too.
     _run_requested_snapshots(settings, LandingZone.from_settings(settings))
-    tables = sorted(set(landed_tables(settings)) | {(FAULTS_DB, t) for t in FAULT_TABLES}
+    tables = sorted(set(landed_tables(settings)) | set(workload.tables)
                     | {t for c in cells for t in c.tables})
     result.tables = materialise_and_compare(spark, settings, cluster.primary, tables)
     result.seconds = time.monotonic() - started
