@@ -6,6 +6,9 @@ default 10), ``TORTURE_SEED`` (kill points and workload, default 13),
 cells whose id matches, e.g. ``types/.*latin1``), ``TORTURE_REPORT`` (also write the JSON report
 there).
 
+``test_torture_sources`` (issue 24's acceptance run: two topologies, one deployment) has knobs of
+its own: ``TORTURE_SOURCES_KILLS`` (default 5), ``TORTURE_SOURCES_SECONDS`` (default 40).
+
 ``make torture-s3`` (``test_torture_s3``) runs the fault run again with the landing zone and the
 warehouse on a SeaweedFS it starts (``harness.STORAGE``), targets read back with pyiceberg
 through its Iceberg REST catalog, and snapshot rounds beside the engine
@@ -58,7 +61,7 @@ def report_path(config: pytest.Config) -> Path | None:
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config
                             ) -> None:
-    if not REPORT["cells"] and REPORT["faults"] is None:
+    if not REPORT["cells"] and REPORT["faults"] is None and REPORT["sources"] is None:
         return
     write = terminalreporter.write_line
     terminalreporter.section("torture report")
@@ -84,6 +87,19 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             write(f"snapshots: {faults['snapshots_done']}/{faults['snapshot_rounds']} rounds "
                   f"done, {faults['reader_kills']} readers killed mid-snapshot")
         for line in faults["engine_exits"] + faults["snapshot_problems"] + bad:
+            write(f"  {line[:400]}")
+    sources = REPORT["sources"]
+    if sources is not None:
+        a, bad = sources["a"], [t["summary"] for t in sources["b_tables"] if not t["ok"]]
+        bad = [t["summary"] for t in sources["a"]["tables"] if not t["ok"]] + bad
+        write(f"sources: A {a['kills_survived']}/{a['kills']} kills survived, failover "
+              f"{a['failover']}, {a['transactions']} transactions; B engine "
+              f"{'never exited' if not sources['b_engine_exits'] else 'exited'}, catch-up "
+              f"{sources['b_catch_up']}, {sources['b_transactions']} transactions; "
+              f"{len(a['tables']) + len(sources['b_tables'])} targets compared, {len(bad)} "
+              f"differ; {len(sources['signals'])} signals, snapshot run "
+              f"{sources['snapshot_run']}, requests {sources['requested']}")
+        for line in a["engine_exits"] + sources["b_engine_exits"] + bad:
             write(f"  {line[:400]}")
     text = json.dumps(REPORT, indent=2, default=str, ensure_ascii=False)
     for path in filter(None, (report_path(config), os.environ.get("TORTURE_REPORT"))):
