@@ -21,7 +21,7 @@ ui: bootstrap  ## Dagster UI (dagster dev) on the demo config and its services; 
 test: bootstrap lint  ## unit, integration and the `dagster job execute` run (not the torture)
 	$(PY) -m pytest -q -p no:cacheprovider -m "not torture and not torture_s3" cdc_platform_tests
 
-torture: bootstrap  ## acceptance: every type/name/feature cell, kill -9s and a failover (~10 min)
+torture: bootstrap  ## acceptance: every type/name/feature cell, kill -9s and a failover, two sources in one config (~10 min)
 	$(PY) -m pytest -q -p no:cacheprovider -m torture cdc_platform_tests/torture
 
 torture-s3: bootstrap  ## the torture's kill -9s and failover with landing zone and lake on SeaweedFS
