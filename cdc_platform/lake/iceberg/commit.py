@@ -97,11 +97,12 @@ def _race_lost(table: LakeTable) -> Iterator[None]:
 
 
 def _branch_head(table: LakeTable, branch: str) -> int:
-    rows = table.lake.sql(f"SELECT snapshot_id FROM {table.metadata_table('refs')} "
-                          f"WHERE name = '{sql_string(branch)}'").collect()
-    if not rows:
+    """The snapshot at the head of ``branch``, from the table's metadata in the driver (the
+    ``refs`` metadata table is a Spark job: 0.4 s of each merge under a write load)."""
+    ref = table.java_table().refs().get(branch)
+    if ref is None:
         raise ConcurrentCommitError(_race_message(table))  # dropped by another writer
-    return int(rows[0].snapshot_id)
+    return int(ref.snapshotId())
 
 
 def _race_message(table: LakeTable) -> str:
