@@ -20,7 +20,6 @@ assertions judge by it, and a MERGE never lets an older record overwrite a newer
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import operator
 import time
@@ -89,8 +88,6 @@ INSTRUCTION = "__cdc_instruction"
 MAX_FILTER_SPANS = 32
 # A materialisation that loses the commit race to another runs again from the new snapshot.
 COMMIT_ATTEMPTS = 3
-# A batch spanning at most this many changelog positions is folded once into Spark's cache.
-CACHED_FOLD_RECORDS = 500_000
 
 
 @dataclass(frozen=True)
@@ -184,9 +181,9 @@ def materialise(
             # Writers of one table in this process (and, on a local Hadoop-catalog warehouse,
             # in other processes) take turns from the mark read to the publication, so they
             # do not keep invalidating each other; the commit itself stays a compare-and-swap.
-            with target.writing(), contextlib.ExitStack() as cleanup:
+            with target.writing():
                 return _materialise_once(spark, changelog, target, schema_hint, started,
-                                         attempt, cleanup)
+                                         attempt)
         except ConcurrentCommitError:
             if attempt == COMMIT_ATTEMPTS:
                 raise
@@ -202,10 +199,9 @@ def _materialise_once(
     schema_hint: TableSchema | None,
     started: float,
     attempt: int,
-    cleanup: contextlib.ExitStack,
 ) -> MergeResult:
     """One pass, one way: the table's mark, the changelog after it, the table prepared for
-    the batch's schema, the fold, the MERGE. What it caches, ``cleanup`` releases."""
+    the batch's schema, the fold, the MERGE."""
     base, marked = target.base_and_mark()
     after_pos = marked.consumed_pos if marked is not None else None
     checkpoint = changelog.checkpoint()
@@ -240,17 +236,10 @@ def _materialise_once(
     base, schema_changed = target.prepare(newest, renames, base=base, through=before_pos - 1,
                                           consumed_pos=after_pos)
 
-    # A large batch is not cached: building Spark's cache of a folded batch costs several
-    # times computing it (1M snapshot rows: 5.8 s against 0.7 s), and each use below computes
-    # it again from the same segments (unconsumed ones are never compacted or deleted:
-    # retention). A small one (a streaming merge: positions count records) is folded once,
-    # cached and counted from the cache: counting it in a job of its own over the segments
-    # was a third of each merge under a steady write load.
-    if before_pos - (after_pos or 0) <= CACHED_FOLD_RECORDS:
-        folded, sorted_rows, counts = _fold_cached(batch, newest)
-        cleanup.callback(folded.unpersist)
-    else:
-        folded, sorted_rows, counts = _fold(batch, newest)
+    # Not persisted: building Spark's cache of a folded batch costs several times computing
+    # it (1M snapshot rows: 5.8 s against 0.7 s), and each use below computes it again from
+    # the same segments (unconsumed ones are never compacted or deleted: retention).
+    folded, sorted_rows, counts = _fold(batch, newest)
     if counts["records"] == 0:  # segments overlapped the range but held no record in it
         return unchanged()
     unknown = counts["total"] - sum(counts[op] for op in ROW_OPS) - counts["instructions"]
@@ -415,7 +404,6 @@ def _fold(batch: DataFrame, schema: TableSchema) -> tuple[DataFrame, bool, dict[
 _OP_CODES = (*ROW_OPS, *INSTRUCTION_OPS)
 _OTHER_OP = len(_OP_CODES)
 _CODES = 8
-_NEWEST_MS = "__cdc_newest_ms"
 
 
 def _stats(batch: DataFrame, keys: list[str], flag: str | None) -> dict[str, int]:
@@ -465,59 +453,17 @@ def _stats(batch: DataFrame, keys: list[str], flag: str | None) -> dict[str, int
     return counts
 
 
-def _fold_cached(batch: DataFrame, schema: TableSchema
-                 ) -> tuple[DataFrame, bool, dict[str, int]]:
-    """``_fold`` for a small batch: every key folded (``_fold_window``) into Spark's cache
-    (the caller unpersists it), and ``_stats``'s counts read from the folded records, whose
-    newest record per key carries the key's number of records, first op and newest commit
-    time. One pass over the segments where ``_fold`` takes two (the counts, then the fold
-    inside the MERGE)."""
-    keys = list(schema.primary_key)
-    if THRESHOLD in batch.columns:
-        batch = batch.withColumn(
-            INSTRUCTION, F.coalesce(col(OP).isin(*INSTRUCTION_OPS), F.lit(False)))
-        folded = _fold_window(batch, [*keys, INSTRUCTION], newest_ms=True)
-        is_instruction = col(INSTRUCTION)
-    else:
-        folded = _fold_window(batch, keys, newest_ms=True)
-        is_instruction = F.lit(False)
-    folded = folded.persist(StorageLevel.MEMORY_AND_DISK)
-    row = ~is_instruction
-    # (as ``_stats`` codes them: an op outside the known ones, NULL included, is neither a
-    # create nor a delete)
-    existed = F.coalesce(col(FIRST_OP), F.lit("")) != CREATE
-    exists = F.coalesce(col(OP), F.lit("")) != DELETE
-    values = folded.agg(
-        F.sum(col(RECORDS)).alias("records"),
-        F.max(col(POS)).alias("max_pos"),
-        F.max(col(_NEWEST_MS)).alias("newest_ms"),
-        F.count(F.when(is_instruction, 1)).alias("instructions"),
-        F.count(F.lit(1)).alias("total"),
-        F.max(F.when(row, col(RECORDS))).alias("most"),
-        *[F.count(F.when(row & (col(OP) == op), 1)).alias(op) for op in ROW_OPS],
-        F.count(F.when(row & ~existed & exists, 1)).alias("inserted"),
-        F.count(F.when(row & existed & exists, 1)).alias("updated"),
-        F.count(F.when(row & existed & ~exists, 1)).alias("deleted"),
-    ).first()
-    assert values is not None
-    counts = {k: int(v) if v is not None else 0 for k, v in values.asDict().items()}
-    return folded, True, counts  # (the cached plan itself, that unpersist releases)
-
-
 def _unique_rows(rows: DataFrame) -> DataFrame:
     """Records of distinct keys as their own folds: first op their op, one record each."""
     return rows.withColumn(FIRST_OP, col(OP)).withColumn(RECORDS, F.lit(1).cast("long"))
 
 
-def _fold_window(batch: DataFrame, keys: list[str], newest_ms: bool = False) -> DataFrame:
-    """``_fold`` by sorting each key's records by position (any batch); with ``newest_ms``,
-    each key's newest commit time too (``_NEWEST_MS``)."""
+def _fold_window(batch: DataFrame, keys: list[str]) -> DataFrame:
+    """``_fold`` by sorting each key's records by position (any batch)."""
     history = Window.partitionBy(*[col(k) for k in keys]).orderBy(col(POS).desc()).rowsBetween(
         Window.unboundedPreceding, Window.unboundedFollowing)
     with_first = batch.withColumn(FIRST_OP, F.last(col(OP)).over(history)).withColumn(
         RECORDS, F.count(F.lit(1)).over(history))
-    if newest_ms:
-        with_first = with_first.withColumn(_NEWEST_MS, F.max(col(TS_MS)).over(history))
     return _fold_latest(with_first, keys)
 
 

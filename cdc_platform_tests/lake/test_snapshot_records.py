@@ -23,23 +23,13 @@ from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 
 from cdc_platform.capture.gtid import MariadbGtid, MariadbPosition
-from cdc_platform.capture.landing_contract import (
-    HI_OPEN,
-    LO_OPEN,
-    OP,
-    POS,
-    THRESHOLD,
-    hi_column,
-)
+from cdc_platform.capture.landing_contract import HI_OPEN, LO_OPEN, THRESHOLD, hi_column
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.snapshot.chunks import Chunk, ChunkedTable, ChunkKey
 from cdc_platform.capture.snapshot.commit_rule import Commit, Touch, decide_chunk_commit
-from cdc_platform.lake import merge
-from cdc_platform.lake.changelog import TableChangelog
 from cdc_platform.lake.iceberg import LakeTable
 from cdc_platform.lake.merge import MergeResult
 from cdc_platform_tests.lake.helpers import (
-    SERVER,
     Landing,
     materialise_table,
     schema,
@@ -573,46 +563,10 @@ def landing_row(record: dict) -> tuple[str, dict, int]:
     return (op, {"a": a, "ts": ts, "v": record["v"]}, record["pos"])
 
 
-@settings(max_examples=20, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(history=histories())
-def test_both_folds_count_a_random_snapshot_history_alike(spark, history):
-    """The cached fold (a streaming merge's) gives the counts and folded records the two-pass
-    fold (``_stats``, then ``_fold``: a large batch's) gives, replays included."""
-    records = history["records"]
-    if not records:
-        return
-    replayed = [r for r in records if r["op"] in "cud"][:3]  # a crash replays records
-    rows_only = [r for r in records if r["op"] in "cudr"]
-    for snapshot, written in ((True, records), (False, rows_only)):  # (a stream's segments)
-        if not written:
-            continue
-        with tempfile.TemporaryDirectory() as tmp:
-            landing = Landing(Path(tmp) / "landing")
-            landing.segment(E, [landing_row(r) for r in written], snapshot=snapshot)
-            if replayed:
-                landing.segment(E, [landing_row(r) for r in replayed], snapshot=snapshot)
-            batch, newest = TableChangelog.open(landing.url, SERVER, E.database,
-                                                E.table).batch(spark, None, landing.next_pos,
-                                                               snapshot_columns=snapshot)
-            assert batch is not None and newest is not None
-            two_pass, _, counts = merge._fold(batch, newest)
-            cached, _, cached_counts = merge._fold_cached(batch, newest)
-            try:
-                assert cached_counts == counts
-                fields = [*newest.primary_key, POS, OP, merge.FIRST_OP, merge.RECORDS]
-                assert sorted(map(tuple, cached.select(*fields).collect()), key=repr) == \
-                    sorted(map(tuple, two_pass.select(*fields).collect()), key=repr)
-            finally:
-                cached.unpersist()
-
-
 @settings(max_examples=50, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(history=histories())
 def test_the_lake_folds_random_snapshot_histories_like_the_model(spark, history):
-    # (a merge this small folds into the cache; the two-pass fold of large batches gives the
-    # same records and counts: test_both_folds_count_a_random_snapshot_history_alike)
     records, truth = history["records"], history["truth"]
     with tempfile.TemporaryDirectory() as tmp:
         landing = Landing(Path(tmp) / "landing")
