@@ -214,3 +214,64 @@ def test_a_signal_keyed_for_no_source_is_rejected_once_whichever_sources_load(
     rejection = "no source of this deployment is named 'nosuch'"
     said = [line for lines in tick.logged.values() for line in lines if rejection in line]
     assert len(said) == 1, tick.logged
+
+
+def _per_source_names(defs: dg.Definitions) -> dict[str, list[str]]:
+    """Every name two sources' definitions could collide on, by kind."""
+    repository = defs.get_repository_def()
+    graph = defs.resolve_asset_graph()
+    return {
+        "job": [job.name for job in repository.get_all_jobs()
+                if not job.name.startswith("__ASSET_JOB")],
+        "sensor": [sensor.name for sensor in repository.sensor_defs],
+        "schedule": [schedule.name for schedule in repository.schedule_defs],
+        "resource": [key for key in defs.resources or {} if key != "pyspark"],
+        "op": [node.name for node in
+               repository.get_implicit_global_asset_job_def().nodes_in_topological_order],
+        "asset": ["/".join(key.path) for key in graph.get_all_asset_keys()],
+    }
+
+
+def test_two_sources_with_the_same_inventory_tables_each_get_their_own_dbt_models(
+        pair: tuple[CdcEnv, CdcEnv]) -> None:
+    """Two shards of one schema (both capture the inventory tables of a database of the same
+    name): each source's dbt models load under its own server, with their own job, resource,
+    manifest and lineage to its own targets; neither shows a load problem. Every job, sensor,
+    schedule, resource, op and asset of the location names the one source it belongs to."""
+    from dagster_dbt.asset_utils import get_manifest_and_translator_from_dbt_assets
+
+    from cdc_platform.defs.dbt import definitions as dbt_defs
+    from cdc_platform.demo.inventory import create_schema
+
+    a, b = pair
+    for env in (a, b):
+        with env.mariadb.root_connect() as conn:
+            create_schema(conn, env.db)
+    defs = build_definitions(two_sources(a, b))
+    graph = defs.resolve_asset_graph()
+    for env, other in ((a, b), (b, a)):
+        server = env.server_name
+        with pytest.raises(Exception, match="load_problem"):
+            defs.resolve_sensor_def(f"{server}_load_problem")
+        model = dg.AssetKey([server, "analytics", "customer_order_totals"])
+        assert graph.get(model).group_name == f"{server}_analytics"
+        upstream = graph.get(model).parent_keys
+        assert dg.AssetKey([server, env.db, "customers"]) in upstream
+        assert not any(key.path[0] == other.server_name for key in upstream)
+        job = defs.resolve_job_def(f"{server}_{dbt_defs.JOB_NAME}")
+        assert {key.path[0] for key in job.asset_layer.executable_asset_keys} == {server}
+        # dbt reads this source's own lake tables and writes its own models' namespace.
+        manifest = get_manifest_and_translator_from_dbt_assets(
+            [defs.resolve_assets_def(model)])[0]
+        assert {source["schema"] for source in manifest["sources"].values()} == {
+            f"{server}_{env.db}"}
+        assert {node["schema"] for node in manifest["nodes"].values()
+                if node["resource_type"] == "model"} == {f"{server}_analytics"}
+
+    servers = (a.server_name, b.server_name)
+    for kind, names in _per_source_names(defs).items():
+        for name in names:
+            owners = [s for s in servers
+                      if s in name.split("__") or name.startswith((f"{s}_", f"{s}/"))]
+            assert len(owners) == 1, f"{kind} {name!r} does not name its one source"
+

@@ -109,14 +109,18 @@ def build(settings: Settings, tables: list[TableSchema]) -> dg.Definitions:
     manifest_path = dbt_project.prepare(project, server, database, billing)
     manifest = json.loads(manifest_path.read_text())
     _check_lineage(settings, database, manifest, keyed, billing)
+    # Each source's own resource: two sources with the inventory tables have two projects.
+    resource_key = scoped_name(settings, "dbt")
 
     @dbt_assets(
         manifest=manifest_path,
         project=project,
         name=f"{server}_dbt_models",
         dagster_dbt_translator=LakeDbtTranslator(server),
+        required_resource_keys={resource_key},
     )
-    def dbt_models(context: dg.AssetExecutionContext, dbt: DbtCliResource) -> Iterator[Any]:
+    def dbt_models(context: dg.AssetExecutionContext) -> Iterator[Any]:
+        dbt: DbtCliResource = getattr(context.resources, resource_key)
         variables = dbt_project.run_vars(settings, database)
         yield from dbt.cli(["build", "--vars", json.dumps(variables)], context=context).stream()
 
@@ -130,5 +134,5 @@ def build(settings: Settings, tables: list[TableSchema]) -> dg.Definitions:
     return dg.Definitions(
         assets=[dbt_models],
         jobs=[job],
-        resources={"dbt": dbt_project.dbt_resource(project)},
+        resources={resource_key: dbt_project.dbt_resource(project)},
     )
