@@ -275,3 +275,54 @@ def test_two_sources_with_the_same_inventory_tables_each_get_their_own_dbt_model
                       if s in name.split("__") or name.startswith((f"{s}_", f"{s}/"))]
             assert len(owners) == 1, f"{kind} {name!r} does not name its one source"
 
+
+def test_a_stop_keyed_for_one_source_cancels_only_its_own_queued_snapshot_runs(
+        signal_env: CdcEnv, pair: tuple[CdcEnv, CdcEnv]) -> None:
+    """Both sources have a snapshot run of ``items`` (same database and table names) queued
+    behind the run coordinator; a stop-snapshot keyed for A cancels A's, B's stays queued
+    until a stop keyed for B (for every table: its queued run counts as pending)."""
+    from dagster._core.remote_origin import InProcessCodeLocationOrigin, RemoteRepositoryOrigin
+    from dagster._core.run_coordinator import SubmitRunContext
+    from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+
+    from cdc_platform_tests.defs.test_signal_sensor import execute, send
+
+    a, b = pair
+    b.kafka_bootstrap = signal_env.kafka_bootstrap
+    _seed(a, 1)
+    _seed(b, 1)
+    settings = two_sources(a, b)
+    defs = build_definitions(settings)
+    tick = SignalSensors(defs, settings)
+    job = defs.resolve_implicit_global_asset_job_def()
+    origin = RemoteRepositoryOrigin(InProcessCodeLocationOrigin(LoadableTargetOrigin(
+        module_name="cdc_platform.definitions", attribute="defs")), "__repository__",
+    ).get_job_origin(job.name)  # (a queued run names the code location the daemon loads)
+    with dg.instance_for_test(overrides={"run_coordinator": {
+            "module": "dagster._core.run_coordinator", "class": "QueuedRunCoordinator"}},
+                              ) as instance:
+        tick(instance)  # creates the topic
+        send(a, execute(a, "items"))
+        send(b, execute(b, "items"))
+        queued = {}
+        for server, [request] in tick(instance).items():
+            # As the daemon does with a run request: create the run, submit it (queued).
+            run = instance.create_run_for_job(
+                job, run_config=request.run_config, tags=request.tags,
+                asset_selection=frozenset(request.asset_selection), remote_job_origin=origin)
+            submitted = instance.run_coordinator.submit_run(SubmitRunContext(run, None))
+            assert submitted.status == dg.DagsterRunStatus.QUEUED
+            queued[server] = run.run_id
+
+        def status(env: CdcEnv) -> dg.DagsterRunStatus:
+            return instance.get_run_by_id(queued[env.server_name]).status
+
+        send(a, {"type": "stop-snapshot", "data": {"data-collections": [f"{a.db}.items"]}})
+        assert tick(instance) == {a.server_name: [], b.server_name: []}
+        assert status(a) == dg.DagsterRunStatus.CANCELED
+        assert status(b) == dg.DagsterRunStatus.QUEUED
+        assert any("cancelled queued snapshot run" in line for line in tick.logged[a.server_name])
+
+        send(b, {"type": "stop-snapshot"})
+        tick(instance)
+        assert status(b) == dg.DagsterRunStatus.CANCELED
