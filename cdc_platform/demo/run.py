@@ -34,6 +34,7 @@ import yaml
 from cdc_platform.capture.landing.zone import LandingReader, changelog_parts
 from cdc_platform.capture.landing_contract import TS_MS
 from cdc_platform.config import CONFIG_ENV, Settings
+from cdc_platform.demo.sources import DEMO_SOURCES
 from cdc_platform.devservices.kafka import TansuBroker
 from cdc_platform.devservices.mariadb import MariaDBServer
 from cdc_platform.devservices.seaweedfs import SeaweedFS
@@ -45,8 +46,7 @@ DAGSTER_HOME = CDC_HOME / "dagster_home"
 DEMO_PASSWORD = "cdc"
 DEMO_CONFIG_PATH = Path(__file__).parent / "demo.yaml"
 #: The demo config's two sources (``demo.yaml``) and what each captures.
-INVENTORY_SOURCE = "demo"
-BILLING_SOURCE = "billing"
+INVENTORY_SOURCE, BILLING_SOURCE = (source.server_name for source in DEMO_SOURCES)
 INVENTORY_TABLES = ("inventory", ("customers", "products", "orders"))
 BILLING_TABLES = ("billing", ("invoices", "payments"))
 #: The dbt model the two sources feed.
@@ -80,27 +80,25 @@ SNAPSHOT_TABLE = "inventory.orders"
 SNAPSHOT_RUN_TIMEOUT_SECONDS = 600.0
 
 
-def _servers() -> tuple[MariaDBServer, MariaDBServer]:
-    """The demo's two MariaDB servers: the inventory source's and the billing source's."""
-    return (MariaDBServer(base_dir=DEMO_DIR / "mariadb", server_id=1, cdc_password=DEMO_PASSWORD),
-            MariaDBServer(base_dir=DEMO_DIR / "mariadb-billing", server_id=2,
-                          cdc_password=DEMO_PASSWORD))
+def _servers() -> tuple[MariaDBServer, ...]:
+    """The demo's MariaDB servers, one per source of ``DEMO_SOURCES``: the inventory source's,
+    then the billing source's."""
+    return tuple(MariaDBServer(base_dir=DEMO_DIR / source.folder, server_id=index + 1,
+                               cdc_password=DEMO_PASSWORD)
+                 for index, source in enumerate(DEMO_SOURCES))
 
 
-def _environment(server: MariaDBServer, billing: MariaDBServer, broker: TansuBroker,
+def _environment(servers: tuple[MariaDBServer, ...], broker: TansuBroker,
                  s3: SeaweedFS | None = None) -> dict[str, str]:
-    """The environment of the demo's processes: its services, its Dagster home, and the
-    embedded demo config, or with ``s3`` the object-storage config written beside it and the
-    S3 server's credentials (in the AWS variables, never in a file)."""
+    """The environment of the demo's processes: its services (each source's server under the
+    variables the demo config reads, ``DEMO_SOURCES``), its Dagster home, and the embedded
+    demo config, or with ``s3`` the object-storage config written beside it and the S3
+    server's credentials (in the AWS variables, never in a file)."""
     env = dict(os.environ)
+    for source, server in zip(DEMO_SOURCES, servers, strict=True):
+        env.update(source.variables(server))
     env.update({
         "CDC_HOME": str(CDC_HOME),
-        "CDC_SOURCE_HOST": server.host,
-        "CDC_SOURCE_PORT": str(server.port),
-        "CDC_SOURCE_PASSWORD": DEMO_PASSWORD,
-        "CDC_BILLING_HOST": billing.host,
-        "CDC_BILLING_PORT": str(billing.port),
-        "CDC_BILLING_PASSWORD": DEMO_PASSWORD,
         "CDC_KAFKA_BOOTSTRAP": broker.bootstrap_servers,
         "DAGSTER_HOME": str(DAGSTER_HOME),
         "PYSPARK_PYTHON": sys.executable,
@@ -301,7 +299,7 @@ def _run_demo(supervisor: ProcessSupervisor, orders: int, workload_seconds: floa
     try:
         supervisor.start_service(broker)
         seaweedfs = _start_seaweedfs(supervisor) if s3 else None
-        env = _environment(server, billing, broker, seaweedfs)
+        env = _environment((server, billing), broker, seaweedfs)
         from cdc_platform.defs.signals.sensors import sensor_name
 
         deployment = _demo_settings(env)
@@ -530,7 +528,7 @@ def run_ui(port: int = 3000) -> int:
             supervisor.start_service(billing)
             broker = _broker()
             supervisor.start_service(broker)
-            env = _environment(server, billing, broker)
+            env = _environment((server, billing), broker)
             _say(f"MariaDB on {server.host}:{server.port} (source {INVENTORY_SOURCE!r}) and "
                  f"{billing.host}:{billing.port} (source {BILLING_SOURCE!r}), Kafka (Tansu) on "
                  f"{broker.bootstrap_servers}; Dagster UI on http://127.0.0.1:{port} (Ctrl-C "

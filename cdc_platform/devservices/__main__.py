@@ -1,6 +1,6 @@
 """``python -m cdc_platform.devservices up|down|status``: detached MariaDB servers, one per
-source of the embedded demo config (``DEMO_SOURCES``), and a Tansu broker (``up --s3``: and a
-SeaweedFS S3 server, in ``<base-dir>/seaweedfs``).
+source of the embedded demo config (``demo.sources.DEMO_SOURCES``), and a Tansu broker
+(``up --s3``: and a SeaweedFS S3 server, in ``<base-dir>/seaweedfs``).
 
 ``up`` starts (or reuses) the services in the background and prints shell ``export`` lines on
 stdout, each source's server under the variables the demo config reads, so
@@ -17,27 +17,14 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
+from cdc_platform.demo.sources import DEMO_SOURCES
 from cdc_platform.devservices._process import DevServiceError, ManagedService, terminate_pid
 from cdc_platform.devservices.kafka import TansuBroker
 from cdc_platform.devservices.mariadb import MariaDBServer
 from cdc_platform.devservices.seaweedfs import SeaweedFS
 from cdc_platform.devservices.supervisor import Interrupted, ProcessSupervisor
-
-
-@dataclass(frozen=True)
-class DemoSource:
-    """A source of the embedded demo config (``demo/demo.yaml``): its server's folder under the
-    base dir, and the prefix of the variables the config reads its host and port from."""
-
-    folder: str
-    env_prefix: str
-
-
-DEMO_SOURCES = (DemoSource("mariadb", "CDC_SOURCE"),  # source demo (inventory)
-                DemoSource("mariadb-billing", "CDC_BILLING"))  # source billing
 
 
 def _services(args: argparse.Namespace) -> tuple[list[MariaDBServer], TansuBroker]:
@@ -78,9 +65,8 @@ def _name(service: ManagedService) -> str:
 def _print_exports(servers: list[MariaDBServer], kafka: TansuBroker,
                    s3: SeaweedFS | None = None) -> None:
     for source, server in zip(DEMO_SOURCES, servers, strict=True):
-        settings = server.connection_settings()
-        for key in ("host", "port", "user", "password"):
-            print(f"export {source.env_prefix}_{key.upper()}={settings[key]}")
+        for name, value in source.variables(server).items():
+            print(f"export {name}={value}")
     if s3 is not None:
         for name, value in s3.client_env().items():
             print(f"export {name}={value}")
