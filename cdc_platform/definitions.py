@@ -119,13 +119,37 @@ def build_definitions(config: Settings) -> dg.Definitions:
     sources = config.per_source()
     with ThreadPoolExecutor(max_workers=min(8, len(sources))) as pool:
         per_source = list(pool.map(source_definitions, sources))
-    return dg.Definitions.merge(
-        *per_source,
-        dg.Definitions(
-            resources={"pyspark": LakeSparkResource(spark_config=spark_config(config))},
-            executor=dg.in_process_executor,
-        ),
+    shared = dg.Definitions(
+        resources={"pyspark": LakeSparkResource(spark_config=spark_config(config))},
+        executor=dg.in_process_executor,
     )
+    merged, _ = _loadable(shared, *per_source)
+    if merged is not None:
+        return merged
+    # Two sources' definitions clash (a name the server does not scope): rather than no source
+    # at all, every source that clashes with the ones before it is a load problem, in one line.
+    loaded = shared
+    for source, definitions in zip(sources, per_source, strict=True):
+        candidate, error = _loadable(loaded, definitions)
+        if candidate is None:
+            server = source.source.server_name
+            line = f"not loaded: its definitions clash with another source's: {error}"
+            log.error(f"source {server!r} {line}")
+            candidate = dg.Definitions.merge(
+                loaded, dg.Definitions(sensors=[load_problem_sensor(server, line)]))
+        loaded = candidate
+    return loaded
+
+
+def _loadable(*definitions: dg.Definitions) -> tuple[dg.Definitions | None, str]:
+    """The merge of ``definitions`` if Dagster can load it (no two assets with one key, no two
+    jobs, sensors or resources with one name), else None and why, in one line."""
+    try:
+        merged = dg.Definitions.merge(*definitions)
+        dg.Definitions.validate_loadable(merged)
+    except Exception as error:  # noqa: BLE001 - said as the clashing source's load problem
+        return None, _one_line(error)
+    return merged, ""
 
 
 defs = build_definitions(settings())

@@ -326,3 +326,28 @@ def test_a_stop_keyed_for_one_source_cancels_only_its_own_queued_snapshot_runs(
         send(b, {"type": "stop-snapshot"})
         tick(instance)
         assert status(b) == dg.DagsterRunStatus.CANCELED
+
+
+def test_sources_whose_definitions_clash_leave_the_first_loaded_and_say_why(
+        pair: tuple[CdcEnv, CdcEnv], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should two sources' definitions ever clash (a name their server does not scope, as the
+    dbt resource key once was), the first loads and the second is a load problem naming the
+    clash; the code location still loads."""
+    from cdc_platform.defs.dbt import definitions as dbt_defs
+    from cdc_platform.demo.inventory import create_schema
+
+    a, b = pair
+    for env in (a, b):
+        with env.mariadb.root_connect() as conn:
+            create_schema(conn, env.db)
+    monkeypatch.setattr(dbt_defs, "scoped_name", lambda _settings, name: name)
+    defs = build_definitions(two_sources(a, b))
+    dg.Definitions.validate_loadable(defs)
+    graph = defs.resolve_asset_graph()
+    assert graph.has(dg.AssetKey([a.server_name, "analytics", "customer_order_totals"]))
+    assert not graph.has(dg.AssetKey([b.server_name, "analytics", "customer_order_totals"]))
+    problem = defs.resolve_sensor_def(f"{b.server_name}_load_problem")
+    assert "clash with another source's" in (problem.description or "")
+    assert "dbt" in (problem.description or "")
+    with pytest.raises(Exception, match="load_problem"):
+        defs.resolve_sensor_def(f"{a.server_name}_load_problem")
