@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import reduce
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
@@ -29,7 +30,14 @@ from cdc_platform.capture.landing.zone import (
     changelog_parts,
     column_renames_parts,
 )
-from cdc_platform.capture.landing_contract import HI_PREFIX, POS, RESERVED_PREFIX, THRESHOLD
+from cdc_platform.capture.landing_contract import (
+    CHANGELOG_META_FIELDS,
+    HI_PREFIX,
+    POS,
+    RESERVED_PREFIX,
+    THRESHOLD,
+    snapshot_arrow_fields,
+)
 from cdc_platform.capture.names import table_id
 from cdc_platform.capture.s3store import S3Options
 from cdc_platform.capture.schema import TableSchema
@@ -53,6 +61,25 @@ class Segment:
     uri: str  # as Spark reads it
     filesystem: pafs.FileSystem  # and pyarrow (its footer)
     path: str
+
+
+@dataclass(frozen=True)
+class SegmentGroup:
+    """Segments of a batch written with one Arrow schema and followed by the same column
+    renames: read together, then renamed and conformed to the newest schema."""
+
+    schema: pa.Schema  # as written, without metadata
+    renames_after: tuple[ColumnRenames, ...]
+    segments: list[Segment]
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """What a batch reads (``TableChangelog.plan``)."""
+
+    groups: list[SegmentGroup]
+    newest: TableSchema  # the newest segment's schema, renamed by the renames after it
+    snapshot_columns: bool  # some segment carries the snapshot-record columns
 
 
 @dataclass(frozen=True)
@@ -127,6 +154,44 @@ class TableChangelog:
                 ) from exc
         return sorted(found, key=lambda r: r.position)
 
+    def plan(self, after_pos: int | None, before_pos: int,
+             renames: Sequence[ColumnRenames] = ()) -> BatchPlan | None:
+        """Which segments hold records with ``after_pos < __cdc_pos < before_pos``, grouped by
+        their Arrow schema and the renames after them, and the newest segment's schema (renamed
+        by the renames after it: a rename after the last segment names its columns too); None
+        when no segment overlaps the range. Footers only: what ``batch`` (Spark) and
+        ``arrow_batch`` (pyarrow) read is planned here, once."""
+        database, table = self.database, self.table
+        segments = self.segments(after_pos, before_pos)
+        if not segments:
+            return None
+        groups: list[SegmentGroup] = []
+        newest_metadata = None
+        for segment in segments:
+            arrow_schema = pq.read_schema(segment.path, filesystem=segment.filesystem)
+            newest_metadata = arrow_schema.metadata
+            plain = arrow_schema.remove_metadata()
+            # (a segment is a run of one flush between two positions; a rename's own position
+            # is never inside one: it lies wholly before or after)
+            later = tuple(r for r in renames if r.position > segment.last_pos)
+            for group in groups:
+                if group.schema.equals(plain) and group.renames_after == later:
+                    group.segments.append(segment)
+                    break
+            else:
+                groups.append(SegmentGroup(plain, later, [segment]))
+        newest = renamed_schema(_schema_from_metadata(newest_metadata, segments[-1]),
+                                [r for r in renames if r.position > segments[-1].last_pos])
+        if (newest.database, newest.table) != (database, table):
+            raise ValueError(
+                f"segment {segments[-1].uri} says it belongs to {newest.table_id}, "
+                f"not {table_id(database, table)}; the landing zone's changelog directory is "
+                "inconsistent"
+            )
+        refuse_reserved_columns(newest)
+        return BatchPlan(groups, newest,
+                         any(THRESHOLD in group.schema.names for group in groups))
+
     def batch(
         self,
         spark: SparkSession,
@@ -138,56 +203,58 @@ class TableChangelog:
         """Records with ``after_pos < __cdc_pos < before_pos`` and the newest segment's schema.
 
         ``renames``: the table's column renames (``column_renames``); a segment's columns are
-        renamed by those after it, and so is the newest schema (a rename after the last
-        segment names its columns too). The frame has the changelog metadata columns followed
-        by the newest schema's user columns; rows from older segments lacking a column carry
-        NULL there. With ``snapshot_columns``, if any segment of the batch carries the
-        snapshot-record columns (only those may hold range assertions and sweeps), they follow
-        (``columns.snapshot_struct``, typed after the newest key; NULL in segments without
-        them). Returns (None, None) when no segment overlaps the range. Reading the footers is
-        pyarrow work; the frame itself is lazy.
+        renamed by those after it, and so is the newest schema (``plan``). The frame has the
+        changelog metadata columns followed by the newest schema's user columns; rows from
+        older segments lacking a column carry NULL there. With ``snapshot_columns``, if any
+        segment of the batch carries the snapshot-record columns (only those may hold range
+        assertions and sweeps), they follow (``columns.snapshot_struct``, typed after the
+        newest key; NULL in segments without them). Returns (None, None) when no segment
+        overlaps the range. Reading the footers is pyarrow work; the frame itself is lazy.
         """
-        database, table = self.database, self.table
-        segments = self.segments(after_pos, before_pos)
-        if not segments:
+        plan = self.plan(after_pos, before_pos, renames)
+        if plan is None:
             return None, None
-        groups: list[tuple[pa.Schema, tuple[ColumnRenames, ...], list[str]]] = []
-        newest_metadata = None
-        for segment in segments:
-            arrow_schema = pq.read_schema(segment.path, filesystem=segment.filesystem)
-            newest_metadata = arrow_schema.metadata
-            plain = arrow_schema.remove_metadata()
-            # (a segment is a run of one flush between two positions; a rename's own position
-            # is never inside one: it lies wholly before or after)
-            later = tuple(r for r in renames if r.position > segment.last_pos)
-            for schema, after, uris in groups:
-                if schema.equals(plain) and after == later:
-                    uris.append(segment.uri)
-                    break
-            else:
-                groups.append((plain, later, [segment.uri]))
-        newest = renamed_schema(_schema_from_metadata(newest_metadata, segments[-1]),
-                                [r for r in renames if r.position > segments[-1].last_pos])
-        if (newest.database, newest.table) != (database, table):
-            raise ValueError(
-                f"segment {segments[-1].uri} says it belongs to {newest.table_id}, "
-                f"not {table_id(database, table)}; the landing zone's changelog directory is "
-                "inconsistent"
-            )
-        refuse_reserved_columns(newest)
+        newest = plan.newest
         target = StructType(CHANGELOG_META.fields + user_struct(newest.columns).fields)
-        if snapshot_columns and any(THRESHOLD in schema.names for schema, _, _ in groups):
+        if snapshot_columns and plan.snapshot_columns:
             target = StructType(target.fields + snapshot_struct(newest).fields)
         frames = [
             conform(_renamed_columns(
-                spark.read.schema(struct_from_arrow(schema)).parquet(*uris), after), target)
-            for schema, after, uris in groups
+                spark.read.schema(struct_from_arrow(group.schema)).parquet(
+                    *[s.uri for s in group.segments]), group.renames_after), target)
+            for group in plan.groups
         ]
         batch = reduce(DataFrame.unionByName, frames)
         condition = col(POS) < before_pos
         if after_pos is not None:
             condition = condition & (col(POS) > after_pos)
         return batch.where(condition), newest
+
+    def arrow_batch(self, plan: BatchPlan, after_pos: int | None, before_pos: int) -> pa.Table:
+        """``batch`` read with pyarrow, no Spark: the same records in the same columns (the
+        changelog metadata, the newest schema's user columns, then the snapshot-record columns
+        when the plan has them), each cast to its landing-zone Arrow type, exactly
+        (``safe``: a value that would change is an error, never a silent change)."""
+        newest = plan.newest
+        fields = [*CHANGELOG_META_FIELDS, *[pa.field(c.name, c.arrow_type())
+                                            for c in newest.columns]]
+        if plan.snapshot_columns:
+            fields += snapshot_arrow_fields(newest)
+        target = pa.schema(fields)
+        tables = []
+        for group in plan.groups:
+            for segment in group.segments:
+                data = pq.read_table(segment.path, filesystem=segment.filesystem)
+                positions = data.column(POS)
+                keep = pc.less(positions, before_pos)
+                if after_pos is not None:
+                    keep = pc.and_(keep, pc.greater(positions, after_pos))
+                data = data.filter(keep)
+                mapping = renamed_column_names(data.column_names, group.renames_after)
+                if mapping:
+                    data = data.rename_columns([mapping.get(c, c) for c in data.column_names])
+                tables.append(_conform_arrow(data, target))
+        return pa.concat_tables(tables) if tables else target.empty_table()
 
 
 def read_checkpoint(landing_url: str, server_name: str, *, s3: S3Options | None = None
@@ -197,15 +264,38 @@ def read_checkpoint(landing_url: str, server_name: str, *, s3: S3Options | None 
     return LandingReader.open(landing_url, server_name, s3=s3).read_checkpoint()
 
 
-def _renamed_columns(df: DataFrame, records: Sequence[ColumnRenames]) -> DataFrame:
-    """``df`` (one group of segments) with its user columns, and the range-assertion bound
-    columns of renamed key columns, under their names after ``records``."""
-    users = [c for c in df.columns if not c.startswith(RESERVED_PREFIX)]
+def renamed_column_names(columns: Sequence[str], records: Sequence[ColumnRenames]
+                         ) -> dict[str, str]:
+    """A segment's user columns, and the range-assertion bound columns of renamed key
+    columns, -> their names after ``records`` (only those that change)."""
+    users = [c for c in columns if not c.startswith(RESERVED_PREFIX)]
     mapping = column_mapping(users, records)
+    mapping.update({HI_PREFIX + old: HI_PREFIX + new for old, new in mapping.items()})
+    return mapping
+
+
+def _renamed_columns(df: DataFrame, records: Sequence[ColumnRenames]) -> DataFrame:
+    """``df`` (one group of segments) with its columns under their names after ``records``."""
+    mapping = renamed_column_names(df.columns, records)
     if not mapping:
         return df
-    mapping.update({HI_PREFIX + old: HI_PREFIX + new for old, new in mapping.items()})
     return df.select(*[col(c).alias(mapping.get(c, c)) for c in df.columns])
+
+
+def _conform_arrow(data: pa.Table, target: pa.Schema) -> pa.Table:
+    """``columns.conform`` in Arrow: ``target``'s columns by name, cast where types differ
+    (dictionary-encoded metadata columns decode; widened columns widen), NULL where missing."""
+    columns = []
+    for field in target:
+        if field.name in data.column_names:
+            column = data.column(field.name)
+            if column.type != field.type:
+                column = column.cast(field.type, safe=True)
+        else:
+            column = pa.nulls(data.num_rows, field.type)
+        columns.append(column)
+    return pa.Table.from_arrays(columns, schema=pa.schema(
+        [pa.field(f.name, f.type) for f in target]))
 
 
 def _schema_from_metadata(metadata: dict[bytes, bytes] | None, segment: Segment) -> TableSchema:

@@ -11,10 +11,7 @@ the platform names a table by (server, database, table) and goes through ``Lake`
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
-import os
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -29,6 +26,7 @@ from cdc_platform.capture.schema import TableSchema
 from cdc_platform.lake.columns import user_struct
 from cdc_platform.lake.iceberg.catalog import namespace_name, quote, sql_string, table_name
 from cdc_platform.lake.iceberg.commit import commit_merge
+from cdc_platform.lake.iceberg.locks import table_lock
 from cdc_platform.lake.iceberg.maintenance import maintain
 from cdc_platform.lake.iceberg.properties import (
     PRIMARY_KEY_PROPERTY,
@@ -45,8 +43,6 @@ if TYPE_CHECKING:
     from cdc_platform.lake.iceberg.lake import Lake
 
 
-_commit_lock = threading.RLock()  # commit properties and branch writes of one process
-_held_locks = threading.local()  # table lock files this thread holds (LakeTable.writing)
 
 
 class LakeTable:
@@ -99,24 +95,8 @@ class LakeTable:
     def writing(self) -> Iterator[None]:
         """Exclusive right to commit to this table: within the process, and across processes
         sharing a local Hadoop-catalog warehouse (see ``Lake.lock_dir``)."""
-        with _commit_lock:
-            if self.lake.lock_dir is None:
-                yield
-                return
-            os.makedirs(self.lake.lock_dir, exist_ok=True)
-            path = os.path.join(self.lake.lock_dir, f".{self.namespace}.{self.name}.cdc-lock")
-            held = _held_locks.__dict__.setdefault("paths", set())
-            if path in held:  # re-entered by this thread: flock on a new descriptor would wait
-                yield
-                return
-            with open(path, "a") as handle:
-                fcntl.flock(handle, fcntl.LOCK_EX)
-                held.add(path)
-                try:
-                    yield
-                finally:
-                    held.discard(path)
-                    fcntl.flock(handle, fcntl.LOCK_UN)
+        with table_lock(self.lake.lock_dir, self.namespace, self.name):
+            yield
 
     def metadata_table(self, name: str) -> str:
         return f"{self.identifier}.{quote(name)}"
