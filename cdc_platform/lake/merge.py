@@ -24,7 +24,7 @@ import logging
 import operator
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial, reduce
@@ -61,6 +61,7 @@ from cdc_platform.capture.landing_contract import (
 )
 from cdc_platform.capture.s3store import S3Options
 from cdc_platform.capture.schema import TableSchema
+from cdc_platform.lake.arrow_load import Loaded, initial_load
 from cdc_platform.lake.changelog import TableChangelog
 from cdc_platform.lake.columns import col, table_struct
 from cdc_platform.lake.iceberg.catalog import quote
@@ -154,7 +155,7 @@ class MergeResult:
 
 
 def materialise(
-    spark: SparkSession,
+    spark: SparkSession | Callable[[], SparkSession],
     landing_url: str,
     warehouse_url: str,
     server_name: str,
@@ -163,6 +164,7 @@ def materialise(
     table: str,
     catalog: Any = None,
     s3: S3Options | None = None,
+    arrow_load: bool = True,
 ) -> MergeResult:
     """Fold the table's new changelog records into its Iceberg table, as one snapshot.
 
@@ -171,25 +173,79 @@ def materialise(
     from the new snapshot, up to ``COMMIT_ATTEMPTS`` times, then raises
     ConcurrentCommitError. ``catalog``: ``config.CatalogSettings`` (default: Hadoop on the
     warehouse). ``s3``: the config's ``s3`` options, for a landing zone at an S3 URL.
+
+    An initial load (the target has no rows, each key one record) is appended without Spark
+    (``lake.arrow_load``; ``arrow_load=False``: always through Spark), so ``spark`` may be a
+    function that returns the session: it is called only when Spark is needed.
     """
     started = time.monotonic()
-    ensure_lake_conf(spark)
-    target = Lake(spark, warehouse_url, catalog).table(server_name, database, table)
     changelog = TableChangelog.open(landing_url, server_name, database, table, s3=s3)
+    target: LakeTable | None = None
     for attempt in range(1, COMMIT_ATTEMPTS + 1):
         try:
+            loaded = None
+            if arrow_load and (warehouse_url, changelog.table_id) not in _holding_rows:
+                loaded = initial_load(changelog, warehouse_url, catalog, server_name)
+            if loaded is not None:
+                return _held(warehouse_url, _loaded_result(changelog, loaded, started,
+                                                           attempt))
+            if target is None:
+                session = spark if isinstance(spark, SparkSession) else spark()
+                ensure_lake_conf(session)
+                target = Lake(session, warehouse_url, catalog).table(server_name, database,
+                                                                     table)
             # Writers of one table in this process (and, on a local Hadoop-catalog warehouse,
             # in other processes) take turns from the mark read to the publication, so they
             # do not keep invalidating each other; the commit itself stays a compare-and-swap.
             with target.writing():
-                return _materialise_once(spark, changelog, target, schema_hint, started,
-                                         attempt)
+                return _held(warehouse_url, _materialise_once(
+                    target.spark, changelog, target, schema_hint, started, attempt))
         except ConcurrentCommitError:
             if attempt == COMMIT_ATTEMPTS:
                 raise
             log.warning("%s: lost the commit race (attempt %d); running again from the new "
-                        "snapshot", target.table_id, attempt)
+                        "snapshot", changelog.table_id, attempt)
     raise AssertionError("unreachable")
+
+
+# Targets this process saw holding rows: the Spark-free initial load does not apply to them,
+# so their merges skip its look at the table's metadata (a table emptied since is merged by
+# Spark, as any table).
+_holding_rows: set[tuple[str, str]] = set()
+
+
+def _held(warehouse_url: str, result: MergeResult) -> MergeResult:
+    if result.rows:
+        _holding_rows.add((warehouse_url, result.table_id))
+    return result
+
+
+def _loaded_result(changelog: TableChangelog, loaded: Loaded, started: float,
+                   attempt: int) -> MergeResult:
+    """The ``MergeResult`` of an initial load appended without Spark (``_materialise_once``'s
+    for an append: every row written is new, nothing was there to delete)."""
+    result = MergeResult(
+        table_id=changelog.table_id,
+        identifier=loaded.identifier,
+        snapshot=loaded.snapshot,
+        committed=True,
+        rows=loaded.snapshot.rows,
+        inserts=loaded.inserted + loaded.existing,
+        updates=0,
+        deletes=0,
+        records_read=loaded.records,
+        consumed_pos=loaded.max_pos,
+        consumed_gtid=loaded.gtid,
+        duration_seconds=time.monotonic() - started,
+        schema_changed=False,
+        snapshot_rows=loaded.snapshot_rows,
+        asserted_deletes=loaded.asserted,
+        attempts=attempt,
+        newest_source_ms=loaded.newest_ms,
+        appended=True,
+    )
+    log.info("materialised %s", result)
+    return result
 
 
 def _materialise_once(

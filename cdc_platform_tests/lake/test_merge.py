@@ -424,8 +424,9 @@ def test_maintenance_compacts_and_expires_but_keeps_rows_and_mark(spark, tmp_pat
     assert state(spark, maintained) == {**live, 1000: r(1000, "new", "0.00")}
 
 
-def test_batches_fold_like_a_model_over_random_changelogs(spark, tmp_path):
-    for seed in (1, 2):
+@pytest.mark.parametrize("arrow_load", [True, False], ids=["arrow-initial-load", "spark-only"])
+def test_batches_fold_like_a_model_over_random_changelogs(spark, tmp_path, arrow_load):
+    for seed in (1, 2, 3):
         rng = random.Random(seed)
         landing = Landing(tmp_path / f"landing{seed}")
         warehouse = str(tmp_path / f"warehouse{seed}")
@@ -442,7 +443,7 @@ def test_batches_fold_like_a_model_over_random_changelogs(spark, tmp_path):
                     live[key] = r(key, op, "0.00")
                     changes.append((op, live[key]))
             landing.segment(S, changes)
-            result = run(spark, landing, warehouse)
+            result = run(spark, landing, warehouse, arrow_load=arrow_load)
             assert result.rows == len(live)
         assert state(spark, warehouse) == live
 

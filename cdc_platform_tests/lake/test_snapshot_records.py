@@ -371,8 +371,8 @@ def test_an_initial_append_judges_its_assertions_in_its_own_scan(spark, tmp_path
         landing.segment(S, changes, snapshot=True)
         group = f"jobs-{random.getrandbits(32)}"
         spark.sparkContext.setJobGroup(group, "counting jobs")
-        try:
-            result = run(spark, landing, warehouse)
+        try:  # (Spark's own initial append: lake.arrow_load's is in test_arrow_load)
+            result = run(spark, landing, warehouse, arrow_load=False)
         finally:
             spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
         return result, len(spark.sparkContext.statusTracker().getJobIdsForGroup(group)), warehouse
@@ -407,7 +407,7 @@ def test_an_initial_append_of_distinct_keys_shuffles_nothing(spark, tmp_path):
             return [found.apply(i) for i in range(found.size())]
 
         before = max((e.executionId() for e in executions()), default=-1)
-        result = run(spark, landing, str(tmp_path / name / "warehouse"))
+        result = run(spark, landing, str(tmp_path / name / "warehouse"), arrow_load=False)
         assert result.appended
         plans = [e.physicalPlanDescription() for e in
                  sorted(executions(), key=lambda e: e.executionId())
@@ -563,10 +563,14 @@ def landing_row(record: dict) -> tuple[str, dict, int]:
     return (op, {"a": a, "ts": ts, "v": record["v"]}, record["pos"])
 
 
+@pytest.mark.parametrize("arrow_load", [True, False], ids=["arrow-initial-load", "spark-only"])
 @settings(max_examples=50, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                 HealthCheck.function_scoped_fixture])
 @given(history=histories())
-def test_the_lake_folds_random_snapshot_histories_like_the_model(spark, history):
+def test_the_lake_folds_random_snapshot_histories_like_the_model(spark, arrow_load, history):
+    """Both ways into an empty target (lake.arrow_load's append without Spark, where it
+    applies, and Spark's) give the model's result."""
     records, truth = history["records"], history["truth"]
     with tempfile.TemporaryDirectory() as tmp:
         landing = Landing(Path(tmp) / "landing")
@@ -581,13 +585,15 @@ def test_the_lake_folds_random_snapshot_histories_like_the_model(spark, history)
                 continue
             landing.segment(E, [landing_row(r) for r in batch], snapshot=True)
             done += batch
-            results.append(run(spark, landing, warehouse, E))
+            results.append(run(spark, landing, warehouse, E, arrow_load=arrow_load))
             lake = {k: v[0] for k, v in state(spark, warehouse, E).items()}
             assert lake == model_fold(done)
             assert results[-1].rows == len(lake)
         if records and history["exact"]:
             assert {k: v[0] for k, v in state(spark, warehouse, E).items()} == truth
     event(f"materialisations: {len(results)}")
+    event("appended without Spark: " + ("yes" if any(
+        r.appended and "spark.app.id" not in r.snapshot.summary for r in results) else "no"))
     event(f"asserted deletes: {'some' if any(r.asserted_deletes for r in results) else 'none'}")
     event(f"sweep: {'yes' if any(r['op'] == 's' for r in records) else 'no'}")
     later = any(r["op"] in "cud" and any(a["op"] in "as" and a["pos"] < r["pos"] for a in b)

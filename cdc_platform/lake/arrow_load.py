@@ -1,0 +1,433 @@
+"""The initial load without Spark: a batch into a target with no rows, as one pyiceberg append.
+
+Into an empty target a materialisation is an append (``lake.merge``: nothing to match), and
+when each key has one row record in the batch (an initial load: snapshot chunks, each key
+once) it needs no fold either: counting, judging the range assertions and sweeps, dropping
+deletes and writing the rest are column operations on the segments as pyarrow reads them.
+Through Spark that cost a 1M-row load 15-25 s (the per-key statistics job, the INSERT, and
+the session's start); in Arrow it is about a second, so a cold applier serves an initial
+load before its Spark session is up.
+
+Same rules, same result: the segments, their renames and columns come from
+``TableChangelog.plan`` / ``arrow_batch`` (as ``batch`` reads them), the verdicts of range
+assertions and sweeps from ``range_assertions.intervals`` (as the MERGE's), the consumed mark
+travels in the append's own snapshot summary, and the append is published only if the table
+is still at the version it was read from (``iceberg.hadoop``; a lost race is
+ConcurrentCommitError, and ``materialise`` runs again). Whatever this path does not do
+exactly as the Spark path does, it leaves to the Spark path (``initial_load`` returns None):
+a target with rows, keys with several records in the batch, a schema the table does not
+have yet, pending column renames or drops, malformed records (the Spark path refuses them
+with its error), catalogs other than a Hadoop catalog on a local warehouse.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot as IcebergSnapshot
+from pyiceberg.table.snapshots import ancestors_of
+from pyiceberg.types import (
+    BinaryType,
+    BooleanType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IcebergType,
+    IntegerType,
+    LongType,
+    NestedField,
+    StringType,
+    TimestampType,
+    TimestamptzType,
+)
+from pyspark.sql import types as spark_types
+
+from cdc_platform.capture.keys import Key, key_order, range_ordered
+from cdc_platform.capture.landing_contract import (
+    CREATE,
+    DELETE,
+    HI_OPEN,
+    INSTRUCTION_OPS,
+    LO_OPEN,
+    OP,
+    POS,
+    ROW_OPS,
+    SNAPSHOT_ROW,
+    SWEEP,
+    THRESHOLD,
+    TS_MS,
+    UPDATE,
+    hi_column,
+)
+from cdc_platform.capture.schema import TableSchema
+from cdc_platform.capture.storage import open_store
+from cdc_platform.lake.changelog import TableChangelog
+from cdc_platform.lake.columns import spark_type
+from cdc_platform.lake.iceberg.catalog import namespace_name, quote, table_name
+from cdc_platform.lake.iceberg.commit import ConcurrentCommitError
+from cdc_platform.lake.iceberg.hadoop import LocalHadoopCatalog
+from cdc_platform.lake.iceberg.locks import table_lock
+from cdc_platform.lake.iceberg.properties import (
+    PRIMARY_KEY_PROPERTY,
+    RENAMED_THROUGH_PROPERTY,
+    SOURCE_DATABASE_PROPERTY,
+    SOURCE_SERVER_PROPERTY,
+    SOURCE_TABLE_PROPERTY,
+    TABLE_PROPERTIES,
+)
+from cdc_platform.lake.iceberg.snapshots import CONSUMED_GTID, CONSUMED_POS, Snapshot, mark_of
+from cdc_platform.lake.range_assertions import Instruction, Interval, intervals
+
+log = logging.getLogger(__name__)
+
+# Spark's types as Iceberg's Spark catalog converts them (``SparkSchemaUtil.convert``): the
+# table this path creates has the columns a Spark CREATE TABLE of ``columns.user_struct`` has.
+_ICEBERG_TYPES: dict[type[spark_types.DataType], Callable[[], IcebergType]] = {
+    spark_types.LongType: LongType,
+    spark_types.IntegerType: IntegerType,
+    spark_types.FloatType: FloatType,
+    spark_types.DoubleType: DoubleType,
+    spark_types.DateType: DateType,
+    spark_types.TimestampType: TimestamptzType,
+    spark_types.TimestampNTZType: TimestampType,
+    spark_types.StringType: StringType,
+    spark_types.BinaryType: BinaryType,
+    spark_types.BooleanType: BooleanType,
+}
+
+
+def iceberg_type(arrow_type: pa.DataType) -> IcebergType:
+    """The Iceberg type of a column landing as ``arrow_type``: the type Spark's CREATE TABLE
+    gives the Spark type it reads as (``columns.spark_type``)."""
+    data_type = spark_type(arrow_type)
+    if isinstance(data_type, spark_types.DecimalType):
+        return DecimalType(data_type.precision, data_type.scale)
+    return _ICEBERG_TYPES[type(data_type)]()
+
+
+def iceberg_schema(schema: TableSchema) -> Schema:
+    """A target's schema as Spark creates it (``LakeTable.create``): the user columns, then
+    ``__cdc_pos``, all optional, ids in order."""
+    fields = [(c.name, iceberg_type(c.arrow_type())) for c in schema.columns]
+    fields.append((POS, LongType()))
+    return Schema(*[NestedField(i, name, field_type, required=False)
+                    for i, (name, field_type) in enumerate(fields, start=1)])
+
+
+def table_properties(server_name: str, schema: TableSchema, renamed_through: int
+                     ) -> dict[str, str]:
+    """The properties ``LakeTable.create`` / ``ensure_created`` give a target through Spark
+    (Spark adds ``owner``; the COMMENT is the ``comment`` property)."""
+    return {
+        **TABLE_PROPERTIES,
+        SOURCE_SERVER_PROPERTY: server_name,
+        SOURCE_DATABASE_PROPERTY: schema.database,
+        SOURCE_TABLE_PROPERTY: schema.table,
+        PRIMARY_KEY_PROPERTY: json.dumps(list(schema.primary_key)),
+        RENAMED_THROUGH_PROPERTY: str(renamed_through),
+        "comment": f"cdc_platform target of {schema.table_id} on {server_name}",
+        "owner": os.environ.get("SPARK_USER") or getpass.getuser(),
+    }
+
+
+def local_hadoop_catalog(warehouse_url: str, catalog: Any = None) -> LocalHadoopCatalog | None:
+    """The warehouse as this path commits to it, or None (another catalog: Spark's path)."""
+    if getattr(catalog, "type", "hadoop") != "hadoop" or getattr(catalog, "properties", None):
+        return None
+    try:
+        store = open_store(warehouse_url)
+    except (ValueError, OSError):
+        return None
+    root = store.local_root
+    if root is None:
+        return None
+    return LocalHadoopCatalog(getattr(catalog, "name", "lake"), root, store.uri)
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What ``initial_load`` committed (``lake.merge`` makes it a ``MergeResult``)."""
+
+    identifier: str
+    snapshot: Snapshot
+    records: int
+    max_pos: int
+    gtid: str | None
+    newest_ms: int | None
+    inserted: int  # keys whose record is a c
+    existing: int  # keys whose record is a u or r (new to an empty table all the same)
+    snapshot_rows: int
+    asserted: int  # rows the range assertions and sweeps kept out
+
+
+def initial_load(changelog: TableChangelog, warehouse_url: str, catalog: Any,
+                 server_name: str) -> Loaded | None:
+    """Append the changelog's new records to the table's empty (or missing) target without
+    Spark, or None when this path does not apply (see the module's docstring) and nothing was
+    done. ConcurrentCommitError: another writer committed first; nothing was published."""
+    hadoop = local_hadoop_catalog(warehouse_url, catalog)
+    name = table_name(changelog.table, unicode_names=True)
+    if hadoop is None or name != table_name(changelog.table):
+        return None  # (a Unicode name: LakeTable decides between it and an older ASCII one)
+    namespace = namespace_name(server_name, changelog.database)
+    with table_lock(str(hadoop.root), namespace, name):
+        return _load_once(changelog, hadoop, (namespace, name), server_name)
+
+
+def _load_once(changelog: TableChangelog, hadoop: LocalHadoopCatalog,
+               identifier: tuple[str, str], server_name: str) -> Loaded | None:
+    started = time.monotonic()
+    try:
+        table: Table | None = hadoop.load_table(identifier)
+    except NoSuchTableError:
+        table = None
+    after_pos = None
+    if table is not None:
+        base = table.current_snapshot()
+        if base is None or _live_rows(base) != 0:
+            return None
+        marked = mark_of([snapshot_of(s) for s in ancestors_of(base, table.metadata)])
+        after_pos = marked.consumed_pos if marked is not None else None
+    checkpoint = changelog.checkpoint()
+    if checkpoint is None:
+        return None
+    before_pos = checkpoint.next_pos
+    if after_pos is not None and after_pos >= before_pos:
+        return None  # (the Spark path says what is wrong)
+    renames = changelog.column_renames(before_pos)
+    if any(r.dropped for r in renames):
+        return None
+    plan = changelog.plan(after_pos, before_pos, renames)
+    if plan is None:
+        return None
+    schema = plan.newest
+    keys = list(schema.primary_key)
+    if not keys or any(k not in schema.column_names for k in keys):
+        return None
+    wanted = iceberg_schema(schema)
+    if table is not None and not _fits(table, schema, wanted, renames, after_pos):
+        return None
+    read = time.monotonic()
+    batch = changelog.arrow_batch(plan, after_pos, before_pos)
+    counted = _count(batch, schema, plan.snapshot_columns, changelog.table_id)
+    if counted is None:
+        return None
+    rows, kept, counts = counted
+    data = _project(rows.filter(kept), wanted)
+    prepared = time.monotonic()
+    properties = {CONSUMED_POS: str(counts["max_pos"]), CONSUMED_GTID: checkpoint.gtid or ""}
+    try:
+        if table is None:
+            (hadoop.root / identifier[0]).mkdir(parents=True, exist_ok=True)
+            transaction = hadoop.create_table_transaction(
+                identifier, wanted, location=hadoop.location(identifier),
+                properties=table_properties(server_name, schema, before_pos - 1))
+        else:
+            transaction = table.transaction()
+        transaction.append(data, snapshot_properties=properties)
+        committed = transaction.commit_transaction()
+    except (ConcurrentCommitError, CommitFailedException) as error:
+        raise ConcurrentCommitError(
+            f"{changelog.table_id}: another materialisation committed to "
+            f"{'.'.join(identifier)} first ({error}); this one's append was not published: "
+            "run it again, it continues from the new snapshot") from None
+    current = committed.current_snapshot()
+    assert current is not None
+    log.info("%s: %d rows appended without Spark (plan %.2f s, read and judged %.2f s, "
+             "written and committed %.2f s)", changelog.table_id, data.num_rows,
+             read - started, prepared - read, time.monotonic() - prepared)
+    return Loaded(
+        identifier=f"{quote(hadoop.name)}.{quote(identifier[0])}.{quote(identifier[1])}",
+        snapshot=snapshot_of(current), records=counts["records"], max_pos=counts["max_pos"],
+        gtid=checkpoint.gtid, newest_ms=counts["newest_ms"] or None,
+        inserted=counts[CREATE], existing=counts[UPDATE] + counts[SNAPSHOT_ROW],
+        snapshot_rows=counts[SNAPSHOT_ROW], asserted=counts["asserted"])
+
+
+def snapshot_of(snapshot: IcebergSnapshot) -> Snapshot:
+    """The platform's view of a pyiceberg snapshot (``snapshots.snapshot_from_java``'s)."""
+    summary = {str(k): str(v) for k, v in
+               (snapshot.summary.model_dump() if snapshot.summary is not None else {}).items()}
+    return Snapshot(
+        snapshot_id=snapshot.snapshot_id,
+        parent_id=snapshot.parent_snapshot_id,
+        committed_at=datetime.fromtimestamp(snapshot.timestamp_ms / 1000, UTC),
+        operation=summary.get("operation", ""),
+        summary=summary,
+    )
+
+
+def _live_rows(snapshot: IcebergSnapshot) -> int:
+    return snapshot_of(snapshot).rows
+
+
+def _fits(table: Table, schema: TableSchema, wanted: Schema, renames: Sequence[Any],
+          after_pos: int | None) -> bool:
+    """Whether an existing empty target takes the batch as it is: its columns are the
+    batch's (no evolution), its key is the batch's, it follows every column rename, and it
+    names its source (else ``schema.prepare`` has work to do first: the Spark path)."""
+    properties = table.properties
+    if SOURCE_TABLE_PROPERTY not in properties:
+        return False
+    if properties.get(PRIMARY_KEY_PROPERTY) != json.dumps(list(schema.primary_key)):
+        return False
+    through = properties.get(RENAMED_THROUGH_PROPERTY)
+    followed = int(through) if through not in (None, "") else (after_pos or 0)
+    if any(r.position > followed for r in renames):
+        return False
+    have = [(f.name, f.field_type) for f in table.schema().fields]
+    return have == [(f.name, f.field_type) for f in wanted.fields]
+
+
+def _count(batch: pa.Table, schema: TableSchema, snapshot_columns: bool, table_id: str
+           ) -> tuple[pa.Table, pa.ChunkedArray, dict[str, int]] | None:
+    """The batch's row records, which of them become rows, and ``merge._stats``'s counts; None
+    when a key has several row records (the fold: Spark's path) or a record is not one this
+    path reads exactly (an unknown op, an instruction without the snapshot columns or with
+    bad fields: the Spark path refuses those with its error)."""
+    ops = batch.column(OP)
+    known = pc.is_in(ops, value_set=pa.array(ROW_OPS + INSTRUCTION_OPS))
+    if ops.null_count or not pc.all(known).as_py():
+        return None
+    is_instruction = pc.is_in(ops, value_set=pa.array(INSTRUCTION_OPS))
+    instructions_found = pc.any(is_instruction).as_py()
+    if instructions_found and not snapshot_columns:
+        return None
+    keys = list(schema.primary_key)
+    rows = batch.filter(pc.invert(is_instruction)) if instructions_found else batch
+    if rows.num_rows and rows.select(keys).group_by(keys).aggregate([]).num_rows \
+            != rows.num_rows:
+        return None  # a key with several records: folded by the Spark path
+    counts = {op: pc.sum(pc.equal(rows.column(OP), op)).as_py() or 0 for op in ROW_OPS}
+    counts["records"] = batch.num_rows
+    counts["max_pos"] = int(pc.max(batch.column(POS)).as_py())
+    counts["newest_ms"] = int(pc.max(batch.column(TS_MS)).as_py() or 0)
+    removed = np.zeros(rows.num_rows, dtype=bool)
+    if instructions_found:
+        found = _instructions(batch.filter(is_instruction), schema)
+        if found is None:
+            return None
+        cut = intervals(found)
+        if any(verdict is not None for _, verdict in cut):
+            log.info("%s: applying %d range assertions/sweeps", table_id, len(found))
+            removed = _asserted_away(rows, keys, cut)
+    live = pc.not_equal(rows.column(OP), DELETE)
+    kept = pc.and_(live, pa.array(~removed))
+    counts["asserted"] = int(np.count_nonzero(
+        removed & np.asarray(live.to_numpy(zero_copy_only=False), dtype=bool)))
+    return rows, kept, counts
+
+
+def _instructions(records: pa.Table, schema: TableSchema) -> list[Instruction] | None:
+    """``merge._collect_instructions`` in Arrow: the ``a``/``s`` records as instructions with
+    their bounds as Python values (compared only with the batch's own keys read the same
+    way); None for any record the Spark path would refuse (it says why)."""
+    keys = list(schema.primary_key)
+    instructions = []
+    for record in records.to_pylist():
+        pos, threshold = record[POS], record[THRESHOLD]
+        if threshold is None or threshold > pos:
+            return None
+        if record[OP] == SWEEP:
+            instructions.append(Instruction(pos, threshold, None, None))
+            continue
+        if record[LO_OPEN] is None or record[HI_OPEN] is None:
+            return None
+        low: Key | None = None if record[LO_OPEN] else tuple(record[k] for k in keys)
+        high: Key | None = None if record[HI_OPEN] else tuple(record[hi_column(k)]
+                                                              for k in keys)
+        instructions.append(Instruction(pos, threshold, low, high))
+    ranged = any(i.low is not None or i.high is not None for i in instructions)
+    if ranged and not all(range_ordered(schema.column(k)) for k in keys):
+        return None  # (text keys take sweeps only: the Spark path refuses their assertions)
+    return instructions
+
+
+def _asserted_away(rows: pa.Table, keys: list[str], cut: Sequence[Interval]) -> np.ndarray:
+    """For each row record (one per key, so each key's latest record): whether a range
+    assertion or sweep deletes its key (``range_assertions.tombstone_position`` not None:
+    its interval has a verdict whose threshold is above the record's position).
+
+    The keys are sorted once (lexicographic, NULL first: ``keys.key_order``, which Arrow's
+    order of the range-ordered types is) and each interval's end found by bisection, so the
+    cost is a sort, not a comparison per key and interval."""
+    count = rows.num_rows
+    thresholds = np.full(count, np.iinfo(np.int64).min, dtype=np.int64)
+    if len(cut) == 1:
+        verdict = cut[0][1]
+        if verdict is not None:
+            thresholds[:] = verdict[0]
+        return rows.column(POS).to_numpy() < thresholds
+    order = pc.sort_indices(rows.select(keys), sort_keys=[(k, "ascending") for k in keys],
+                            null_placement="at_start")
+    ordered = rows.select(keys).take(order)
+    columns = [ordered.column(k) for k in keys]
+
+    def order_at(index: int) -> tuple:
+        return key_order(tuple(column[index].as_py() for column in columns))
+
+    start = 0
+    for upper, verdict in cut:
+        if upper is None:
+            end = count
+        else:
+            bound, low, high = key_order(upper), start, count
+            while low < high:  # the first sorted key above ``upper``
+                middle = (low + high) // 2
+                if order_at(middle) <= bound:
+                    low = middle + 1
+                else:
+                    high = middle
+            end = low
+        if verdict is not None:
+            thresholds[start:end] = verdict[0]
+        start = end
+    positions = rows.column(POS).take(order).to_numpy()
+    removed = np.zeros(count, dtype=bool)
+    removed[order.to_numpy()] = positions < thresholds
+    return removed
+
+
+def _project(rows: pa.Table, schema: Schema) -> pa.Table:
+    """The rows in the table's columns (user columns and ``__cdc_pos``), each checked to have
+    the Iceberg type its landed Arrow type maps to (``iceberg_type``: pyiceberg then writes
+    the values as they are; no cast that could change one)."""
+    columns = []
+    for field in schema.fields:
+        column = rows.column(field.name)
+        if iceberg_type(column.type) != field.field_type:
+            raise TypeError(f"column {field.name!r} landed as {column.type}, which is not "
+                            f"the target's {field.field_type}")
+        columns.append(column)
+    return pa.Table.from_arrays(columns, names=[f.name for f in schema.fields])
+
+
+def target_rows(warehouse_url: str, catalog: Any, server_name: str, database: str,
+                table: str) -> int | None:
+    """A target's live rows read without Spark (0: no table or no snapshot yet), or None when
+    the catalog is not one this module reads (``local_hadoop_catalog``)."""
+    hadoop = local_hadoop_catalog(warehouse_url, catalog)
+    name = table_name(table, unicode_names=True)
+    if hadoop is None or name != table_name(table):
+        return None
+    try:
+        found = hadoop.load_table((namespace_name(server_name, database), name))
+    except NoSuchTableError:
+        return 0
+    current = found.current_snapshot()
+    return _live_rows(current) if current is not None else 0
