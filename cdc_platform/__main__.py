@@ -71,9 +71,11 @@ def _apply(args: argparse.Namespace) -> int:
 
     settings = load_settings(args.config).for_source(args.source)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    spark = build_spark_session(settings.spark.master, settings.spark.app_name,
-                                settings_conf(settings))
     stop = _stop_on_signals("stopping after the merge in progress")
+
+    def spark() -> Any:  # (started when first needed: an initial load is appended without it)
+        return build_spark_session(settings.spark.master, settings.spark.app_name,
+                                   settings_conf(settings))
 
     def report(event: Any) -> None:
         logging.info(event.describe() if isinstance(event, Applied) else f"applier: {event}")

@@ -54,6 +54,7 @@ from cdc_platform.capture.snapshot.protocol import (
     read_session_state,
 )
 from cdc_platform.capture.source import SourceSession, TableSelector, missing_table
+from cdc_platform.lake.arrow_load import target_rows
 from cdc_platform.lake.changelog import read_checkpoint
 from cdc_platform.lake.iceberg.lake import Lake
 from cdc_platform.lake.iceberg.table import LakeTable
@@ -189,6 +190,7 @@ class _TableState:
     last_compaction: float = -1e9
     loaded: bool = False  # the target is known to hold rows
     waited_for: str = ""  # the snapshot session it last said it waits for
+    awaiting_snapshot: bool = False  # its empty target waits for its snapshot (first_load_waits)
 
 
 # A table passing compact_delete_ratio is compacted at most this often (by the file count, at
@@ -198,6 +200,9 @@ DELETE_COMPACTION_INTERVAL_SECONDS = 300.0
 EXPIRY_CHECK_MERGES = 100
 # After a table's merge fails, it is tried again after this long, doubling up to the cap.
 RETRY_SECONDS = 5.0
+# While an empty target waits for its snapshot to end, passes come this often (reading the
+# checkpoint: one small file), so the initial load is appended within this of the end.
+FIRST_LOAD_POLL_SECONDS = 0.25
 MAX_RETRY_SECONDS = 300.0
 
 
@@ -252,9 +257,12 @@ def same_position(flavour: str, left: str | None, right: str | None) -> bool:
 class Applier:
     """The loop; ``run`` until ``stop`` is set, events to ``emit`` (from this thread)."""
 
-    def __init__(self, spark: SparkSession, options: ApplierOptions,
-                 emit: Callable[[Event], None], sweep_landing_zone: bool = True) -> None:
-        self.spark = spark
+    def __init__(self, spark: SparkSession | Callable[[], SparkSession],
+                 options: ApplierOptions, emit: Callable[[Event], None],
+                 sweep_landing_zone: bool = True) -> None:
+        # (a function: the session is made when first needed. An initial load is appended
+        # without Spark, so a cold applier does not wait 5-10 s for the session first.)
+        self._spark = spark
         self.options = options
         self.emit = emit
         self.sweep_landing_zone = sweep_landing_zone
@@ -268,8 +276,17 @@ class Applier:
 
     # -- the loop ---------------------------------------------------------------------------
 
+    @property
+    def spark(self) -> SparkSession:
+        """The applier's Spark session (started on first use when given as a function)."""
+        if not isinstance(self._spark, SparkSession):
+            self._spark = self._spark()
+            ensure_lake_conf(self._spark)
+        return self._spark
+
     def run(self, stop: threading.Event) -> None:
-        ensure_lake_conf(self.spark)
+        if isinstance(self._spark, SparkSession):
+            ensure_lake_conf(self._spark)
         while not stop.is_set():
             started = time.monotonic()
             self.cycle(stop)
@@ -278,9 +295,12 @@ class Applier:
     def _until_next_cycle(self, started: float) -> float:
         """Seconds until the next pass: ``poll_seconds`` after this one started, or sooner when
         a table's ``merge_interval_seconds`` ends before (it is merged when due, not up to a
-        poll later)."""
+        poll later), or ``FIRST_LOAD_POLL_SECONDS`` while an empty target waits for its
+        snapshot (the load is appended as soon as the snapshot ends)."""
         now = time.monotonic()
         due = started + self.options.poll_seconds
+        if any(state.awaiting_snapshot for state in self.states.values()):
+            due = min(due, started + FIRST_LOAD_POLL_SECONDS)
         for state in self.states.values():
             if state.merge_started > 0:
                 ends = state.merge_started + self.options.merge_interval_seconds
@@ -342,10 +362,11 @@ class Applier:
         if not self.pending(schema, checkpoint):
             self._after_catch_up(schema, state)
             return
-        if self._loading(schema, state, checkpoint):
+        state.awaiting_snapshot = self._loading(schema, state, checkpoint)
+        if state.awaiting_snapshot:
             return
         try:
-            result = materialise(self.spark, self.options.landing_url,
+            result = materialise(lambda: self.spark, self.options.landing_url,
                                  self.options.warehouse_url, self.options.server_name, schema,
                                  schema.database, schema.table, catalog=self.options.catalog,
                                  s3=self.options.s3)
@@ -383,12 +404,17 @@ class Applier:
         if not first_load_waits(session, state.loaded, datetime.now(UTC),
                                 self.options.first_load_wait_seconds):
             return False
-        try:  # (the target read only when the session alone says wait)
-            current = self._target(schema).current()
+        try:  # (the target read only when the session alone says wait; without Spark when
+            # the catalog allows: a cold applier's session is not started for it)
+            rows = target_rows(self.options.warehouse_url, self.options.catalog,
+                               self.options.server_name, schema.database, schema.table)
+            if rows is None:
+                current = self._target(schema).current()
+                rows = current.rows if current is not None else 0
         except Exception:  # noqa: BLE001 - the merge reports it, with its backoff
             log.debug("applier: reading %s failed", schema.table_id, exc_info=True)
             return False
-        state.loaded = current is not None and current.rows > 0
+        state.loaded = rows > 0
         if not state.loaded and session is not None and session.session_id != state.waited_for:
             state.waited_for = session.session_id
             self.emit(Waiting(schema, session.session_id, self.options.first_load_wait_seconds))
@@ -410,10 +436,10 @@ class Applier:
                          >= DELETE_COMPACTION_INTERVAL_SECONDS)
         reason = compaction_reason(metadata, options.compact_min_files,
                                    options.compact_delete_ratio if deletes_count else None)
-        target = self._target(schema)
         older_than = datetime.now(UTC) - timedelta(hours=options.snapshot_retention_hours)
         if state.merges_since_expiry >= EXPIRY_CHECK_MERGES:
             state.merges_since_expiry = 0
+            target = self._target(schema)
             if target.snapshot_count() > options.max_snapshots:
                 times = target.snapshot_times()
                 older_than = max(older_than, times[-options.max_snapshots])
@@ -422,6 +448,7 @@ class Applier:
         if reason is None:
             return
         self._housekept = True
+        target = self._target(schema)
         try:
             report = target.maintain(older_than, options.min_snapshots_to_keep)
         except Exception as error:  # noqa: BLE001 - a conflicting merge wins; retried later

@@ -144,8 +144,9 @@ def build_job(settings: Settings) -> dg.JobDefinition:
                                                        HOST_TAG: socket.gethostname()})
         log = QueueLog()
         pending: list[Any] = []
-        spark = pyspark.spark_session
-        applier = Applier(spark, ApplierOptions.from_settings(settings), pending.append)
+        # (the session starts when first needed: an initial load is appended without it)
+        applier = Applier(lambda: pyspark.spark_session, ApplierOptions.from_settings(settings),
+                          pending.append)
 
         def relay() -> None:
             while pending:
