@@ -51,6 +51,11 @@ def maintain(table: LakeTable, older_than: datetime, retain_last: int) -> dict[s
         return report
     jvm = table.spark.sparkContext._jvm
     jspark = table.spark._jsparkSession  # type: ignore[attr-defined]
+    # Iceberg's rewrites read their file groups through ``SparkSession.active()``, which is
+    # per JVM thread: a thread that has not made a DataFrame (the applier's, when its loads
+    # were appended without Spark) has none of its own, and the read then looks up Iceberg's
+    # cache catalog in another session ("default_cache_iceberg ... is not defined").
+    jvm.org.apache.spark.sql.SparkSession.setActiveSession(jspark)
     actions = jvm.org.apache.iceberg.spark.actions.SparkActions.get(jspark)
 
     def loaded() -> Any:  # fresh metadata for each action (the catalog cache is off)
