@@ -35,7 +35,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
+
+# (imported now, with the applier: pyiceberg's writer imports pyarrow.dataset and pandas on
+# first use, a second of a cold applier's initial load otherwise)
+from pyiceberg.io import pyarrow as _pyiceberg_writer  # noqa: F401
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot as IcebergSnapshot
@@ -76,7 +81,7 @@ from cdc_platform.capture.landing_contract import (
 )
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.storage import open_store
-from cdc_platform.lake.changelog import TableChangelog
+from cdc_platform.lake.changelog import BatchPlan, TableChangelog
 from cdc_platform.lake.columns import spark_type
 from cdc_platform.lake.iceberg.catalog import namespace_name, quote, table_name
 from cdc_platform.lake.iceberg.commit import ConcurrentCommitError
@@ -94,6 +99,12 @@ from cdc_platform.lake.iceberg.snapshots import CONSUMED_GTID, CONSUMED_POS, Sna
 from cdc_platform.lake.range_assertions import Instruction, Interval, intervals
 
 log = logging.getLogger(__name__)
+
+# The append holds its batch in memory (read, judged, written at once): a batch whose
+# segments hold more than this (uncompressed, as their footers say; the bench's 1M rows of
+# six columns: about 70 MB, the applier then peaks near 0.7 GB) is merged by Spark, which
+# spills. Memory stays bounded whatever a table's size.
+MAX_BATCH_BYTES = 512 << 20
 
 # Spark's types as Iceberg's Spark catalog converts them (``SparkSchemaUtil.convert``): the
 # table this path creates has the columns a Spark CREATE TABLE of ``columns.user_struct`` has.
@@ -222,6 +233,12 @@ def _load_once(changelog: TableChangelog, hadoop: LocalHadoopCatalog,
     wanted = iceberg_schema(schema)
     if table is not None and not _fits(table, schema, wanted, renames, after_pos):
         return None
+    size = _landed_bytes(plan)
+    if size > MAX_BATCH_BYTES:
+        log.info("%s: %d MB of segments to load, above the %d MB an append without Spark "
+                 "holds in memory: merged by Spark", changelog.table_id, size >> 20,
+                 MAX_BATCH_BYTES >> 20)
+        return None
     read = time.monotonic()
     batch = changelog.arrow_batch(plan, after_pos, before_pos)
     counted = _count(batch, schema, plan.snapshot_columns, changelog.table_id)
@@ -257,6 +274,18 @@ def _load_once(changelog: TableChangelog, hadoop: LocalHadoopCatalog,
         gtid=checkpoint.gtid, newest_ms=counts["newest_ms"] or None,
         inserted=counts[CREATE], existing=counts[UPDATE] + counts[SNAPSHOT_ROW],
         snapshot_rows=counts[SNAPSHOT_ROW], asserted=counts["asserted"])
+
+
+def _landed_bytes(plan: BatchPlan) -> int:
+    """The batch's segments' data as Arrow holds it (their row groups' uncompressed size,
+    from the footers): what reading them costs in memory, before they are read."""
+    total = 0
+    for group in plan.groups:
+        for segment in group.segments:
+            footer = pq.read_metadata(segment.path, filesystem=segment.filesystem)
+            total += sum(footer.row_group(i).total_byte_size
+                         for i in range(footer.num_row_groups))
+    return total
 
 
 def snapshot_of(snapshot: IcebergSnapshot) -> Snapshot:
@@ -310,8 +339,13 @@ def _count(batch: pa.Table, schema: TableSchema, snapshot_columns: bool, table_i
         return None
     keys = list(schema.primary_key)
     rows = batch.filter(pc.invert(is_instruction)) if instructions_found else batch
-    if rows.num_rows and rows.select(keys).group_by(keys).aggregate([]).num_rows \
-            != rows.num_rows:
+    if any(pa.types.is_floating(rows.schema.field(k).type) for k in keys):
+        return None  # (Spark groups -0.0 with 0.0 and NaN with NaN: its path folds them)
+    # The keys sorted once (lexicographic, NULL first: keys.key_order): a repeat is a
+    # neighbour, and the range assertions' intervals are runs (_asserted_away).
+    order = pc.sort_indices(rows, sort_keys=[(k, "ascending", "at_start") for k in keys])
+    ordered = rows.select(keys).take(order)
+    if _repeats(ordered):
         return None  # a key with several records: folded by the Spark path
     counts = {op: pc.sum(pc.equal(rows.column(OP), op)).as_py() or 0 for op in ROW_OPS}
     counts["records"] = batch.num_rows
@@ -325,7 +359,7 @@ def _count(batch: pa.Table, schema: TableSchema, snapshot_columns: bool, table_i
         cut = intervals(found)
         if any(verdict is not None for _, verdict in cut):
             log.info("%s: applying %d range assertions/sweeps", table_id, len(found))
-            removed = _asserted_away(rows, keys, cut)
+            removed = _asserted_away(rows, order, ordered, cut)
     live = pc.not_equal(rows.column(OP), DELETE)
     kept = pc.and_(live, pa.array(~removed))
     counts["asserted"] = int(np.count_nonzero(
@@ -358,14 +392,29 @@ def _instructions(records: pa.Table, schema: TableSchema) -> list[Instruction] |
     return instructions
 
 
-def _asserted_away(rows: pa.Table, keys: list[str], cut: Sequence[Interval]) -> np.ndarray:
+def _repeats(ordered: pa.Table) -> bool:
+    """Whether sorted keys hold one key twice (neighbours equal in every part, NULL equal to
+    NULL as in Spark's grouping)."""
+    if ordered.num_rows < 2:
+        return False
+    same = None
+    for column in ordered.columns:
+        after, before = column.slice(1), column.slice(0, len(column) - 1)
+        equal = pc.or_(pc.fill_null(pc.equal(after, before), False),
+                       pc.and_(pc.is_null(after), pc.is_null(before)))
+        same = equal if same is None else pc.and_(same, equal)
+    return bool(pc.any(same).as_py())
+
+
+def _asserted_away(rows: pa.Table, order: pa.Array, ordered: pa.Table,
+                   cut: Sequence[Interval]) -> np.ndarray:
     """For each row record (one per key, so each key's latest record): whether a range
     assertion or sweep deletes its key (``range_assertions.tombstone_position`` not None:
     its interval has a verdict whose threshold is above the record's position).
 
-    The keys are sorted once (lexicographic, NULL first: ``keys.key_order``, which Arrow's
-    order of the range-ordered types is) and each interval's end found by bisection, so the
-    cost is a sort, not a comparison per key and interval."""
+    ``ordered``: the keys sorted by ``order`` (lexicographic, NULL first: ``keys.key_order``,
+    which Arrow's order of the range-ordered types is); each interval's end is found by
+    bisection, so the cost is that sort, not a comparison per key and interval."""
     count = rows.num_rows
     thresholds = np.full(count, np.iinfo(np.int64).min, dtype=np.int64)
     if len(cut) == 1:
@@ -373,10 +422,7 @@ def _asserted_away(rows: pa.Table, keys: list[str], cut: Sequence[Interval]) -> 
         if verdict is not None:
             thresholds[:] = verdict[0]
         return rows.column(POS).to_numpy() < thresholds
-    order = pc.sort_indices(rows.select(keys), sort_keys=[(k, "ascending") for k in keys],
-                            null_placement="at_start")
-    ordered = rows.select(keys).take(order)
-    columns = [ordered.column(k) for k in keys]
+    columns = ordered.columns
 
     def order_at(index: int) -> tuple:
         return key_order(tuple(column[index].as_py() for column in columns))
