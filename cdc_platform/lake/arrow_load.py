@@ -258,6 +258,13 @@ def _load_once(changelog: TableChangelog, hadoop: LocalHadoopCatalog,
             transaction = table.transaction()
         transaction.append(data, snapshot_properties=properties)
         committed = transaction.commit_transaction()
+    except OSError as error:
+        # (a warehouse filesystem without hard links, a full disk: Spark's path does the load,
+        # or stops with its own error. Had this commit landed, its MERGE of the same records
+        # would change nothing: positions.)
+        log.warning("%s: appending without Spark failed (%s); merging with Spark instead",
+                    changelog.table_id, error)
+        return None
     except (ConcurrentCommitError, CommitFailedException) as error:
         raise ConcurrentCommitError(
             f"{changelog.table_id}: another materialisation committed to "

@@ -192,3 +192,17 @@ def test_two_appenders_racing_on_an_empty_table_one_wins_the_other_merges(
     rows = rows_of(table.read())
     assert len(rows) == 20 and {v["name"] for k, v in rows.items() if k % 2 == 0} == {"later"}
     assert_third_party_reads_same(spark, table)
+
+
+def test_a_warehouse_without_hard_links_is_loaded_by_spark(spark, landing, warehouse,
+                                                           monkeypatch):
+    import os
+
+    def no_links(source: str, target: str) -> None:
+        raise PermissionError(1, "hard links not supported", target)
+
+    monkeypatch.setattr(os, "link", no_links)
+    landing.segment(S, [("c", r(i)) for i in range(4)])
+    result = materialise_table(spark, landing, warehouse, S)
+    assert result.appended and not spark_free(result) and result.rows == 4
+    assert sorted(rows_of(target_table(spark, warehouse, S).read())) == [0, 1, 2, 3]
