@@ -732,6 +732,24 @@ class EngineProcess:
             self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout)
 
+    def catch_up(self, timeout: float = 300.0) -> tuple[str | None, int]:
+        """Stop the streaming engine (SIGTERM) and run it again with ``--until-caught-up``;
+        (its exit nobody asked for, if it had exited already, else None; the catch-up's exit
+        code, -9 when it did not end within ``timeout``)."""
+        unasked = None
+        code = self.exited()
+        if code is not None:
+            unasked = f"life {self.lives} exited {code}: {self.tail()}"
+        else:
+            self.terminate()
+        self.start("--until-caught-up")
+        try:
+            code = self.proc.wait(timeout) if self.proc else -1
+        except subprocess.TimeoutExpired:
+            self.kill()
+            code = -9
+        return unasked, code
+
     def tail(self, lines: int = 3) -> str:
         if self.log is None or not self.log.exists():
             return ""
@@ -862,17 +880,9 @@ def run_faults(cluster: Cluster, spark: Any, cells: list[Cell], root: Path, *, k
     if workload.errors:
         result.engine_exits.append(f"workload errors: {workload.errors[:3]}")
     cluster.wait_replicated()
-    code = engine.exited()
-    if code is not None:
-        result.engine_exits.append(f"life {engine.lives} exited {code}: {engine.tail()}")
-    else:
-        engine.terminate()
-    engine.start("--until-caught-up")
-    try:
-        code = engine.proc.wait(300) if engine.proc else -1
-    except subprocess.TimeoutExpired:
-        engine.kill()
-        code = -9
+    unasked, code = engine.catch_up()
+    if unasked is not None:
+        result.engine_exits.append(unasked)
     if code == 0 and result.failover == "progressing":
         result.failover = "ok"
     elif code != 0:

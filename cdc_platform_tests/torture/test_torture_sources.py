@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -214,17 +213,9 @@ def sources_run(cluster: Cluster, topology_b: tuple[MariaDBServer, MariaDBServer
     if workload_b.errors:
         b_exits.append(f"workload errors: {workload_b.errors[:3]}")
     replica_b.wait_caught_up(primary_b)
-    code = engine_b.exited()
-    if code is not None:
-        b_exits.append(f"life {engine_b.lives} exited {code}: {engine_b.tail()}")
-    else:
-        engine_b.terminate()
-    engine_b.start("--until-caught-up")
-    try:
-        code = engine_b.proc.wait(300) if engine_b.proc else -1
-    except subprocess.TimeoutExpired:
-        engine_b.kill()
-        code = -9
+    unasked, code = engine_b.catch_up()
+    if unasked is not None:
+        b_exits.append(unasked)
     b_catch_up = "ok" if code == 0 else f"exited {code}: {engine_b.tail()}"
     b_tables = materialise_and_compare(spark, settings.for_source(B), primary_b,
                                        workload_b.tables)
