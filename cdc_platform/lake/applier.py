@@ -260,9 +260,14 @@ class Applier:
     def __init__(self, spark: SparkSession | Callable[[], SparkSession],
                  options: ApplierOptions, emit: Callable[[Event], None],
                  sweep_landing_zone: bool = True) -> None:
-        # (a function: the session is made when first needed. An initial load is appended
-        # without Spark, so a cold applier does not wait 5-10 s for the session first.)
+        # (a function: the session is made when first needed, or in the background after the
+        # first pass with nothing to merge. An initial load is appended without Spark, so a
+        # cold applier does not wait 5-10 s for the session first; but a session first made
+        # for a merge under a write load took 50 s of a saturated machine's cores.)
         self._spark = spark
+        self._starting: threading.Thread | None = None
+        self._started: list[SparkSession | BaseException] = []
+        self._pass_pending = False
         self.options = options
         self.emit = emit
         self.sweep_landing_zone = sweep_landing_zone
@@ -278,11 +283,39 @@ class Applier:
 
     @property
     def spark(self) -> SparkSession:
-        """The applier's Spark session (started on first use when given as a function)."""
-        if not isinstance(self._spark, SparkSession):
-            self._spark = self._spark()
-            ensure_lake_conf(self._spark)
-        return self._spark
+        """The applier's Spark session (started on first use when given as a function, or
+        taken from its start in the background)."""
+        if isinstance(self._spark, SparkSession):
+            return self._spark
+        if self._starting is not None:
+            self._starting.join()
+            started = self._started.pop()
+            self._starting = None
+            if isinstance(started, BaseException):
+                raise started  # (the next use starts it again)
+            session = started
+        else:
+            session = self._spark()
+        ensure_lake_conf(session)
+        self._spark = session
+        return session
+
+    def _start_spark_in_background(self) -> None:
+        """Start the session in a thread of its own after a pass with no table to merge: it
+        is then ready, started while the machine is quiet, for the first MERGE."""
+        factory = self._spark
+        if isinstance(factory, SparkSession) or self._starting is not None:
+            return
+
+        def start() -> None:
+            try:
+                self._started.append(factory())
+            except BaseException as error:  # noqa: BLE001 - raised where the session is used
+                self._started.append(error)
+
+        self._starting = threading.Thread(target=start, name="applier-spark-start",
+                                          daemon=True)
+        self._starting.start()
 
     def run(self, stop: threading.Event) -> None:
         if isinstance(self._spark, SparkSession):
@@ -318,10 +351,13 @@ class Applier:
             return
         tables = self.tables()
         turn = self.cycles % len(tables) if tables else 0
+        self._pass_pending = False
         for schema in tables[turn:] + tables[:turn]:
             if stop is not None and stop.is_set():
                 return
             self._apply(schema, checkpoint)
+        if not self._pass_pending:
+            self._start_spark_in_background()
         if self.sweep_landing_zone and (
                 time.monotonic() - self._last_sweep >= self.options.sweep_interval_seconds):
             self._sweep(tables)
@@ -362,6 +398,7 @@ class Applier:
         if not self.pending(schema, checkpoint):
             self._after_catch_up(schema, state)
             return
+        self._pass_pending = True
         state.awaiting_snapshot = self._loading(schema, state, checkpoint)
         if state.awaiting_snapshot:
             return

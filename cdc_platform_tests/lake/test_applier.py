@@ -328,3 +328,34 @@ def test_an_empty_target_says_once_that_it_waits_for_its_snapshot(
     assert (waiting.schema.table, waiting.session_id, waiting.seconds) == ("t", "s1", 600.0)
     assert not [e for e in events if isinstance(e, Applied)]
     assert env.target(spark, "t").current() is None
+
+
+def test_the_session_starts_in_the_background_after_a_pass_with_nothing_to_merge(
+        cdc_env: CdcEnv, spark: Any) -> None:
+    """Given a way to start its Spark session, the applier appends an initial load without
+    it, then starts it in a thread of its own after the first pass with nothing to merge (a
+    session first started for a MERGE under a write load took 50 s of a saturated machine),
+    and merges with it."""
+    env = cdc_env
+    env.execute("CREATE TABLE early (id INT PRIMARY KEY, v INT)", "INSERT INTO early VALUES (1, 0)")
+    env.catch_up()
+    starts: list[str] = []
+
+    def start() -> Any:
+        starts.append(threading.current_thread().name)
+        return spark
+
+    applied: list[Any] = []
+    applier = Applier(start, _options(env), lambda event: applied.append(event)
+                      if isinstance(event, Applied) else None)
+    applier.cycle()
+    assert [e.result.rows for e in applied] == [1] and applied[0].result.appended
+    assert starts == []  # the initial load needed no session
+    applier.cycle()  # nothing to merge: the session starts, in the background
+    assert applier.spark is spark
+    assert starts == ["applier-spark-start"]
+    env.execute("UPDATE early SET v = 1 WHERE id = 1")
+    env.catch_up()
+    applier.cycle()
+    assert [e.result.rows for e in applied] == [1, 1] and not applied[1].result.appended
+    assert starts == ["applier-spark-start"]
