@@ -90,10 +90,9 @@ from cdc_platform.lake.iceberg.locks import table_lock
 from cdc_platform.lake.iceberg.properties import (
     PRIMARY_KEY_PROPERTY,
     RENAMED_THROUGH_PROPERTY,
-    SOURCE_DATABASE_PROPERTY,
-    SOURCE_SERVER_PROPERTY,
     SOURCE_TABLE_PROPERTY,
-    TABLE_PROPERTIES,
+    target_comment,
+    target_properties,
 )
 from cdc_platform.lake.iceberg.snapshots import CONSUMED_GTID, CONSUMED_POS, Snapshot, mark_of
 from cdc_platform.lake.range_assertions import Instruction, Interval, intervals
@@ -145,13 +144,9 @@ def table_properties(server_name: str, schema: TableSchema, renamed_through: int
     """The properties ``LakeTable.create`` / ``ensure_created`` give a target through Spark
     (Spark adds ``owner``; the COMMENT is the ``comment`` property)."""
     return {
-        **TABLE_PROPERTIES,
-        SOURCE_SERVER_PROPERTY: server_name,
-        SOURCE_DATABASE_PROPERTY: schema.database,
-        SOURCE_TABLE_PROPERTY: schema.table,
-        PRIMARY_KEY_PROPERTY: json.dumps(list(schema.primary_key)),
-        RENAMED_THROUGH_PROPERTY: str(renamed_through),
-        "comment": f"cdc_platform target of {schema.table_id} on {server_name}",
+        **target_properties(server_name, schema.database, schema.table, schema.primary_key,
+                            renamed_through),
+        "comment": target_comment(server_name, schema.database, schema.table),
         "owner": os.environ.get("SPARK_USER") or getpass.getuser(),
     }
 

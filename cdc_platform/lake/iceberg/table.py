@@ -31,10 +31,11 @@ from cdc_platform.lake.iceberg.maintenance import maintain
 from cdc_platform.lake.iceberg.properties import (
     PRIMARY_KEY_PROPERTY,
     RENAMED_THROUGH_PROPERTY,
-    SOURCE_DATABASE_PROPERTY,
-    SOURCE_SERVER_PROPERTY,
     SOURCE_TABLE_PROPERTY,
     TABLE_PROPERTIES,
+    source_properties,
+    target_comment,
+    target_properties,
 )
 from cdc_platform.lake.iceberg.schema import commit_metadata, drop_columns, evolve, prepare
 from cdc_platform.lake.iceberg.snapshots import Snapshot, mark_of, snapshot_from_java
@@ -77,8 +78,7 @@ class LakeTable:
 
     def source_properties(self) -> dict[str, str]:
         """The table properties that name the source table by its real names."""
-        return {SOURCE_SERVER_PROPERTY: self.server_name,
-                SOURCE_DATABASE_PROPERTY: self.database, SOURCE_TABLE_PROPERTY: self.table}
+        return source_properties(self.server_name, self.database, self.table)
 
     @property
     def table_id(self) -> str:
@@ -121,7 +121,7 @@ class LakeTable:
         properties = ", ".join(f"'{sql_string(k)}'='{sql_string(v)}'"
                                for k, v in {**TABLE_PROPERTIES, **self.source_properties(),
                                             **(properties or {})}.items())
-        comment = f"cdc_platform target of {self.table_id} on {self.server_name}"
+        comment = target_comment(self.server_name, self.database, self.table)
         self.lake.sql(
             f"CREATE TABLE IF NOT EXISTS {self.identifier} ({columns}, {quote(POS)} bigint) "
             f"USING iceberg COMMENT '{sql_string(comment)}' TBLPROPERTIES ({properties})")
@@ -133,8 +133,9 @@ class LakeTable:
         Idempotent: it also completes a creation that crashed before the first snapshot."""
         with self.writing():
             if not self.exists():
-                self.create(schema, {PRIMARY_KEY_PROPERTY: json.dumps(list(schema.primary_key)),
-                                     RENAMED_THROUGH_PROPERTY: str(renamed_through)})
+                self.create(schema, target_properties(self.server_name, self.database,
+                                                      self.table, schema.primary_key,
+                                                      renamed_through))
             if self.current() is None:
                 empty = self.spark.createDataFrame([], self.spark.table(self.identifier).schema)
                 empty.writeTo(self.identifier).append()
