@@ -810,6 +810,41 @@ def test_a_new_session_replaces_the_old_one_and_removes_its_chunks(
         (landing.root / "snapshots" / db / "items" / "chunks").iterdir())
 
 
+def test_a_stopped_session_replaced_before_its_reader_saw_the_stop_still_ends_stopped(
+        shop: tuple[Any, str, LandingZone]) -> None:
+    """A stop, then at once a new snapshot of the table (a signal after a stop-snapshot, or the
+    platform's own snapshot of a table the stop freed): the stopped run ends as stopped, not
+    failed as replaced, and the new one reads the table."""
+    mariadb, db, landing = shop
+    with ScriptedEngine(landing, f"{db}.items",
+                        lambda s, m: "commit" if m["session_id"] == "run-b" else "wait"
+                        ) as engine:
+        # (polls its request every 2 s while paused: the new run starts in between)
+        first = _reader(mariadb, db, landing, chunk_size=50, session_id="run-a",
+                        poll_seconds=2.0)
+        outcome: list[SnapshotResult | BaseException] = []
+
+        def run_first() -> None:
+            try:
+                outcome.append(first.run())
+            except BaseException as error:  # noqa: BLE001 - checked below
+                outcome.append(error)
+
+        thread = threading.Thread(target=run_first, daemon=True)
+        thread.start()
+        _wait_until(lambda: engine.session is not None and engine.session["state"] == "open")
+        first.pause()
+        _wait_until(lambda: engine.session["state"] == "paused")
+        time.sleep(0.3)  # (the first reader has seen the pause and sleeps)
+        actions.request_action(landing, db, "items", "stop")
+        second = _reader(mariadb, db, landing, chunk_size=50, session_id="run-b")
+        result = second.run()
+        thread.join(30)
+    assert isinstance(outcome[0], SnapshotResult), outcome[0]
+    assert outcome[0].status == "stopped"
+    assert (result.status, result.rows) == ("done", 100)
+
+
 def test_stalled_engine_is_reported_naming_server_table_and_chunks(
         shop: tuple[Any, str, LandingZone]) -> None:
     mariadb, db, landing = shop

@@ -536,6 +536,10 @@ class SnapshotReader:
             self._held = self._final_seq = None
             self._next_seq = self._rows = self._chunks = 0
             self._with_connection("re-reading the table's schema", lambda _c: self.reload_schema())
+        if not self._lock.held and self._replaces_a_stopped_session():
+            # Its reader ends on seeing the stop: let it see the stop (and end as stopped, not
+            # as replaced) before this session's request takes its place.
+            self._wait_for_the_replaced_reader()
         self._request(Action.PAUSE if paused else Action.OPEN)
         paused = {"pause": True, "resume": False}.get(self._follow_control() or "", paused)
         if not self._lock.held:
@@ -613,6 +617,13 @@ class SnapshotReader:
                       f"{self._chunks} chunks ({self._rows} rows) committed, {len(self._pending)} "
                       f"waiting for the engine, {len(self._todo)} ranges still to read")
         return True
+
+    def _replaces_a_stopped_session(self) -> bool:
+        """Whether the table's request stops another session (its run told to stop: a signal,
+        the CLI, a cancelled run) that this one is about to replace."""
+        current = read_request(self.landing, self.schema.database, self.schema.table)
+        return current is not None and current.action == Action.STOP and \
+            current.session_id not in (NO_SESSION, self.session_id)
 
     def _wait_for_the_replaced_reader(self) -> None:
         """Another reader of the table is alive: this session replaces its session (it notices
