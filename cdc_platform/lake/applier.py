@@ -61,6 +61,7 @@ from cdc_platform.lake.iceberg.table import LakeTable
 from cdc_platform.lake.merge import MergeResult, materialise
 from cdc_platform.lake.reconcile import ReconcileResult, reconcile_table
 from cdc_platform.lake.spark import ensure_lake_conf
+from cdc_platform.lake.warmup import warm_up
 
 log = logging.getLogger(__name__)
 
@@ -301,17 +302,26 @@ class Applier:
         return session
 
     def _start_spark_in_background(self) -> None:
-        """Start the session in a thread of its own after a pass with no table to merge: it
-        is then ready, started while the machine is quiet, for the first MERGE."""
+        """Start the session in a thread of its own after a pass with no table to merge, and
+        warm it up (``lake.warmup``): it is then ready, started while the machine is quiet,
+        and the first MERGE runs as fast as the later ones."""
         factory = self._spark
         if isinstance(factory, SparkSession) or self._starting is not None:
             return
 
         def start() -> None:
             try:
-                self._started.append(factory())
+                session = factory()
             except BaseException as error:  # noqa: BLE001 - raised where the session is used
                 self._started.append(error)
+                return
+            try:
+                ensure_lake_conf(session)
+                warm_up(session)
+            except Exception as error:  # noqa: BLE001 - only slower: the first MERGE warms it
+                log.warning("warming the Spark session up failed (%s); the first merge will "
+                            "be slower", error)
+            self._started.append(session)
 
         self._starting = threading.Thread(target=start, name="applier-spark-start",
                                           daemon=True)

@@ -9,6 +9,7 @@ compactions come on their cadence, and the target equals the source once the wri
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
 import threading
 import time
@@ -331,11 +332,13 @@ def test_an_empty_target_says_once_that_it_waits_for_its_snapshot(
 
 
 def test_the_session_starts_in_the_background_after_a_pass_with_nothing_to_merge(
-        cdc_env: CdcEnv, spark: Any) -> None:
+        cdc_env: CdcEnv, spark: Any, caplog: pytest.LogCaptureFixture) -> None:
     """Given a way to start its Spark session, the applier appends an initial load without
     it, then starts it in a thread of its own after the first pass with nothing to merge (a
     session first started for a MERGE under a write load took 50 s of a saturated machine),
-    and merges with it."""
+    warms it up there (the first MERGE of a cold session took 3-4 times a warm one's), and
+    merges with it."""
+    caplog.set_level(logging.INFO, logger="cdc_platform.lake.warmup")
     env = cdc_env
     env.execute("CREATE TABLE early (id INT PRIMARY KEY, v INT)", "INSERT INTO early VALUES (1, 0)")
     env.catch_up()
@@ -354,6 +357,7 @@ def test_the_session_starts_in_the_background_after_a_pass_with_nothing_to_merge
     applier.cycle()  # nothing to merge: the session starts, in the background
     assert applier.spark is spark
     assert starts == ["applier-spark-start"]
+    assert [r for r in caplog.records if r.getMessage().startswith("Spark session warmed up")]
     env.execute("UPDATE early SET v = 1 WHERE id = 1")
     env.catch_up()
     applier.cycle()
