@@ -206,3 +206,20 @@ def test_a_warehouse_without_hard_links_is_loaded_by_spark(spark, landing, wareh
     result = materialise_table(spark, landing, warehouse, S)
     assert result.appended and not spark_free(result) and result.rows == 4
     assert sorted(rows_of(target_table(spark, warehouse, S).read())) == [0, 1, 2, 3]
+
+
+def test_a_load_is_written_as_one_file_per_core_and_leaves_no_write_setting(
+        spark, landing, warehouse, monkeypatch):
+    """Spark scans a file in one task: a load as one file made every later MERGE scan the
+    target on one core. The file size is the transaction's setting only: the table is left
+    with the properties Spark gives it (and a table's own setting wins)."""
+    monkeypatch.setattr(arrow_load, "WRITE_FILES", 3)
+    monkeypatch.setattr(arrow_load, "MIN_ROWS_PER_FILE", 10)
+    landing.segment(S, [("c", r(i, "n" * 50)) for i in range(300)])
+    loaded = materialise_table(spark, landing, warehouse, S)
+    assert spark_free(loaded) and loaded.rows == 300
+    table = target_table(spark, warehouse, S)
+    files = table.lake.sql(f"SELECT record_count FROM {table.identifier}.files").collect()
+    assert len(files) == 3 and sum(f.record_count for f in files) == 300
+    assert arrow_load.TARGET_FILE_SIZE not in metadata(table)["properties"]
+    assert rows_of(table.read()).keys() == set(range(300))
