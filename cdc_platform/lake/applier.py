@@ -454,7 +454,8 @@ class Applier:
         try:  # (the target read only when the session alone says wait; without Spark when
             # the catalog allows: a cold applier's session is not started for it)
             rows = target_rows(self.options.warehouse_url, self.options.catalog,
-                               self.options.server_name, schema.database, schema.table)
+                               self.options.server_name, schema.database, schema.table,
+                               self.options.s3)
             if rows is None:
                 current = self._target(schema).current()
                 rows = current.rows if current is not None else 0

@@ -12,12 +12,14 @@ Same rules, same result: the segments, their renames and columns come from
 ``TableChangelog.plan`` / ``arrow_batch`` (as ``batch`` reads them), the verdicts of range
 assertions and sweeps from ``range_assertions.intervals`` (as the MERGE's), the consumed mark
 travels in the append's own snapshot summary, and the append is published only if the table
-is still at the version it was read from (``iceberg.hadoop``; a lost race is
+is still at the version it was read from (a local Hadoop catalog: ``iceberg.hadoop``; a REST
+catalog: the service's compare-and-swap, ``iceberg.rest``; a lost race is
 ConcurrentCommitError, and ``materialise`` runs again). Whatever this path does not do
 exactly as the Spark path does, it leaves to the Spark path (``initial_load`` returns None):
 a target with rows, keys with several records in the batch, a schema the table does not
 have yet, pending column renames or drops, malformed records (the Spark path refuses them
-with its error), catalogs other than a Hadoop catalog on a local warehouse.
+with its error), catalogs other than a Hadoop catalog on a local warehouse or a REST catalog
+whose settings ``iceberg.rest`` translates.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, TableAlreadyExistsError
 
 # (imported now, with the applier: pyiceberg's writer imports pyarrow.dataset and pandas on
 # first use, a second of a cold applier's initial load otherwise)
@@ -94,6 +96,7 @@ from cdc_platform.lake.iceberg.properties import (
     target_comment,
     target_properties,
 )
+from cdc_platform.lake.iceberg.rest import LakeRestCatalog, rest_catalog
 from cdc_platform.lake.iceberg.snapshots import CONSUMED_GTID, CONSUMED_POS, Snapshot, mark_of
 from cdc_platform.lake.range_assertions import Instruction, Interval, intervals
 
@@ -171,6 +174,24 @@ def local_hadoop_catalog(warehouse_url: str, catalog: Any = None) -> LocalHadoop
     return LocalHadoopCatalog(getattr(catalog, "name", "lake"), root, store.uri)
 
 
+def lake_catalog(warehouse_url: str, catalog: Any = None, s3: Any = None
+                 ) -> LocalHadoopCatalog | LakeRestCatalog | None:
+    """The lake's catalog as this path commits through it (a Hadoop catalog on a local
+    warehouse, or a REST catalog: ``iceberg.rest``), or None: Spark's path."""
+    return local_hadoop_catalog(warehouse_url, catalog) or rest_catalog(warehouse_url,
+                                                                        catalog, s3)
+
+
+def _identifier(lake: LocalHadoopCatalog | LakeRestCatalog, server_name: str, database: str,
+                table: str) -> tuple[str, str] | None:
+    """The target's identifier as Spark's ``LakeTable`` names it, or None for a Unicode name
+    in a Hadoop catalog (``LakeTable`` decides between it and an older ASCII one)."""
+    name = table_name(table)
+    if isinstance(lake, LocalHadoopCatalog) and table_name(table, unicode_names=True) != name:
+        return None
+    return namespace_name(server_name, database), name
+
+
 @dataclass(frozen=True)
 class Loaded:
     """What ``initial_load`` committed (``lake.merge`` makes it a ``MergeResult``)."""
@@ -188,24 +209,27 @@ class Loaded:
 
 
 def initial_load(changelog: TableChangelog, warehouse_url: str, catalog: Any,
-                 server_name: str) -> Loaded | None:
+                 server_name: str, s3: Any = None) -> Loaded | None:
     """Append the changelog's new records to the table's empty (or missing) target without
     Spark, or None when this path does not apply (see the module's docstring) and nothing was
-    done. ConcurrentCommitError: another writer committed first; nothing was published."""
-    hadoop = local_hadoop_catalog(warehouse_url, catalog)
-    name = table_name(changelog.table, unicode_names=True)
-    if hadoop is None or name != table_name(changelog.table):
-        return None  # (a Unicode name: LakeTable decides between it and an older ASCII one)
-    namespace = namespace_name(server_name, changelog.database)
-    with table_lock(str(hadoop.root), namespace, name):
-        return _load_once(changelog, hadoop, (namespace, name), server_name)
+    done. ConcurrentCommitError: another writer committed first; nothing was published.
+    ``s3``: the config's ``s3`` section (a warehouse on S3 behind a REST catalog)."""
+    lake = lake_catalog(warehouse_url, catalog, s3)
+    identifier = _identifier(lake, server_name, changelog.database, changelog.table) \
+        if lake is not None else None
+    if lake is None or identifier is None:
+        return None
+    if isinstance(lake, LocalHadoopCatalog):  # (a catalog service commits atomically itself)
+        with table_lock(str(lake.root), *identifier):
+            return _load_once(changelog, lake, identifier, server_name)
+    return _load_once(changelog, lake, identifier, server_name)
 
 
-def _load_once(changelog: TableChangelog, hadoop: LocalHadoopCatalog,
+def _load_once(changelog: TableChangelog, lake: LocalHadoopCatalog | LakeRestCatalog,
                identifier: tuple[str, str], server_name: str) -> Loaded | None:
     started = time.monotonic()
     try:
-        table: Table | None = hadoop.load_table(identifier)
+        table: Table | None = lake.load_table(identifier)
     except NoSuchTableError:
         table = None
     after_pos = None
@@ -251,9 +275,14 @@ def _load_once(changelog: TableChangelog, hadoop: LocalHadoopCatalog,
     properties = {CONSUMED_POS: str(counts["max_pos"]), CONSUMED_GTID: checkpoint.gtid or ""}
     try:
         if table is None:
-            (hadoop.root / identifier[0]).mkdir(parents=True, exist_ok=True)
-            transaction = hadoop.create_table_transaction(
-                identifier, wanted, location=hadoop.location(identifier),
+            location = None  # (a catalog service places it)
+            if isinstance(lake, LocalHadoopCatalog):
+                (lake.root / identifier[0]).mkdir(parents=True, exist_ok=True)
+                location = lake.location(identifier)
+            else:
+                lake.create_namespace_if_not_exists(identifier[0])
+            transaction = lake.create_table_transaction(
+                identifier, wanted, location=location,
                 properties=table_properties(server_name, schema, before_pos - 1))
         else:
             transaction = table.transaction()
@@ -266,7 +295,7 @@ def _load_once(changelog: TableChangelog, hadoop: LocalHadoopCatalog,
         log.warning("%s: appending without Spark failed (%s); merging with Spark instead",
                     changelog.table_id, error)
         return None
-    except (ConcurrentCommitError, CommitFailedException) as error:
+    except (ConcurrentCommitError, CommitFailedException, TableAlreadyExistsError) as error:
         raise ConcurrentCommitError(
             f"{changelog.table_id}: another materialisation committed to "
             f"{'.'.join(identifier)} first ({error}); this one's append was not published: "
@@ -277,7 +306,7 @@ def _load_once(changelog: TableChangelog, hadoop: LocalHadoopCatalog,
              "written and committed %.2f s)", changelog.table_id, data.num_rows,
              read - started, prepared - read, time.monotonic() - prepared)
     return Loaded(
-        identifier=f"{quote(hadoop.name)}.{quote(identifier[0])}.{quote(identifier[1])}",
+        identifier=f"{quote(lake.name)}.{quote(identifier[0])}.{quote(identifier[1])}",
         snapshot=snapshot_of(current), records=counts["records"], max_pos=counts["max_pos"],
         gtid=checkpoint.gtid, newest_ms=counts["newest_ms"] or None,
         inserted=counts[CREATE], existing=counts[UPDATE] + counts[SNAPSHOT_ROW],
@@ -487,15 +516,15 @@ def _project(rows: pa.Table, schema: Schema) -> pa.Table:
 
 
 def target_rows(warehouse_url: str, catalog: Any, server_name: str, database: str,
-                table: str) -> int | None:
+                table: str, s3: Any = None) -> int | None:
     """A target's live rows read without Spark (0: no table or no snapshot yet), or None when
-    the catalog is not one this module reads (``local_hadoop_catalog``)."""
-    hadoop = local_hadoop_catalog(warehouse_url, catalog)
-    name = table_name(table, unicode_names=True)
-    if hadoop is None or name != table_name(table):
+    the catalog is not one this module reads (``lake_catalog``)."""
+    lake = lake_catalog(warehouse_url, catalog, s3)
+    identifier = _identifier(lake, server_name, database, table) if lake is not None else None
+    if lake is None or identifier is None:
         return None
     try:
-        found = hadoop.load_table((namespace_name(server_name, database), name))
+        found = lake.load_table(identifier)
     except NoSuchTableError:
         return 0
     current = found.current_snapshot()

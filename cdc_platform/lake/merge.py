@@ -185,7 +185,7 @@ def materialise(
         try:
             loaded = None
             if arrow_load and (warehouse_url, changelog.table_id) not in _holding_rows:
-                loaded = initial_load(changelog, warehouse_url, catalog, server_name)
+                loaded = initial_load(changelog, warehouse_url, catalog, server_name, s3)
             if loaded is not None:
                 return _held(warehouse_url, _loaded_result(changelog, loaded, started,
                                                            attempt))
