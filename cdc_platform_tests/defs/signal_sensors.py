@@ -16,13 +16,14 @@ class _Lines(logging.Handler):
         self.lines = lines
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
+        self.lines.append(f"{record.levelname}: {record.getMessage()}")
 
 
 class SignalSensors:
     """The signal sensors of ``defs`` (one per loaded source of ``settings``), in config order.
     A call evaluates one tick of each with the cursor its previous tick returned, and returns
-    each one's run requests; ``logged`` keeps each one's log lines of that tick."""
+    each one's run requests; ``logged`` keeps each one's log lines of that tick
+    (``LEVEL: message``)."""
 
     def __init__(self, defs: dg.Definitions, settings: Settings) -> None:
         self.defs = defs

@@ -190,7 +190,8 @@ def test_a_source_that_cannot_be_wired_leaves_the_others_loaded(
 def test_a_signal_keyed_for_no_source_is_rejected_once_whichever_sources_load(
         signal_env: CdcEnv, pair: tuple[CdcEnv, CdcEnv], first_source: str) -> None:
     """The rejection is said by the first source whose sensor loaded: with the first source
-    unreachable (its sensor loads from the landing zone) and with it not loaded at all."""
+    unreachable (its sensor loads from the landing zone) and with it not loaded at all. So is
+    that of a message with no key at all (addressed to no source: once, not by each)."""
     from cdc_platform_tests.defs.test_signal_sensor import execute, send
 
     a, b = pair
@@ -209,11 +210,13 @@ def test_a_signal_keyed_for_no_source_is_rejected_once_whichever_sources_load(
     with dg.instance_for_test() as instance:
         tick(instance)  # creates the topic
         send(b, execute(b, "items"), key="nosuch")
+        send(b, execute(b, "items"), key=None)
         requested = tick(instance)
     assert not any(requested.values())
-    rejection = "no source of this deployment is named 'nosuch'"
-    said = [line for lines in tick.logged.values() for line in lines if rejection in line]
-    assert len(said) == 1, tick.logged
+    for rejection in ("no source of this deployment is named 'nosuch'", "no message key"):
+        said = [line for lines in tick.logged.values() for line in lines
+                if rejection in line and line.startswith("WARNING")]
+        assert len(said) == 1, tick.logged
 
 
 def _per_source_names(defs: dg.Definitions) -> dict[str, list[str]]:
