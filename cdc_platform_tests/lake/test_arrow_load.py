@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -149,6 +150,24 @@ def test_two_hadoop_commits_racing_for_one_version_one_wins(tmp_path: Path):
                              location=catalog.location(("ns", "t")))
 
 
+def race_twice(load: Callable[[], Any]) -> list[Any]:
+    """``load`` in two threads at once: what each returned, or its ConcurrentCommitError."""
+    outcomes: list[Any] = []
+
+    def racer() -> None:
+        try:
+            outcomes.append(load())
+        except ConcurrentCommitError as error:
+            outcomes.append(error)
+
+    threads = [threading.Thread(target=racer) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return outcomes
+
+
 def test_two_appenders_racing_on_an_empty_table_one_wins_the_other_merges(
         spark, landing, warehouse, monkeypatch):
     """Both read "no table", both write; one publishes, the other's commit is refused and
@@ -167,20 +186,9 @@ def test_two_appenders_racing_on_an_empty_table_one_wins_the_other_merges(
         return real_commit(self, table, requirements, updates)
 
     monkeypatch.setattr(LocalHadoopCatalog, "commit_table", commit_together)
-    outcomes: list[Any] = []
-
-    def racer() -> None:  # (past the table lock: the race the compare-and-swap decides)
-        try:
-            outcomes.append(arrow_load._load_once(changelog, hadoop, ("demo_shop", "orders"),
-                                                  SERVER))
-        except ConcurrentCommitError as error:
-            outcomes.append(error)
-
-    threads = [threading.Thread(target=racer) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    # (past the table lock: the race the compare-and-swap decides)
+    outcomes = race_twice(lambda: arrow_load._load_once(changelog, hadoop,
+                                                        ("demo_shop", "orders"), SERVER))
     monkeypatch.setattr(LocalHadoopCatalog, "commit_table", real_commit)
     assert sorted(type(o).__name__ for o in outcomes) == ["ConcurrentCommitError", "Loaded"]
     table = target_table(spark, warehouse, S)

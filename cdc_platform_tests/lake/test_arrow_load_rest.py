@@ -9,26 +9,23 @@ What Spark does with such a table afterwards (MERGE into it) is the S3 demo's an
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pyiceberg.catalog.rest import RestCatalog
 
-from cdc_platform.capture.s3store import S3Options
 from cdc_platform.config import CatalogSettings
 from cdc_platform.demo.object_storage import REST_CATALOG_PROPERTIES
 from cdc_platform.devservices.seaweedfs import SeaweedFS
 from cdc_platform.lake import arrow_load
 from cdc_platform.lake.changelog import TableChangelog
-from cdc_platform.lake.iceberg import ConcurrentCommitError
 from cdc_platform.lake.iceberg.rest import LakeRestCatalog, pyiceberg_properties
 from cdc_platform.lake.iceberg.snapshots import CONSUMED_POS
+from cdc_platform_tests import s3_fixtures
 from cdc_platform_tests.lake.helpers import SERVER, Landing, schema
+from cdc_platform_tests.lake.test_arrow_load import race_twice
 
-REGION = "us-east-1"
-WAREHOUSE = "s3://lake"
 S = schema("orders")
 
 
@@ -55,26 +52,16 @@ def test_spark_catalog_settings_translate_to_pyiceberg_or_not_at_all() -> None:
     assert pyiceberg_properties({**spark_side, "io-impl": "org.example.MyFileIO"}) is None
 
 
-@pytest.fixture(scope="module")
-def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
-    server = SeaweedFS(tmp_path_factory.mktemp("seaweedfs"), table_bucket="lake", region=REGION)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+seaweedfs, s3_env = s3_fixtures.seaweedfs, s3_fixtures.s3_env
 
 
 @pytest.fixture
-def rest(seaweedfs: SeaweedFS, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+def rest(seaweedfs: SeaweedFS, s3_env: dict[str, str]) -> dict[str, Any]:
     """The deployment's settings for the server (credentials in the environment only)."""
-    for key, value in seaweedfs.client_env().items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     catalog = CatalogSettings(type="rest", uri=seaweedfs.catalog_uri, properties={
-        **REST_CATALOG_PROPERTIES, "rest.signing-region": REGION})
-    s3 = S3Options(endpoint_url=seaweedfs.endpoint_url, region=REGION, path_style=True)
-    return {"catalog": catalog, "s3": s3,
+        **REST_CATALOG_PROPERTIES, "rest.signing-region": seaweedfs.region})
+    return {"catalog": catalog, "s3": s3_fixtures.s3_options(seaweedfs),
+            "warehouse": f"s3://{seaweedfs.table_bucket}",
             "reader": RestCatalog("reader", **seaweedfs.catalog_properties())}
 
 
@@ -90,7 +77,7 @@ def test_an_initial_load_is_appended_through_the_rest_catalog_without_spark(
     # (a delete of a key the batch does not insert: dropped, as an empty target has none)
     landing.segment(S, [("c", r(i)) for i in range(50)] + [("d", {"id": 70})])
     changelog = TableChangelog.open(landing.url, server, "shop", "orders")
-    loaded = arrow_load.initial_load(changelog, WAREHOUSE, rest["catalog"], server, rest["s3"])
+    loaded = arrow_load.initial_load(changelog, rest["warehouse"], rest["catalog"], server, rest["s3"])
     assert loaded is not None and loaded.records == 51
     table = rest["reader"].load_table((f"{server}_shop", "orders"))
     rows = table.scan().to_arrow()
@@ -101,12 +88,12 @@ def test_an_initial_load_is_appended_through_the_rest_catalog_without_spark(
     assert summary[CONSUMED_POS] == "51"
     assert "spark.app.id" not in summary  # (Spark's commits carry their app)
     assert table.properties["cdc.primary-key"] == '["id"]'
-    assert table.location().startswith(f"{WAREHOUSE}/")
+    assert table.location().startswith(f"{rest['warehouse']}/")
     # The target has rows now: the next batch is Spark's MERGE, not another append.
     landing.segment(S, [("u", r(1, "later"))])
-    assert arrow_load.initial_load(changelog, WAREHOUSE, rest["catalog"], server,
+    assert arrow_load.initial_load(changelog, rest["warehouse"], rest["catalog"], server,
                                    rest["s3"]) is None
-    assert arrow_load.target_rows(WAREHOUSE, rest["catalog"], server, "shop", "orders",
+    assert arrow_load.target_rows(rest["warehouse"], rest["catalog"], server, "shop", "orders",
                                   rest["s3"]) == 50
 
 
@@ -119,7 +106,7 @@ def test_two_appenders_racing_through_the_rest_catalog_one_wins(
     landing = Landing(tmp_path / "landing", server)
     landing.segment(S, [("c", r(i)) for i in range(20)])
     changelog = TableChangelog.open(landing.url, server, "shop", "orders")
-    lake = arrow_load.lake_catalog(WAREHOUSE, rest["catalog"], rest["s3"])
+    lake = arrow_load.lake_catalog(rest["warehouse"], rest["catalog"], rest["s3"])
     assert isinstance(lake, LakeRestCatalog)
     # (SeaweedFS accepts a second creation of a table, where catalog services refuse it:
     # the race run here is the one on the table's main branch, which it does refuse)
@@ -136,20 +123,8 @@ def test_two_appenders_racing_through_the_rest_catalog_one_wins(
         return real_commit(self, table, requirements, updates)
 
     monkeypatch.setattr(LakeRestCatalog, "commit_table", commit_together)
-    outcomes: list[Any] = []
-
-    def racer() -> None:
-        try:
-            outcomes.append(arrow_load.initial_load(changelog, WAREHOUSE, rest["catalog"],
-                                                    server, rest["s3"]))
-        except ConcurrentCommitError as error:
-            outcomes.append(error)
-
-    threads = [threading.Thread(target=racer) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    outcomes = race_twice(lambda: arrow_load.initial_load(
+        changelog, rest["warehouse"], rest["catalog"], server, rest["s3"]))
     assert sorted(type(o).__name__ for o in outcomes) == ["ConcurrentCommitError", "Loaded"]
     table = rest["reader"].load_table((f"{server}_shop", "orders"))
     assert table.scan().to_arrow().num_rows == 20
