@@ -192,6 +192,7 @@ class _TableState:
     loaded: bool = False  # the target is known to hold rows
     waited_for: str = ""  # the snapshot session it last said it waits for
     awaiting_snapshot: bool = False  # its empty target waits for its snapshot (first_load_waits)
+    awaiting_since: float | None = None  # (monotonic) since when it has waited
 
 
 # A table passing compact_delete_ratio is compacted at most this often (by the file count, at
@@ -204,6 +205,10 @@ RETRY_SECONDS = 5.0
 # While an empty target waits for its snapshot to end, passes come this often (reading the
 # checkpoint: one small file), so the initial load is appended within this of the end.
 FIRST_LOAD_POLL_SECONDS = 0.25
+# A target that has waited this long for its snapshot lets the Spark session start (and warm
+# up) in the background meanwhile: its changes after the load will need it. Not at once: a
+# snapshot of a few seconds (a small table) is not slowed down by the session's start.
+SPARK_START_WAITING_SECONDS = 10.0
 MAX_RETRY_SECONDS = 300.0
 
 
@@ -269,6 +274,7 @@ class Applier:
         self._starting: threading.Thread | None = None
         self._started: list[SparkSession | BaseException] = []
         self._pass_pending = False
+        self._pass_merges = False  # (this pass merged or appended a table)
         self.options = options
         self.emit = emit
         self.sweep_landing_zone = sweep_landing_zone
@@ -302,9 +308,11 @@ class Applier:
         return session
 
     def _start_spark_in_background(self) -> None:
-        """Start the session in a thread of its own after a pass with no table to merge, and
-        warm it up (``lake.warmup``): it is then ready, started while the machine is quiet,
-        and the first MERGE runs as fast as the later ones."""
+        """Start the session in a thread of its own after a pass with no table to merge (or
+        only targets that have waited SPARK_START_WAITING_SECONDS for their snapshots), and
+        warm it up (``lake.warmup``): it is then ready, started while the applier idles, and
+        the first MERGE runs as fast as the later ones. (With changes to merge from the first
+        pass on, there is no idle time: the session starts when the first MERGE needs it.)"""
         factory = self._spark
         if isinstance(factory, SparkSession) or self._starting is not None:
             return
@@ -361,16 +369,24 @@ class Applier:
             return
         tables = self.tables()
         turn = self.cycles % len(tables) if tables else 0
-        self._pass_pending = False
+        self._pass_pending = self._pass_merges = False
         for schema in tables[turn:] + tables[:turn]:
             if stop is not None and stop.is_set():
                 return
             self._apply(schema, checkpoint)
-        if not self._pass_pending:
+        if not self._pass_pending or self._only_long_waits():
             self._start_spark_in_background()
         if self.sweep_landing_zone and (
                 time.monotonic() - self._last_sweep >= self.options.sweep_interval_seconds):
             self._sweep(tables)
+
+    def _only_long_waits(self) -> bool:
+        """Whether this pass's only pending work was targets waiting for their snapshots, one
+        of them for SPARK_START_WAITING_SECONDS at least."""
+        since = [state.awaiting_since for state in self.states.values()
+                 if state.awaiting_snapshot and state.awaiting_since is not None]
+        return not self._pass_merges and bool(since) and \
+            time.monotonic() - min(since) >= SPARK_START_WAITING_SECONDS
 
     def tables(self) -> list[TableSchema]:
         """The captured tables with a key, as the engine recorded them (new tables join as
@@ -411,7 +427,11 @@ class Applier:
         self._pass_pending = True
         state.awaiting_snapshot = self._loading(schema, state, checkpoint)
         if state.awaiting_snapshot:
+            if state.awaiting_since is None:
+                state.awaiting_since = now
             return
+        state.awaiting_since = None
+        self._pass_merges = True
         try:
             result = materialise(lambda: self.spark, self.options.landing_url,
                                  self.options.warehouse_url, self.options.server_name, schema,

@@ -331,6 +331,40 @@ def test_an_empty_target_says_once_that_it_waits_for_its_snapshot(
     assert env.target(spark, "t").current() is None
 
 
+def test_a_target_waiting_long_for_its_snapshot_lets_the_session_start_meanwhile(
+        cdc_env: CdcEnv, spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass whose only work is an empty target waiting for its snapshot starts the session
+    in the background once the wait has lasted SPARK_START_WAITING_SECONDS (the changes after
+    the load will need it), and not before (a short snapshot is not slowed down by it)."""
+    from cdc_platform.capture.snapshot.protocol import SessionState, SnapshotSession
+
+    env = cdc_env
+    env.execute("CREATE TABLE t (id INT PRIMARY KEY, v INT)", "INSERT INTO t VALUES (1, 1)")
+    env.catch_up()
+    checkpoint = env.landing.read_checkpoint()
+    session = SnapshotSession(f"{env.db}.t", "s1", SessionState.OPEN, checkpoint.gtid,
+                              checkpoint.next_pos, checkpoint.gtid, ["id"])
+    env.landing.write_checkpoint(dataclasses.replace(checkpoint, extra={
+        **checkpoint.extra, SNAPSHOTS_CHECKPOINT_KEY: {session.table_id: dataclasses.asdict(session)}}))
+    monkeypatch.setattr(applier_module, "warm_up", lambda session: 0.0)
+    starts: list[str] = []
+
+    def start() -> Any:
+        starts.append(threading.current_thread().name)
+        return spark
+
+    applier = Applier(start, _options(env, first_load_wait_seconds=600.0), lambda event: None,
+                      sweep_landing_zone=False)
+    applier.cycle()
+    applier.cycle()
+    assert starts == [] and applier._starting is None  # (waiting, but not long yet)
+    monkeypatch.setattr(applier_module, "SPARK_START_WAITING_SECONDS", 0.0)
+    applier.cycle()
+    assert applier._starting is not None
+    assert applier.spark is spark and starts == ["applier-spark-start"]
+    assert env.target(spark, "t").current() is None  # (still waiting: nothing merged)
+
+
 def test_the_session_starts_in_the_background_after_a_pass_with_nothing_to_merge(
         cdc_env: CdcEnv, spark: Any, caplog: pytest.LogCaptureFixture) -> None:
     """Given a way to start its Spark session, the applier appends an initial load without
