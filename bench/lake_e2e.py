@@ -186,6 +186,10 @@ def _applier_merges(lines: list[str], since: float, until: float) -> list[tuple[
     return found
 
 
+# The applier's log line once its Spark session is warmed up (lake.warmup).
+WARMED_UP = "Spark session warmed up"
+
+
 def _logged_after(lines: list[str], marker: str, since: float) -> bool:
     for line in lines:
         if marker in line:
@@ -255,9 +259,15 @@ def bench_e2e(rate: float, seconds: float, writers: int, retention_hours: float 
                      (WARM_UP_KEY, time.time()))
         first = wait_until("the warm-up row readable in Iceberg", lambda: _alive_or_raise(
             processes) and _with_rows(iceberg.current()), 300)
+        # The first append needs no Spark (lake.arrow_load): the applier, idle then, starts
+        # its session and warms it up; the soak begins once it has (its first MERGE is then
+        # not its start's).
+        wait_until("the applier's Spark session warmed up", lambda: _alive_or_raise(
+            processes) and _logged_after(applier.log_lines(), WARMED_UP, started - 1.0), 300)
         print(f"warm-up: engine and applier started; the first row readable "
-              f"{first.committed_at - started:.1f} s after their start (Spark session, target "
-              "created, first append)")
+              f"{first.committed_at - started:.1f} s after their start (target created, first "
+              f"append without Spark), the applier's Spark session started and warmed up "
+              f"{time.time() - started:.1f} s after")
 
         observed = _Observed(since=time.time())
         context = multiprocessing.get_context("spawn")
