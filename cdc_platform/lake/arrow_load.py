@@ -38,7 +38,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    NoSuchTableError,
+    RESTError,
+    TableAlreadyExistsError,
+)
 
 # (imported now, with the applier: pyiceberg's writer imports pyarrow.dataset and pandas on
 # first use, a second of a cold applier's initial load otherwise)
@@ -156,8 +161,17 @@ def table_properties(server_name: str, schema: TableSchema, renamed_through: int
         **target_properties(server_name, schema.database, schema.table, schema.primary_key,
                             renamed_through),
         "comment": target_comment(server_name, schema.database, schema.table),
-        "owner": os.environ.get("SPARK_USER") or getpass.getuser(),
+        **({"owner": owner} if (owner := _user()) else {}),
     }
+
+
+def _user() -> str | None:
+    """The user Spark names a table's owner (``SPARK_USER``, else the login name); None in a
+    container whose user id has no name (``getpass`` raises there)."""
+    try:
+        return os.environ.get("SPARK_USER") or getpass.getuser()
+    except (KeyError, OSError):
+        return None
 
 
 def local_hadoop_catalog(warehouse_url: str, catalog: Any = None) -> LocalHadoopCatalog | None:
@@ -232,6 +246,10 @@ def _load_once(changelog: TableChangelog, lake: LocalHadoopCatalog | LakeRestCat
         table: Table | None = lake.load_table(identifier)
     except NoSuchTableError:
         table = None
+    except (RESTError, OSError) as error:  # (Spark's path reports the catalog's problem)
+        log.warning("%s: the catalog did not answer pyiceberg (%s); merging with Spark instead",
+                    changelog.table_id, error)
+        return None
     after_pos = None
     if table is not None:
         base = table.current_snapshot()

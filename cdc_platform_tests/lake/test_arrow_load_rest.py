@@ -129,3 +129,20 @@ def test_two_appenders_racing_through_the_rest_catalog_one_wins(
     table = rest["reader"].load_table((f"{server}_shop", "orders"))
     assert table.scan().to_arrow().num_rows == 20
     assert len(table.metadata.snapshots) == 2  # (the empty one, and the winner's)
+
+
+def test_a_rest_catalog_that_does_not_answer_leaves_the_load_to_spark(tmp_path: Path) -> None:
+    """Spark's path then meets the same catalog and stops with its one-line error
+    (``lake.s3.check_warehouse``), instead of a pyiceberg trace from here."""
+    import socket
+
+    with socket.socket() as probe:  # (a port nothing listens on)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    catalog = CatalogSettings(type="rest", uri=f"http://127.0.0.1:{port}")
+    landing = Landing(tmp_path / "landing")
+    landing.segment(S, [("c", r(i)) for i in range(3)])
+    changelog = TableChangelog.open(landing.url, SERVER, "shop", "orders")
+    assert arrow_load.lake_catalog(str(tmp_path / "warehouse"), catalog) is None
+    assert arrow_load.initial_load(changelog, str(tmp_path / "warehouse"), catalog,
+                                   SERVER) is None

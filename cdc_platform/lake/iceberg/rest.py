@@ -24,7 +24,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from pyiceberg.catalog.rest import RestCatalog
-from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.exceptions import CommitFailedException, RESTError
 
 from cdc_platform.lake.iceberg.catalog import catalog_properties
 from cdc_platform.lake.iceberg.commit import ConcurrentCommitError
@@ -107,5 +107,10 @@ def rest_catalog(warehouse_url: str, catalog: Any, s3: Any = None) -> LakeRestCa
     name = getattr(catalog, "name", "lake")
     key = (name, tuple(sorted(properties.items())))
     if key not in _catalogs:  # (made once per process: it asks the service for its config)
-        _catalogs[key] = LakeRestCatalog(name, **properties)
+        try:
+            _catalogs[key] = LakeRestCatalog(name, **properties)
+        except (RESTError, OSError) as error:  # (Spark's path reports it, in one line)
+            log.warning("the REST catalog %s did not answer pyiceberg (%s): initial loads go "
+                        "through Spark", properties.get("uri"), error)
+            return None
     return _catalogs[key]
