@@ -306,13 +306,11 @@ def test_segments_of_a_table_the_filters_no_longer_capture_are_swept(
     assert [r["id"] for r in env.target_rows(spark, "kept")] == [0, 1, 2]
 
 
-def test_an_empty_target_says_once_that_it_waits_for_its_snapshot(
-        cdc_env: CdcEnv, spark: Any) -> None:
-    """The wait is visible (an event the Dagster job turns into an observation of the
-    target), once per snapshot session, and nothing is merged meanwhile."""
+def _snapshot_open_on_a_new_table(env: CdcEnv) -> None:
+    """Table ``t`` with a changelog record and snapshot session ``s1`` open on it (as the
+    engine records it in its checkpoint): its empty target waits for the snapshot."""
     from cdc_platform.capture.snapshot.protocol import SessionState, SnapshotSession
 
-    env = cdc_env
     env.execute("CREATE TABLE t (id INT PRIMARY KEY, v INT)", "INSERT INTO t VALUES (1, 1)")
     env.catch_up()
     checkpoint = env.landing.read_checkpoint()
@@ -320,6 +318,14 @@ def test_an_empty_target_says_once_that_it_waits_for_its_snapshot(
                               checkpoint.next_pos, checkpoint.gtid, ["id"])
     env.landing.write_checkpoint(dataclasses.replace(checkpoint, extra={
         **checkpoint.extra, SNAPSHOTS_CHECKPOINT_KEY: {session.table_id: dataclasses.asdict(session)}}))
+
+
+def test_an_empty_target_says_once_that_it_waits_for_its_snapshot(
+        cdc_env: CdcEnv, spark: Any) -> None:
+    """The wait is visible (an event the Dagster job turns into an observation of the
+    target), once per snapshot session, and nothing is merged meanwhile."""
+    env = cdc_env
+    _snapshot_open_on_a_new_table(env)
     events: list[Any] = []
     applier = Applier(spark, _options(env, first_load_wait_seconds=600.0), events.append,
                       sweep_landing_zone=False)
@@ -336,16 +342,8 @@ def test_a_target_waiting_long_for_its_snapshot_lets_the_session_start_meanwhile
     """A pass whose only work is an empty target waiting for its snapshot starts the session
     in the background once the wait has lasted SPARK_START_WAITING_SECONDS (the changes after
     the load will need it), and not before (a short snapshot is not slowed down by it)."""
-    from cdc_platform.capture.snapshot.protocol import SessionState, SnapshotSession
-
     env = cdc_env
-    env.execute("CREATE TABLE t (id INT PRIMARY KEY, v INT)", "INSERT INTO t VALUES (1, 1)")
-    env.catch_up()
-    checkpoint = env.landing.read_checkpoint()
-    session = SnapshotSession(f"{env.db}.t", "s1", SessionState.OPEN, checkpoint.gtid,
-                              checkpoint.next_pos, checkpoint.gtid, ["id"])
-    env.landing.write_checkpoint(dataclasses.replace(checkpoint, extra={
-        **checkpoint.extra, SNAPSHOTS_CHECKPOINT_KEY: {session.table_id: dataclasses.asdict(session)}}))
+    _snapshot_open_on_a_new_table(env)
     monkeypatch.setattr(applier_module, "warm_up", lambda session: 0.0)
     starts: list[str] = []
 
