@@ -16,7 +16,7 @@ Types: ``execute-snapshot``, ``stop-snapshot`` / ``pause-snapshot`` / ``resume-s
 (``data-collections`` optional: all running snapshots when absent or empty) and ``log``
 (``{"message": ...}``). A message that cannot be acted on becomes a :class:`Skipped` with the
 reason; one keyed for another source is :class:`Skipped` with ``foreign=True`` (logged, not a
-problem). Nothing here raises on message content.
+problem), one keyed for no source with ``unaddressed=True`` (every source skips it). Nothing here raises on message content.
 """
 
 from __future__ import annotations
@@ -75,12 +75,14 @@ class Signal:
 
 @dataclass(frozen=True)
 class Skipped:
-    """A message not acted on, and why. ``foreign``: keyed for another source."""
+    """A message not acted on, and why. ``foreign``: keyed for another source;
+    ``unaddressed``: keyed for no source (no key, or one that is not text)."""
 
     offset: int
     reason: str
     signal_id: str = ""
     foreign: bool = False
+    unaddressed: bool = False
     tables: tuple[str, ...] = field(default_factory=tuple)
 
     def describe(self) -> str:
@@ -98,11 +100,13 @@ def parse_signal(message: SignalMessage, server_name: str, topic: str,
         return Skipped(offset, reason, signal_id, foreign)
 
     if message.key is None:
-        return skip(f"no message key; the key must be the source's server name {server_name!r}")
+        return Skipped(offset, f"no message key; the key must be the source's server name "
+                       f"{server_name!r}", unaddressed=True)
     try:
         key = message.key.decode("utf-8")
     except UnicodeDecodeError:
-        return skip(f"message key is not UTF-8 text; want {server_name!r}")
+        return Skipped(offset, f"message key is not UTF-8 text; want {server_name!r}",
+                       unaddressed=True)
     if key != server_name:
         return skip(f"keyed for source {key[:100]!r}, not {server_name!r}", foreign=True)
     if not message.value:

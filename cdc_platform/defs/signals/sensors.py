@@ -191,18 +191,6 @@ def says_unknown_keys(settings: Settings, repository: dg.RepositoryDefinition | 
     return loaded[:1] == [settings.source.server_name]
 
 
-def _unaddressed(key: bytes | None) -> bool:
-    """A message addressed to no source (no key, or one that is not text): every source's
-    sensor skips it, and one says why."""
-    if key is None:
-        return True
-    try:
-        key.decode("utf-8")
-    except UnicodeDecodeError:
-        return True
-    return False
-
-
 def _unknown_source(settings: Settings, key: bytes | None) -> str:
     """Why a message keyed for another source is rejected, when no source of the deployment
     has its key; else ''."""
@@ -277,13 +265,13 @@ def build_sensor(settings: Settings, assets: dict[str, dg.AssetsDefinition]
         says_unknown = says_unknown_keys(settings, context.repository_def)
         for action in actions:
             if isinstance(action, Skipped):
-                key = keys_by_offset.get(action.offset)
-                if not (action.foreign or _unaddressed(key)):
+                if not (action.foreign or action.unaddressed):
                     context.log.warning(action.describe())
                 elif not says_unknown:  # (said by the source that says unknown keys)
                     context.log.info(action.describe())
                 else:
-                    unknown = _unknown_source(settings, key) if action.foreign else ""
+                    unknown = _unknown_source(settings, keys_by_offset.get(action.offset)) \
+                        if action.foreign else ""
                     context.log.warning(action.describe() + (f": {unknown}" if unknown else ""))
             elif isinstance(action, LogMessage):
                 context.log.info(f"{action.signal.describe()}: {action.signal.message}")

@@ -138,7 +138,10 @@ def test_messages_for_another_source_are_skipped_as_foreign() -> None:
     [foreign] = plan(message(execute("inv.orders"), key=b"other"))
     [keyless] = plan(message(execute("inv.orders"), key=None))
     assert isinstance(foreign, Skipped) and foreign.foreign and "'other'" in foreign.reason
-    assert isinstance(keyless, Skipped) and not keyless.foreign
+    assert isinstance(keyless, Skipped) and not keyless.foreign and keyless.unaddressed
+    assert not foreign.unaddressed
+    [not_text] = plan(message(execute("inv.orders"), key=b"\xff\xfe"))
+    assert isinstance(not_text, Skipped) and not_text.unaddressed and not not_text.foreign
 
 
 def test_unknown_excluded_and_non_matching_tables_are_reported_and_the_rest_start() -> None:
