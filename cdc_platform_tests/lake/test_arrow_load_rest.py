@@ -131,9 +131,11 @@ def test_two_appenders_racing_through_the_rest_catalog_one_wins(
     assert len(table.metadata.snapshots) == 2  # (the empty one, and the winner's)
 
 
-def test_a_rest_catalog_that_does_not_answer_leaves_the_load_to_spark(tmp_path: Path) -> None:
+def test_a_rest_catalog_that_does_not_answer_leaves_the_load_to_spark(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Spark's path then meets the same catalog and stops with its one-line error
-    (``lake.s3.check_warehouse``), instead of a pyiceberg trace from here."""
+    (``lake.s3.check_warehouse``), instead of a pyiceberg trace from here. The warning is said
+    once, however often the applier asks (every 0.25 s while a target waits)."""
     import socket
 
     with socket.socket() as probe:  # (a port nothing listens on)
@@ -146,3 +148,7 @@ def test_a_rest_catalog_that_does_not_answer_leaves_the_load_to_spark(tmp_path: 
     assert arrow_load.lake_catalog(str(tmp_path / "warehouse"), catalog) is None
     assert arrow_load.initial_load(changelog, str(tmp_path / "warehouse"), catalog,
                                    SERVER) is None
+    assert arrow_load.target_rows(str(tmp_path / "warehouse"), catalog, SERVER, "shop",
+                                  "orders") is None
+    said = [r for r in caplog.records if "did not answer pyiceberg" in r.getMessage()]
+    assert len(said) == 1

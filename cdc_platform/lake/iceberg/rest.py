@@ -48,6 +48,7 @@ _SAME = frozenset({
 _JAVA_ONLY = {"type": "rest", "cache-enabled": None, "io-impl": S3_FILE_IO}
 _refused: set[tuple[str, ...]] = set()
 _catalogs: dict[tuple[str, tuple[tuple[str, str], ...]], LakeRestCatalog] = {}
+_unanswered: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
 
 
 class LakeRestCatalog(RestCatalog):
@@ -110,7 +111,9 @@ def rest_catalog(warehouse_url: str, catalog: Any, s3: Any = None) -> LakeRestCa
         try:
             _catalogs[key] = LakeRestCatalog(name, **properties)
         except (RESTError, OSError) as error:  # (Spark's path reports it, in one line)
-            log.warning("the REST catalog %s did not answer pyiceberg (%s): initial loads go "
-                        "through Spark", properties.get("uri"), error)
+            if key not in _unanswered:  # (asked again at each use: said once)
+                _unanswered.add(key)
+                log.warning("the REST catalog %s did not answer pyiceberg (%s): initial loads "
+                            "go through Spark", properties.get("uri"), error)
             return None
     return _catalogs[key]
