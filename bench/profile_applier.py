@@ -205,6 +205,11 @@ def _report(events: list[Any], elapsed: float, timings: _Timings, profile: cProf
               f"{m.updates:,} updates in {m.duration_seconds:5.2f} s "
               f"({'append' if m.appended else 'merge'}; "
               f"{m.snapshot.metadata().get('data_files') if m.snapshot else '?'} data files)")
+    for event in events:
+        if type(event).__name__ == "Maintained":
+            print(f"  {event.schema.table_id}: maintained ({event.reason}): "
+                  + ", ".join(f"{k} {v}" for k, v in event.report.items()
+                              if k.endswith(("_seconds", "_count", "snapshots"))))
     print(f"\nSpark SQL statements and actions, by kind:\n{timings.report()}")
     print(f"\ncProfile, cdc_platform.lake by cumulative (wall) time:\n"
           f"{_cumulative(profile, 'cdc_platform/lake', top)}")

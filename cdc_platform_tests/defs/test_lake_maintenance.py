@@ -4,7 +4,7 @@ mark; the Dagster job and its schedule on a real Dagster instance."""
 from __future__ import annotations
 
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -72,6 +72,21 @@ def test_maintenance_expires_old_snapshots_and_keeps_rows_and_mark(spark, landin
     assert (third.records_read, third.inserts, third.updates, third.rows) == (2, 1, 1, 36)
     assert rows_of(target.read()) == {**rows_before, 100: r(100, "new", "1.00"),
                                       1: r(1, "u1b", "0.75")}
+
+
+def test_maintenance_keeps_every_snapshot_newer_than_the_retention(spark, landing, warehouse):
+    """Nothing older than the retention: the rewrites add their snapshots, none is expired
+    (and expiry's action is not run for nothing), the mark stays on main."""
+    second = two_batches(spark, landing, warehouse)
+    target = table(spark, warehouse)
+    kept = {s.snapshot_id for s in target.snapshots()}
+
+    report = target.maintain(older_than=datetime.now() - timedelta(hours=1), retain_last=1)
+
+    assert report["expired_snapshots"] == report["deleted_data_files_count"] == 0
+    assert report["rewritten_data_files_count"] == 2
+    assert kept < {s.snapshot_id for s in target.snapshots()}
+    assert target.mark_of(target.history()).consumed_pos == second.consumed_pos
 
 
 def test_maintenance_of_a_compacted_table_changes_nothing(spark, landing, warehouse):

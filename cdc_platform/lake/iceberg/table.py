@@ -214,9 +214,11 @@ class LakeTable:
 
     def history(self, limit: int | None = None) -> list[Snapshot]:
         """The main branch's ancestry, newest first (``limit``: at most that many)."""
-        return list(self._ancestry(limit))
+        return list(self.ancestry(limit))
 
-    def _ancestry(self, limit: int | None = None) -> Iterator[Snapshot]:
+    def ancestry(self, limit: int | None = None) -> Iterator[Snapshot]:
+        """The main branch's ancestry, newest first, read as iterated (``history``'s list is
+        the whole of it)."""
         if not self.exists():
             return
         table = self.java_table()
@@ -232,7 +234,7 @@ class LakeTable:
         """Main's current snapshot and the newest snapshot of its ancestry with a consumed
         mark (walking back only as far as needed)."""
         base = None
-        for snapshot in self._ancestry():
+        for snapshot in self.ancestry():
             base = base or snapshot
             if self.mark_of([snapshot]) is not None:
                 return base, snapshot
