@@ -80,6 +80,7 @@ class BatchPlan:
     groups: list[SegmentGroup]
     newest: TableSchema  # the newest segment's schema, renamed by the renames after it
     snapshot_columns: bool  # some segment carries the snapshot-record columns
+    rows: int = 0  # the segments' records (their footers), in the range or not
 
 
 @dataclass(frozen=True)
@@ -167,8 +168,11 @@ class TableChangelog:
             return None
         groups: list[SegmentGroup] = []
         newest_metadata = None
+        rows = 0
         for segment in segments:
-            arrow_schema = pq.read_schema(segment.path, filesystem=segment.filesystem)
+            footer = pq.read_metadata(segment.path, filesystem=segment.filesystem)
+            rows += footer.num_rows
+            arrow_schema = footer.schema.to_arrow_schema()
             newest_metadata = arrow_schema.metadata
             plain = arrow_schema.remove_metadata()
             # (a segment is a run of one flush between two positions; a rename's own position
@@ -190,7 +194,7 @@ class TableChangelog:
             )
         refuse_reserved_columns(newest)
         return BatchPlan(groups, newest,
-                         any(THRESHOLD in group.schema.names for group in groups))
+                         any(THRESHOLD in group.schema.names for group in groups), rows)
 
     def batch(
         self,
@@ -214,6 +218,11 @@ class TableChangelog:
         plan = self.plan(after_pos, before_pos, renames)
         if plan is None:
             return None, None
+        return self.frame(spark, plan, after_pos, before_pos, snapshot_columns), plan.newest
+
+    def frame(self, spark: SparkSession, plan: BatchPlan, after_pos: int | None,
+              before_pos: int, snapshot_columns: bool = False) -> DataFrame:
+        """``batch``'s frame for a plan already made (``plan``)."""
         newest = plan.newest
         target = StructType(CHANGELOG_META.fields + user_struct(newest.columns).fields)
         if snapshot_columns and plan.snapshot_columns:
@@ -228,29 +237,38 @@ class TableChangelog:
         condition = col(POS) < before_pos
         if after_pos is not None:
             condition = condition & (col(POS) > after_pos)
-        return batch.where(condition), newest
+        return batch.where(condition)
 
-    def arrow_batch(self, plan: BatchPlan, after_pos: int | None, before_pos: int) -> pa.Table:
+    def arrow_batch(self, plan: BatchPlan, after_pos: int | None, before_pos: int,
+                    columns: Sequence[str] | None = None) -> pa.Table:
         """``batch`` read with pyarrow, no Spark: the same records in the same columns (the
         changelog metadata, the newest schema's user columns, then the snapshot-record columns
         when the plan has them), each cast to its landing-zone Arrow type, exactly
-        (``safe``: a value that would change is an error, never a silent change)."""
+        (``safe``: a value that would change is an error, never a silent change).
+        ``columns``: only these of them (by their newest names), in that order; only they
+        are read."""
         newest = plan.newest
         fields = [*CHANGELOG_META_FIELDS, *[pa.field(c.name, c.arrow_type())
                                             for c in newest.columns]]
         if plan.snapshot_columns:
             fields += snapshot_arrow_fields(newest)
+        if columns is not None:
+            by_name = {f.name: f for f in fields}
+            fields = [by_name[c] for c in columns]
         target = pa.schema(fields)
         tables = []
         for group in plan.groups:
+            mapping = renamed_column_names(group.schema.names, group.renames_after)
+            wanted = None if columns is None else [
+                c for c in group.schema.names if mapping.get(c, c) in target.names or c == POS]
             for segment in group.segments:
-                data = pq.read_table(segment.path, filesystem=segment.filesystem)
+                data = pq.read_table(segment.path, filesystem=segment.filesystem,
+                                     columns=wanted)
                 positions = data.column(POS)
                 keep = pc.less(positions, before_pos)
                 if after_pos is not None:
                     keep = pc.and_(keep, pc.greater(positions, after_pos))
                 data = data.filter(keep)
-                mapping = renamed_column_names(data.column_names, group.renames_after)
                 if mapping:
                     data = data.rename_columns([mapping.get(c, c) for c in data.column_names])
                 tables.append(_conform_arrow(data, target))

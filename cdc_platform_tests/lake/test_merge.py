@@ -14,6 +14,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import DecimalType, DoubleType, LongType, StringType
 
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
+from cdc_platform.lake import merge
 from cdc_platform.lake.iceberg import (
     CONSUMED_GTID,
     CONSUMED_POS,
@@ -551,3 +552,33 @@ def test_a_record_with_an_op_no_engine_writes_stops_the_merge_unapplied(spark, l
     with pytest.raises(ValueError, match="1 records with an __cdc_op outside"):
         run(spark, landing, warehouse)
     assert target(spark, warehouse).current().snapshot_id == first.snapshot_id
+
+
+def test_a_merge_counts_its_batch_with_pyarrow_not_a_spark_job(spark, tmp_path, monkeypatch):
+    """The batch's counts (``merge.arrow_stats``) cost no Spark job: the same merge counted
+    by Spark (a batch above ``MAX_ARROW_COUNT_RECORDS``) runs more (its aggregate and adaptive
+    execution's stages), with the same result."""
+    def merge_jobs(name: str) -> tuple[int, MergeResult]:
+        landing = Landing(tmp_path / name / "landing")
+        warehouse = str(tmp_path / name / "warehouse")
+        landing.segment(S, [("c", r(i, f"n{i}", "1.00")) for i in range(20)])
+        run(spark, landing, warehouse)
+        landing.segment(S, [("u", r(1, "a", "2.00")), ("u", r(1, "b", "3.00")),
+                            ("d", {"id": 2}), ("c", r(30, "new", "0.50"))])
+        group = f"jobs-{random.getrandbits(32)}"
+        spark.sparkContext.setJobGroup(group, "counting jobs")
+        try:
+            result = run(spark, landing, warehouse)
+        finally:
+            spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+        assert state(spark, warehouse)[1] == r(1, "b", "3.00")
+        return len(spark.sparkContext.statusTracker().getJobIdsForGroup(group)), result
+
+    arrow_jobs, by_arrow = merge_jobs("arrow")
+    monkeypatch.setattr(merge, "MAX_ARROW_COUNT_RECORDS", 0)
+    spark_jobs, by_spark = merge_jobs("spark")
+
+    assert arrow_jobs < spark_jobs
+    assert (by_arrow.records_read, by_arrow.inserts, by_arrow.updates, by_arrow.deletes,
+            by_arrow.rows) == (by_spark.records_read, by_spark.inserts, by_spark.updates,
+                               by_spark.deletes, by_spark.rows) == (4, 1, 1, 1, 20)
