@@ -91,10 +91,15 @@ def maintain(table: LakeTable, older_than: datetime, retain_last: int) -> dict[s
         report["rewritten_bytes_count"] = rewrite.rewrittenBytesCount()
         report["failed_data_files_count"] = rewrite.failedDataFilesCount()
         timed("rewrite_data_files")
-        deletes = marked(actions.rewritePositionDeletes(loaded())).option(
-            "rewrite-all", "true").execute()
-        report["rewritten_delete_files_count"] = deletes.rewrittenDeleteFilesCount()
-        report["added_delete_files_count"] = deletes.addedDeleteFilesCount()
+        report["rewritten_delete_files_count"] = report["added_delete_files_count"] = 0
+        current = table.current()
+        # (the data rewrite applied every delete file to its data files and dropped the
+        # dangling ones: with none left, the delete rewrite would only plan, 1.8 s under load)
+        if current is None or current.summary.get("total-delete-files", "1") != "0":
+            deletes = marked(actions.rewritePositionDeletes(loaded())).option(
+                "rewrite-all", "true").execute()
+            report["rewritten_delete_files_count"] = deletes.rewrittenDeleteFilesCount()
+            report["added_delete_files_count"] = deletes.addedDeleteFilesCount()
         timed("rewrite_position_deletes")
         before = table.snapshot_times()
         mark, depth = marked_ancestor(table)
