@@ -17,6 +17,7 @@ fast-forward): the code paths the real merges take, nothing else.
 from __future__ import annotations
 
 import logging
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -37,6 +38,10 @@ log = logging.getLogger(__name__)
 WARMUP_CATALOG = "cdc_warmup"
 WARMUP_SERVER = "warmup"
 _ROWS = 2000
+SCRATCH_PREFIX = "cdc-spark-warmup-"
+# A scratch directory this old is a leftover of a warm-up that was killed (one takes seconds;
+# another applier on the machine may be warming up in its own meanwhile).
+LEFTOVER_SECONDS = 3600.0
 
 _SCHEMA = TableSchema(
     "warmup", "t",
@@ -69,7 +74,8 @@ def _segment(landing: LandingZone, first_pos: int, ops: list[tuple[str, int]]) -
 def warm_up(spark: SparkSession) -> float:
     """Run the scratch materialisations in ``spark``; the seconds they took."""
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="cdc-spark-warmup-") as scratch:
+    remove_leftovers(Path(tempfile.gettempdir()), time.time())
+    with tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX) as scratch:
         landing_url = str(Path(scratch) / "landing")
         landing = LandingZone(landing_url, WARMUP_SERVER)
         warehouse = str(Path(scratch) / "warehouse")
@@ -86,3 +92,17 @@ def warm_up(spark: SparkSession) -> float:
     log.info("Spark session warmed up in %.1f s (two materialisations of a scratch table)",
              seconds)
     return seconds
+
+
+def remove_leftovers(directory: Path, now: float) -> list[Path]:
+    """Delete the scratch directories in ``directory`` that warm-ups killed before their end
+    left behind (older than ``LEFTOVER_SECONDS``); the ones deleted."""
+    removed = []
+    for path in directory.glob(f"{SCRATCH_PREFIX}*"):
+        try:
+            if path.is_dir() and now - path.stat().st_mtime > LEFTOVER_SECONDS:
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+        except OSError:  # (another applier removed it first)
+            continue
+    return removed
