@@ -57,6 +57,7 @@ from cdc_platform.capture.source import SourceSession, TableSelector, missing_ta
 from cdc_platform.lake.arrow_load import target_rows
 from cdc_platform.lake.changelog import read_checkpoint
 from cdc_platform.lake.iceberg.lake import Lake
+from cdc_platform.lake.iceberg.maintenance import ORPHAN_MIN_AGE
 from cdc_platform.lake.iceberg.table import LakeTable
 from cdc_platform.lake.merge import MergeResult, materialise
 from cdc_platform.lake.reconcile import ReconcileResult, reconcile_table
@@ -193,6 +194,7 @@ class _TableState:
     waited_for: str = ""  # the snapshot session it last said it waits for
     awaiting_snapshot: bool = False  # its empty target waits for its snapshot (first_load_waits)
     awaiting_since: float | None = None  # (monotonic) since when it has waited
+    orphans_checked: float = field(default_factory=time.monotonic)  # last orphan removal
 
 
 # A table passing compact_delete_ratio is compacted at most this often (by the file count, at
@@ -210,6 +212,9 @@ FIRST_LOAD_POLL_SECONDS = 0.25
 # snapshot of a few seconds (a small table) is not slowed down by the session's start.
 SPARK_START_WAITING_SECONDS = 10.0
 MAX_RETRY_SECONDS = 300.0
+# Each target's unreferenced files older than ORPHAN_MIN_AGE (a crashed writer's, a lost race's)
+# are removed this often, the first time this long after the applier starts.
+ORPHAN_INTERVAL_SECONDS = 24 * 3600.0
 
 
 def compaction_reason(metadata: Mapping[str, Any], min_files: int,
@@ -423,6 +428,7 @@ class Applier:
             return
         if not self.pending(schema, checkpoint):
             self._after_catch_up(schema, state)
+            self._maybe_remove_orphans(schema, state)
             return
         self._pass_pending = True
         state.awaiting_snapshot = self._loading(schema, state, checkpoint)
@@ -527,6 +533,27 @@ class Applier:
         current = target.current()
         self.emit(Maintained(schema, reason, {
             **report, **(current.metadata() if current is not None else {})}))
+
+    def _maybe_remove_orphans(self, schema: TableSchema, state: _TableState) -> None:
+        """Every ``ORPHAN_INTERVAL_SECONDS``, when the table has caught up (an idle pass), and
+        as the pass's one heavy task: delete its target's files that nothing references and
+        that are older than ``ORPHAN_MIN_AGE`` (``LakeTable.remove_orphans``), so the files of
+        writers that died or lost a race do not accumulate in the warehouse."""
+        if self._housekept or state.consumed_pos is None or \
+                time.monotonic() - state.orphans_checked < ORPHAN_INTERVAL_SECONDS:
+            return
+        self._housekept = True
+        state.orphans_checked = time.monotonic()
+        try:
+            report = self._target(schema).remove_orphans(datetime.now(UTC) - ORPHAN_MIN_AGE)
+        except Exception as error:  # noqa: BLE001 - tried again at the next interval
+            log.warning("applier: removing orphan files of %s failed (%s); tried again in "
+                        "%.0f h", schema.table_id,
+                        str(error).splitlines()[0] if str(error) else error,
+                        ORPHAN_INTERVAL_SECONDS / 3600)
+            return
+        self.emit(Maintained(schema, f"files referenced by no snapshot, older than "
+                             f"{ORPHAN_MIN_AGE.days} days, removed", report))
 
     def _after_catch_up(self, schema: TableSchema, state: _TableState) -> None:
         """Reconcile when due: the table has merged all it had (a difference then is real,

@@ -164,6 +164,7 @@ def test_lake_maintenance_job_maintains_every_table_and_reports_it(spark, landin
 
     assert metadata["rewritten_data_files_count"] == 2
     assert metadata["rewritten_delete_files_count"] == 1
+    assert metadata["deleted_orphan_files_count"] == 0  # (none older than three days)
     assert metadata["expired_snapshots"] == 2  # both materialisations' (the first an append
     # without Spark: no empty first snapshot before it)
     assert metadata["consumed_position"] == second.consumed_pos

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import random
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -395,3 +397,36 @@ def test_the_session_starts_in_the_background_after_a_pass_with_nothing_to_merge
     applier.cycle()
     assert [e.result.rows for e in applied] == [1, 1] and not applied[1].result.appended
     assert starts == ["applier-spark-start"]
+
+
+def test_files_no_snapshot_references_are_removed_once_old_enough(
+        cdc_env: CdcEnv, spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer that died before its commit, or lost the race, leaves files no snapshot
+    references: the applier removes them from its idle tables once they are older than
+    ORPHAN_MIN_AGE (younger ones may belong to a write about to commit), and nothing else."""
+    env = cdc_env
+    env.execute("CREATE TABLE kept (id INT PRIMARY KEY, v INT)",
+                "INSERT INTO kept VALUES (1, 1), (2, 2)")
+    env.catch_up()
+    env.materialise(spark, "kept")
+    target = env.target(spark, "kept")
+    data = Path(str(target.java_table().location()).removeprefix("file:")) / "data"
+    live = sorted(data.rglob("*.parquet"))
+    assert live
+    old, young = data / "crashed-writer.parquet", data / "writing-now.parquet"
+    for orphan in (old, young):
+        orphan.write_bytes(live[0].read_bytes())
+    aged = time.time() - applier_module.ORPHAN_MIN_AGE.total_seconds() - 3600
+    os.utime(old, (aged, aged))
+    monkeypatch.setattr(applier_module, "ORPHAN_INTERVAL_SECONDS", 0.0)
+    events: list[Any] = []
+    applier = Applier(spark, _options(env), events.append)
+
+    applier.cycle()  # (reads the target's mark: nothing new to merge)
+    applier.cycle()  # (idle: the orphans are looked for)
+
+    [removed] = [e for e in events if isinstance(e, Maintained)]
+    assert removed.report["deleted_orphan_files_count"] == 1, removed.report
+    assert not old.exists() and young.exists()
+    assert all(path.exists() for path in live)
+    assert env.reconcile(spark, "kept").ok

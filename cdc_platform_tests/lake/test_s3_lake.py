@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -231,7 +232,20 @@ def _spark_child() -> None:
         snapshots = lake.sql(f"SELECT count(*) AS n FROM {table}.snapshots").collect()[0].n
         landing = [row.asDict() for row in spark.read.parquet(job["landing"])
                    .orderBy("id", "op").collect()]
-        report = {"catalog": lake.catalog, "rows": rows, "files": files,
+        # A crashed writer's file in the table's data: removed through S3FileIO's listing,
+        # the live files kept (older_than ahead of now: S3 object times cannot be set back)
+        target = lake.table("s3", "inventory", TABLE)
+        io = target.java_table().io()
+        orphan = f"{str(target.java_table().location()).rstrip('/')}/data/crashed-writer.parquet"
+        stream = io.newOutputFile(orphan).createOrOverwrite()
+        stream.write(bytearray(b"PAR1 not committed"))
+        stream.close()
+        removed = target.remove_orphans(datetime.now(UTC) + timedelta(minutes=1))
+        orphans = {"orphan": orphan, "removed": removed["deleted_orphan_files"],
+                   "exists_after": bool(io.newInputFile(orphan).exists()),
+                   "rows_after": [row.asDict() for row in
+                                  spark.table(table).orderBy("id").collect()]}
+        report = {"catalog": lake.catalog, "rows": rows, "files": files, "orphans": orphans,
                   "snapshots": snapshots, "landing": landing, "landing_url": job["landing"],
                   "properties": {key: spark.conf.get(f"spark.sql.catalog.{lake.catalog}.{key}")
                                  for key in ("io-impl", "s3.endpoint", "s3.path-style-access")}}
@@ -254,6 +268,15 @@ def test_spark_merges_an_iceberg_table_on_s3_through_the_rest_catalog(
     fs = _arrow(seaweedfs)
     for path in spark_report["files"]:
         assert fs.get_file_info(path.split("://", 1)[1]).type == pafs.FileType.File, path
+
+
+@pytest.mark.integration
+def test_orphan_files_are_removed_from_s3_and_the_table_kept(spark_report: dict[str, Any]
+                                                              ) -> None:
+    orphans = spark_report["orphans"]
+    assert orphans["removed"] == [orphans["orphan"]]
+    assert not orphans["exists_after"]
+    assert orphans["rows_after"] == EXPECTED
 
 
 @pytest.mark.integration

@@ -89,7 +89,7 @@ def _events_to_dagster(settings: Settings, event: Any) -> Iterable[Any]:
         yield LogLine("warning", f"{event.schema.table_id}: merge failed ({event.attempts} in a row; "
                           f"retried with backoff): {event.error}")
     elif isinstance(event, Maintained):
-        yield LogLine("info", f"{event.schema.table_id}: compacted ({event.reason})")
+        yield LogLine("info", f"{event.schema.table_id}: maintained ({event.reason})")
         yield dg.AssetObservation(asset_key=target_key(settings, event.schema),
                                   metadata={"maintenance": event.reason, **event.report})
     elif isinstance(event, Reconciled):

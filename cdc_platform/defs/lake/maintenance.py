@@ -1,4 +1,5 @@
-"""Lake table maintenance as Dagster work: compaction and snapshot expiry (docs/iceberg.md).
+"""Lake table maintenance as Dagster work: compaction, snapshot expiry and orphan files
+(docs/iceberg.md).
 
 A merge-on-read table gathers a delete file and a small data file per materialisation, and a
 snapshot per materialisation: reads slow down and storage grows until something rewrites and
@@ -9,7 +10,7 @@ stopped: compaction rewrites data, which an operator should choose to schedule).
 action did is the op's output metadata and an observation on the table's asset.
 """
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
@@ -20,6 +21,7 @@ from cdc_platform.config import Settings
 from cdc_platform.defs.lake.definitions import target_key
 from cdc_platform.defs.names import scoped_name
 from cdc_platform.lake.iceberg import Lake
+from cdc_platform.lake.iceberg.maintenance import ORPHAN_MIN_AGE
 from cdc_platform.lake.spark import ensure_lake_conf
 
 JOB_NAME = "lake_maintenance"
@@ -36,7 +38,8 @@ def maintenance_op(settings: Settings, schema: TableSchema) -> dg.OpDefinition:
         description=f"Compacts the Iceberg table of {schema.table_id} (data files with "
         "deletes and small files rewritten, dangling deletes dropped) and expires its "
         f"snapshots older than {warehouse.snapshot_retention_hours:g} h, keeping the newest "
-        f"{warehouse.min_snapshots_to_keep}; the consumed changelog mark is kept.",
+        f"{warehouse.min_snapshots_to_keep}; the consumed changelog mark is kept. Files no "
+        f"snapshot references, older than {ORPHAN_MIN_AGE.days} days, are deleted.",
         out=dg.Out(dg.Nothing),
     )
     def maintain(context: dg.OpExecutionContext, pyspark: LazyPySparkResource) -> dg.Output:
@@ -48,6 +51,7 @@ def maintenance_op(settings: Settings, schema: TableSchema) -> dg.OpDefinition:
             return dg.Output(None, metadata={"table": target.identifier, "exists": False})
         older_than = datetime.now() - timedelta(hours=warehouse.snapshot_retention_hours)
         report = target.maintain(older_than, warehouse.min_snapshots_to_keep)
+        report.update(target.remove_orphans(datetime.now(UTC) - ORPHAN_MIN_AGE))
         current = target.current()
         marked = target.mark_of(target.history())
         metadata = {

@@ -1,11 +1,12 @@
 """Table maintenance with Iceberg's own Spark actions: compaction, delete-file rewrite and
-snapshot expiry, keeping the consumed mark; and the private branches crashed writers left.
+snapshot expiry, keeping the consumed mark; and what crashed writers left: their private
+branches, and the files they wrote but never committed (orphans).
 """
 
 from __future__ import annotations
 
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from cdc_platform.lake.iceberg.commit import (
@@ -18,6 +19,11 @@ from cdc_platform.lake.iceberg.snapshots import CONSUMED_GTID, CONSUMED_POS, Sna
 
 if TYPE_CHECKING:
     from cdc_platform.lake.iceberg.table import LakeTable
+
+
+# An unreferenced file younger than this is never removed as an orphan: a write still running
+# (a MERGE, a compaction, an append without Spark) may yet commit it.
+ORPHAN_MIN_AGE = timedelta(days=3)
 
 
 def maintain(table: LakeTable, older_than: datetime, retain_last: int) -> dict[str, Any]:
@@ -41,9 +47,9 @@ def maintain(table: LakeTable, older_than: datetime, retain_last: int) -> dict[s
     the new deletes) or lands on top with the older mark; replaying from an older mark
     is idempotent (a MERGE never lets an older record overwrite a newer row).
 
-    Files a crashed writer wrote but never committed are not removed: that is the
-    ``remove_orphan_files`` procedure, not run here (it needs an age limit longer than
-    any write; docs/iceberg.md). Returns what each action did, by its output's name.
+    Files a crashed writer wrote but never committed are not removed here: that is
+    ``remove_orphans``, with an age limit longer than any write (the applier runs it daily).
+    Returns what each action did, by its output's name.
     """
     report: dict[str, Any] = {}
     base, mark = table.base_and_mark()
@@ -121,6 +127,30 @@ def maintain(table: LakeTable, older_than: datetime, retain_last: int) -> dict[s
     report["deleted_manifest_lists_count"] = \
         expired.deletedManifestListsCount() if expired is not None else 0
     return report
+
+
+def remove_orphans(table: LakeTable, older_than: datetime) -> dict[str, Any]:
+    """Delete the files under the table's location that nothing of the table reaches (no
+    snapshot of any ref, no kept metadata file) and that were written before ``older_than``:
+    the data and delete files of writers that died before their commit or lost its race (an
+    append without Spark writes its files first), and those of rewrites that failed.
+    Iceberg's ``deleteOrphanFiles`` action (the ``remove_orphan_files`` procedure), listing
+    through the table's FileIO (prefix listing: an S3 warehouse needs no Hadoop filesystem
+    for it). ``older_than`` must be well before any write still running: a younger
+    unreferenced file may belong to a MERGE about to commit (``ORPHAN_MIN_AGE``)."""
+    if table.current() is None:
+        return {"deleted_orphan_files_count": 0}
+    jvm = table.spark.sparkContext._jvm
+    jspark = table.spark._jsparkSession  # type: ignore[attr-defined]
+    jvm.org.apache.spark.sql.SparkSession.setActiveSession(jspark)  # (as ``maintain``)
+    started = time.monotonic()
+    result = jvm.org.apache.iceberg.spark.actions.SparkActions.get(jspark).deleteOrphanFiles(
+        jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(jspark, table.identifier)
+    ).olderThan(int(older_than.timestamp() * 1000)).usePrefixListing(True).execute()
+    deleted = [str(location) for location in result.orphanFileLocations()]
+    return {"deleted_orphan_files_count": len(deleted),
+            "deleted_orphan_files": deleted[:20],
+            "remove_orphan_files_seconds": round(time.monotonic() - started, 2)}
 
 
 def marked_ancestor(table: LakeTable) -> tuple[Snapshot | None, int]:

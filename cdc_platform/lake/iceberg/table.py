@@ -27,7 +27,7 @@ from cdc_platform.lake.columns import user_struct
 from cdc_platform.lake.iceberg.catalog import namespace_name, quote, sql_string, table_name
 from cdc_platform.lake.iceberg.commit import commit_merge
 from cdc_platform.lake.iceberg.locks import table_lock
-from cdc_platform.lake.iceberg.maintenance import maintain
+from cdc_platform.lake.iceberg.maintenance import maintain, remove_orphans
 from cdc_platform.lake.iceberg.properties import (
     PRIMARY_KEY_PROPERTY,
     RENAMED_THROUGH_PROPERTY,
@@ -280,3 +280,8 @@ class LakeTable:
     def maintain(self, older_than: datetime, retain_last: int) -> dict[str, Any]:
         """Compaction and snapshot expiry keeping the mark (``maintenance.maintain``)."""
         return maintain(self, older_than, retain_last)
+
+    def remove_orphans(self, older_than: datetime) -> dict[str, Any]:
+        """Delete unreferenced files written before ``older_than``
+        (``maintenance.remove_orphans``)."""
+        return remove_orphans(self, older_than)
