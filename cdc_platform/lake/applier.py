@@ -15,8 +15,9 @@ through the same compare-and-swap.
 Besides merging it keeps the tables healthy: it compacts a table once its file count or its
 share of deleted rows passes the configured threshold (so merges every few seconds do not
 leave thousands of small and delete files), reconciles each target against the source every N
-merges or on an interval (when the table has caught up, so a difference is not just lag), and
-sweeps the landing zone of what every target has consumed (``capture.landing.retention``).
+merges or on an interval (when the table has caught up, so a difference is not just lag),
+deletes each idle target's orphan files once a day (``ORPHAN_INTERVAL_SECONDS``), and sweeps
+the landing zone of what every target has consumed (``capture.landing.retention``).
 An empty target whose table is being snapshotted waits a little for the snapshot to end
 (``first_load_waits``), so that an initial load is one append rather than an append and
 MERGEs. Compactions and reconciles take seconds each, and every other table waits meanwhile:
