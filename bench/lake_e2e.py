@@ -186,6 +186,28 @@ def _applier_merges(lines: list[str], since: float, until: float) -> list[tuple[
     return found
 
 
+# The applier's log line of a compaction (``python -m cdc_platform apply`` logs each event); the
+# seconds each of its actions took are in its report (``lake.iceberg.maintenance``).
+MAINTAINED_LINE = re.compile(r"^(\S+ \S+) INFO applier: Maintained\(.*reason='([^']*)'")
+ACTION_SECONDS = re.compile(r"'(\w+)_seconds': ([\d.]+)")
+
+
+def _applier_maintenance(lines: list[str], since: float, until: float
+                         ) -> list[tuple[float, str, float]]:
+    """(logged at, reason, seconds of its actions) of the maintenance logged in [since,
+    until]."""
+    found = []
+    for line in lines:
+        match = MAINTAINED_LINE.match(line)
+        if not match:
+            continue
+        logged = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        if since <= logged <= until:
+            seconds = sum(float(value) for _, value in ACTION_SECONDS.findall(line))
+            found.append((logged, match.group(2), seconds))
+    return found
+
+
 # The applier's log line once its Spark session is warmed up (lake.warmup).
 WARMED_UP = "Spark session warmed up"
 
@@ -359,6 +381,10 @@ def bench_e2e(rate: float, seconds: float, writers: int, retention_hours: float 
         print("  merge duration by minute of the soak (median, merges): " + "; ".join(
             f"{minute + 1}: {sorted(v)[len(v) // 2]:.1f} s, {len(v)}"
             for minute, v in sorted(by_minute.items())))
+    maintained = _applier_maintenance(applier.log_lines(), soak_started, drained)
+    print(f"  maintenance (applier log): {len(maintained)} runs" + "".join(
+        f"; at {at - soak_started:.0f} s, {seconds:.1f} s ({reason})"
+        for at, reason, seconds in maintained))
     print(f"  applier {usage['applier'].describe(drained - soak_started)}")
     print(f"  engine  {usage['engine'].describe(drained - soak_started)}")
     elapsed = drained - soak_started
