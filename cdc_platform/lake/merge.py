@@ -184,19 +184,28 @@ def materialise(
     started = time.monotonic()
     changelog = TableChangelog.open(landing_url, server_name, database, table, s3=s3)
     target: LakeTable | None = None
+
+    def appended() -> Loaded | None:
+        if not arrow_load or (warehouse_url, changelog.table_id) in _holding_rows:
+            return None
+        return initial_load(changelog, warehouse_url, catalog, server_name, s3)
+
     for attempt in range(1, COMMIT_ATTEMPTS + 1):
         try:
-            loaded = None
-            if arrow_load and (warehouse_url, changelog.table_id) not in _holding_rows:
-                loaded = initial_load(changelog, warehouse_url, catalog, server_name, s3)
-            if loaded is not None:
-                return _held(warehouse_url, _loaded_result(changelog, loaded, started,
-                                                           attempt))
-            if target is None:
+            loaded = appended()
+            if loaded is None and target is None:
                 session = spark if isinstance(spark, SparkSession) else spark()
                 ensure_lake_conf(session)
                 target = Lake(session, warehouse_url, catalog).table(server_name, database,
                                                                      table)
+                if not isinstance(spark, SparkSession):
+                    # (getting the session may have waited seconds for its start: the
+                    # applier's, in the background; a snapshot that landed meanwhile into
+                    # the empty target is still an append without Spark)
+                    loaded = appended()
+            if loaded is not None:
+                return _held(warehouse_url, _loaded_result(changelog, loaded, started,
+                                                           attempt))
             # Writers of one table in this process (and, on a local Hadoop-catalog warehouse,
             # in other processes) take turns from the mark read to the publication, so they
             # do not keep invalidating each other; the commit itself stays a compare-and-swap.
