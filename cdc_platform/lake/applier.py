@@ -16,7 +16,7 @@ Besides merging it keeps the tables healthy: it compacts a table once its file c
 share of deleted rows passes the configured threshold (so merges every few seconds do not
 leave thousands of small and delete files), reconciles each target against the source every N
 merges or on an interval (when the table has caught up, so a difference is not just lag),
-deletes each idle target's orphan files once a day (``ORPHAN_INTERVAL_SECONDS``), and sweeps
+deletes each target's orphan files once a day (``ORPHAN_INTERVAL_SECONDS``), and sweeps
 the landing zone of what every target has consumed (``capture.landing.retention``).
 An empty target whose table is being snapshotted waits a little for the snapshot to end
 (``first_load_waits``), so that an initial load is one append rather than an append and
@@ -468,6 +468,7 @@ class Applier:
             if result.snapshot is not None:
                 self._maybe_compact(schema, state, result.snapshot.metadata())
         self._after_catch_up(schema, state)
+        self._maybe_remove_orphans(schema, state)
 
     def _loading(self, schema: TableSchema, state: _TableState, checkpoint: Checkpoint
                  ) -> bool:
@@ -536,9 +537,10 @@ class Applier:
             **report, **(current.metadata() if current is not None else {})}))
 
     def _maybe_remove_orphans(self, schema: TableSchema, state: _TableState) -> None:
-        """Every ``ORPHAN_INTERVAL_SECONDS``, when the table has caught up (an idle pass), and
-        as the pass's one heavy task: delete its target's files that nothing references and
-        that are older than ``ORPHAN_MIN_AGE`` (``LakeTable.remove_orphans``), so the files of
+        """Every ``ORPHAN_INTERVAL_SECONDS``, after a merge or an idle pass (a table that
+        always has new records is never idle), as the pass's one heavy task (when another took
+        the pass, in a later one): delete the target's files that nothing references and that
+        are older than ``ORPHAN_MIN_AGE`` (``LakeTable.remove_orphans``), so the files of
         writers that died or lost a race do not accumulate in the warehouse."""
         if self._housekept or state.consumed_pos is None or \
                 time.monotonic() - state.orphans_checked < ORPHAN_INTERVAL_SECONDS:

@@ -402,8 +402,8 @@ def test_the_session_starts_in_the_background_after_a_pass_with_nothing_to_merge
 def test_files_no_snapshot_references_are_removed_once_old_enough(
         cdc_env: CdcEnv, spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A writer that died before its commit, or lost the race, leaves files no snapshot
-    references: the applier removes them from its idle tables once they are older than
-    ORPHAN_MIN_AGE (younger ones may belong to a write about to commit), and nothing else."""
+    references: the applier removes them once they are older than ORPHAN_MIN_AGE (younger
+    ones may belong to a write about to commit), and nothing else."""
     env = cdc_env
     env.execute("CREATE TABLE kept (id INT PRIMARY KEY, v INT)",
                 "INSERT INTO kept VALUES (1, 1), (2, 2)")
@@ -422,8 +422,7 @@ def test_files_no_snapshot_references_are_removed_once_old_enough(
     events: list[Any] = []
     applier = Applier(spark, _options(env), events.append)
 
-    applier.cycle()  # (reads the target's mark: nothing new to merge)
-    applier.cycle()  # (idle: the orphans are looked for)
+    applier.cycle()  # (nothing new to merge: the orphans are looked for)
 
     [removed] = [e for e in events if isinstance(e, Maintained)]
     assert removed.report["deleted_orphan_files_count"] == 1, removed.report
