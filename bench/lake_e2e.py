@@ -173,17 +173,24 @@ class _Poller:
         self.thread.join(30)
 
 
-def _applier_merges(lines: list[str], since: float, until: float) -> list[tuple[float, int, float]]:
-    """(logged at, records, seconds) of the applier's merges logged in [since, until]."""
+def _logged_matches(lines: list[str], pattern: re.Pattern[str], since: float, until: float
+                    ) -> list[tuple[float, re.Match[str]]]:
+    """(logged at, match) of the log lines ``pattern`` matches (its first group: the line's
+    time) logged in [since, until]."""
     found = []
     for line in lines:
-        match = APPLIED_LINE.match(line)
-        if not match:
-            continue
-        logged = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-        if since <= logged <= until:
-            found.append((logged, int(match.group(3)), float(match.group(5))))
+        match = pattern.match(line)
+        if match:
+            logged = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            if since <= logged <= until:
+                found.append((logged, match))
     return found
+
+
+def _applier_merges(lines: list[str], since: float, until: float) -> list[tuple[float, int, float]]:
+    """(logged at, records, seconds) of the applier's merges logged in [since, until]."""
+    return [(logged, int(match.group(3)), float(match.group(5)))
+            for logged, match in _logged_matches(lines, APPLIED_LINE, since, until)]
 
 
 # The applier's log line of a compaction (``python -m cdc_platform apply`` logs each event); the
@@ -196,16 +203,9 @@ def _applier_maintenance(lines: list[str], since: float, until: float
                          ) -> list[tuple[float, str, float]]:
     """(logged at, reason, seconds of its actions) of the maintenance logged in [since,
     until]."""
-    found = []
-    for line in lines:
-        match = MAINTAINED_LINE.match(line)
-        if not match:
-            continue
-        logged = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-        if since <= logged <= until:
-            seconds = sum(float(value) for _, value in ACTION_SECONDS.findall(line))
-            found.append((logged, match.group(2), seconds))
-    return found
+    return [(logged, match.group(2), sum(float(value) for _, value in
+                                         ACTION_SECONDS.findall(match.string)))
+            for logged, match in _logged_matches(lines, MAINTAINED_LINE, since, until)]
 
 
 # The applier's log line once its Spark session is warmed up (lake.warmup).
