@@ -195,7 +195,10 @@ class _TableState:
     waited_for: str = ""  # the snapshot session it last said it waits for
     awaiting_snapshot: bool = False  # its empty target waits for its snapshot (first_load_waits)
     awaiting_since: float | None = None  # (monotonic) since when it has waited
-    orphans_checked: float = field(default_factory=time.monotonic)  # last orphan removal
+    # (monotonic) when its orphan files were last removed; at the start, as if ORPHAN_FIRST_SECONDS
+    # remained until the next removal (an applier restarted daily still removes them)
+    orphans_checked: float = field(default_factory=lambda: time.monotonic() - (
+        ORPHAN_INTERVAL_SECONDS - ORPHAN_FIRST_SECONDS))
 
 
 # A table passing compact_delete_ratio is compacted at most this often (by the file count, at
@@ -214,8 +217,9 @@ FIRST_LOAD_POLL_SECONDS = 0.25
 SPARK_START_WAITING_SECONDS = 10.0
 MAX_RETRY_SECONDS = 300.0
 # Each target's unreferenced files older than ORPHAN_MIN_AGE (a crashed writer's, a lost race's)
-# are removed this often, the first time this long after the applier starts.
+# are removed this often, the first time ORPHAN_FIRST_SECONDS after the applier starts.
 ORPHAN_INTERVAL_SECONDS = 24 * 3600.0
+ORPHAN_FIRST_SECONDS = 3600.0
 
 
 def compaction_reason(metadata: Mapping[str, Any], min_files: int,

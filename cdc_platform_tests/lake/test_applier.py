@@ -419,6 +419,7 @@ def test_files_no_snapshot_references_are_removed_once_old_enough(
     aged = time.time() - applier_module.ORPHAN_MIN_AGE.total_seconds() - 3600
     os.utime(old, (aged, aged))
     monkeypatch.setattr(applier_module, "ORPHAN_INTERVAL_SECONDS", 0.0)
+    monkeypatch.setattr(applier_module, "ORPHAN_FIRST_SECONDS", 0.0)
     events: list[Any] = []
     applier = Applier(spark, _options(env), events.append)
 
@@ -429,3 +430,11 @@ def test_files_no_snapshot_references_are_removed_once_old_enough(
     assert not old.exists() and young.exists()
     assert all(path.exists() for path in live)
     assert env.reconcile(spark, "kept").ok
+
+
+def test_a_new_applier_removes_orphan_files_an_hour_after_its_start_then_daily() -> None:
+    state = applier_module._TableState()
+    until_due = applier_module.ORPHAN_INTERVAL_SECONDS - (time.monotonic() - state.orphans_checked)
+
+    assert applier_module.ORPHAN_FIRST_SECONDS - 5 < until_due <= applier_module.ORPHAN_FIRST_SECONDS
+    assert applier_module.ORPHAN_FIRST_SECONDS < applier_module.ORPHAN_INTERVAL_SECONDS
