@@ -197,7 +197,8 @@ def test_the_streaming_run_materialises_lag_and_headroom(env: CdcEnv,
             return [values(m) for m in result.asset_materializations_for_node("capture_changes")]
 
     *periodic, last = stream()  # a first run: the first reading finds no checkpoint yet
-    assert len(periodic) >= 4
+    # (readings every 0.25 s for the 2 s idle at least; a busy machine's CI saw 3, not 8)
+    assert len(periodic) >= 2
     assert any("engine_lag_seconds" in m for m in periodic)
     assert {m.get("binlog_headroom_status") for m in periodic} <= {None, "no_checkpoint"}
     assert all("lag_seconds" not in m for m in [*periodic, last])  # (the old, ambiguous name)
