@@ -37,7 +37,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pyiceberg.exceptions import (
     CommitFailedException,
     NoSuchTableError,
@@ -88,7 +87,7 @@ from cdc_platform.capture.landing_contract import (
 )
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.storage import open_store
-from cdc_platform.lake.changelog import BatchPlan, TableChangelog
+from cdc_platform.lake.changelog import TableChangelog
 from cdc_platform.lake.columns import spark_type
 from cdc_platform.lake.iceberg.catalog import namespace_name, quote, table_name
 from cdc_platform.lake.iceberg.commit import ConcurrentCommitError
@@ -276,7 +275,7 @@ def _load_once(changelog: TableChangelog, lake: LocalHadoopCatalog | LakeRestCat
     wanted = iceberg_schema(schema)
     if table is not None and not _fits(table, schema, wanted, renames, after_pos):
         return None
-    size = _landed_bytes(plan)
+    size = plan.bytes
     if size > MAX_BATCH_BYTES:
         log.info("%s: %d MB of segments to load, above the %d MB an append without Spark "
                  "holds in memory: merged by Spark", changelog.table_id, size >> 20,
@@ -344,18 +343,6 @@ def _append(transaction: Transaction, data: pa.Table, properties: dict[str, str]
     transaction.append(data, snapshot_properties=properties)
     if split:
         transaction.remove_properties(TARGET_FILE_SIZE)
-
-
-def _landed_bytes(plan: BatchPlan) -> int:
-    """The batch's segments' data as Arrow holds it (their row groups' uncompressed size,
-    from the footers): what reading them costs in memory, before they are read."""
-    total = 0
-    for group in plan.groups:
-        for segment in group.segments:
-            footer = pq.read_metadata(segment.path, filesystem=segment.filesystem)
-            total += sum(footer.row_group(i).total_byte_size
-                         for i in range(footer.num_row_groups))
-    return total
 
 
 def snapshot_of(snapshot: IcebergSnapshot) -> Snapshot:

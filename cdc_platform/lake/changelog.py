@@ -81,6 +81,8 @@ class BatchPlan:
     newest: TableSchema  # the newest segment's schema, renamed by the renames after it
     snapshot_columns: bool  # some segment carries the snapshot-record columns
     rows: int = 0  # the segments' records (their footers), in the range or not
+    # their row groups' uncompressed size (footers): what reading them costs Arrow in memory
+    bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -168,10 +170,12 @@ class TableChangelog:
             return None
         groups: list[SegmentGroup] = []
         newest_metadata = None
-        rows = 0
+        rows = size = 0
         for segment in segments:
             footer = pq.read_metadata(segment.path, filesystem=segment.filesystem)
             rows += footer.num_rows
+            size += sum(footer.row_group(i).total_byte_size
+                        for i in range(footer.num_row_groups))
             arrow_schema = footer.schema.to_arrow_schema()
             newest_metadata = arrow_schema.metadata
             plain = arrow_schema.remove_metadata()
@@ -194,7 +198,8 @@ class TableChangelog:
             )
         refuse_reserved_columns(newest)
         return BatchPlan(groups, newest,
-                         any(THRESHOLD in group.schema.names for group in groups), rows)
+                         any(THRESHOLD in group.schema.names for group in groups), rows,
+                         size)
 
     def batch(
         self,

@@ -114,6 +114,22 @@ def test_a_snapshot_landed_while_the_session_started_is_still_appended_without_s
     assert spark_free(result) and result.rows == 3 and result.snapshot_rows == 3
 
 
+def test_a_batch_above_the_memory_bound_is_left_to_spark(spark, landing, warehouse,
+                                                         monkeypatch):
+    """The segments' uncompressed size (their footers, read once by the plan) is judged before
+    anything is read: above MAX_BATCH_BYTES the load is Spark's."""
+    landing.segment(S, [("r", r(i)) for i in range(3)])
+    changelog = TableChangelog.open(landing.url, SERVER, "shop", "orders")
+    plan = changelog.plan(None, landing.next_pos)
+    assert plan is not None and plan.rows == 3 and plan.bytes > 0
+    monkeypatch.setattr(arrow_load, "MAX_BATCH_BYTES", plan.bytes - 1)
+
+    assert arrow_load.initial_load(changelog, warehouse, None, SERVER) is None
+    assert not (Path(warehouse) / "demo_shop").exists()  # nothing done
+    result = materialise_table(spark, landing, warehouse, S)
+    assert result.rows == 3 and not spark_free(result)
+
+
 @pytest.mark.parametrize("records", [
     [("c", r(1)), ("u", r(1, "again"))],  # a key twice: folded by Spark
     [("c", r(1)), ("x", r(2))],  # an unknown op: refused by Spark, with its error
