@@ -6,6 +6,7 @@ branches, and the files they wrote but never committed (orphans).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -55,18 +56,7 @@ def maintain(table: LakeTable, older_than: datetime, retain_last: int) -> dict[s
     base, mark = table.base_and_mark()
     if base is None:
         return report
-    jvm = table.spark.sparkContext._jvm
-    jspark = table.spark._jsparkSession  # type: ignore[attr-defined]
-    # Iceberg's rewrites read their file groups through ``SparkSession.active()``, which is
-    # per JVM thread: a thread that has not made a DataFrame (the applier's, when its loads
-    # were appended without Spark) has none of its own, and the read then looks up Iceberg's
-    # cache catalog in another session ("default_cache_iceberg ... is not defined").
-    jvm.org.apache.spark.sql.SparkSession.setActiveSession(jspark)
-    actions = jvm.org.apache.iceberg.spark.actions.SparkActions.get(jspark)
-
-    def loaded() -> Any:  # fresh metadata for each action (the catalog cache is off)
-        return jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
-            jspark, table.identifier)
+    actions, loaded = _spark_actions(table)
 
     def marked(action: Any) -> Any:
         mark, _ = marked_ancestor(table)
@@ -118,15 +108,32 @@ def maintain(table: LakeTable, older_than: datetime, retain_last: int) -> dict[s
                 int(older_than.timestamp() * 1000)).retainLast(keep).execute()
     report["expired_snapshots"] = len(before) - table.snapshot_count()
     timed("expire_snapshots")
-    report["deleted_data_files_count"] = \
-        expired.deletedDataFilesCount() if expired is not None else 0
-    report["deleted_position_delete_files_count"] = \
-        expired.deletedPositionDeleteFilesCount() if expired is not None else 0
-    report["deleted_manifest_files_count"] = \
-        expired.deletedManifestsCount() if expired is not None else 0
-    report["deleted_manifest_lists_count"] = \
-        expired.deletedManifestListsCount() if expired is not None else 0
+    for key, count in (("deleted_data_files_count", "deletedDataFilesCount"),
+                       ("deleted_position_delete_files_count",
+                        "deletedPositionDeleteFilesCount"),
+                       ("deleted_manifest_files_count", "deletedManifestsCount"),
+                       ("deleted_manifest_lists_count", "deletedManifestListsCount")):
+        report[key] = getattr(expired, count)() if expired is not None else 0
     return report
+
+
+def _spark_actions(table: LakeTable) -> tuple[Any, Callable[[], Any]]:
+    """Iceberg's Spark actions for this thread, and a function loading the table's Java
+    object with fresh metadata (for each action: the catalog cache is off).
+
+    Iceberg's actions read their file groups through ``SparkSession.active()``, which is per
+    JVM thread: a thread that has not made a DataFrame (the applier's, when its loads were
+    appended without Spark) has none of its own, and the read then looks up Iceberg's cache
+    catalog in another session ("default_cache_iceberg ... is not defined")."""
+    jvm = table.spark.sparkContext._jvm
+    jspark = table.spark._jsparkSession  # type: ignore[attr-defined]
+    jvm.org.apache.spark.sql.SparkSession.setActiveSession(jspark)
+
+    def loaded() -> Any:
+        return jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
+            jspark, table.identifier)
+
+    return jvm.org.apache.iceberg.spark.actions.SparkActions.get(jspark), loaded
 
 
 def remove_orphans(table: LakeTable, older_than: datetime) -> dict[str, Any]:
@@ -140,13 +147,10 @@ def remove_orphans(table: LakeTable, older_than: datetime) -> dict[str, Any]:
     unreferenced file may belong to a MERGE about to commit (``ORPHAN_MIN_AGE``)."""
     if table.current() is None:
         return {"deleted_orphan_files_count": 0}
-    jvm = table.spark.sparkContext._jvm
-    jspark = table.spark._jsparkSession  # type: ignore[attr-defined]
-    jvm.org.apache.spark.sql.SparkSession.setActiveSession(jspark)  # (as ``maintain``)
     started = time.monotonic()
-    result = jvm.org.apache.iceberg.spark.actions.SparkActions.get(jspark).deleteOrphanFiles(
-        jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(jspark, table.identifier)
-    ).olderThan(int(older_than.timestamp() * 1000)).usePrefixListing(True).execute()
+    actions, loaded = _spark_actions(table)
+    result = actions.deleteOrphanFiles(loaded()).olderThan(
+        int(older_than.timestamp() * 1000)).usePrefixListing(True).execute()
     deleted = [str(location) for location in result.orphanFileLocations()]
     return {"deleted_orphan_files_count": len(deleted),
             "deleted_orphan_files": deleted[:20],
