@@ -16,7 +16,8 @@ Types: ``execute-snapshot``, ``stop-snapshot`` / ``pause-snapshot`` / ``resume-s
 (``data-collections`` optional: all running snapshots when absent or empty) and ``log``
 (``{"message": ...}``). A message that cannot be acted on becomes a :class:`Skipped` with the
 reason; one keyed for another source is :class:`Skipped` with ``foreign=True`` (logged, not a
-problem), one keyed for no source with ``unaddressed=True`` (every source skips it). Nothing here raises on message content.
+problem), one keyed for no source with ``unaddressed=True`` (every source skips it).
+Nothing here raises on message content.
 """
 
 from __future__ import annotations
@@ -96,17 +97,17 @@ def parse_signal(message: SignalMessage, server_name: str, topic: str,
     """
     offset = message.offset
 
-    def skip(reason: str, signal_id: str = "", foreign: bool = False) -> Skipped:
-        return Skipped(offset, reason, signal_id, foreign)
+    def skip(reason: str, signal_id: str = "", foreign: bool = False,
+             unaddressed: bool = False) -> Skipped:
+        return Skipped(offset, reason, signal_id, foreign, unaddressed)
 
     if message.key is None:
-        return Skipped(offset, f"no message key; the key must be the source's server name "
-                       f"{server_name!r}", unaddressed=True)
+        return skip(f"no message key; the key must be the source's server name "
+                    f"{server_name!r}", unaddressed=True)
     try:
         key = message.key.decode("utf-8")
     except UnicodeDecodeError:
-        return Skipped(offset, f"message key is not UTF-8 text; want {server_name!r}",
-                       unaddressed=True)
+        return skip(f"message key is not UTF-8 text; want {server_name!r}", unaddressed=True)
     if key != server_name:
         return skip(f"keyed for source {key[:100]!r}, not {server_name!r}", foreign=True)
     if not message.value:
