@@ -1,4 +1,4 @@
-"""The batch's counts computed by pyarrow (``merge.arrow_stats``) are Spark's (``merge._stats``)
+"""The batch's counts computed by pyarrow (``fold.arrow_stats``) are Spark's (``fold._stats``)
 for any batch: keys with NULL parts, several records per key, instructions grouped apart, ops
 no engine writes, commit times missing."""
 
@@ -15,7 +15,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from cdc_platform.capture.landing_contract import INSTRUCTION_OPS, OP, POS, TS_MS
 from cdc_platform.lake.columns import col
-from cdc_platform.lake.merge import INSTRUCTION, _stats, arrow_stats
+from cdc_platform.lake.fold import INSTRUCTION, _stats, arrow_stats
 
 KEYS = ["id", "region"]
 SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("region", pa.string()),

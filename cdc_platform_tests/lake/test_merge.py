@@ -14,7 +14,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import DecimalType, DoubleType, LongType, StringType
 
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
-from cdc_platform.lake import merge
+from cdc_platform.lake import fold
 from cdc_platform.lake.iceberg import (
     CONSUMED_GTID,
     CONSUMED_POS,
@@ -555,7 +555,7 @@ def test_a_record_with_an_op_no_engine_writes_stops_the_merge_unapplied(spark, l
 
 
 def test_a_merge_counts_its_batch_with_pyarrow_not_a_spark_job(spark, tmp_path, monkeypatch):
-    """The batch's counts (``merge.arrow_stats``) cost no Spark job: the same merge counted
+    """The batch's counts (``fold.arrow_stats``) cost no Spark job: the same merge counted
     by Spark (a batch above ``MAX_ARROW_COUNT_RECORDS``) runs more (its aggregate and adaptive
     execution's stages), with the same result."""
     def merge_jobs(name: str) -> tuple[int, MergeResult]:
@@ -575,7 +575,7 @@ def test_a_merge_counts_its_batch_with_pyarrow_not_a_spark_job(spark, tmp_path, 
         return len(spark.sparkContext.statusTracker().getJobIdsForGroup(group)), result
 
     arrow_jobs, by_arrow = merge_jobs("arrow")
-    monkeypatch.setattr(merge, "MAX_ARROW_COUNT_RECORDS", 0)
+    monkeypatch.setattr(fold, "MAX_ARROW_COUNT_RECORDS", 0)
     spark_jobs, by_spark = merge_jobs("spark")
 
     assert arrow_jobs < spark_jobs
