@@ -382,7 +382,7 @@ def _fits(table: Table, schema: TableSchema, wanted: Schema, renames: Sequence[A
 
 def _count(batch: pa.Table, schema: TableSchema, snapshot_columns: bool, table_id: str
            ) -> tuple[pa.Table, pa.ChunkedArray, dict[str, int]] | None:
-    """The batch's row records, which of them become rows, and ``fold._stats``'s counts; None
+    """The batch's row records, which of them become rows, and ``fold.spark_stats``'s counts; None
     when a key has several row records (the fold: Spark's path) or a record is not one this
     path reads exactly (an unknown op, an instruction without the snapshot columns or with
     bad fields: the Spark path refuses those with its error)."""

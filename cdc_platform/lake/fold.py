@@ -38,18 +38,18 @@ RECORDS = "__cdc_records"
 INSTRUCTION = "__cdc_instruction"
 
 
-def _fold_latest(df: DataFrame, keys: list[str]) -> DataFrame:
+def fold_latest(df: DataFrame, keys: list[str]) -> DataFrame:
     """Keep, per key, the record with the highest ``__cdc_pos`` (replayed duplicates collapse)."""
     window = Window.partitionBy(*[col(k) for k in keys]).orderBy(col(POS).desc())
     return df.withColumn("__cdc_rank", F.row_number().over(window)).where(
         col("__cdc_rank") == 1).drop("__cdc_rank")
 
 
-def _fold(batch: DataFrame, schema: TableSchema, counts: dict[str, int] | None = None
+def fold(batch: DataFrame, schema: TableSchema, counts: dict[str, int] | None = None
           ) -> tuple[DataFrame, bool, dict[str, int]]:
     """The batch folded to one record per key; whether its row records went through the fold's
-    shuffle (``append_statement``'s rebalance); and the batch's counts (``_stats``, unless
-    given: ``_arrow_counts``).
+    shuffle (``append_statement``'s rebalance); and the batch's counts (``spark_stats``, unless
+    given: ``arrow_counts``).
 
     Each key keeps its newest record, the op of its first record in the batch (``c``: the key
     did not exist before the batch) and its number of records. Range assertions and sweeps
@@ -62,13 +62,13 @@ def _fold(batch: DataFrame, schema: TableSchema, counts: dict[str, int] | None =
     """
     keys = list(schema.primary_key)
     if THRESHOLD not in batch.columns:
-        counts = counts if counts is not None else _stats(batch, keys, None)
+        counts = counts if counts is not None else spark_stats(batch, keys, None)
         unique = counts["most"] <= 1
         return ((_unique_rows(batch), False, counts) if unique
                 else (_fold_window(batch, keys), True, counts))
     batch = batch.withColumn(
         INSTRUCTION, F.coalesce(col(OP).isin(*INSTRUCTION_OPS), F.lit(False)))
-    counts = counts if counts is not None else _stats(batch, keys, INSTRUCTION)
+    counts = counts if counts is not None else spark_stats(batch, keys, INSTRUCTION)
     if counts["most"] > 1:
         return _fold_window(batch, [*keys, INSTRUCTION]), True, counts
     rows = _unique_rows(batch.where(~col(INSTRUCTION)))
@@ -78,14 +78,14 @@ def _fold(batch: DataFrame, schema: TableSchema, counts: dict[str, int] | None =
         _fold_window(batch.where(col(INSTRUCTION)), [*keys, INSTRUCTION])), False, counts
 
 
-# ``_stats``'s codes of the ops in a packed (position, op) long; any other op is _OTHER_OP.
+# ``spark_stats``'s codes of the ops in a packed (position, op) long; any other op is _OTHER_OP.
 # (Positions count records from 1: far below 2**60, the most a packed long holds.)
 _OP_CODES = (*ROW_OPS, *INSTRUCTION_OPS)
 _OTHER_OP = len(_OP_CODES)
 _CODES = 8
 
 
-def _stats(batch: DataFrame, keys: list[str], flag: str | None) -> dict[str, int]:
+def spark_stats(batch: DataFrame, keys: list[str], flag: str | None) -> dict[str, int]:
     """One job over the batch, grouped per key as the fold groups it (NULL key parts equal;
     records flagged ``flag`` are instructions, folded apart): what the fold will hold, without
     folding every column. ``records`` read, ``max_pos``, ``newest_ms``, ``instructions`` and
@@ -133,13 +133,13 @@ def _stats(batch: DataFrame, keys: list[str], flag: str | None) -> dict[str, int
 
 
 # A batch of more records than this (its segments' footers) is counted by Spark's job
-# (``_stats``): pyarrow holds the keys and three columns of each record in memory.
+# (``spark_stats``): pyarrow holds the keys and three columns of each record in memory.
 MAX_ARROW_COUNT_RECORDS = 1_000_000
 
 
-def _arrow_counts(changelog: TableChangelog, plan: BatchPlan, after_pos: int | None,
+def arrow_counts(changelog: TableChangelog, plan: BatchPlan, after_pos: int | None,
                   before_pos: int) -> dict[str, int] | None:
-    """``_stats``'s counts of the batch, read and grouped by pyarrow in this process (the
+    """``spark_stats``'s counts of the batch, read and grouped by pyarrow in this process (the
     keys, position, op and commit time of each record only), or None when Spark's job counts
     it: a batch above ``MAX_ARROW_COUNT_RECORDS``, keys that Arrow would group otherwise
     (``arrow_stats``), a key the newest schema lacks, or values the exact read refuses (the
@@ -164,7 +164,7 @@ def _arrow_counts(changelog: TableChangelog, plan: BatchPlan, after_pos: int | N
 
 def arrow_stats(records: pa.Table, keys: list[str], instructions: bool
                 ) -> dict[str, int] | None:
-    """``_stats`` by pyarrow over ``records`` (the key columns, ``__cdc_pos``, ``__cdc_op``
+    """``spark_stats`` by pyarrow over ``records`` (the key columns, ``__cdc_pos``, ``__cdc_op``
     and ``__cdc_ts_ms``): the same counts, grouping the keys as Spark does (NULL key parts
     equal; ``instructions``: the segments have the snapshot columns, and instruction records
     are grouped apart). None for floating-point keys: Spark groups -0.0 with 0.0 and every
@@ -214,9 +214,9 @@ def _unique_rows(rows: DataFrame) -> DataFrame:
 
 
 def _fold_window(batch: DataFrame, keys: list[str]) -> DataFrame:
-    """``_fold`` by sorting each key's records by position (any batch)."""
+    """``fold`` by sorting each key's records by position (any batch)."""
     history = Window.partitionBy(*[col(k) for k in keys]).orderBy(col(POS).desc()).rowsBetween(
         Window.unboundedPreceding, Window.unboundedFollowing)
     with_first = batch.withColumn(FIRST_OP, F.last(col(OP)).over(history)).withColumn(
         RECORDS, F.count(F.lit(1)).over(history))
-    return _fold_latest(with_first, keys)
+    return fold_latest(with_first, keys)

@@ -62,7 +62,7 @@ from cdc_platform.capture.schema import TableSchema
 from cdc_platform.lake.arrow_load import Loaded, initial_load
 from cdc_platform.lake.changelog import TableChangelog
 from cdc_platform.lake.columns import col, table_struct
-from cdc_platform.lake.fold import INSTRUCTION, _arrow_counts, _fold, _fold_latest
+from cdc_platform.lake.fold import INSTRUCTION, arrow_counts, fold, fold_latest
 from cdc_platform.lake.iceberg.catalog import quote
 from cdc_platform.lake.iceberg.commit import ConcurrentCommitError
 from cdc_platform.lake.iceberg.lake import Lake
@@ -301,8 +301,8 @@ def _materialise_once(
     # Not persisted: building Spark's cache of a folded batch costs several times computing
     # it (1M snapshot rows: 5.8 s against 0.7 s), and each use below computes it again from
     # the same segments (unconsumed ones are never compacted or deleted: retention).
-    folded, sorted_rows, counts = _fold(
-        batch, newest, _arrow_counts(changelog, plan, after_pos, before_pos))
+    folded, sorted_rows, counts = fold(
+        batch, newest, arrow_counts(changelog, plan, after_pos, before_pos))
     if counts["records"] == 0:  # segments overlapped the range but held no record in it
         return unchanged()
     unknown = counts["total"] - sum(counts[op] for op in ROW_OPS) - counts["instructions"]
@@ -337,7 +337,7 @@ def _materialise_once(
         victims = victims.persist(StorageLevel.MEMORY_AND_DISK)
         asserted = victims.count()
         if asserted:
-            source = _fold_latest(rows_folded.unionByName(victims), list(newest.primary_key))
+            source = fold_latest(rows_folded.unionByName(victims), list(newest.primary_key))
     consumed_pos = int(counts["max_pos"])
     properties = {CONSUMED_POS: str(consumed_pos), CONSUMED_GTID: gtid or ""}
     view = f"cdc_merge_source_{uuid.uuid4().hex}"

@@ -1,4 +1,5 @@
-"""The batch's counts computed by pyarrow (``fold.arrow_stats``) are Spark's (``fold._stats``)
+"""The batch's counts computed by pyarrow (``fold.arrow_stats``) are Spark's
+(``fold.spark_stats``)
 for any batch: keys with NULL parts, several records per key, instructions grouped apart, ops
 no engine writes, commit times missing."""
 
@@ -15,7 +16,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from cdc_platform.capture.landing_contract import INSTRUCTION_OPS, OP, POS, TS_MS
 from cdc_platform.lake.columns import col
-from cdc_platform.lake.fold import INSTRUCTION, _stats, arrow_stats
+from cdc_platform.lake.fold import INSTRUCTION, arrow_stats, spark_stats
 
 KEYS = ["id", "region"]
 SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("region", pa.string()),
@@ -45,10 +46,10 @@ def batches(draw: Any) -> list[tuple]:
 def spark_counts(spark: Any, rows: list[tuple], instructions: bool) -> dict[str, int]:
     frame = spark.createDataFrame(rows, SPARK_SCHEMA)
     if not instructions:
-        return _stats(frame, KEYS, None)
+        return spark_stats(frame, KEYS, None)
     flagged = frame.withColumn(
         INSTRUCTION, F.coalesce(col(OP).isin(*INSTRUCTION_OPS), F.lit(False)))
-    return _stats(flagged, KEYS, INSTRUCTION)
+    return spark_stats(flagged, KEYS, INSTRUCTION)
 
 
 @settings(max_examples=60, deadline=None,
