@@ -47,11 +47,10 @@ def discover_tables(config: Settings) -> tuple[list[TableSchema], str]:
     try:
         with SourceSession(dict(config.source.connection_settings(), connect_timeout=3),
                            selector, attempts=1) as source:
-            for database, table in source.list_tables():
-                if table_id(database, table) not in tables:
-                    schema = source.read_schema(database, table)
-                    if schema is not None:
-                        tables[schema.table_id] = schema
+            new = [(database, table) for database, table in source.list_tables()
+                   if table_id(database, table) not in tables]
+            for schema in source.read_schemas(new).values():
+                tables[schema.table_id] = schema
     except Exception as error:  # noqa: BLE001 - an unreachable source must not break loading
         problem = (f"unreachable while loading definitions ({_one_line(error)}); its target "
                    f"assets come from the landing zone only ({len(tables)} tables)")
