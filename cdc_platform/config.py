@@ -186,6 +186,23 @@ class CaptureSettings(_Section):
         description="Snapshot runs the platform launches by itself (snapshot_mode, DDL "
         "re-snapshots) that may run at the same time; more wait, queued by the sensor.",
     )
+    snapshot_readers: int = Field(
+        default=4, ge=1, le=64,
+        description="Tables one snapshot run reads at the same time (reader threads of the "
+        "run's process, smallest tables first); each holds two source connections. A run's "
+        "`parallel_tables` overrides it.",
+    )
+    tables_per_snapshot_run: int = Field(
+        default=250, ge=1,
+        description="Most tables in one snapshot run the platform launches by itself: a run "
+        "costs seconds to start, so tables waiting together are snapshotted by few runs.",
+    )
+    rows_per_snapshot_run: int = Field(
+        default=5_000_000, ge=1,
+        description="Estimated rows (information_schema.TABLES) the platform puts in one "
+        "snapshot run at most: small tables go together, smallest first, and a table above it "
+        "gets a run of its own, so a large table does not hold many small ones back.",
+    )
     reconnect: ReconnectSettings = Field(default_factory=ReconnectSettings)
     system_databases: tuple[str, ...] = Field(
         default=("mysql", "information_schema", "performance_schema", "sys"),

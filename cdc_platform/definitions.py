@@ -96,7 +96,7 @@ def source_definitions(config: Settings) -> dg.Definitions:
             lake_defs.build(config, tables),
             lake_applier.build(config, tables),
             lake_maintenance.build(config, tables),
-            snapshots_defs.build(config, snapshot_assets),
+            snapshots_defs.build(snapshot_assets),
             snapshots_sensors.build(config, snapshot_assets),
             signals_defs.build(config, snapshot_assets),
             dbt_defs.build(config, tables),

@@ -17,6 +17,37 @@ import dagster as dg
 from cdc_platform.config import Settings
 
 
+def subsettable_assets(name: str, specs: Sequence[dg.AssetSpec], *,
+                       check_specs: Sequence[dg.AssetCheckSpec] = (), description: str = "",
+                       required_resource_keys: set[str] | None = None,
+                       ) -> Callable[[Callable[..., Any]], dg.AssetsDefinition]:
+    """``@dg.multi_asset(specs=..., check_specs=..., can_subset=True)`` with op ``name`` and
+    input and output names of ours (``dep_<i>``, ``asset_<i>``, ``check_<i>``): Dagster's own
+    are derived from the asset keys. Every asset and check may record nothing (a subset, a
+    table that failed); the function yields ``MaterializeResult``s and ``AssetCheckResult``s
+    naming their asset key."""
+    own = {spec.key for spec in specs}
+    deps = sorted({dep.asset_key for spec in specs for dep in spec.deps} - own,
+                  key=lambda key: key.path)
+    inputs = {f"dep_{i}": key for i, key in enumerate(deps)}
+    assets = {f"asset_{i}": spec for i, spec in enumerate(specs)}
+    checks = {f"check_{i}": spec for i, spec in enumerate(check_specs)}
+
+    def decorate(fn: Callable[..., Any]) -> dg.AssetsDefinition:
+        op = dg.op(
+            name=name, description=description,
+            required_resource_keys=required_resource_keys,
+            ins={input_name: dg.In(dg.Nothing) for input_name in inputs},
+            out={output: dg.Out(dg.Nothing, is_required=False) for output in [*assets, *checks]},
+        )(fn)
+        return dg.AssetsDefinition(
+            keys_by_input_name=inputs,
+            keys_by_output_name={output: spec.key for output, spec in assets.items()},
+            node_def=op, specs=list(specs), check_specs_by_output_name=checks, can_subset=True)
+
+    return decorate
+
+
 def single_asset(spec: dg.AssetSpec, *, op_name: str, deps: Sequence[dg.AssetKey] = (),
                  required: bool = True, **kwargs: Any
                  ) -> Callable[[Callable[..., Any]], dg.AssetsDefinition]:

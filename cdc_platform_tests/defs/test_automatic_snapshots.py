@@ -17,10 +17,12 @@ from cdc_platform.capture.ddl.stale_markers import (
 )
 from cdc_platform.capture.landing.zone import Checkpoint
 from cdc_platform.definitions import build_definitions
+from cdc_platform.defs.signals.sensors import SNAPSHOT_TABLE_TAG
 from cdc_platform.defs.snapshots.sensors import (
     AUTOMATIC_TAG,
     MARKER_TAG,
     REASON_TAG,
+    TABLE_COUNT_TAG,
     run_key,
     sensor_name,
 )
@@ -65,9 +67,11 @@ def instance() -> Any:
         yield instance
 
 
-@pytest.mark.cdc_config(capture={"max_parallel_snapshots": 2})
-def test_a_first_start_launches_one_snapshot_per_table_at_most_max_parallel_at_a_time(
+@pytest.mark.cdc_config(capture={"max_parallel_snapshots": 2, "tables_per_snapshot_run": 1})
+def test_a_first_start_launches_at_most_max_parallel_snapshot_runs_at_a_time(
         cdc_env: CdcEnv, instance: dg.DagsterInstance) -> None:
+    """Runs of one table each (tables_per_snapshot_run 1): two at a time, the third table
+    waits for a free slot, a marker whose run ended is not launched again."""
     env = cdc_env
     _tables_with_history(env, "a", "b", "c")
     env.execute("CREATE TABLE keyless (x INT, y INT)", "INSERT INTO keyless VALUES (1, 2)")
@@ -98,10 +102,47 @@ def test_a_first_start_launches_one_snapshot_per_table_at_most_max_parallel_at_a
     assert sensor.tick().run_requests == []
 
     # A keyless table gets no snapshot, and its asset still says what it needs.
-    keyless = sensor.defs.resolve_assets_def(
-        dg.AssetKey([env.server_name, "snapshot", env.db, "keyless"]))
-    [spec] = keyless.specs
+    key = dg.AssetKey([env.server_name, "snapshot", env.db, "keyless"])
+    [spec] = [s for s in sensor.defs.resolve_assets_def(key).specs if s.key == key]
     assert spec.metadata["chunk_key"] == "(none: set capture.surrogate_keys)"
+
+
+@pytest.mark.cdc_config(capture={"max_parallel_snapshots": 2, "tables_per_snapshot_run": 2,
+                                  "rows_per_snapshot_run": 1000})
+def test_tables_waiting_together_share_runs_smallest_first_and_a_large_one_runs_alone(
+        cdc_env: CdcEnv, instance: dg.DagsterInstance) -> None:
+    env = cdc_env
+    _tables_with_history(env, "a", "b", "c")
+    env.execute("CREATE TABLE big (id INT PRIMARY KEY, v INT)",
+                "INSERT INTO big SELECT seq, seq FROM seq_1_to_5000")
+    env.execute("ANALYZE TABLE a, b, c, big")  # (the row estimates the sensor packs by)
+    env.start_position = env.mariadb.query("SELECT @@GLOBAL.gtid_binlog_pos")[0][0] or ""
+    env.catch_up()
+    sensor = Sensor(env, instance)
+
+    first = sensor.tick().run_requests
+    # Smallest first: two small tables share a run (tables_per_snapshot_run), the third goes
+    # to the second slot; the large table (above rows_per_snapshot_run with them) waits.
+    assert [sorted(k.path[-1] for k in r.asset_selection) for r in first] == [["a", "b"], ["c"]]
+    pair, single = first
+    assert pair.tags[TABLE_COUNT_TAG] == "2" and SNAPSHOT_TABLE_TAG not in pair.tags
+    assert pair.tags[REASON_TAG].startswith("initial snapshot (INITIAL)")
+    assert pair.tags[REASON_TAG].endswith("(2 tables)")
+    assert pair.run_key.startswith("snapshots:2:") and pair.run_key == pair.tags[MARKER_TAG]
+    assert single.tags[SNAPSHOT_TABLE_TAG] == f"{env.db}.c"
+    # Until the daemon created those runs, a tick asks for the same ones (same run keys).
+    assert [r.run_key for r in sensor.tick().run_requests] == [pair.run_key, single.run_key]
+
+    runs = [sensor.create_run(r, dg.DagsterRunStatus.STARTED) for r in first]
+    result = sensor.tick()
+    assert result.run_requests == [] and "1 for a free slot" in (result.skip_message or "")
+    # The run of a and b ends without resolving their markers (here: cancelled): its slot
+    # goes to the large table, alone, and a and b are not launched again.
+    instance.report_run_canceled(runs[0])
+    [large] = sensor.tick().run_requests
+    assert [k.path[-1] for k in large.asset_selection] == ["big"]
+    sensor.create_run(large, dg.DagsterRunStatus.STARTED)
+    assert sensor.tick().run_requests == []
 
 
 @pytest.mark.cdc_config(capture={"snapshot_mode": "never"})

@@ -17,6 +17,7 @@ import dagster as dg
 
 from cdc_platform.capture.landing.zone import SNAPSHOTS_CHECKPOINT_KEY
 from cdc_platform.definitions import build_definitions
+from cdc_platform.defs.snapshots.definitions import snapshot_op_name
 from cdc_platform.demo.run import create_dagster_storage
 from cdc_platform_tests.capture.snapshot.test_reader import EngineThread
 from cdc_platform_tests.conftest import CdcEnv
@@ -58,10 +59,12 @@ def _key(env: CdcEnv, table: str) -> dg.AssetKey:
 
 def _materialise(env: CdcEnv, table: str, instance: dg.DagsterInstance,
                  config: dict[str, Any]) -> dg.ExecuteInProcessResult:
+    """A run of one table's snapshot asset (a subset of the source's snapshot assets)."""
     defs = build_definitions(env.settings)
     asset = defs.resolve_assets_def(_key(env, table))
-    return dg.materialize([asset], instance=instance, raise_on_error=False,
-                          run_config={"ops": {asset.op.name: {"config": config}}})
+    return dg.materialize([asset], selection=[_key(env, table)], instance=instance,
+                          raise_on_error=False,
+                          run_config={"ops": {snapshot_op_name(env.settings): {"config": config}}})
 
 
 def snapshot_status(instance: dg.DagsterInstance, key: dg.AssetKey) -> str | None:
@@ -253,7 +256,7 @@ def test_terminating_the_run_stops_the_session(cdc_env: CdcEnv, tmp_path: Path) 
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     config = tmp_path / "run_config.yaml"
-    config.write_text(f"ops:\n  {'__'.join(_key(env, 'orders').path)}:\n    config:\n"
+    config.write_text(f"ops:\n  {snapshot_op_name(env.settings)}:\n    config:\n"
                       "      chunk_size: 5\n")
     process_env = dict(os.environ, CDC_PLATFORM_CONFIG=str(env.write_config()),
                        DAGSTER_HOME=str(home))
@@ -301,7 +304,7 @@ def test_parallel_snapshot_runs_and_a_killed_run_resumed_by_the_next(
 
     def materialise(table: str, chunk_size: int, log: Path) -> subprocess.Popen[bytes]:
         config = tmp_path / f"{table}.yaml"
-        config.write_text(f"ops:\n  {'__'.join(_key(env, table).path)}:\n    config:\n"
+        config.write_text(f"ops:\n  {snapshot_op_name(env.settings)}:\n    config:\n"
                           f"      chunk_size: {chunk_size}\n")
         with open(log, "wb") as out:
             return subprocess.Popen(

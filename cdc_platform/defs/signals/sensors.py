@@ -41,7 +41,11 @@ from cdc_platform.capture.snapshot.reading.actions import (
 )
 from cdc_platform.capture.source import selector_from_settings
 from cdc_platform.config import Settings
-from cdc_platform.defs.snapshots.definitions import SnapshotConfig, run_session_prefix
+from cdc_platform.defs.snapshots.definitions import (
+    SnapshotAssets,
+    SnapshotConfig,
+    run_session_prefix,
+)
 
 SNAPSHOT_TABLE_TAG = "cdc_platform/snapshot_table"
 SIGNAL_ID_TAG = "cdc_platform/signal_id"
@@ -93,39 +97,69 @@ def told_to_stop(run: dg.DagsterRun, request: SnapshotRequest | None) -> bool:
     return request.signal is not None and launched_before(run, request.signal)
 
 
+class _Requests:
+    """Each table's request.json, read once per tick at most."""
+
+    def __init__(self, landing: LandingZone) -> None:
+        self.landing = landing
+        self.read: dict[str, SnapshotRequest | None] = {}
+
+    def __call__(self, table_id: str) -> SnapshotRequest | None:
+        if table_id not in self.read:
+            self.read[table_id] = read_request(self.landing, *split_table_id(table_id))
+        return self.read[table_id]
+
+
+def _active_runs(instance: dg.DagsterInstance, tags: Mapping[str, str] | None = None
+                 ) -> list[dg.DagsterRun]:
+    return list(instance.get_runs(filters=dg.RunsFilter(statuses=ACTIVE_STATUSES,
+                                                        tags=dict(tags or {}))))
+
+
 def busy_tables(instance: dg.DagsterInstance, landing: LandingZone,
                 snapshot_keys: dict[dg.AssetKey, str],
-                tags: Mapping[str, str] | None = None) -> dict[str, str]:
+                only: set[str] | None = None) -> dict[str, str]:
     """Tables being snapshotted now: by a run in progress (launched by a signal, by hand or
     by the platform) that was not told to stop, or by a live reader outside Dagster (the CLI)
-    -> a description for the log. With ``tags``: only by runs carrying them (the platform's
-    own snapshot runs, counted against ``capture.max_parallel_snapshots``), not by readers."""
+    -> a description for the log. ``only``: just these tables (a run may select a thousand;
+    each table costs a read of its request.json)."""
     busy: dict[str, str] = {}
-    requests: dict[str, SnapshotRequest | None] = {}
-    for run in instance.get_runs(filters=dg.RunsFilter(statuses=ACTIVE_STATUSES,
-                                                       tags=dict(tags or {}))):
+    request = _Requests(landing)
+    for run in _active_runs(instance):
         for key in run.asset_selection or ():
-            if key not in snapshot_keys:
+            table_id = snapshot_keys.get(key)
+            if table_id is None or (only is not None and table_id not in only):
                 continue
-            table_id = snapshot_keys[key]
-            if table_id not in requests:
-                requests[table_id] = read_request(landing, *split_table_id(table_id))
-            if not told_to_stop(run, requests[table_id]):
+            if not told_to_stop(run, request(table_id)):
                 busy[table_id] = f"run {run.run_id[:8]}, {run.status.value.lower()}"
-    if tags:
-        return busy
     checkpoint = landing.read_checkpoint()
     for table_id in snapshot_keys.values():
+        if table_id in busy or (only is not None and table_id not in only):
+            continue
         state = read_session_state(checkpoint, table_id)
-        if table_id in busy or state is None or not state.tracked:
+        if state is None or not state.tracked:
             continue
         if reader_alive(landing, *split_table_id(table_id)):
             busy[table_id] = f"session {state.session_id}, {state.state}"
     return busy
 
 
-def _run_request(settings: Settings, action: StartSnapshot, topic_id: str,
-                 op_names: dict[str, str], keys: dict[str, dg.AssetKey]) -> dg.RunRequest:
+def counted_runs(instance: dg.DagsterInstance, landing: LandingZone,
+                 snapshot_keys: dict[dg.AssetKey, str], tags: Mapping[str, str]) -> int:
+    """Snapshot runs in progress carrying ``tags`` (the platform's own, counted against
+    ``capture.max_parallel_snapshots``), but for runs every table of which was told to stop:
+    such a run is ending, however long its status takes to say so."""
+    request = _Requests(landing)
+    counted = 0
+    for run in _active_runs(instance, tags):
+        tables = [snapshot_keys[k] for k in run.asset_selection or () if k in snapshot_keys]
+        if not tables or any(not told_to_stop(run, request(t)) for t in tables):
+            counted += 1
+    return counted
+
+
+def _run_request(action: StartSnapshot, topic_id: str, op_name: str,
+                 keys: dict[str, dg.AssetKey]) -> dg.RunRequest:
     signal = action.signal
     config: dict[str, Any] = {
         "signal_id": signal.id, "signal_topic_id": topic_id, "signal_offset": signal.offset,
@@ -134,7 +168,7 @@ def _run_request(settings: Settings, action: StartSnapshot, topic_id: str,
     return dg.RunRequest(
         run_key=run_key(topic_id, signal.offset, action.table_id),
         asset_selection=[keys[action.table_id]],
-        run_config={"ops": {op_names[action.table_id]: {"config": config}}},
+        run_config={"ops": {op_name: {"config": config}}},
         tags={SNAPSHOT_TABLE_TAG: action.table_id, SIGNAL_ID_TAG: signal.id[:200],
               SIGNAL_OFFSET_TAG: str(signal.offset)},
     )
@@ -204,12 +238,10 @@ def _unknown_source(settings: Settings, key: bytes | None) -> str:
             f"{', '.join(servers)}); key a signal with its source's sources[].server_name")
 
 
-def build_sensor(settings: Settings, assets: dict[str, dg.AssetsDefinition]
-                 ) -> dg.SensorDefinition:
+def build_sensor(settings: Settings, assets: SnapshotAssets) -> dg.SensorDefinition:
     signals = settings.signals
     server = settings.source.server_name
-    keys = {table_id: asset.key for table_id, asset in assets.items()}
-    op_names = {table_id: asset.op.name for table_id, asset in assets.items()}
+    keys = assets.keys
     captured = sorted(keys)
     landing = LandingZone.from_settings(settings, server)
 
@@ -276,7 +308,7 @@ def build_sensor(settings: Settings, assets: dict[str, dg.AssetsDefinition]
             elif isinstance(action, LogMessage):
                 context.log.info(f"{action.signal.describe()}: {action.signal.message}")
             elif isinstance(action, StartSnapshot):
-                requests.append(_run_request(settings, action, topic_id, op_names, keys))
+                requests.append(_run_request(action, topic_id, assets.op_name, keys))
                 condition = f" where {action.condition}" if action.condition else ""
                 context.log.info(f"{action.signal.describe()}: snapshot of "
                                  f"{action.table_id}{condition}")

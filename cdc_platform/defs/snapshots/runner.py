@@ -1,18 +1,36 @@
-"""Run one table's snapshot reader inside a Dagster step (in a thread: see
-``defs/threaded.py``). Cancelling the run stops the session: the reader writes ``stop`` to
-request.json and returns. Progress is logged every few seconds; progress notifications
-(``capture.signals.notifications``) go to the run's log, to the asset's observations and, when
-Kafka is configured, to the notification topic."""
+"""Run the readers of a snapshot run's tables inside one Dagster step, a few at a time.
+
+One snapshot run reads many tables: a run costs seconds to start (a process, the code
+location), so one run per table spent most of its time starting. The step's thread hands the
+tables to up to ``parallel`` reader threads, smallest first, and stays free for Dagster: it
+relays each reader's log lines and progress notifications (the Dagster log manager is not meant
+to be called from other threads), logs each running table's progress every few seconds, and
+hands back each table's outcome as soon as it ends, so the table's materialisation shows while
+the others are still read. One table's failure ends only that table.
+
+Cancelling the run (or SIGTERM) stops every session: the shared stop event makes each reader
+write ``stop`` to its request.json and return; tables not started yet are not started. A run
+killed outright leaves its sessions open, and the next run of those tables adopts them
+(``reader.py``, "One reader per table"). Progress notifications
+(``capture.signals.notifications``) go to the run's log, to the table's asset observations
+and, when Kafka is configured, to the notification topic.
+"""
 
 from __future__ import annotations
 
 import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
 from typing import Any
 
 import dagster as dg
 
 from cdc_platform.capture.signals.kafka import KafkaChannelError, KafkaTopics, NotificationPublisher
 from cdc_platform.capture.signals.notifications import SnapshotNotifier, describe, encode
+from cdc_platform.capture.snapshot.errors import EngineStalledError, NoEngineError
 from cdc_platform.capture.snapshot.reading.progress import (
     SnapshotProgress,
     SnapshotResult,
@@ -20,9 +38,10 @@ from cdc_platform.capture.snapshot.reading.progress import (
 )
 from cdc_platform.capture.snapshot.reading.reader import SnapshotReader
 from cdc_platform.config import Settings
-from cdc_platform.defs.threaded import QueueLog, run_in_thread
+from cdc_platform.defs.threaded import QueueLog
 
 STOP_GRACE_SECONDS = 30.0
+_POLL_SECONDS = 0.2
 
 
 def result_metadata(result: SnapshotResult) -> dict[str, Any]:
@@ -41,51 +60,82 @@ def result_metadata(result: SnapshotResult) -> dict[str, Any]:
     }
 
 
-class _Notifications:
-    """Notifications of one run: made in the reader's thread, published to Kafka from there
-    (the producer is thread-safe), logged and observed from the step's thread."""
+@dataclass(frozen=True)
+class Retries:
+    """What to do when the capture engine acknowledged a table's session and then stopped
+    deciding its chunks (``EngineStalledError``): read on after ``seconds``, adopting the
+    session, at most ``times`` times per table."""
 
-    def __init__(self, context: dg.AssetExecutionContext, settings: Settings, table_id: str,
-                 notification_id: str) -> None:
+    times: int
+    seconds: float
+
+
+@dataclass
+class TableRun:
+    """One table of the run: how to make its reader (each retry makes a new one, which adopts
+    the session), and what its reader reported so far."""
+
+    table_id: str
+    asset_key: dg.AssetKey
+    make_reader: Callable[[], SnapshotReader]
+    notification_id: str
+    log: QueueLog = field(default_factory=QueueLog)
+    notifier: SnapshotNotifier | None = None
+    notes: queue.SimpleQueue[dict[str, Any]] = field(default_factory=queue.SimpleQueue)
+    latest: list[SnapshotProgress] = field(default_factory=list)
+    started: bool = False
+
+
+@dataclass(frozen=True)
+class TableOutcome:
+    """How a table's snapshot ended: its ``result``, or the ``error`` that ended it."""
+
+    table: TableRun
+    result: SnapshotResult | None = None
+    error: BaseException | None = None
+
+
+class Notifications:
+    """The run's notifications: one Kafka producer for every table (thread-safe; published
+    from the reader threads), each table's notes logged and observed from the step's thread."""
+
+    def __init__(self, context: dg.AssetExecutionContext, settings: Settings) -> None:
         self.context = context
-        self.asset_key = context.asset_key
-        self.pending: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        self.server = settings.source.server_name
         self.publisher: NotificationPublisher | None = None
         signals = settings.signals
         if signals.kafka.bootstrap_servers and signals.notification_topic:
             try:
                 self.publisher = NotificationPublisher(
                     KafkaTopics(signals.kafka.bootstrap_servers, signals.kafka.config),
-                    signals.notification_topic, settings.source.server_name)
+                    signals.notification_topic, self.server)
             except KafkaChannelError as error:
-                context.log.warning(f"notifications for {table_id} go to this log only: {error}")
-        self.notifier = SnapshotNotifier(settings.source.server_name, table_id,
-                                         notification_id, self._publish)
+                context.log.warning(f"snapshot notifications go to this log only: {error}")
 
-    def _publish(self, note: dict[str, Any]) -> None:
-        if self.publisher is not None:
-            self.publisher.publish(encode(note))
-        self.pending.put(note)
+    def attach(self, table: TableRun) -> SnapshotNotifier:
+        def publish(note: dict[str, Any]) -> None:
+            if self.publisher is not None:
+                self.publisher.publish(encode(note))
+            table.notes.put(note)
 
-    def on_progress(self, progress: SnapshotProgress) -> None:
-        self.notifier.on_progress(progress.state, progress.chunks, progress.rows,
-                                  progress.last_key, progress.maximum_key)
+        table.notifier = SnapshotNotifier(self.server, table.table_id, table.notification_id,
+                                          publish)
+        return table.notifier
 
-    def relay(self) -> None:
-        """Log and observe what was published since the last call (step's thread only)."""
+    def relay(self, table: TableRun) -> None:
+        """Log and observe what the table published since the last call (step's thread)."""
         while True:
             try:
-                note = self.pending.get_nowait()
+                note = table.notes.get_nowait()
             except queue.Empty:
                 return
             self.context.log.info(describe(note))
             self.context.log_event(dg.AssetObservation(
-                asset_key=self.asset_key,
+                asset_key=table.asset_key,
                 metadata={"notification": note["type"], "notification_id": note["id"],
                           **{k: v for k, v in note["additional_data"].items() if v != ""}}))
 
     def close(self) -> None:
-        self.relay()
         if self.publisher is not None:
             undelivered = self.publisher.close()
             if undelivered:
@@ -93,50 +143,121 @@ class _Notifications:
                                          "the notification topic (see the lines above)")
 
 
-def run_reader(
+def notify_skipped(notifications: Notifications, table: TableRun, status: str) -> None:
+    """The notifications of a table the run skips before reading it."""
+    notifications.attach(table).finished(status, 0)
+    notifications.relay(table)
+
+
+def _relay_log(context: dg.AssetExecutionContext, log: QueueLog) -> None:
+    while True:
+        try:
+            level, message = log.lines.get_nowait()
+        except queue.Empty:
+            return
+        getattr(context.log, level if level in ("info", "warning", "error") else "info")(message)
+
+
+def run_tables(
     context: dg.AssetExecutionContext,
-    settings: Settings,
-    reader: SnapshotReader,
-    notification_id: str,
+    notifications: Notifications,
+    tables: Sequence[TableRun],
+    *,
+    parallel: int,
+    retries: Retries,
     progress_seconds: float = 5.0,
-) -> SnapshotResult:
-    """Run the reader until it finishes; relay its log and notifications; stop the session on
-    interrupt."""
-    log = QueueLog()
-    reader.log = log
-    latest: list[SnapshotProgress] = []
-    notifications = _Notifications(context, settings, reader.table_id, notification_id)
+) -> Iterator[TableOutcome]:
+    """Read ``tables`` (in this order) with up to ``parallel`` readers at a time; yield each
+    table's outcome as it ends. Every error of a table is its outcome, not raised, except an
+    interrupt of the step: then every session is stopped, and the interrupt re-raised."""
+    stop = threading.Event()
+    no_engine: list[NoEngineError] = []
 
-    def on_progress(progress: SnapshotProgress) -> None:
-        latest[:] = [progress]  # one reference swap: safe to read from the other thread
-        notifications.on_progress(progress)
+    def read(table: TableRun) -> SnapshotResult:
+        if stop.is_set():
+            raise _NotStarted("the run was stopped before this table's turn")
+        if no_engine:  # (every table would wait ack_timeout_seconds for it, one after another)
+            raise _NotStarted(f"not read: {no_engine[0]}")
+        table.started = True
+        notifier = notifications.attach(table)
 
-    def report() -> None:
-        if latest:
-            context.log.info(describe_progress(latest[0]))
+        def on_progress(progress: SnapshotProgress) -> None:
+            table.latest[:] = [progress]  # one reference swap: safe to read from the step
+            notifier.on_progress(progress.state, progress.chunks, progress.rows,
+                                 progress.last_key, progress.maximum_key)
 
+        attempt = 0
+        while True:
+            reader = table.make_reader()
+            reader.log = table.log
+            try:
+                result = reader.run(stop, on_progress)
+            except EngineStalledError as error:  # (before its base class, NoEngineError)
+                if attempt < retries.times and not stop.is_set():
+                    attempt += 1
+                    table.log.warning(f"{error}; retrying in {retries.seconds:.0f}s (retry "
+                                      f"{attempt} of {retries.times})")
+                    if not stop.wait(retries.seconds):
+                        continue
+                no_engine.append(error)
+                notifier.aborted(str(error))
+                raise
+            except NoEngineError as error:
+                no_engine.append(error)
+                notifier.aborted(str(error))
+                raise
+            except BaseException as error:
+                notifier.aborted(str(error) or type(error).__name__)
+                raise
+            notifier.finished(result.status_text, result.rows)
+            return result
+
+    def relay(table: TableRun) -> None:
+        _relay_log(context, table.log)
+        notifications.relay(table)
+
+    pool = ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="snapshot")
+    futures: dict[Future[SnapshotResult], TableRun] = {pool.submit(read, t): t for t in tables}
+    order = {future: i for i, future in enumerate(futures)}
+    pending = set(futures)
+    next_tick = time.monotonic() + progress_seconds
     try:
-        result = run_in_thread(
-            context, f"snapshot-{reader.table_id}",
-            lambda stop: reader.run(stop, on_progress), log,
-            every=progress_seconds, on_tick=report, on_poll=notifications.relay,
-            stopping=f"snapshot of {reader.table_id}: run cancelled or interrupted; stopping "
-            f"session {reader.session_id}",
-            grace_seconds=STOP_GRACE_SECONDS,
-            not_stopped=f"snapshot of {reader.table_id}: the reader did not stop within "
-            f"{STOP_GRACE_SECONDS:.0f}s")
-    except BaseException as error:
-        notifications.notifier.aborted(str(error) or type(error).__name__)
-        notifications.close()
+        while pending:
+            done, pending = wait(pending, timeout=_POLL_SECONDS, return_when=FIRST_COMPLETED)
+            running = sorted((f for f in pending if futures[f].started), key=order.__getitem__)
+            for future in running:
+                relay(futures[future])
+            if time.monotonic() >= next_tick:
+                next_tick = time.monotonic() + progress_seconds
+                for future in running:
+                    if futures[future].latest:
+                        context.log.info(describe_progress(futures[future].latest[0]))
+            for future in sorted(done, key=order.__getitem__):
+                table = futures[future]
+                relay(table)
+                error = future.exception()
+                yield TableOutcome(table, None if error else future.result(), error)
+    except BaseException:  # an interrupt, or the step closing this generator
+        if pending:
+            running = [futures[f].table_id for f in pending if futures[f].started]
+            context.log.info(f"snapshot run cancelled or interrupted: stopping the sessions of "
+                             f"{', '.join(running) or 'no table'}; "
+                             f"{sum(not futures[f].started for f in pending)} table(s) not "
+                             "started")
+        stop.set()
+        for future in pending:
+            future.cancel()
+        _, not_stopped = wait(pending, timeout=STOP_GRACE_SECONDS)
+        for table in futures.values():
+            relay(table)
+        if not_stopped:
+            late = ", ".join(futures[f].table_id for f in not_stopped)
+            context.log.error(f"the readers of {late} did not stop within "
+                              f"{STOP_GRACE_SECONDS:.0f}s")
         raise
-    notifications.notifier.finished(result.status_text, result.rows)
-    notifications.close()
-    return result
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
-def notify_skipped(context: dg.AssetExecutionContext, settings: Settings, table_id: str,
-                   notification_id: str, status: str) -> None:
-    """The notifications of a run that skips its table before reading."""
-    notifications = _Notifications(context, settings, table_id, notification_id)
-    notifications.notifier.finished(status, 0)
-    notifications.close()
+class _NotStarted(Exception):
+    """A table the run did not begin to read."""

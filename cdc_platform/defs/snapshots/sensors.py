@@ -1,36 +1,60 @@
-"""The re-snapshot sensor: snapshots the platform launches by itself, one run per stale marker.
+"""The re-snapshot sensor: snapshots the platform launches by itself, few runs for many tables.
 
 The engine writes a marker per table whose target the changelog cannot make exact
 (``capture.ddl.stale_markers``): after a DDL that changed its rows without row events
 (``capture.resnapshot_on_ddl``), and for a table whose older rows the changelog lacks
 (``capture.snapshot_mode``: the engine's first start, a table that became captured with rows, a
-purged binlog). Each tick resolves the markers a finished snapshot answered and asks for one
-run of the table's snapshot asset per table whose newest open marker it may launch, keyed by
-that marker, so a marker launches at most one run whatever the ticks. A history marker waits
-until the engine's checkpoint has passed its point; a table a run or a live reader is already
-snapshotting waits (a snapshot that opened before a DDL is restarted by the engine, and its new
-session answers the marker); and at most ``capture.max_parallel_snapshots`` of these runs are
-queued or running at a time: the others wait for a later tick (logged). A marker whose run
-ended without resolving it is not launched again (the target's ``not_stale`` check keeps
-saying why): materialise the snapshot asset by hand.
+purged binlog). Each tick resolves the markers a finished snapshot answered and takes every
+table whose newest open marker it may launch now: a history marker waits until the engine's
+checkpoint has passed its point; a table a run or a live reader is already snapshotting waits
+(a snapshot that opened before a DDL is restarted by the engine, and its new session answers
+the marker). Those tables are packed into runs of the source's snapshot assets, smallest first
+(``capture.snapshot.reading.batches``: ``capture.tables_per_snapshot_run``,
+``capture.rows_per_snapshot_run``), each run reading a few tables at a time; at most
+``capture.max_parallel_snapshots`` of these runs are queued or running at a time, and the
+other tables wait for a later tick (logged).
+
+Each run carries the newest marker it answers (``ANSWERED_TAG``): a marker whose table a run
+selected and which that run answered is not launched again once the run ended without
+resolving it (the target's ``not_stale`` check keeps saying why): materialise the snapshot
+asset by hand. A run of one table keeps that marker's own run key, so a tick repeated before
+the daemon created the run asks for the same run.
 """
 
 from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from collections.abc import Mapping
 
 import dagster as dg
 
 from cdc_platform.capture.ddl import stale_markers
 from cdc_platform.capture.landing.zone import LandingZone
+from cdc_platform.capture.names import split_table_id
+from cdc_platform.capture.snapshot.reading.batches import plan_runs
+from cdc_platform.capture.source import SourceSession, selector_from_settings
 from cdc_platform.config import Settings
-from cdc_platform.defs.signals.sensors import ACTIVE_STATUSES, SNAPSHOT_TABLE_TAG, busy_tables
+from cdc_platform.defs.signals.sensors import SNAPSHOT_TABLE_TAG, busy_tables, counted_runs
+from cdc_platform.defs.snapshots.definitions import SnapshotAssets
 
 RESNAPSHOT_TAG = "cdc_platform/resnapshot_after"
 # Every run this sensor launches: the source server's name (counted for max_parallel_snapshots).
 AUTOMATIC_TAG = "cdc_platform/automatic_snapshot"
 # Why: the marker's headline (what the snapshot loads or repairs).
 REASON_TAG = "cdc_platform/snapshot_reason"
-# The marker the run answers (its run key): a marker's run is launched once.
+# The run's key: the marker's for a run of one table, the batch's otherwise.
 MARKER_TAG = "cdc_platform/snapshot_marker"
+# The newest marker the run answers (``marker_order``): a selected table's marker at or before
+# it was launched by this run.
+ANSWERED_TAG = "cdc_platform/snapshot_markers_upto"
+# How many tables a run of several snapshots (it has no SNAPSHOT_TABLE_TAG).
+TABLE_COUNT_TAG = "cdc_platform/snapshot_tables"
+_ENDED_STATUSES = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE,
+                   dg.DagsterRunStatus.CANCELED]
+# Run creation and a marker's recorded_at come from two hosts' clocks.
+_CLOCK_SKEW = dt.timedelta(hours=1)
+_LISTED = 20
 
 
 def sensor_name(settings: Settings) -> str:
@@ -44,22 +68,92 @@ def run_key(marker: stale_markers.StaleMarker) -> str:
     return f"resnapshot:{marker.table_id}:{marker.gtid}:{marker.position}"
 
 
-def _ended_runs(instance: dg.DagsterInstance, server: str, keys: list[str]
-                ) -> dict[str, dg.DagsterRun]:
-    """Runs launched for these markers of ``server`` that are no longer queued or running (a
-    marker's key may repeat on another source)."""
-    if not keys:
+def marker_order(marker: stale_markers.StaleMarker) -> str:
+    """A marker's place among the markers the engine wrote, as text that sorts so: its
+    changelog position, then when it was written (a marker written again at the same position
+    after its earlier self was forgotten comes after it). Both come from the engine."""
+    return f"{marker.position:020d} {marker.recorded_at}"
+
+
+def batch_key(markers: list[stale_markers.StaleMarker]) -> str:
+    """The run key of a run answering ``markers``: a marker's own for a run of one table."""
+    if len(markers) == 1:
+        return run_key(markers[0])
+    digest = hashlib.sha1("\n".join(sorted(run_key(m) for m in markers)).encode()).hexdigest()
+    return f"snapshots:{len(markers)}:{digest[:20]}"
+
+
+def _answered(instance: dg.DagsterInstance, server: str, keys: Mapping[str, dg.AssetKey],
+              wanted: Mapping[str, stale_markers.StaleMarker]) -> dict[str, dg.DagsterRun]:
+    """Tables whose wanted marker a run of ``server`` launched for it answered, and that run
+    ended (a marker's key may repeat on another source: runs are this source's by tag)."""
+    if not wanted:
         return {}
-    runs = instance.get_runs(filters=dg.RunsFilter(tags={MARKER_TAG: keys,
-                                                         AUTOMATIC_TAG: server}))
-    return {run.tags[MARKER_TAG]: run for run in runs if run.status not in ACTIVE_STATUSES}
+    stamps = [m.recorded_at for m in wanted.values()]
+    created_after = None
+    if all(stamps):
+        try:
+            created_after = min(dt.datetime.fromisoformat(s) for s in stamps) - _CLOCK_SKEW
+        except ValueError:
+            created_after = None
+    runs = instance.get_runs(filters=dg.RunsFilter(
+        tags={AUTOMATIC_TAG: server}, statuses=_ENDED_STATUSES, created_after=created_after))
+    answered: dict[str, dg.DagsterRun] = {}
+    for table_id, marker in wanted.items():
+        key, order, own_key = keys.get(table_id), marker_order(marker), run_key(marker)
+        for run in runs:
+            upto = run.tags.get(ANSWERED_TAG)
+            if key in (run.asset_selection or ()) and (
+                    (upto is not None and order <= upto) or run.tags.get(MARKER_TAG) == own_key):
+                answered[table_id] = run
+                break
+    return answered
 
 
-def build_sensor(settings: Settings, assets: dict[str, dg.AssetsDefinition]
-                 ) -> dg.SensorDefinition:
+def _estimated_rows(settings: Settings, tables: list[str],
+                    context: dg.SensorEvaluationContext) -> dict[str, int]:
+    """The source's row estimates of ``tables`` (none when it does not answer: the runs are
+    then packed by count alone)."""
+    connection = dict(settings.source.connection_settings(), connect_timeout=5)
+    try:
+        with SourceSession(connection, selector_from_settings(settings), attempts=1) as source:
+            found = source.estimated_rows([split_table_id(t) for t in tables])
+    except Exception as error:  # noqa: BLE001 - the estimates only order the tables
+        context.log.warning(f"row estimates of {len(tables)} table(s) not read from the source "
+                            f"({' '.join(str(error).split())}); packing them by count alone")
+        return {}
+    return {t: found[split_table_id(t)] for t in tables if split_table_id(t) in found}
+
+
+def _listed(tables: list[str]) -> str:
+    return ", ".join(tables[:_LISTED]) + (" ..." if len(tables) > _LISTED else "")
+
+
+def _request(server: str, keys: Mapping[str, dg.AssetKey],
+             markers: list[stale_markers.StaleMarker]) -> dg.RunRequest:
+    key = batch_key(markers)
+    tags = {AUTOMATIC_TAG: server, MARKER_TAG: key,
+            ANSWERED_TAG: max(marker_order(m) for m in markers)}
+    if len(markers) == 1:
+        [marker] = markers
+        tags |= {SNAPSHOT_TABLE_TAG: marker.table_id, REASON_TAG: marker.headline()[:200],
+                 RESNAPSHOT_TAG: (marker.verb if marker.history else
+                                  f"{marker.verb} at GTID {marker.gtid}")[:200]}
+    else:
+        headlines = sorted({m.headline() for m in markers})
+        tags |= {TABLE_COUNT_TAG: str(len(markers)),
+                 REASON_TAG: f"{headlines[0]} ({len(markers)} tables"[:190] + (
+                     f"; {len(headlines) - 1} other reasons)" if len(headlines) > 1 else ")"),
+                 RESNAPSHOT_TAG: ", ".join(sorted({m.verb for m in markers}))[:200]}
+    return dg.RunRequest(run_key=key, asset_selection=[keys[m.table_id] for m in markers],
+                         tags=tags)
+
+
+def build_sensor(settings: Settings, assets: SnapshotAssets) -> dg.SensorDefinition:
     server = settings.source.server_name
     capture = settings.capture
-    keys = {table_id: asset.key for table_id, asset in assets.items()}
+    keys = assets.keys
+    by_key = {v: k for k, v in keys.items()}
     landing = LandingZone.from_settings(settings, server)
 
     def launches(marker: stale_markers.StaleMarker) -> bool:
@@ -71,12 +165,13 @@ def build_sensor(settings: Settings, assets: dict[str, dg.AssetsDefinition]
         minimum_interval_seconds=settings.signals.sensor_interval_seconds,
         default_status=dg.DefaultSensorStatus.RUNNING,
         asset_selection=dg.AssetSelection.assets(*keys.values()),
-        description=f"Snapshots tables of {server!r} by itself, one run of the table's snapshot "
-        "asset per stale marker the capture engine wrote (the target's not_stale check says "
-        "which): the history of tables whose older rows the changelog lacks (the engine's "
-        "first start, a newly captured table, a purged binlog: capture.snapshot_mode), and "
-        "tables a DDL changed without row events (capture.resnapshot_on_ddl). At most "
-        "capture.max_parallel_snapshots such runs at a time.",
+        description=f"Snapshots tables of {server!r} by itself, for each stale marker the "
+        "capture engine wrote (the target's not_stale check says which): the history of "
+        "tables whose older rows the changelog lacks (the engine's first start, a newly "
+        "captured table, a purged binlog: capture.snapshot_mode), and tables a DDL changed "
+        "without row events (capture.resnapshot_on_ddl). Tables waiting together share runs, "
+        "smallest first (capture.tables_per_snapshot_run, capture.rows_per_snapshot_run); at "
+        "most capture.max_parallel_snapshots such runs at a time.",
     )
     def resnapshot_after_ddl(context: dg.SensorEvaluationContext
                              ) -> dg.SensorResult | dg.SkipReason:
@@ -85,49 +180,67 @@ def build_sensor(settings: Settings, assets: dict[str, dg.AssetsDefinition]
         if not wanted:
             return dg.SkipReason("no table waits for a snapshot (no stale target, no history "
                                  "to load)")
-        by_key = {v: k for k, v in keys.items()}
-        busy = busy_tables(context.instance, landing, by_key)
-        running = busy_tables(context.instance, landing, by_key, tags={AUTOMATIC_TAG: server})
-        ended = _ended_runs(context.instance, server, [run_key(m) for m in wanted.values()])
+        busy = busy_tables(context.instance, landing, by_key, only=set(wanted))
+        running = counted_runs(context.instance, landing, by_key,
+                               tags={AUTOMATIC_TAG: server})
+        ended = _answered(context.instance, server, keys, wanted)
         checkpoint = landing.read_checkpoint()
-        free = capture.max_parallel_snapshots - len(running)
-        requests, waiting = [], []
+        unknown, unarmed, snapshotting, launchable = [], [], [], []
         # Oldest marker first: the engine's first start, then DDL in binlog order.
         for table_id, marker in sorted(wanted.items(),
                                        key=lambda item: (item[1].file_name, item[0])):
-            key = run_key(marker)
             if table_id not in keys:
-                context.log.warning(f"{marker.describe()}; no snapshot asset for it yet: reload "
-                                    "the code location (the table is new to it)")
+                unknown.append(table_id)
             elif not stale_markers.armed(marker, checkpoint):
-                context.log.info(f"{table_id}: {marker.headline()}; waiting for the capture "
-                                 f"engine to pass GTID position {marker.since}")
+                unarmed.append(table_id)
             elif table_id in busy:
-                context.log.info(f"{table_id}: {marker.headline()}; a snapshot is running "
-                                 f"({busy[table_id]}), waiting for it")
-            elif key in ended:
-                run = ended[key]
+                snapshotting.append(table_id)
+            elif table_id in ended:
+                run = ended[table_id]
                 context.log.warning(
                     f"{table_id}: {marker.headline()}; its snapshot run {run.run_id[:8]} ended "
                     f"{run.status.value} without resolving it: materialise the snapshot asset "
                     f"{keys[table_id].to_user_string()} to load it")
-            elif free <= 0:
-                waiting.append(table_id)
             else:
-                free -= 1
-                context.log.info(f"{marker.describe()}: requesting a snapshot")
-                requests.append(dg.RunRequest(
-                    run_key=key, asset_selection=[keys[table_id]],
-                    tags={SNAPSHOT_TABLE_TAG: table_id, AUTOMATIC_TAG: server,
-                          MARKER_TAG: key, REASON_TAG: marker.headline()[:200],
-                          RESNAPSHOT_TAG: (marker.verb if marker.history else
-                                           f"{marker.verb} at GTID {marker.gtid}")[:200]}))
+                launchable.append(table_id)
+        if unknown:
+            context.log.warning(f"{len(unknown)} table(s) wait for a snapshot but have no "
+                                f"snapshot asset yet: reload the code location (they are new "
+                                f"to it): {_listed(unknown)}")
+        for table_id in unarmed[:_LISTED]:
+            marker = wanted[table_id]
+            context.log.info(f"{table_id}: {marker.headline()}; waiting for the capture "
+                             f"engine to pass GTID position {marker.since}")
+        if len(unarmed) > _LISTED:
+            context.log.info(f"... and {len(unarmed) - _LISTED} more table(s) waiting for the "
+                             "capture engine")
+        if snapshotting:
+            context.log.info(f"{len(snapshotting)} table(s) wait for the snapshot running now "
+                             f"to end: {_listed([f'{t} ({busy[t]})' for t in snapshotting])}")
+        free = capture.max_parallel_snapshots - running
+        requests: list[dg.RunRequest] = []
+        waiting: list[str] = []
+        if launchable and free > 0:
+            estimates = _estimated_rows(settings, launchable, context)
+            planned = plan_runs(launchable, estimates,
+                                tables_per_run=capture.tables_per_snapshot_run,
+                                rows_per_run=capture.rows_per_snapshot_run)
+            for batch in planned[:free]:
+                markers = [wanted[t] for t in batch]
+                requests.append(_request(server, keys, markers))
+                rows = sum(estimates.get(t, 0) for t in batch)
+                context.log.info(
+                    f"{markers[0].describe()}: requesting a snapshot" if len(batch) == 1 else
+                    f"requesting a snapshot of {len(batch)} tables (about {rows:,} rows): "
+                    f"{_listed(batch)}")
+            waiting = [t for batch in planned[free:] for t in batch]
+        else:
+            waiting = launchable
         if waiting:
             context.log.info(
                 f"{len(waiting)} table(s) wait for a free snapshot slot (capture."
                 f"max_parallel_snapshots={capture.max_parallel_snapshots}, "
-                f"{len(running) + len(requests)} running or requested): "
-                f"{', '.join(waiting[:20])}{' ...' if len(waiting) > 20 else ''}")
+                f"{running + len(requests)} run(s) running or requested): {_listed(waiting)}")
         return dg.SensorResult(run_requests=requests, skip_reason=None if requests else
                                f"{len(wanted)} table(s) wait for a snapshot, none to request "
                                f"now ({len(waiting)} for a free slot)")
@@ -135,7 +248,7 @@ def build_sensor(settings: Settings, assets: dict[str, dg.AssetsDefinition]
     return resnapshot_after_ddl
 
 
-def build(settings: Settings, assets: dict[str, dg.AssetsDefinition]) -> dg.Definitions:
+def build(settings: Settings, assets: SnapshotAssets) -> dg.Definitions:
     """The sensor, when the platform snapshots anything by itself
     (``capture.resnapshot_on_ddl``, or ``capture.snapshot_mode`` other than ``never``)."""
     capture = settings.capture

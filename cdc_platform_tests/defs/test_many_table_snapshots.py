@@ -1,0 +1,211 @@
+"""Snapshot runs of many tables: one run reads a selection of a source's snapshot assets a few
+at a time, each table with its own materialisation and failure; a run killed mid-way is resumed
+by the next one. Real MariaDB, the real capture engine, a real Dagster instance and Spark."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from cdc_platform.capture.landing.zone import SNAPSHOTS_CHECKPOINT_KEY
+from cdc_platform.definitions import build_definitions
+from cdc_platform.defs.snapshots.definitions import snapshot_op_name
+from cdc_platform.demo.run import create_dagster_storage
+from cdc_platform_tests.capture.snapshot.test_reader import EngineThread
+from cdc_platform_tests.conftest import CdcEnv
+from cdc_platform_tests.defs.test_snapshot_assets import snapshot_status, streaming
+
+
+def _key(env: CdcEnv, table: str) -> dg.AssetKey:
+    return dg.AssetKey([env.server_name, "snapshot", env.db, table])
+
+
+def _tables_with_history(env: CdcEnv, sizes: dict[str, int]) -> None:
+    """Tables whose rows the binlog never saw: only their snapshots bring them."""
+    for table, rows in sizes.items():
+        env.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY, name VARCHAR(30), n INT)")
+        env.execute("SET SESSION sql_log_bin = 0",
+                    f"INSERT INTO {table} SELECT seq, CONCAT('{table}-', seq), seq * 7 "
+                    f"FROM seq_1_to_{rows}")
+    env.execute(f"ANALYZE TABLE {', '.join(sizes)}")
+
+
+def _materialise(env: CdcEnv, tables: list[str], instance: dg.DagsterInstance,
+                 config: dict[str, Any]) -> dg.ExecuteInProcessResult:
+    """One run of the source's snapshot assets, selecting ``tables``."""
+    defs = build_definitions(env.settings)
+    keys = [_key(env, t) for t in tables]
+    return dg.materialize([defs.resolve_assets_def(keys[0])], selection=keys,
+                          instance=instance, raise_on_error=False,
+                          run_config={"ops": {snapshot_op_name(env.settings): {
+                              "config": config}}})
+
+
+def _sessions(env: CdcEnv) -> dict[str, dict[str, Any]]:
+    checkpoint = env.landing.read_checkpoint()
+    if checkpoint is None:
+        return {}
+    return dict(checkpoint.extra.get(SNAPSHOTS_CHECKPOINT_KEY) or {})
+
+
+def _source_rows(env: CdcEnv, table: str) -> list[tuple[Any, ...]]:
+    return sorted(env.query(f"SELECT id, name, n FROM {table}"))
+
+
+def _target_equals_source(env: CdcEnv, spark: Any, table: str) -> None:
+    env.materialise(spark, table)
+    rows = sorted((r["id"], r["name"], r["n"]) for r in env.target_rows(spark, table))
+    assert rows == _source_rows(env, table), table
+
+
+def _failure(result: dg.ExecuteInProcessResult) -> str:
+    [failure] = result.get_step_failure_events()
+    data = failure.step_failure_data.user_failure_data
+    assert data is not None, failure.step_failure_data.error
+    return str(data.description)
+
+
+def test_one_run_snapshots_sixty_tables_a_few_at_a_time_and_every_target_is_exact(
+        cdc_env: CdcEnv, spark: Any) -> None:
+    env = cdc_env
+    sizes = {f"t{i:02d}": 5 + (i * 37) % 400 for i in range(60)}
+    _tables_with_history(env, sizes)
+    with dg.instance_for_test() as instance, streaming(env):
+        result = _materialise(env, sorted(sizes), instance,
+                              {"parallel_tables": 4, "chunk_size": 64})
+        assert result.success
+        logs = [e.message for e in instance.all_logs(result.run_id)]
+        for table, rows in sizes.items():  # each table its own materialisation
+            event = instance.get_latest_materialization_event(_key(env, table))
+            assert event is not None and event.run_id == result.run_id, table
+            metadata = event.asset_materialization.metadata
+            assert (metadata["status"].value, metadata["rows"].value) == ("done", rows), table
+    assert any(m.startswith(f"snapshot of 60 tables of '{env.server_name}', 4 at a time, "
+                            "smallest first: ") for m in logs)
+    # The tables were read side by side: sessions of different tables were open at once.
+    spans = sorted((dt.datetime.fromisoformat(s["started_at"]),
+                    dt.datetime.fromisoformat(s["ended_at"])) for s in _sessions(env).values())
+    assert len(spans) == 60
+    assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:], strict=False))
+    # Smallest first: the smallest table's session opened before the largest one's.
+    sessions = _sessions(env)
+    smallest, largest = min(sizes, key=sizes.__getitem__), max(sizes, key=sizes.__getitem__)
+    assert sessions[f"{env.db}.{smallest}"]["started_at"] <= \
+        sessions[f"{env.db}.{largest}"]["started_at"]
+    env.catch_up()
+    for table in sizes:
+        _target_equals_source(env, spark, table)
+
+
+def test_one_table_failing_leaves_the_others_materialised_and_the_step_names_it(
+        cdc_env: CdcEnv, spark: Any) -> None:
+    """Every table's reader waits for the engine; one table is dropped meanwhile. When the
+    engine comes, the others are snapshotted and materialised; the dropped one fails, with
+    an observation saying why, and the step fails naming it."""
+    env = cdc_env
+    sizes = {"a": 50, "b": 80, "doomed": 30, "c": 120}
+    _tables_with_history(env, sizes)
+    engine = EngineThread(env)
+    with dg.instance_for_test() as instance:
+        results: list[dg.ExecuteInProcessResult] = []
+        run = threading.Thread(target=lambda: results.append(_materialise(
+            env, sorted(sizes), instance, {"parallel_tables": 4, "chunk_size": 16})),
+            daemon=True)
+        run.start()
+        snapshots = env.landing.root / "snapshots" / env.db
+        deadline = time.monotonic() + 120
+        while not all((snapshots / t / "request.json").exists() for t in sizes):
+            assert time.monotonic() < deadline and run.is_alive(), "no session requested"
+            time.sleep(0.1)
+        env.execute("DROP TABLE doomed")
+        engine.start()
+        try:
+            run.join(240)
+        finally:
+            engine.stop()
+        [result] = results
+        assert not result.success
+        message = _failure(result)
+        materialised = {t: instance.get_latest_materialization_event(_key(env, t))
+                        for t in sizes}
+        doomed_status = snapshot_status(instance, _key(env, "doomed"))
+    assert message.startswith(f"snapshot of 1 of 4 tables of '{env.server_name}' failed")
+    assert f"{env.db}.doomed: " in message and f"{env.db}.a" not in message
+    assert materialised["doomed"] is None
+    assert doomed_status is not None and doomed_status.startswith("failed: ")
+    for table in ("a", "b", "c"):
+        assert materialised[table] is not None, table
+    env.catch_up()
+    for table in ("a", "b", "c"):
+        _target_equals_source(env, spark, table)
+
+
+def test_a_multi_table_run_killed_mid_way_is_resumed_by_the_next_run(
+        cdc_env: CdcEnv, spark: Any, tmp_path: Path) -> None:
+    """A run of three tables, two read at a time, gets SIGKILL while both readers are mid-way:
+    their sessions stay open. The next run of the same selection adopts them, reads the third,
+    and every target ends equal to its source, no chunk committed twice."""
+    env = cdc_env
+    sizes = {"x": 4000, "y": 4000, "z": 1500}
+    _tables_with_history(env, sizes)
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    create_dagster_storage(home)
+    config = tmp_path / "run_config.yaml"
+    config.write_text(f"ops:\n  {snapshot_op_name(env.settings)}:\n    config:\n"
+                      "      chunk_size: 10\n      parallel_tables: 2\n")
+    process_env = dict(os.environ, CDC_PLATFORM_CONFIG=str(env.write_config()),
+                       DAGSTER_HOME=str(home))
+    selection = ",".join("/".join(_key(env, t).path) for t in sorted(sizes))
+
+    def materialise(log: Path) -> subprocess.Popen[bytes]:
+        with open(log, "wb") as out:
+            return subprocess.Popen(
+                [str(Path(sys.executable).with_name("dagster")), "asset", "materialize", "-m",
+                 "cdc_platform.definitions", "--select", selection, "-c", str(config)],
+                env=process_env, stdout=out, stderr=subprocess.STDOUT)
+
+    def committed(table: str) -> list[int]:
+        return list(_sessions(env).get(f"{env.db}.{table}", {}).get("committed", ()))
+
+    with streaming(env):
+        first = materialise(tmp_path / "first.log")
+        try:
+            deadline = time.monotonic() + 180
+            # (smallest first: z, then x and y; kill while two are mid-way)
+            while sum(len(committed(t)) >= 5 and _sessions(env)[f"{env.db}.{t}"]["state"]
+                      == "open" for t in sizes) < 2:
+                assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "the run made no progress"
+                time.sleep(0.05)
+            first.kill()  # SIGKILL: no stop request, the sessions stay open
+            first.wait(30)
+        finally:
+            if first.poll() is None:
+                first.kill()
+        interrupted = {t for t in sizes if _sessions(env).get(f"{env.db}.{t}", {}).get(
+            "state") == "open"}
+        assert len(interrupted) >= 2, _sessions(env)
+        before = {t: len(committed(t)) for t in interrupted}
+        again = materialise(tmp_path / "again.log")
+        assert again.wait(300) == 0, (tmp_path / "again.log").read_text()[-3000:]
+    log = (tmp_path / "again.log").read_text()
+    assert log.count("resuming the session of a reader that stopped") >= len(interrupted)
+    for table in sizes:
+        session = _sessions(env)[f"{env.db}.{table}"]
+        assert session["state"] == "done", (table, session)
+        assert len(session["committed"]) == len(set(session["committed"])), table  # none twice
+    for table in interrupted:
+        assert len(committed(table)) > before[table], table
+    env.catch_up()
+    for table in sizes:
+        _target_equals_source(env, spark, table)
