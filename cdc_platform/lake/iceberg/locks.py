@@ -1,6 +1,8 @@
 """The exclusive right to commit to one lake table, for every writer of it: Spark's MERGEs
-(``LakeTable.writing``) and the Spark-free initial append (``lake.arrow_load``) take the same
-lock, so they take turns instead of invalidating each other's metadata commits."""
+(``LakeTable.writing``) and the Spark-free writers (``lake.arrow_merge``) take the same lock,
+so they take turns instead of invalidating each other's metadata commits. Writers of
+different tables do not wait for each other, except Spark's, which take turns in a process
+(``spark_commits``: their commit properties and private branches go through one driver)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,18 @@ import os
 import threading
 from collections.abc import Iterator
 
-_commit_lock = threading.RLock()  # commit properties and branch writes of one process
+_spark_lock = threading.RLock()  # Spark's commits of one process, whatever the table
+_locks_lock = threading.Lock()
+_table_locks: dict[tuple[str | None, str, str], threading.RLock] = {}
 _held_locks = threading.local()  # table lock files this thread holds (table_lock)
+
+
+@contextlib.contextmanager
+def spark_commits() -> Iterator[None]:
+    """Hold the process's turn for Spark commits (commit properties are set in the driver's
+    JVM for the committing thread; branch writes of two tables at once were never needed)."""
+    with _spark_lock:
+        yield
 
 
 @contextlib.contextmanager
@@ -21,7 +33,10 @@ def table_lock(lock_dir: str | None, namespace: str, name: str) -> Iterator[None
     Java catalog's rename onto the next metadata file overwrites, so two processes could both
     "commit" one version; catalog services are atomic by themselves). Re-entrant per
     thread."""
-    with _commit_lock:
+    key = (lock_dir, namespace, name)
+    with _locks_lock:
+        lock = _table_locks.setdefault(key, threading.RLock())
+    with lock:
         if lock_dir is None:
             yield
             return

@@ -26,7 +26,7 @@ from cdc_platform.capture.schema import TableSchema
 from cdc_platform.lake.columns import user_struct
 from cdc_platform.lake.iceberg.catalog import namespace_name, quote, sql_string, table_name
 from cdc_platform.lake.iceberg.commit import commit_merge
-from cdc_platform.lake.iceberg.locks import table_lock
+from cdc_platform.lake.iceberg.locks import spark_commits, table_lock
 from cdc_platform.lake.iceberg.maintenance import maintain, remove_orphans
 from cdc_platform.lake.iceberg.properties import (
     PRIMARY_KEY_PROPERTY,
@@ -94,8 +94,9 @@ class LakeTable:
     @contextlib.contextmanager
     def writing(self) -> Iterator[None]:
         """Exclusive right to commit to this table: within the process, and across processes
-        sharing a local Hadoop-catalog warehouse (see ``Lake.lock_dir``)."""
-        with table_lock(self.lake.lock_dir, self.namespace, self.name):
+        sharing a local Hadoop-catalog warehouse (see ``Lake.lock_dir``); and the process's
+        turn for Spark commits (``locks.spark_commits``)."""
+        with spark_commits(), table_lock(self.lake.lock_dir, self.namespace, self.name):
             yield
 
     def metadata_table(self, name: str) -> str:
