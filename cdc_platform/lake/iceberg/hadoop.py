@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,7 +39,13 @@ from pyiceberg.exceptions import (
 from pyiceberg.io import load_file_io
 from pyiceberg.serializers import FromInputFile, ToOutputFile
 from pyiceberg.table import CommitTableResponse, StagedTable, Table
-from pyiceberg.table.update import update_table_metadata
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.update import (
+    _apply_table_update,
+    _TableMetadataUpdateContext,
+    _update_table_metadata_log,
+    update_table_metadata,
+)
 
 from cdc_platform.lake.iceberg.commit import ConcurrentCommitError
 
@@ -183,11 +190,11 @@ class LocalHadoopCatalog(MetastoreCatalog):
             current = self.load_table(identifier)
         for requirement in requirements:
             requirement.validate(current.metadata if current is not None else None)
-        metadata = update_table_metadata(
-            base_metadata=current.metadata if current is not None
-            else self._empty_table_metadata(),
-            updates=updates, enforce_validation=current is None,
-            metadata_location=current.metadata_location if current is not None else None)
+        if current is None:
+            metadata = update_table_metadata(base_metadata=self._empty_table_metadata(),
+                                             updates=updates, enforce_validation=True)
+        else:
+            metadata = _updated(current.metadata, updates, current.metadata_location)
         next_version = (version or 0) + 1
         directory = self.metadata_dir(identifier)
         directory.mkdir(parents=True, exist_ok=True)
@@ -204,6 +211,8 @@ class LocalHadoopCatalog(MetastoreCatalog):
         finally:
             temporary.unlink(missing_ok=True)
         _write_version_hint(directory, next_version)
+        if current is not None:  # (as Java's HadoopTableOperations, when the table says so)
+            self._delete_old_metadata(io, current.metadata, metadata)
         return CommitTableResponse(metadata=metadata,
                                    metadata_location=self._metadata_uri(identifier,
                                                                         next_version))
@@ -243,6 +252,24 @@ class LocalHadoopCatalog(MetastoreCatalog):
 
     def register_view(self, identifier: str | Identifier, metadata_location: str) -> Any:
         raise NotImplementedError
+
+
+def _updated(base: TableMetadata, updates: tuple[TableUpdate, ...], location: str
+             ) -> TableMetadata:
+    """``update_table_metadata`` without its final deep copy of the whole metadata (every
+    snapshot and schema: 85 % of a small commit's time at 250 snapshots). The metadata
+    models are immutable; each update makes a new one, sharing what it does not change."""
+    context = _TableMetadataUpdateContext()
+    metadata = base
+    for update in updates:
+        metadata = _apply_table_update(update, metadata, context)
+    if context.has_changes():
+        metadata = _update_table_metadata_log(metadata, location, base.last_updated_ms)
+        if base.last_updated_ms == metadata.last_updated_ms:
+            metadata = metadata.model_copy(update={"last_updated_ms": int(time.time() * 1000)})
+    metadata.spec().check_compatible(metadata.schema())
+    metadata.sort_order().check_compatible(metadata.schema())
+    return metadata
 
 
 def _version_of(metadata_location: str) -> int:
