@@ -1,9 +1,10 @@
 """The initial load without Spark: a batch into a target with no rows, as one pyiceberg append.
 
-Into an empty target a materialisation is an append (``lake.merge``: nothing to match), and
-when each key has one row record in the batch (an initial load: snapshot chunks, each key
-once) it needs no fold either: counting, judging the range assertions and sweeps, dropping
-deletes and writing the rest are column operations on the segments as pyarrow reads them.
+Into an empty target a materialisation is an append (``lake.merge``: nothing to match):
+folding each key to its newest record, counting, judging the range assertions and sweeps,
+dropping deletes and writing the rest are column operations on the segments as pyarrow reads
+them (an initial load is mostly snapshot chunks, each key once: then there is nothing to
+fold).
 Through Spark that cost a 1M-row load 15-25 s (the per-key statistics job, the INSERT, and
 the session's start); in Arrow it is about a second, so a cold applier serves an initial
 load before its Spark session is up.
@@ -15,9 +16,9 @@ travels in the append's own snapshot summary, and the append is published only i
 is still at the version it was read from (a local Hadoop catalog: ``iceberg.hadoop``; a REST
 catalog: the service's compare-and-swap, ``iceberg.rest``; a lost race is
 ConcurrentCommitError, and ``materialise`` runs again). Whatever this path does not do
-exactly as the Spark path does, it leaves to the Spark path (``initial_load`` returns None):
-a target with rows, keys with several records in the batch, a schema the table does not
-have yet, pending column renames or drops, malformed records (the Spark path refuses them
+exactly as the Spark path does, it leaves to the Spark path (``load_into_empty`` returns
+None): a target with rows (``lake.arrow_merge``), a schema the table does not have yet,
+pending column renames or drops, malformed records (the Spark path refuses them
 with its error), catalogs other than a Hadoop catalog on a local warehouse or a REST catalog
 whose settings ``iceberg.rest`` translates.
 """
@@ -40,7 +41,6 @@ import pyarrow.compute as pc
 from pyiceberg.exceptions import (
     CommitFailedException,
     NoSuchTableError,
-    RESTError,
     TableAlreadyExistsError,
 )
 
@@ -89,10 +89,10 @@ from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.storage import open_store
 from cdc_platform.lake.changelog import TableChangelog
 from cdc_platform.lake.columns import spark_type
+from cdc_platform.lake.fold import arrow_fold_latest, same_as_previous
 from cdc_platform.lake.iceberg.catalog import namespace_name, quote, table_name
 from cdc_platform.lake.iceberg.commit import ConcurrentCommitError
 from cdc_platform.lake.iceberg.hadoop import LocalHadoopCatalog
-from cdc_platform.lake.iceberg.locks import table_lock
 from cdc_platform.lake.iceberg.properties import (
     PRIMARY_KEY_PROPERTY,
     RENAMED_THROUGH_PROPERTY,
@@ -195,7 +195,7 @@ def lake_catalog(warehouse_url: str, catalog: Any = None, s3: Any = None
                                                                         catalog, s3)
 
 
-def _identifier(lake: LocalHadoopCatalog | LakeRestCatalog, server_name: str, database: str,
+def identifier_of(lake: LocalHadoopCatalog | LakeRestCatalog, server_name: str, database: str,
                 table: str) -> tuple[str, str] | None:
     """The target's identifier as Spark's ``LakeTable`` names it, or None for a Unicode name
     in a Hadoop catalog (``LakeTable`` decides between it and an older ASCII one)."""
@@ -215,46 +215,28 @@ class Loaded:
     max_pos: int
     gtid: str | None
     newest_ms: int | None
+    oldest_ms: int | None
     inserted: int  # keys whose record is a c
     existing: int  # keys whose record is a u or r (new to an empty table all the same)
     snapshot_rows: int
     asserted: int  # rows the range assertions and sweeps kept out
 
 
-def initial_load(changelog: TableChangelog, warehouse_url: str, catalog: Any,
-                 server_name: str, s3: Any = None) -> Loaded | None:
-    """Append the changelog's new records to the table's empty (or missing) target without
-    Spark, or None when this path does not apply (see the module's docstring) and nothing was
-    done. ConcurrentCommitError: another writer committed first; nothing was published.
-    ``s3``: the config's ``s3`` section (a warehouse on S3 behind a REST catalog)."""
-    lake = lake_catalog(warehouse_url, catalog, s3)
-    identifier = _identifier(lake, server_name, changelog.database, changelog.table) \
-        if lake is not None else None
-    if lake is None or identifier is None:
-        return None
-    if isinstance(lake, LocalHadoopCatalog):  # (a catalog service commits atomically itself)
-        with table_lock(str(lake.root), *identifier):
-            return _load_once(changelog, lake, identifier, server_name)
-    return _load_once(changelog, lake, identifier, server_name)
-
-
-def _load_once(changelog: TableChangelog, lake: LocalHadoopCatalog | LakeRestCatalog,
-               identifier: tuple[str, str], server_name: str) -> Loaded | None:
+def load_into_empty(changelog: TableChangelog, lake: LocalHadoopCatalog | LakeRestCatalog,
+                    identifier: tuple[str, str], table: Table | None, server_name: str
+                    ) -> Loaded | None:
+    """Append the changelog's new records to the table's empty (or missing: ``table`` None)
+    target without Spark, or None when this path does not apply (see the module's docstring)
+    and nothing was done. ConcurrentCommitError: another writer committed first; nothing was
+    published. ``table``: the target as loaded through ``lake`` by the caller, who holds its
+    lock (``lake.arrow_merge.materialise_without_spark``)."""
     started = time.monotonic()
-    try:
-        table: Table | None = lake.load_table(identifier)
-    except NoSuchTableError:
-        table = None
-    except (RESTError, OSError) as error:  # (Spark's path reports the catalog's problem)
-        log.warning("%s: the catalog did not answer pyiceberg (%s); merging with Spark instead",
-                    changelog.table_id, error)
-        return None
     after_pos = None
     if table is not None:
         base = table.current_snapshot()
-        if base is None or _live_rows(base) != 0:
+        if base is None or live_rows(base) != 0:
             return None
-        marked = mark_of([snapshot_of(s) for s in ancestors_of(base, table.metadata)])
+        marked = marked_ancestor(table)
         after_pos = marked.consumed_pos if marked is not None else None
     checkpoint = changelog.checkpoint()
     if checkpoint is None:
@@ -273,7 +255,7 @@ def _load_once(changelog: TableChangelog, lake: LocalHadoopCatalog | LakeRestCat
     if not keys or any(k not in schema.column_names for k in keys):
         return None
     wanted = iceberg_schema(schema)
-    if table is not None and not _fits(table, schema, wanted, renames, after_pos):
+    if table is not None and not fits(table, schema, wanted, renames, after_pos):
         return None
     size = plan.bytes
     if size > MAX_BATCH_BYTES:
@@ -282,12 +264,17 @@ def _load_once(changelog: TableChangelog, lake: LocalHadoopCatalog | LakeRestCat
                  MAX_BATCH_BYTES >> 20)
         return None
     read = time.monotonic()
-    batch = changelog.arrow_batch(plan, after_pos, before_pos)
+    try:
+        batch = changelog.arrow_batch(plan, after_pos, before_pos)
+    except pa.ArrowException as error:  # (values the exact read refuses: Spark's path)
+        log.info("%s: the batch does not read exactly in Arrow (%s): merged by Spark",
+                 changelog.table_id, error)
+        return None
     counted = _count(batch, schema, plan.snapshot_columns, changelog.table_id)
     if counted is None:
         return None
     rows, kept, counts = counted
-    data = _project(rows.filter(kept), wanted)
+    data = project(rows.filter(kept), wanted)
     prepared = time.monotonic()
     properties = {CONSUMED_POS: str(counts["max_pos"]), CONSUMED_GTID: checkpoint.gtid or ""}
     try:
@@ -326,6 +313,7 @@ def _load_once(changelog: TableChangelog, lake: LocalHadoopCatalog | LakeRestCat
         identifier=f"{quote(lake.name)}.{quote(identifier[0])}.{quote(identifier[1])}",
         snapshot=snapshot_of(current), records=counts["records"], max_pos=counts["max_pos"],
         gtid=checkpoint.gtid, newest_ms=counts["newest_ms"] or None,
+        oldest_ms=counts["oldest_ms"] or None,
         inserted=counts[CREATE], existing=counts[UPDATE] + counts[SNAPSHOT_ROW],
         snapshot_rows=counts[SNAPSHOT_ROW], asserted=counts["asserted"])
 
@@ -358,11 +346,24 @@ def snapshot_of(snapshot: IcebergSnapshot) -> Snapshot:
     )
 
 
-def _live_rows(snapshot: IcebergSnapshot) -> int:
+def live_rows(snapshot: IcebergSnapshot) -> int:
     return snapshot_of(snapshot).rows
 
 
-def _fits(table: Table, schema: TableSchema, wanted: Schema, renames: Sequence[Any],
+def marked_ancestor(table: Table) -> Snapshot | None:
+    """The newest snapshot of main's ancestry carrying a consumed mark (``snapshots.mark_of``),
+    walking back only as far as needed."""
+    current = table.current_snapshot()
+    if current is None:
+        return None
+    for ancestor in ancestors_of(current, table.metadata):
+        marked = mark_of([snapshot_of(ancestor)])
+        if marked is not None:
+            return marked
+    return None
+
+
+def fits(table: Table, schema: TableSchema, wanted: Schema, renames: Sequence[Any],
           after_pos: int | None) -> bool:
     """Whether an existing empty target takes the batch as it is: its columns are the
     batch's (no evolution), its key is the batch's, it follows every column rename, and it
@@ -382,10 +383,10 @@ def _fits(table: Table, schema: TableSchema, wanted: Schema, renames: Sequence[A
 
 def _count(batch: pa.Table, schema: TableSchema, snapshot_columns: bool, table_id: str
            ) -> tuple[pa.Table, pa.ChunkedArray, dict[str, int]] | None:
-    """The batch's row records, which of them become rows, and ``fold.spark_stats``'s counts; None
-    when a key has several row records (the fold: Spark's path) or a record is not one this
-    path reads exactly (an unknown op, an instruction without the snapshot columns or with
-    bad fields: the Spark path refuses those with its error)."""
+    """The batch's row records folded (each key's newest: ``fold.arrow_fold_latest``), which
+    of them become rows, and ``fold.spark_stats``'s counts; None when a record is not one
+    this path reads exactly (an unknown op, an instruction without the snapshot columns or
+    with bad fields: the Spark path refuses those with its error)."""
     ops = batch.column(OP)
     known = pc.is_in(ops, value_set=pa.array(ROW_OPS + INSTRUCTION_OPS))
     if ops.null_count or not pc.all(known).as_py():
@@ -399,24 +400,27 @@ def _count(batch: pa.Table, schema: TableSchema, snapshot_columns: bool, table_i
     if any(pa.types.is_floating(rows.schema.field(k).type) for k in keys):
         return None  # (Spark groups -0.0 with 0.0 and NaN with NaN: its path folds them)
     # The keys sorted once (lexicographic, NULL first: keys.key_order): a repeat is a
-    # neighbour, and the range assertions' intervals are runs (_asserted_away).
+    # neighbour, and the range assertions' intervals are runs (asserted_away).
     order = pc.sort_indices(rows, sort_keys=[(k, "ascending", "at_start") for k in keys])
     ordered = rows.select(keys).take(order)
-    if _repeats(ordered):
-        return None  # a key with several records: folded by the Spark path
+    if same_as_previous(ordered).any():  # a key with several records: its newest counts
+        rows = arrow_fold_latest(rows, keys)
+        order = pc.sort_indices(rows, sort_keys=[(k, "ascending", "at_start") for k in keys])
+        ordered = rows.select(keys).take(order)
     counts = {op: pc.sum(pc.equal(rows.column(OP), op)).as_py() or 0 for op in ROW_OPS}
     counts["records"] = batch.num_rows
     counts["max_pos"] = int(pc.max(batch.column(POS)).as_py())
     counts["newest_ms"] = int(pc.max(batch.column(TS_MS)).as_py() or 0)
+    counts["oldest_ms"] = int(pc.min(batch.column(TS_MS)).as_py() or 0)
     removed = np.zeros(rows.num_rows, dtype=bool)
     if instructions_found:
-        found = _instructions(batch.filter(is_instruction), schema)
+        found = instructions_of(batch.filter(is_instruction), schema)
         if found is None:
             return None
         cut = intervals(found)
         if any(verdict is not None for _, verdict in cut):
             log.info("%s: applying %d range assertions/sweeps", table_id, len(found))
-            removed = _asserted_away(rows, order, ordered, cut)
+            removed = asserted_away(rows, order, ordered, cut)
     live = pc.not_equal(rows.column(OP), DELETE)
     kept = pc.and_(live, pa.array(~removed))
     counts["asserted"] = int(np.count_nonzero(
@@ -424,7 +428,7 @@ def _count(batch: pa.Table, schema: TableSchema, snapshot_columns: bool, table_i
     return rows, kept, counts
 
 
-def _instructions(records: pa.Table, schema: TableSchema) -> list[Instruction] | None:
+def instructions_of(records: pa.Table, schema: TableSchema) -> list[Instruction] | None:
     """``merge._collect_instructions`` in Arrow: the ``a``/``s`` records as instructions with
     their bounds as Python values (compared only with the batch's own keys read the same
     way); None for any record the Spark path would refuse (it says why)."""
@@ -449,21 +453,7 @@ def _instructions(records: pa.Table, schema: TableSchema) -> list[Instruction] |
     return instructions
 
 
-def _repeats(ordered: pa.Table) -> bool:
-    """Whether sorted keys hold one key twice (neighbours equal in every part, NULL equal to
-    NULL as in Spark's grouping)."""
-    if ordered.num_rows < 2:
-        return False
-    same = None
-    for column in ordered.columns:
-        after, before = column.slice(1), column.slice(0, len(column) - 1)
-        equal = pc.or_(pc.fill_null(pc.equal(after, before), False),
-                       pc.and_(pc.is_null(after), pc.is_null(before)))
-        same = equal if same is None else pc.and_(same, equal)
-    return bool(pc.any(same).as_py())
-
-
-def _asserted_away(rows: pa.Table, order: pa.Array, ordered: pa.Table,
+def asserted_away(rows: pa.Table, order: pa.Array, ordered: pa.Table,
                    cut: Sequence[Interval]) -> np.ndarray:
     """For each row record (one per key, so each key's latest record): whether a range
     assertion or sweep deletes its key (``range_assertions.tombstone_position`` not None:
@@ -506,7 +496,7 @@ def _asserted_away(rows: pa.Table, order: pa.Array, ordered: pa.Table,
     return removed
 
 
-def _project(rows: pa.Table, schema: Schema) -> pa.Table:
+def project(rows: pa.Table, schema: Schema) -> pa.Table:
     """The rows in the table's columns (user columns and ``__cdc_pos``), each checked to have
     the Iceberg type its landed Arrow type maps to (``iceberg_type``: pyiceberg then writes
     the values as they are; no cast that could change one)."""
@@ -525,7 +515,7 @@ def target_rows(warehouse_url: str, catalog: Any, server_name: str, database: st
     """A target's live rows read without Spark (0: no table or no snapshot yet), or None when
     the catalog is not one this module reads (``lake_catalog``)."""
     lake = lake_catalog(warehouse_url, catalog, s3)
-    identifier = _identifier(lake, server_name, database, table) if lake is not None else None
+    identifier = identifier_of(lake, server_name, database, table) if lake is not None else None
     if lake is None or identifier is None:
         return None
     try:
@@ -533,4 +523,4 @@ def target_rows(warehouse_url: str, catalog: Any, server_name: str, database: st
     except NoSuchTableError:
         return 0
     current = found.current_snapshot()
-    return _live_rows(current) if current is not None else 0
+    return live_rows(current) if current is not None else 0

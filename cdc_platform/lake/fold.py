@@ -45,6 +45,37 @@ def fold_latest(df: DataFrame, keys: list[str]) -> DataFrame:
         col("__cdc_rank") == 1).drop("__cdc_rank")
 
 
+def arrow_fold_latest(rows: pa.Table, keys: list[str]) -> pa.Table:
+    """``fold_latest`` in Arrow: per key (NULL key parts equal, as Spark groups them), the
+    record with the highest ``__cdc_pos``. The records sorted by key and, within a key,
+    newest first; each key's first record is kept. Floating-point keys are the caller's to
+    refuse (``arrow_stats`` returns None for them): Arrow orders -0.0 and 0.0, and NaNs,
+    apart where Spark groups them."""
+    if rows.num_rows < 2:
+        return rows
+    order = pc.sort_indices(rows, sort_keys=[*[(k, "ascending", "at_start") for k in keys],
+                                             (POS, "descending", "at_start")])
+    first = ~same_as_previous(rows.select(keys).take(order))
+    return rows.take(pc.filter(order, pa.array(first)))
+
+
+def same_as_previous(ordered: pa.Table) -> np.ndarray:
+    """For rows sorted by their key columns: whether each equals the row before it in every
+    column (NULL equal to NULL, as Spark groups; the first row: False)."""
+    same = np.zeros(ordered.num_rows, dtype=bool)
+    if ordered.num_rows < 2:
+        return same
+    equal = None
+    for column in ordered.columns:
+        after, before = column.slice(1), column.slice(0, len(column) - 1)
+        parts = pc.or_(pc.fill_null(pc.equal(after, before), False),
+                       pc.and_(pc.is_null(after), pc.is_null(before)))
+        equal = parts if equal is None else pc.and_(equal, parts)
+    assert equal is not None
+    same[1:] = np.asarray(equal.to_numpy(zero_copy_only=False), dtype=bool)
+    return same
+
+
 def fold(batch: DataFrame, schema: TableSchema, counts: dict[str, int] | None = None
           ) -> tuple[DataFrame, bool, dict[str, int]]:
     """The batch folded to one record per key; whether its row records went through the fold's
@@ -88,7 +119,8 @@ _CODES = 8
 def spark_stats(batch: DataFrame, keys: list[str], flag: str | None) -> dict[str, int]:
     """One job over the batch, grouped per key as the fold groups it (NULL key parts equal;
     records flagged ``flag`` are instructions, folded apart): what the fold will hold, without
-    folding every column. ``records`` read, ``max_pos``, ``newest_ms``, ``instructions`` and
+    folding every column. ``records`` read, ``max_pos``, ``newest_ms`` and ``oldest_ms``
+    (the newest and oldest commit time), ``instructions`` and
     ``total`` folded records, the final op of the row keys (one count per op), the effects
     (inserted: absent before and present after, and so on) and ``most``, the most row records
     of one key (1: each record is its key's fold).
@@ -106,7 +138,8 @@ def spark_stats(batch: DataFrame, keys: list[str], flag: str | None) -> dict[str
         F.count(F.lit(1)).alias("__cdc_n"),
         F.min(packed).alias("__cdc_first"),
         F.max(packed).alias("__cdc_last"),
-        F.max(col(TS_MS)).alias(TS_MS))
+        F.max(col(TS_MS)).alias(TS_MS),
+        F.min(col(TS_MS)).alias("__cdc_oldest"))
     first_op, last_op = col("__cdc_first") % _CODES, col("__cdc_last") % _CODES
     is_instruction = col("__cdc_flag")
     row = ~is_instruction
@@ -116,6 +149,7 @@ def spark_stats(batch: DataFrame, keys: list[str], flag: str | None) -> dict[str
         F.sum(col("__cdc_n")).alias("records"),
         F.max(col("__cdc_last")).alias("max_pos"),  # (packed: decoded below)
         F.max(col(TS_MS)).alias("newest_ms"),
+        F.min(col("__cdc_oldest")).alias("oldest_ms"),
         F.count(F.when(is_instruction, 1)).alias("instructions"),
         F.count(F.lit(1)).alias("total"),
         F.max(F.when(row, col("__cdc_n"))).alias("most"),
@@ -191,11 +225,13 @@ def arrow_stats(records: pa.Table, keys: list[str], instructions: bool
     existed = first_op != _OP_CODES.index(CREATE)
     exists = last_op != _OP_CODES.index(DELETE)
     newest_ms = pc.max(records.column(TS_MS)).as_py()
+    oldest_ms = pc.min(records.column(TS_MS)).as_py()
     max_pos = pc.max(records.column(POS)).as_py()
     counts = {
         "records": records.num_rows,
         "max_pos": int(max_pos) if max_pos is not None else 0,
         "newest_ms": int(newest_ms) if newest_ms is not None else 0,
+        "oldest_ms": int(oldest_ms) if oldest_ms is not None else 0,
         "instructions": int(np.count_nonzero(is_instruction)),
         "total": per_key.num_rows,
         "most": int(n[row].max()) if row.any() else 0,

@@ -59,7 +59,7 @@ from cdc_platform.capture.landing_contract import (
 )
 from cdc_platform.capture.s3store import S3Options
 from cdc_platform.capture.schema import TableSchema
-from cdc_platform.lake.arrow_load import Loaded, initial_load
+from cdc_platform.lake.arrow_merge import Merged, materialise_without_spark
 from cdc_platform.lake.changelog import TableChangelog
 from cdc_platform.lake.columns import col, table_struct
 from cdc_platform.lake.fold import INSTRUCTION, arrow_counts, fold, fold_latest
@@ -108,15 +108,28 @@ class MergeResult:
     asserted_deletes: int = 0  # live keys deleted by range assertions and sweeps (in deletes)
     attempts: int = 1
     newest_source_ms: int | None = None  # source commit time of the newest record applied
+    oldest_source_ms: int | None = None  # and of the oldest
     appended: bool = False  # the batch went into an empty table as an append, not a MERGE
+    spark: bool = True  # Spark wrote it (else pyarrow and pyiceberg: ``lake.arrow_merge``)
 
     @property
     def lag_seconds(self) -> float | None:
         """From the source commit of the newest record applied to the Iceberg commit."""
-        if self.newest_source_ms is None or self.snapshot is None or not self.committed:
+        return self._since(self.newest_source_ms)
+
+    @property
+    def wait_seconds(self) -> float | None:
+        """From the source commit of the oldest record applied to the Iceberg commit: how
+        long the batch's first change waited, which is the table's staleness just before the
+        commit (``lag_seconds`` is the newest change's, small however long the batch
+        waited)."""
+        return self._since(self.oldest_source_ms)
+
+    def _since(self, source_ms: int | None) -> float | None:
+        if source_ms is None or self.snapshot is None or not self.committed:
             return None
         committed_ms = self.snapshot.committed_at.timestamp() * 1000
-        return round(max(0.0, committed_ms - self.newest_source_ms) / 1000, 3)
+        return round(max(0.0, committed_ms - source_ms) / 1000, 3)
 
     @property
     def snapshot_id(self) -> int | None:
@@ -140,11 +153,16 @@ class MergeResult:
             "commit_attempts": self.attempts,
             "duration_seconds": round(self.duration_seconds, 3),
             "write": "append" if self.appended else "merge",
+            "written_by": "spark" if self.spark else "pyarrow",
         }
         if self.newest_source_ms is not None:
             data["newest_source_commit"] = _iso(self.newest_source_ms)
+        if self.oldest_source_ms is not None:
+            data["oldest_source_commit"] = _iso(self.oldest_source_ms)
         if self.lag_seconds is not None:
             data["lag_seconds"] = self.lag_seconds
+        if self.wait_seconds is not None:
+            data["wait_seconds"] = self.wait_seconds
         if self.snapshot is not None:
             data.update(self.snapshot.metadata())
         return data
@@ -160,7 +178,7 @@ def materialise(
     table: str,
     catalog: Any = None,
     s3: S3Options | None = None,
-    arrow_load: bool = True,
+    spark_free: bool = True,
 ) -> MergeResult:
     """Fold the table's new changelog records into its Iceberg table, as one snapshot.
 
@@ -170,23 +188,24 @@ def materialise(
     ConcurrentCommitError. ``catalog``: ``config.CatalogSettings`` (default: Hadoop on the
     warehouse). ``s3``: the config's ``s3`` options, for a landing zone at an S3 URL.
 
-    An initial load (the target has no rows, each key one record) is appended without Spark
-    (``lake.arrow_load``; ``arrow_load=False``: always through Spark), so ``spark`` may be a
-    function that returns the session: it is called only when Spark is needed.
+    Without Spark where it applies (``lake.arrow_merge``: the batch folded and matched by
+    pyarrow, written by pyiceberg; an append into an empty target), else by Spark's MERGE;
+    ``spark_free=False``: always Spark. So ``spark`` may be a function that returns the
+    session: it is called only when Spark is needed.
     """
     started = time.monotonic()
     changelog = TableChangelog.open(landing_url, server_name, database, table, s3=s3)
     target: LakeTable | None = None
 
-    def appended() -> Loaded | None:
-        if not arrow_load or (warehouse_url, changelog.table_id) in _holding_rows:
+    def without_spark() -> Merged | None:
+        if not spark_free:
             return None
-        return initial_load(changelog, warehouse_url, catalog, server_name, s3)
+        return materialise_without_spark(changelog, warehouse_url, catalog, server_name, s3)
 
     for attempt in range(1, COMMIT_ATTEMPTS + 1):
         try:
-            loaded = appended()
-            if loaded is None and target is None:
+            merged = without_spark()
+            if merged is None and target is None:
                 session = spark if isinstance(spark, SparkSession) else spark()
                 ensure_lake_conf(session)
                 target = Lake(session, warehouse_url, catalog).table(server_name, database,
@@ -195,16 +214,15 @@ def materialise(
                     # (getting the session may have waited seconds for its start: the
                     # applier's, in the background; a snapshot that landed meanwhile into
                     # the empty target is still an append without Spark)
-                    loaded = appended()
-            if loaded is not None:
-                return _held(warehouse_url, _loaded_result(changelog, loaded, started,
-                                                           attempt))
+                    merged = without_spark()
+            if merged is not None:
+                return _merged_result(changelog, merged, started, attempt)
             # Writers of one table in this process (and, on a local Hadoop-catalog warehouse,
             # in other processes) take turns from the mark read to the publication, so they
             # do not keep invalidating each other; the commit itself stays a compare-and-swap.
             with target.writing():
-                return _held(warehouse_url, _materialise_once(
-                    target.spark, changelog, target, schema_hint, started, attempt))
+                return _materialise_once(target.spark, changelog, target, schema_hint,
+                                         started, attempt)
         except ConcurrentCommitError:
             if attempt == COMMIT_ATTEMPTS:
                 raise
@@ -213,43 +231,33 @@ def materialise(
     raise AssertionError("unreachable")
 
 
-# Targets this process saw holding rows: the Spark-free initial load does not apply to them,
-# so their merges skip its look at the table's metadata (a table emptied since is merged by
-# Spark, as any table).
-_holding_rows: set[tuple[str, str]] = set()
-
-
-def _held(warehouse_url: str, result: MergeResult) -> MergeResult:
-    if result.rows:
-        _holding_rows.add((warehouse_url, result.table_id))
-    return result
-
-
-def _loaded_result(changelog: TableChangelog, loaded: Loaded, started: float,
+def _merged_result(changelog: TableChangelog, merged: Merged, started: float,
                    attempt: int) -> MergeResult:
-    """The ``MergeResult`` of an initial load appended without Spark (``_materialise_once``'s
-    for an append: every row written is new, nothing was there to delete)."""
+    """The ``MergeResult`` of a materialisation without Spark."""
     result = MergeResult(
         table_id=changelog.table_id,
-        identifier=loaded.identifier,
-        snapshot=loaded.snapshot,
-        committed=True,
-        rows=loaded.snapshot.rows,
-        inserts=loaded.inserted + loaded.existing,
-        updates=0,
-        deletes=0,
-        records_read=loaded.records,
-        consumed_pos=loaded.max_pos,
-        consumed_gtid=loaded.gtid,
+        identifier=merged.identifier,
+        snapshot=merged.snapshot,
+        committed=merged.committed,
+        rows=merged.snapshot.rows,
+        inserts=merged.inserts,
+        updates=merged.updates,
+        deletes=merged.deletes,
+        records_read=merged.records,
+        consumed_pos=merged.consumed_pos,
+        consumed_gtid=merged.consumed_gtid,
         duration_seconds=time.monotonic() - started,
         schema_changed=False,
-        snapshot_rows=loaded.snapshot_rows,
-        asserted_deletes=loaded.asserted,
+        snapshot_rows=merged.snapshot_rows,
+        asserted_deletes=merged.asserted,
         attempts=attempt,
-        newest_source_ms=loaded.newest_ms,
-        appended=True,
+        newest_source_ms=merged.newest_ms,
+        oldest_source_ms=merged.oldest_ms,
+        appended=merged.appended,
+        spark=False,
     )
-    log.info("materialised %s", result)
+    if merged.committed:
+        log.info("materialised %s", result)
     return result
 
 
@@ -376,6 +384,7 @@ def _materialise_once(
         asserted_deletes=asserted,
         attempts=attempt,
         newest_source_ms=counts["newest_ms"] or None,
+        oldest_source_ms=counts["oldest_ms"] or None,
         appended=appended,
     )
     log.info("materialised %s", result)

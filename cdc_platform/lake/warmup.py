@@ -82,12 +82,12 @@ def warm_up(spark: SparkSession) -> float:
         catalog = CatalogSettings(name=WARMUP_CATALOG)
         next_pos = _segment(landing, 1, [(CREATE, key) for key in range(_ROWS)])
         materialise(spark, landing_url, warehouse, WARMUP_SERVER, _SCHEMA, _SCHEMA.database,
-                    _SCHEMA.table, catalog=catalog, arrow_load=False)  # an INSERT
+                    _SCHEMA.table, catalog=catalog, spark_free=False)  # an INSERT
         _segment(landing, next_pos, [(UPDATE, key) for key in range(0, _ROWS, 3)]
                  + [(DELETE, key) for key in range(1, _ROWS, 7)]
                  + [(CREATE, key) for key in range(_ROWS, _ROWS + 100)])
         materialise(spark, landing_url, warehouse, WARMUP_SERVER, _SCHEMA, _SCHEMA.database,
-                    _SCHEMA.table, catalog=catalog, arrow_load=False)  # a MERGE
+                    _SCHEMA.table, catalog=catalog, spark_free=False)  # a MERGE
     seconds = time.monotonic() - started
     log.info("Spark session warmed up in %.1f s (two materialisations of a scratch table)",
              seconds)

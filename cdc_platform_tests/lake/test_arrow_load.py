@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from cdc_platform.lake import arrow_load
+from cdc_platform.lake.arrow_merge import materialise_without_spark
 from cdc_platform.lake.changelog import TableChangelog
 from cdc_platform.lake.iceberg import ConcurrentCommitError, Lake
 from cdc_platform.lake.iceberg.hadoop import VERSION_HINT, LocalHadoopCatalog
@@ -53,7 +54,7 @@ def test_the_created_table_is_the_table_spark_creates(spark, tmp_path: Path):
     for path in ("arrow", "spark"):
         warehouse = str(tmp_path / path)
         result = materialise(spark, landing.url, warehouse, SERVER, SCHEMA, "types",
-                             "all_types", arrow_load=path == "arrow")
+                             "all_types", spark_free=path == "arrow")
         assert spark_free(result) == (path == "arrow")
         table = Lake(spark, warehouse).table(SERVER, "types", "all_types")
         made[path] = metadata(table)
@@ -124,22 +125,31 @@ def test_a_batch_above_the_memory_bound_is_left_to_spark(spark, landing, warehou
     assert plan is not None and plan.rows == 3 and plan.bytes > 0
     monkeypatch.setattr(arrow_load, "MAX_BATCH_BYTES", plan.bytes - 1)
 
-    assert arrow_load.initial_load(changelog, warehouse, None, SERVER) is None
+    assert materialise_without_spark(changelog, warehouse, None, SERVER) is None
     assert not (Path(warehouse) / "demo_shop").exists()  # nothing done
     result = materialise_table(spark, landing, warehouse, S)
     assert result.rows == 3 and not spark_free(result)
 
 
-@pytest.mark.parametrize("records", [
-    [("c", r(1)), ("u", r(1, "again"))],  # a key twice: folded by Spark
-    [("c", r(1)), ("x", r(2))],  # an unknown op: refused by Spark, with its error
-])
-def test_what_the_arrow_path_does_not_do_exactly_goes_to_spark(spark, landing, warehouse,
-                                                               records):
-    landing.segment(S, records)
+def test_what_the_arrow_path_does_not_do_exactly_goes_to_spark(spark, landing, warehouse):
+    landing.segment(S, [("c", r(1)), ("x", r(2))])  # an unknown op: refused by Spark, saying why
     changelog = TableChangelog.open(landing.url, SERVER, "shop", "orders")
-    assert arrow_load.initial_load(changelog, warehouse, None, SERVER) is None
+    assert materialise_without_spark(changelog, warehouse, None, SERVER) is None
     assert not (Path(warehouse) / "demo_shop").exists()  # nothing done
+
+
+def test_a_key_with_several_records_is_folded_into_the_append(spark, landing, warehouse):
+    """Stream changes beside a snapshot's chunk rows: each key's newest record is appended,
+    counted as Spark's MERGE into an empty table counts."""
+    landing.segment(S, [("c", r(1)), ("u", r(1, "again")), ("r", r(2)), ("d", {"id": 2}),
+                        ("r", r(3)), ("u", r(3, "later")), ("c", r(4))])
+    result = materialise_table(spark, landing, warehouse, S)
+    assert spark_free(result) and result.appended
+    assert (result.rows, result.inserts, result.records_read) == (3, 3, 7)
+    table = target_table(spark, warehouse, S)
+    assert {k: v["name"] for k, v in rows_of(table.read()).items()} == {
+        1: "again", 3: "later", 4: r(4)["name"]}
+    assert_third_party_reads_same(spark, table)
 
 
 def test_deletes_and_assertions_keep_rows_out_of_the_append(spark, landing, warehouse):
@@ -219,8 +229,9 @@ def test_two_appenders_racing_on_an_empty_table_one_wins_the_other_merges(
 
     monkeypatch.setattr(LocalHadoopCatalog, "commit_table", commit_together)
     # (past the table lock: the race the compare-and-swap decides)
-    outcomes = race_twice(lambda: arrow_load._load_once(changelog, hadoop,
-                                                        ("demo_shop", "orders"), SERVER))
+    outcomes = race_twice(lambda: arrow_load.load_into_empty(changelog, hadoop,
+                                                             ("demo_shop", "orders"), None,
+                                                             SERVER))
     monkeypatch.setattr(LocalHadoopCatalog, "commit_table", real_commit)
     assert sorted(type(o).__name__ for o in outcomes) == ["ConcurrentCommitError", "Loaded"]
     table = target_table(spark, warehouse, S)

@@ -19,6 +19,7 @@ from cdc_platform.config import CatalogSettings
 from cdc_platform.demo.object_storage import REST_CATALOG_PROPERTIES
 from cdc_platform.devservices.seaweedfs import SeaweedFS
 from cdc_platform.lake import arrow_load
+from cdc_platform.lake.arrow_merge import materialise_without_spark
 from cdc_platform.lake.changelog import TableChangelog
 from cdc_platform.lake.iceberg.rest import LakeRestCatalog, pyiceberg_properties
 from cdc_platform.lake.iceberg.snapshots import CONSUMED_POS
@@ -77,8 +78,9 @@ def test_an_initial_load_is_appended_through_the_rest_catalog_without_spark(
     # (a delete of a key the batch does not insert: dropped, as an empty target has none)
     landing.segment(S, [("c", r(i)) for i in range(50)] + [("d", {"id": 70})])
     changelog = TableChangelog.open(landing.url, server, "shop", "orders")
-    loaded = arrow_load.initial_load(changelog, rest["warehouse"], rest["catalog"], server, rest["s3"])
-    assert loaded is not None and loaded.records == 51
+    loaded = materialise_without_spark(changelog, rest["warehouse"], rest["catalog"], server,
+                                       rest["s3"])
+    assert loaded is not None and loaded.appended and loaded.records == 51
     table = rest["reader"].load_table((f"{server}_shop", "orders"))
     rows = table.scan().to_arrow()
     assert sorted(rows.column("id").to_pylist()) == list(range(50))
@@ -89,12 +91,19 @@ def test_an_initial_load_is_appended_through_the_rest_catalog_without_spark(
     assert "spark.app.id" not in summary  # (Spark's commits carry their app)
     assert table.properties["cdc.primary-key"] == '["id"]'
     assert table.location().startswith(f"{rest['warehouse']}/")
-    # The target has rows now: the next batch is Spark's MERGE, not another append.
-    landing.segment(S, [("u", r(1, "later"))])
-    assert arrow_load.initial_load(changelog, rest["warehouse"], rest["catalog"], server,
-                                   rest["s3"]) is None
+    # The target has rows now: the next batch is a merge (without Spark: a row delta committed
+    # through the catalog), not another append.
+    landing.segment(S, [("u", r(1, "later")), ("d", {"id": 2})])
+    merged = materialise_without_spark(changelog, rest["warehouse"], rest["catalog"], server,
+                                       rest["s3"])
+    assert merged is not None and merged.committed and not merged.appended
+    assert (merged.updates, merged.deletes, merged.snapshot.rows) == (1, 1, 49)
     assert arrow_load.target_rows(rest["warehouse"], rest["catalog"], server, "shop", "orders",
-                                  rest["s3"]) == 50
+                                  rest["s3"]) == 49
+    table = rest["reader"].load_table((f"{server}_shop", "orders"))
+    rows = {row["id"]: row["name"] for row in table.scan().to_arrow().to_pylist()}
+    assert len(rows) == 49 and 2 not in rows and rows[1] == "later"
+    assert table.current_snapshot().summary["total-position-deletes"] == "2"
 
 
 def test_two_appenders_racing_through_the_rest_catalog_one_wins(
@@ -123,8 +132,11 @@ def test_two_appenders_racing_through_the_rest_catalog_one_wins(
         return real_commit(self, table, requirements, updates)
 
     monkeypatch.setattr(LakeRestCatalog, "commit_table", commit_together)
-    outcomes = race_twice(lambda: arrow_load.initial_load(
-        changelog, rest["warehouse"], rest["catalog"], server, rest["s3"]))
+    identifier = (f"{server}_shop", "orders")
+    # (past the table lock, which makes writers of one process take turns: the race the
+    # service's compare-and-swap decides)
+    outcomes = race_twice(lambda: arrow_load.load_into_empty(
+        changelog, lake, identifier, lake.load_table(identifier), server))
     assert sorted(type(o).__name__ for o in outcomes) == ["ConcurrentCommitError", "Loaded"]
     table = rest["reader"].load_table((f"{server}_shop", "orders"))
     assert table.scan().to_arrow().num_rows == 20
@@ -146,8 +158,8 @@ def test_a_rest_catalog_that_does_not_answer_leaves_the_load_to_spark(
     landing.segment(S, [("c", r(i)) for i in range(3)])
     changelog = TableChangelog.open(landing.url, SERVER, "shop", "orders")
     assert arrow_load.lake_catalog(str(tmp_path / "warehouse"), catalog) is None
-    assert arrow_load.initial_load(changelog, str(tmp_path / "warehouse"), catalog,
-                                   SERVER) is None
+    assert materialise_without_spark(changelog, str(tmp_path / "warehouse"), catalog,
+                                     SERVER) is None
     assert arrow_load.target_rows(str(tmp_path / "warehouse"), catalog, SERVER, "shop",
                                   "orders") is None
     said = [r for r in caplog.records if "did not answer pyiceberg" in r.getMessage()]

@@ -1,8 +1,10 @@
 """Two materialisations of one table at once: compare-and-swap on main, no update lost.
 
-A materialisation reads its mark from main's newest snapshot, MERGEs on a private branch made
-there and publishes with ``fast_forward``, which Iceberg refuses if main moved meanwhile; the
-loser publishes nothing and runs again from the new snapshot. Every snapshot main ever points
+A materialisation reads its mark from main's newest snapshot and publishes only if main is
+still there: Spark's MERGE on a private branch made there, published with ``fast_forward``,
+which Iceberg refuses if main moved meanwhile; a write without Spark through the catalog's
+compare-and-swap on the table's version. The loser publishes nothing and runs again from
+the new snapshot. Every snapshot main ever points
 at must be exactly the fold of the changelog up to the mark it carries.
 """
 
@@ -17,6 +19,7 @@ from typing import Any
 import pytest
 
 from cdc_platform.lake.iceberg import ConcurrentCommitError, Lake, LakeTable
+from cdc_platform.lake.iceberg.hadoop import LocalHadoopCatalog
 from cdc_platform.lake.merge import COMMIT_ATTEMPTS
 from cdc_platform_tests.lake.helpers import (
     Changelog,
@@ -52,7 +55,7 @@ def test_a_commit_landing_between_the_mark_and_the_publication_makes_the_loser_r
         # The loser has read its mark (2) and made its branch; data arrives, another
         # materialisation publishes positions 3..5, then more data arrives (6).
         changelog.write([("u", r(2, "winner"))])
-        seen["winner"] = materialise_table(spark, landing, warehouse, S)
+        seen["winner"] = materialise_table(spark, landing, warehouse, S, spark_free=False)
         changelog.write([("u", r(1, "after"))])
 
     def commit_merge(self, base, merge_sql, properties, prepare=None):
@@ -67,7 +70,7 @@ def test_a_commit_landing_between_the_mark_and_the_publication_makes_the_loser_r
         return real_commit(self, base, merge_sql, properties, prepare)
 
     monkeypatch.setattr(LakeTable, "commit_merge", commit_merge)
-    result = materialise_table(spark, landing, warehouse, S)
+    result = materialise_table(spark, landing, warehouse, S, spark_free=False)
     monkeypatch.undo()
 
     winner = seen["winner"]
@@ -94,6 +97,53 @@ def test_a_commit_landing_between_the_mark_and_the_publication_makes_the_loser_r
     assert_third_party_reads_same(spark, table)
 
 
+def test_a_commit_without_spark_that_loses_the_race_runs_again_from_the_winner(
+    spark, landing, warehouse, monkeypatch
+):
+    """The row delta is written (data file, delete file, manifests) and its catalog commit
+    finds main moved: the commit is refused (ConcurrentCommitError: pyiceberg's own retry
+    would re-apply the rows on top), nothing of it is visible, and the materialisation runs
+    again from the winner's snapshot."""
+    changelog = Changelog(landing)
+    changelog.write([("c", r(1, "a")), ("c", r(2, "b"))])  # positions 1, 2
+    first = materialise_table(spark, landing, warehouse, S)
+    changelog.write([("u", r(1, "loser's batch")), ("c", r(3, "c"))])  # 3, 4
+    table = target_table(spark, warehouse, S)
+    real_commit = LocalHadoopCatalog.commit_table
+    seen: dict[str, Any] = {}
+
+    def commit_table(self, table_, requirements, updates):
+        if "winner" not in seen:  # another process publishes between the read and the commit
+            changelog.write([("u", r(2, "winner"))])  # 5
+            seen["winner"] = materialise_table(spark, landing, warehouse, S,
+                                               spark_free=False)
+            changelog.write([("u", r(1, "after"))])  # 6
+            try:
+                return real_commit(self, table_, requirements, updates)
+            except ConcurrentCommitError:
+                seen["after_loss"] = (table.current(), rows_of(table.read()))
+                raise
+        return real_commit(self, table_, requirements, updates)
+
+    monkeypatch.setattr(LocalHadoopCatalog, "commit_table", commit_table)
+    result = materialise_table(spark, landing, warehouse, S)
+    monkeypatch.undo()
+
+    winner = seen["winner"]
+    assert winner.committed and winner.consumed_pos == 5
+    current, rows = seen["after_loss"]
+    assert current.snapshot_id == winner.snapshot_id
+    assert rows == changelog.fold(5) and rows[1]["name"] == "loser's batch"
+    assert result.committed and not result.spark and result.attempts == 2
+    assert (result.consumed_pos, result.records_read) == (6, 1)
+    assert result.snapshot.parent_id == winner.snapshot_id
+    assert winner.snapshot.parent_id == first.snapshot_id
+    assert rows_of(table.read()) == changelog.fold() == {
+        1: r(1, "after"), 2: r(2, "winner"), 3: r(3, "c")}
+    assert_every_published_snapshot_is_a_fold(table, changelog)
+    assert_third_party_reads_same(spark, table)
+
+
 def test_a_writer_that_loses_every_attempt_raises_and_publishes_nothing(
     spark, landing, warehouse, monkeypatch
 ):
@@ -114,7 +164,8 @@ def test_a_writer_that_loses_every_attempt_raises_and_publishes_nothing(
             depth.inside = True
             try:
                 changelog.write([("c", r(10 + len(winners), "winner"))])
-                winners.append(materialise_table(spark, landing, warehouse, S))
+                winners.append(materialise_table(spark, landing, warehouse, S,
+                                                 spark_free=False))
                 changelog.write([("u", r(1, f"after winner {len(winners)}"))])
             finally:
                 depth.inside = False
@@ -123,7 +174,7 @@ def test_a_writer_that_loses_every_attempt_raises_and_publishes_nothing(
 
     monkeypatch.setattr(LakeTable, "commit_merge", commit_merge)
     with pytest.raises(ConcurrentCommitError, match="another materialisation committed"):
-        materialise_table(spark, landing, warehouse, S)
+        materialise_table(spark, landing, warehouse, S, spark_free=False)
     monkeypatch.undo()
     assert len(winners) == COMMIT_ATTEMPTS
     assert table.current().snapshot_id == winners[-1].snapshot_id
@@ -137,8 +188,9 @@ def test_a_writer_that_loses_every_attempt_raises_and_publishes_nothing(
     assert_every_published_snapshot_is_a_fold(table, changelog)
 
 
+@pytest.mark.parametrize("spark_free", [True, False], ids=["spark-free", "spark"])
 def test_two_threads_materialising_one_table_while_data_arrives_lose_no_update(
-    spark, landing, warehouse
+    spark, landing, warehouse, spark_free
 ):
     rng = random.Random(14)
     changelog = Changelog(landing)
@@ -161,7 +213,8 @@ def test_two_threads_materialising_one_table_while_data_arrives_lose_no_update(
     def materialiser() -> None:
         while writing.is_set():
             try:
-                outcome: Any = materialise_table(spark, landing, warehouse, S)
+                outcome: Any = materialise_table(spark, landing, warehouse, S,
+                                                 spark_free=spark_free)
             except ConcurrentCommitError as error:
                 outcome = error
             except BaseException as error:  # noqa: BLE001 - reported by the assertion below
@@ -212,7 +265,7 @@ def test_the_result_reports_the_snapshot_this_run_published(spark, landing, ware
         return result
 
     monkeypatch.setattr(Lake, "sql", sql)
-    result = materialise_table(spark, landing, warehouse, S)
+    result = materialise_table(spark, landing, warehouse, S, spark_free=False)
     monkeypatch.undo()
     assert later[0].committed and later[0].consumed_pos == 4
     assert result.consumed_pos == result.snapshot.consumed_pos == 2

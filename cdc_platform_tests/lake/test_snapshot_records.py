@@ -336,12 +336,13 @@ def test_a_sweep_needs_no_key_order(spark, landing, warehouse):
 
 
 def test_a_batch_without_instructions_runs_no_extra_spark_job(spark, tmp_path):
+    """(Spark's MERGE: a merge without Spark runs no job at all)"""
     def jobs(landing: Landing, warehouse: str, changes: list, snapshot: bool) -> int:
         landing.segment(S, changes, snapshot=snapshot)
         group = f"jobs-{random.getrandbits(32)}"
         spark.sparkContext.setJobGroup(group, "counting jobs")
         try:
-            run(spark, landing, warehouse)
+            run(spark, landing, warehouse, spark_free=False)
         finally:
             spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
         return len(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
@@ -372,7 +373,7 @@ def test_an_initial_append_judges_its_assertions_in_its_own_scan(spark, tmp_path
         group = f"jobs-{random.getrandbits(32)}"
         spark.sparkContext.setJobGroup(group, "counting jobs")
         try:  # (Spark's own initial append: lake.arrow_load's is in test_arrow_load)
-            result = run(spark, landing, warehouse, arrow_load=False)
+            result = run(spark, landing, warehouse, spark_free=False)
         finally:
             spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
         return result, len(spark.sparkContext.statusTracker().getJobIdsForGroup(group)), warehouse
@@ -407,7 +408,7 @@ def test_an_initial_append_of_distinct_keys_shuffles_nothing(spark, tmp_path):
             return [found.apply(i) for i in range(found.size())]
 
         before = max((e.executionId() for e in executions()), default=-1)
-        result = run(spark, landing, str(tmp_path / name / "warehouse"), arrow_load=False)
+        result = run(spark, landing, str(tmp_path / name / "warehouse"), spark_free=False)
         assert result.appended
         plans = [e.physicalPlanDescription() for e in
                  sorted(executions(), key=lambda e: e.executionId())
@@ -585,7 +586,7 @@ def test_the_lake_folds_random_snapshot_histories_like_the_model(spark, arrow_lo
                 continue
             landing.segment(E, [landing_row(r) for r in batch], snapshot=True)
             done += batch
-            results.append(run(spark, landing, warehouse, E, arrow_load=arrow_load))
+            results.append(run(spark, landing, warehouse, E, spark_free=arrow_load))
             lake = {k: v[0] for k, v in state(spark, warehouse, E).items()}
             assert lake == model_fold(done)
             assert results[-1].rows == len(lake)

@@ -151,7 +151,7 @@ def test_every_type_round_trips_through_merge_update_and_compaction(spark, tmp_p
 
     def run():
         return materialise(spark, landing.url, warehouse, SERVER, SCHEMA, "types", "all_types",
-                           arrow_load=arrow_load)
+                           spark_free=arrow_load)
 
     def check(expected: list[dict]) -> None:
         assert collected(table) == {row["id"]: row for row in expected}
