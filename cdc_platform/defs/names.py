@@ -48,18 +48,31 @@ def subsettable_assets(name: str, specs: Sequence[dg.AssetSpec], *,
     return decorate
 
 
-def single_asset(spec: dg.AssetSpec, *, op_name: str, deps: Sequence[dg.AssetKey] = (),
-                 required: bool = True, **kwargs: Any
-                 ) -> Callable[[Callable[..., Any]], dg.AssetsDefinition]:
-    """``@dg.asset`` for ``spec`` with op ``op_name`` (``required=False``: it may record no
-    materialisation); ``kwargs`` go to ``dg.multi_asset`` (retry_policy...)."""
-    return dg.multi_asset(
-        name=op_name,
-        outs={"result": dg.AssetOut.from_spec(spec, is_required=required)},
-        ins={f"dep_{i}": dg.AssetIn(key=key, dagster_type=dg.Nothing)
-             for i, key in enumerate(deps)},
-        **kwargs,
-    )
+def subsettable_asset_checks(name: str, specs: Sequence[dg.AssetCheckSpec], *,
+                             description: str = "",
+                             required_resource_keys: set[str] | None = None,
+                             ) -> Callable[[Callable[..., Any]], dg.AssetChecksDefinition]:
+    """``@dg.multi_asset_check(specs=..., can_subset=True)`` with op ``name`` and input and
+    output names of ours (``asset_<i>``, ``check_<i>``): one definition for a check of every
+    table (one per table cost a thousand ops at each code-location load). The function yields
+    an ``AssetCheckResult`` naming its asset key for each selected check
+    (``context.selected_asset_check_keys``)."""
+    assets = sorted({spec.asset_key for spec in specs}, key=lambda key: key.path)
+    inputs = {f"asset_{i}": key for i, key in enumerate(assets)}
+    checks = {f"check_{i}": spec for i, spec in enumerate(specs)}
+
+    def decorate(fn: Callable[..., Any]) -> dg.AssetChecksDefinition:
+        op = dg.op(
+            name=name, description=description,
+            required_resource_keys=required_resource_keys,
+            ins={input_name: dg.In(dg.Nothing) for input_name in inputs},
+            out={output: dg.Out(dg.Nothing, is_required=False) for output in checks},
+        )(fn)
+        return dg.AssetChecksDefinition.create(
+            keys_by_input_name=inputs, node_def=op, check_specs_by_output_name=checks,
+            can_subset=True)
+
+    return decorate
 
 
 def single_asset_check(spec: dg.AssetCheckSpec, *, op_name: str,

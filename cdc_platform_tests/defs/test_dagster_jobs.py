@@ -61,6 +61,46 @@ def test_catch_up_and_reconcile_job_materialises_every_table(cdc_env, spark):
         assert changelog.metadata["records_landed"].value == 3 + 1 + 199 + 19
 
 
+def test_one_tables_check_runs_alone_and_a_failing_table_leaves_the_others_materialised(
+        cdc_env, spark):
+    """The targets of a source are one multi-asset: a run may select one table's check
+    alone (the UI's "execute check"); a table that cannot be materialised fails the step
+    naming it, after the others were materialised and checked."""
+    env = cdc_env
+    _seed(env)
+    defs = build_definitions(env.settings)
+    orders = dg.AssetKey([env.server_name, env.db, "orders"])
+    with dg.instance_for_test() as instance:
+        assert defs.resolve_job_def("catch_up_and_reconcile").execute_in_process(
+            instance=instance).success
+        job = dg.define_asset_job("orders_reconcile", selection=dg.AssetSelection.checks(
+            dg.AssetCheckKey(orders, "reconcile")))
+        alone = dg.Definitions.merge(defs, dg.Definitions(jobs=[job])).resolve_job_def(
+            "orders_reconcile").execute_in_process(instance=instance)
+        assert [(c.asset_key, c.check_name, c.passed) for c in
+                alone.get_asset_check_evaluations()] == [(orders, "reconcile", True)]
+        assert not alone.get_asset_materialization_events()
+
+        # customers' changelog is unreadable: its merge fails, the other tables are merged
+        env.execute("INSERT INTO orders VALUES (900, 1, 9.50, '2025-01-02 00:00:00')",
+                    "INSERT INTO customers VALUES (4, 'di')")
+        env.catch_up()
+        for segment in (env.landing.root / "changelog" / env.db / "customers").glob("*"):
+            segment.write_bytes(b"not parquet")
+        result = defs.resolve_job_def("materialise_targets").execute_in_process(
+            instance=instance, raise_on_error=False)
+        assert not result.success
+        [failure] = result.get_step_failure_events()
+        description = failure.step_failure_data.user_failure_data.description
+        materialised = {e.asset_key.path[-1] for e in result.get_asset_materialization_events()}
+        checked = {(c.asset_key.path[-1], c.check_name) for c in
+                   result.get_asset_check_evaluations() if c.passed}
+    assert description.startswith(f"1 of the selected tables of '{env.server_name}' failed")
+    assert f"{env.db}.customers (materialisation): " in description
+    assert materialised == {"orders", "empty_table"}
+    assert {("orders", "reconcile"), ("orders", "not_stale")} <= checked
+
+
 def test_reconcile_check_fails_the_job_when_target_and_source_differ(cdc_env, spark):
     env = cdc_env
     _seed(env)
