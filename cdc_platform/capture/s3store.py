@@ -470,6 +470,17 @@ class S3FileStore(FileStore):
         except ClientError as error:
             self._raise(error, prefix, "LIST")
 
+    def list_tree(self, *parts: str) -> list[tuple[str, ...]]:
+        """One prefix listing, without a delimiter (a request per thousand objects)."""
+        prefix = self._dir_prefix(*parts)
+        found = []
+        for page in self._pages(prefix):
+            for item in page.get("Contents", ()):
+                name = item["Key"][len(prefix):]
+                if name and not name.endswith("/"):  # (not a "directory marker" object)
+                    found.append(tuple(name.split("/")))
+        return found
+
     def list_files(self, *parts: str) -> list[FileInfo]:
         """From the listing: sizes, and upload times as modification times."""
         prefix = self._dir_prefix(*parts)

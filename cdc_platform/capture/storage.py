@@ -156,6 +156,19 @@ class FileStore(ABC):
         exist."""
         raise NotImplementedError(f"{self.uri_of(*parts)}: this storage backend lists no sizes")
 
+    def list_tree(self, *parts: str) -> list[tuple[str, ...]]:
+        """Every file below a directory, at any depth, as its path's parts below it; empty
+        when it does not exist. One listing where the backend has one (a prefix listing on
+        object storage: a request per thousand files, not one per directory)."""
+        found: list[tuple[str, ...]] = []
+        for name in self.list_names(*parts):
+            below = self.list_tree(*parts, name)
+            if below:
+                found.extend((name, *rest) for rest in below)
+            elif not self.list_names(*parts, name):
+                found.append((name,))
+        return found
+
     @abstractmethod
     def delete(self, *parts: str) -> None:
         """Remove a file; nothing when it does not exist."""
@@ -336,6 +349,14 @@ class LocalFileStore(FileStore):
             return sorted(entry.name for entry in directory.iterdir())
         except (FileNotFoundError, NotADirectoryError):
             return []
+
+    def list_tree(self, *parts: str) -> list[tuple[str, ...]]:
+        top = self.path(*parts)
+        found: list[tuple[str, ...]] = []
+        for directory, _, files in os.walk(top):
+            below = Path(directory).relative_to(top).parts
+            found.extend((*below, name) for name in files)
+        return found
 
     def list_files(self, *parts: str) -> list[FileInfo]:
         found = []

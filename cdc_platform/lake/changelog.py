@@ -27,6 +27,7 @@ from cdc_platform.capture.ddl.column_renames import ColumnRenames, column_mappin
 from cdc_platform.capture.landing.zone import (
     Checkpoint,
     LandingReader,
+    Survey,
     changelog_parts,
     column_renames_parts,
 )
@@ -94,6 +95,9 @@ class TableChangelog:
     landing: LandingReader
     database: str
     table: str
+    # What the landing zone held when a pass of the applier looked (``LandingReader.survey``):
+    # the checkpoint and listings from it, not a read and two listings of this table's own.
+    survey: Survey | None = None
 
     @classmethod
     def open(cls, landing_url: str, server_name: str, database: str, table: str, *,
@@ -107,7 +111,14 @@ class TableChangelog:
 
     def checkpoint(self) -> Checkpoint | None:
         """The engine's checkpoint, or None before its first one."""
+        if self.survey is not None:
+            return self.survey.checkpoint
         return self.landing.read_checkpoint()
+
+    def _segment_names(self) -> list[tuple[int, int, str]]:
+        if self.survey is not None:
+            return self.survey.segment_names(self.database, self.table)
+        return self.landing.segment_names(self.database, self.table)
 
     def recorded_schema(self) -> TableSchema | None:
         """The table's newest schema as the engine recorded it in ``tables.json`` (None if
@@ -125,7 +136,7 @@ class TableChangelog:
         landing, database, table = self.landing, self.database, self.table
         directory = changelog_parts(database, table)
         segments = []
-        for first, last, name in landing.segment_names(database, table):
+        for first, last, name in self._segment_names():
             if after_pos is not None and last <= after_pos:
                 continue
             if before_pos is not None and first >= before_pos:
@@ -142,7 +153,9 @@ class TableChangelog:
         landing, database, table = self.landing, self.database, self.table
         directory = column_renames_parts(database, table)
         found = []
-        for position, name in landing.column_renames_names(database, table):
+        names = self.survey.column_renames_names(database, table) if self.survey is not None \
+            else landing.column_renames_names(database, table)
+        for position, name in names:
             if position >= before_pos:
                 continue
             try:

@@ -24,7 +24,7 @@ import re
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -398,6 +398,28 @@ class SnapshotRequest:
         )
 
 
+@dataclass(frozen=True)
+class Survey:
+    """One look at a server's landing zone: the checkpoint, then every table's changelog
+    segments and column-rename records (``LandingReader.survey``). A pass of the applier reads
+    this once for all its tables, instead of a checkpoint read and two listings per table (on
+    object storage a request each: a thousand tables, thousands of requests a pass)."""
+
+    checkpoint: Checkpoint | None
+    # by a table's directory names (``table_parts``): (first_pos, last_pos, name), in order
+    segments: Mapping[tuple[str, str], list[tuple[int, int, str]]]
+    # by a table's directory names: (position, name) of its column-rename records, in order
+    renames: Mapping[tuple[str, str], list[tuple[int, str]]]
+
+    def segment_names(self, database: str, table: str) -> list[tuple[int, int, str]]:
+        """``LandingReader.segment_names`` as of the survey."""
+        return self.segments.get(table_parts(database, table), [])
+
+    def column_renames_names(self, database: str, table: str) -> list[tuple[int, str]]:
+        """``LandingReader.column_renames_names`` as of the survey."""
+        return self.renames.get(table_parts(database, table), [])
+
+
 class LandingReader:
     """One source server's folder in the landing zone, read through the file layer
     (``capture.storage``): what the lake reads, from any store the layer opens."""
@@ -442,6 +464,26 @@ class LandingReader:
             if match:
                 found.append((int(match.group(1)), int(match.group(2)), name))
         return sorted(found)
+
+    def survey(self) -> Survey:
+        """The checkpoint, then every table's segments and column-rename records, each set in
+        one listing. In that order: a segment below the checkpoint's ``next_pos`` was written
+        before the checkpoint, so the listing after the read finds it (a batch that skipped
+        one would consume past it: lost changes)."""
+        checkpoint = self.read_checkpoint()
+        segments: dict[tuple[str, str], list[tuple[int, int, str]]] = {}
+        for parts in self.store.list_tree(CHANGELOG_DIR):
+            if len(parts) == 3 and (match := SEGMENT_NAME.match(parts[2])):
+                segments.setdefault((parts[0], parts[1]), []).append(
+                    (int(match.group(1)), int(match.group(2)), parts[2]))
+        renames: dict[tuple[str, str], list[tuple[int, str]]] = {}
+        for parts in self.store.list_tree(COLUMN_RENAMES_DIR):
+            if len(parts) == 3 and (match := COLUMN_RENAMES_NAME.match(parts[2])):
+                renames.setdefault((parts[0], parts[1]), []).append(
+                    (int(match.group(1)), parts[2]))
+        for found in (*segments.values(), *renames.values()):
+            found.sort()
+        return Survey(checkpoint, segments, renames)
 
     def changelog_tables(self) -> list[tuple[str, str]]:
         """``(database, table)`` of every table with a changelog directory, in directory order.
