@@ -50,7 +50,6 @@ from pyiceberg.io import pyarrow as _pyiceberg_writer  # noqa: F401
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table, Transaction
 from pyiceberg.table.snapshots import Snapshot as IcebergSnapshot
-from pyiceberg.table.snapshots import ancestors_of
 from pyiceberg.types import (
     BinaryType,
     BooleanType,
@@ -101,7 +100,12 @@ from cdc_platform.lake.iceberg.properties import (
     target_properties,
 )
 from cdc_platform.lake.iceberg.rest import LakeRestCatalog, rest_catalog
-from cdc_platform.lake.iceberg.snapshots import CONSUMED_GTID, CONSUMED_POS, Snapshot, mark_of
+from cdc_platform.lake.iceberg.snapshots import (
+    CONSUMED_GTID,
+    CONSUMED_POS,
+    Snapshot,
+    marked_ancestor,
+)
 from cdc_platform.lake.range_assertions import Instruction, Interval, intervals
 
 log = logging.getLogger(__name__)
@@ -236,7 +240,7 @@ def load_into_empty(changelog: TableChangelog, lake: LocalHadoopCatalog | LakeRe
         base = table.current_snapshot()
         if base is None or live_rows(base) != 0:
             return None
-        marked = marked_ancestor(table)
+        marked = marked_snapshot(table)
         after_pos = marked.consumed_pos if marked is not None else None
     checkpoint = changelog.checkpoint()
     if checkpoint is None:
@@ -350,17 +354,11 @@ def live_rows(snapshot: IcebergSnapshot) -> int:
     return snapshot_of(snapshot).rows
 
 
-def marked_ancestor(table: Table) -> Snapshot | None:
-    """The newest snapshot of main's ancestry carrying a consumed mark (``snapshots.mark_of``),
-    walking back only as far as needed."""
-    current = table.current_snapshot()
-    if current is None:
-        return None
-    for ancestor in ancestors_of(current, table.metadata):
-        marked = mark_of([snapshot_of(ancestor)])
-        if marked is not None:
-            return marked
-    return None
+def marked_snapshot(table: Table) -> Snapshot | None:
+    """The newest snapshot of main's ancestry carrying a consumed mark, as the platform
+    reports snapshots (``snapshots.marked_ancestor``)."""
+    marked, _ = marked_ancestor(table)
+    return snapshot_of(marked) if marked is not None else None
 
 
 def fits(table: Table, schema: TableSchema, wanted: Schema, renames: Sequence[Any],

@@ -113,15 +113,23 @@ class LiveFiles:
         return sum(f.data.record_count for f in self.files)
 
 
+def manifests(table: Table, snapshot: Snapshot) -> tuple[ManifestFile, ...]:
+    """The snapshot's manifests (its manifest list, read once)."""
+    return CACHE.get(("manifest-list", snapshot.manifest_list),
+                     lambda: tuple(snapshot.manifests(table.io)),
+                     lambda found: 512 * (len(found) + 1))
+
+
 def entries(table: Table, snapshot: Snapshot) -> list[ManifestEntry]:
     """The snapshot's live manifest entries (data and delete files)."""
     found: list[ManifestEntry] = []
-    for manifest in snapshot.manifests(table.io):
-        found.extend(_manifest_entries(table, manifest))
+    for manifest in manifests(table, snapshot):
+        found.extend(entries_of(table, manifest))
     return found
 
 
-def _manifest_entries(table: Table, manifest: ManifestFile) -> list[ManifestEntry]:
+def entries_of(table: Table, manifest: ManifestFile) -> list[ManifestEntry]:
+    """A manifest's live entries (read once)."""
     return CACHE.get(("manifest", manifest.manifest_path),
                      lambda: manifest.fetch_manifest_entry(table.io, discard_deleted=True),
                      lambda found: 2048 * (len(found) + 1))

@@ -58,7 +58,13 @@ from pyiceberg.table.update import (
 from pyiceberg.typedef import Record
 from pyiceberg.types import LongType, StringType
 
-from cdc_platform.lake.iceberg.live_files import DELETE_FILE_PATH_ID, FILE, ROW
+from cdc_platform.lake.iceberg.live_files import (
+    DELETE_FILE_PATH_ID,
+    FILE,
+    ROW,
+    entries_of,
+    manifests,
+)
 
 MAIN = "main"
 # Iceberg's reserved field id of a position delete file's ``pos`` column (``file_path``'s:
@@ -173,9 +179,9 @@ def commit(catalog: Catalog, table: Table, base: Snapshot, added: Iterable[DataF
 
     removing = removed.entries if removed is not None else []
     removed_paths = {e.data_file.file_path for e in removing}
-    existing = [m for m in base.manifests(io)] if removed is None else \
-        _untouched_manifests(base, io, removed_paths)
-    manifests = [
+    existing = list(manifests(table, base)) if removed is None else \
+        _untouched_manifests(table, base, removed_paths)
+    listed = [
         *manifest(DataFileContent.DATA,
                   [e for e in removing if e.data_file.content == DataFileContent.DATA]),
         *manifest(DataFileContent.POSITION_DELETES,
@@ -189,7 +195,7 @@ def commit(catalog: Catalog, table: Table, base: Snapshot, added: Iterable[DataF
                              snapshot_id=snapshot_id, parent_snapshot_id=base.snapshot_id,
                              sequence_number=sequence_number,
                              avro_compression=compression) as writer:
-        writer.add_manifests(manifests)
+        writer.add_manifests(listed)
     snapshot = Snapshot(
         snapshot_id=snapshot_id,
         parent_snapshot_id=base.snapshot_id,
@@ -208,15 +214,16 @@ def commit(catalog: Catalog, table: Table, base: Snapshot, added: Iterable[DataF
     return Table(table.name(), response.metadata, response.metadata_location, io, catalog)
 
 
-def _untouched_manifests(base: Snapshot, io: object, removed: set[str]) -> list[ManifestFile]:
+def _untouched_manifests(table: Table, base: Snapshot, removed: set[str]
+                         ) -> list[ManifestFile]:
     """The base's manifests that list none of the ``removed`` files (the others are
     replaced by the commit's own, which list those files as deleted)."""
     kept = []
-    for manifest_file in base.manifests(io):
-        entries = manifest_file.fetch_manifest_entry(io, discard_deleted=True)
-        if not any(e.data_file.file_path in removed for e in entries):
+    for manifest_file in manifests(table, base):
+        listed = entries_of(table, manifest_file)
+        if not any(e.data_file.file_path in removed for e in listed):
             kept.append(manifest_file)
-        elif any(e.data_file.file_path not in removed for e in entries):
+        elif any(e.data_file.file_path not in removed for e in listed):
             raise ValueError(f"manifest {manifest_file.manifest_path} lists files both kept "
                              "and removed: a commit removes whole manifests' files only")
     return kept

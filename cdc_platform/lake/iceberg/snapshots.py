@@ -11,7 +11,13 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from pyiceberg.table.snapshots import ancestors_of
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+    from pyiceberg.table.snapshots import Snapshot as IcebergSnapshot
 
 # Snapshot summary properties this platform writes.
 CONSUMED_POS = "cdc.consumed-pos"
@@ -78,11 +84,28 @@ def snapshot_from_java(jvm: Any, java_snapshot: Any) -> Snapshot:
     )
 
 
+def has_mark(summary: Mapping[str, str]) -> bool:
+    """Whether a snapshot summary carries a consumed mark."""
+    return summary.get(CONSUMED_POS) not in (None, "") or CONSUMED_GTID in summary
+
+
 def mark_of(chain: list[Snapshot]) -> Snapshot | None:
     """The newest snapshot of ``chain`` (newest first) that carries a consumed mark.
 
     Maintenance commits (compaction) carry the mark of the snapshot they rewrote, so the
     mark survives snapshot expiry.
     """
-    return next((s for s in chain if s.consumed_pos is not None or
-                 CONSUMED_GTID in s.summary), None)
+    return next((s for s in chain if has_mark(s.summary)), None)
+
+
+def marked_ancestor(table: Table) -> tuple[IcebergSnapshot | None, int]:
+    """A pyiceberg table's (writers without Spark) newest snapshot of main's ancestry that
+    carries a consumed mark, and how many snapshots back it is (1: the current one; 0: none),
+    walking back only as far as needed."""
+    current = table.current_snapshot()
+    if current is None:
+        return None, 0
+    for depth, snapshot in enumerate(ancestors_of(current, table.metadata), start=1):
+        if has_mark(snapshot.summary or {}):
+            return snapshot, depth
+    return None, 0
