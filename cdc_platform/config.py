@@ -359,11 +359,18 @@ class LakeSettings(_Section):
     merge_interval_seconds: float = Field(
         default=5.0, ge=0,
         description="A table is merged at most once per this interval (from the start of one "
-        "merge to the start of the next). A merge costs a few seconds of CPU whatever its size "
-        "(Spark jobs, the Iceberg commit): merging a busy table back to back spends the "
-        "machine on that fixed cost, and the capture engine beside it then falls behind; a "
-        "longer interval merges more records per merge. Freshness is about this interval plus "
-        "a merge's duration.",
+        "merge to the start of the next): a longer interval merges more records per merge, "
+        "with fewer Iceberg commits, files and snapshots. Most merges take milliseconds "
+        "without Spark (pyarrow and pyiceberg); Spark's MERGE, for schema changes and very "
+        "large batches, costs seconds whatever its size. Freshness is about this interval plus "
+        "the time a pass over every busy table takes.",
+    )
+    merge_parallelism: int = Field(
+        default=4, ge=1, le=64,
+        description="Tables the applier merges at once (threads of its process; never one "
+        "table twice at once). Merges without Spark spend their time in pyarrow's reads and "
+        "writes and, on object storage, waiting on requests, so they overlap; Spark's take "
+        "turns.",
     )
     reconcile_every_merges: int = Field(
         default=0, ge=0,

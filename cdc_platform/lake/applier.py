@@ -36,6 +36,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -46,7 +47,7 @@ from cdc_platform.capture import names
 from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.gtid import parse_position
 from cdc_platform.capture.landing import retention
-from cdc_platform.capture.landing.zone import Checkpoint, LandingReader, LandingZone
+from cdc_platform.capture.landing.zone import Checkpoint, LandingReader, LandingZone, Survey
 from cdc_platform.capture.s3store import S3Options
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.protocol import (
@@ -56,7 +57,8 @@ from cdc_platform.capture.snapshot.protocol import (
 )
 from cdc_platform.capture.source import SourceSession, TableSelector, missing_table
 from cdc_platform.lake.arrow_load import target_rows
-from cdc_platform.lake.changelog import read_checkpoint
+from cdc_platform.lake.arrow_merge import upkeep_without_spark
+from cdc_platform.lake.changelog import TableChangelog
 from cdc_platform.lake.iceberg.lake import Lake
 from cdc_platform.lake.iceberg.maintenance import ORPHAN_MIN_AGE
 from cdc_platform.lake.iceberg.table import LakeTable
@@ -81,6 +83,7 @@ class ApplierOptions:
     selector: TableSelector
     poll_seconds: float = 2.0
     merge_interval_seconds: float = 5.0
+    merge_parallelism: int = 4
     reconcile_every_merges: int = 0
     reconcile_interval_seconds: float = 3600.0
     reconcile_range_rows: int = 10_000
@@ -108,6 +111,7 @@ class ApplierOptions:
             selector=source_sql.selector_from_settings(settings),
             poll_seconds=lake.poll_seconds,
             merge_interval_seconds=lake.merge_interval_seconds,
+            merge_parallelism=lake.merge_parallelism,
             reconcile_every_merges=lake.reconcile_every_merges,
             reconcile_interval_seconds=lake.reconcile_interval_minutes * 60,
             reconcile_range_rows=settings.reconcile.range_rows,
@@ -189,6 +193,7 @@ class _TableState:
     failures: int = 0
     retry_at: float = 0.0
     merges_since_expiry: int = 0
+    spark_upkeep: str = ""  # why the table needs Spark's compaction (too large without it)
     merge_started: float = -1e9  # (monotonic) when its last committed merge started
     last_compaction: float = -1e9
     loaded: bool = False  # the target is known to hold rows
@@ -292,6 +297,9 @@ class Applier:
         self.cycles = 0
         self.merges = 0
         self._housekept = False  # (this pass compacted or reconciled a table already)
+        self._pool: ThreadPoolExecutor | None = None  # (merges of a pass, in parallel)
+        self._pool_size = 0
+        self._spark_lock = threading.Lock()  # (merge threads may ask for the session at once)
         self._last_sweep = time.monotonic()
         self._landing = LandingReader.open(options.landing_url, options.server_name,
                                            s3=options.s3)
@@ -302,6 +310,12 @@ class Applier:
     def spark(self) -> SparkSession:
         """The applier's Spark session (started on first use when given as a function, or
         taken from its start in the background)."""
+        if isinstance(self._spark, SparkSession):
+            return self._spark
+        with self._spark_lock:
+            return self._session()
+
+    def _session(self) -> SparkSession:
         if isinstance(self._spark, SparkSession):
             return self._spark
         if self._starting is not None:
@@ -348,10 +362,15 @@ class Applier:
     def run(self, stop: threading.Event) -> None:
         if isinstance(self._spark, SparkSession):
             ensure_lake_conf(self._spark)
-        while not stop.is_set():
-            started = time.monotonic()
-            self.cycle(stop)
-            stop.wait(self._until_next_cycle(started))
+        try:
+            while not stop.is_set():
+                started = time.monotonic()
+                self.cycle(stop)
+                stop.wait(self._until_next_cycle(started))
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
 
     def _until_next_cycle(self, started: float) -> float:
         """Seconds until the next pass: ``poll_seconds`` after this one started, or sooner when
@@ -370,20 +389,32 @@ class Applier:
         return max(0.0, due - now)
 
     def cycle(self, stop: threading.Event | None = None) -> None:
-        """One pass: merge every table with new records, then the housekeeping that is due."""
+        """One pass: merge every table with new records (``merge_parallelism`` at a time),
+        then the housekeeping that is due. The landing zone is read once for all tables
+        (``LandingReader.survey``: the checkpoint, then one listing of every table's segments
+        and one of their column renames)."""
         self.cycles += 1
         self._housekept = False
-        checkpoint = read_checkpoint(self.options.landing_url, self.options.server_name,
-                                     s3=self.options.s3)
+        survey = self._landing.survey()
+        checkpoint = survey.checkpoint
         if checkpoint is None:
             return
         tables = self.tables()
         turn = self.cycles % len(tables) if tables else 0
         self._pass_pending = self._pass_merges = False
+        due: list[TableSchema] = []
         for schema in tables[turn:] + tables[:turn]:
             if stop is not None and stop.is_set():
                 return
-            self._apply(schema, checkpoint)
+            if self._due(schema, checkpoint, survey):
+                due.append(schema)
+        if due:
+            self._pass_merges = True
+            self._merge_all(due, survey, stop)
+        for schema in tables[turn:] + tables[:turn]:  # (one heavy task a pass, in turn)
+            state = self.states[schema.table_id]
+            if state.spark_upkeep and not self._housekept:
+                self._maybe_compact(schema, state, {}, reason=state.spark_upkeep)
         if not self._pass_pending or self._only_long_waits():
             self._start_spark_in_background()
         if self.sweep_landing_zone and (
@@ -412,46 +443,129 @@ class Applier:
             self.states.setdefault(table_id, _TableState())
         return found
 
-    def pending(self, schema: TableSchema, checkpoint: Checkpoint) -> bool:
-        """Whether segments may hold records of the table past its consumed mark."""
+    def pending(self, schema: TableSchema, checkpoint: Checkpoint,
+                survey: Survey | None = None) -> bool:
+        """Whether segments may hold records of the table past its consumed mark (as the
+        pass's ``survey`` lists them, else as listed now)."""
         state = self.states[schema.table_id]
         if not state.known:
             return True
         after = state.consumed_pos
+        names = survey.segment_names(schema.database, schema.table) if survey is not None \
+            else self._landing.segment_names(schema.database, schema.table)
         return any((after is None or last > after) and first < checkpoint.next_pos
-                   for first, last, _ in self._landing.segment_names(schema.database,
-                                                                     schema.table))
+                   for first, last, _ in names)
 
     def _target(self, schema: TableSchema) -> LakeTable:
         return Lake(self.spark, self.options.warehouse_url, self.options.catalog).table(
             self.options.server_name, schema.database, schema.table)
 
-    def _apply(self, schema: TableSchema, checkpoint: Checkpoint) -> None:
+    def _due(self, schema: TableSchema, checkpoint: Checkpoint, survey: Survey) -> bool:
+        """Whether the table is merged in this pass; a table with nothing new gets its
+        housekeeping instead (reconcile, orphan files: one heavy task a pass)."""
         state = self.states[schema.table_id]
         now = time.monotonic()
         if now < state.retry_at or now - state.merge_started < self.options.merge_interval_seconds:
-            return
-        if not self.pending(schema, checkpoint):
+            return False
+        if not self.pending(schema, checkpoint, survey):
             self._after_catch_up(schema, state)
             self._maybe_remove_orphans(schema, state)
-            return
+            return False
         self._pass_pending = True
         state.awaiting_snapshot = self._loading(schema, state, checkpoint)
         if state.awaiting_snapshot:
             if state.awaiting_since is None:
                 state.awaiting_since = now
-            return
+            return False
         state.awaiting_since = None
-        self._pass_merges = True
+        return True
+
+    def _merge_all(self, due: list[TableSchema], survey: Survey,
+                   stop: threading.Event | None) -> None:
+        """Merge the due tables, ``merge_parallelism`` at a time (never one table twice at
+        once: a table is due once a pass), and record each outcome in this thread as it comes.
+        Merges without Spark spend most of their time in pyarrow (reading, writing Parquet)
+        and, on object storage, waiting on requests: they overlap; Spark's take turns in the
+        session (``locks.spark_commits``)."""
+        started = {schema.table_id: time.monotonic() for schema in due}
+        workers = max(1, min(self.options.merge_parallelism, len(due)))
+        if workers == 1:
+            for schema in due:
+                if stop is not None and stop.is_set():
+                    return
+                self._merged(schema, started[schema.table_id],
+                             lambda schema=schema: self._merge(schema, survey))
+            return
+        if self._pool is None or self._pool_size != workers:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+            self._pool = ThreadPoolExecutor(max_workers=workers,
+                                            thread_name_prefix="applier-merge")
+            self._pool_size = workers
+        futures = {}
+        for schema in due:
+            if stop is not None and stop.is_set():
+                break
+            futures[self._pool.submit(self._merge, schema, survey)] = schema
+        for future in as_completed(futures):
+            schema = futures[future]
+            self._merged(schema, started[schema.table_id], future.result)
+
+    def _merge(self, schema: TableSchema, survey: Survey
+               ) -> tuple[MergeResult, Maintained | None]:
+        """One table's merge and, when it made the table need it, its compaction or snapshot
+        expiry without Spark (``lake.arrow_merge.upkeep_without_spark``); in a worker thread."""
+        options = self.options
+        changelog = TableChangelog(self._landing, schema.database, schema.table, survey)
+        result = materialise(lambda: self.spark, options.landing_url, options.warehouse_url,
+                             options.server_name, schema, schema.database, schema.table,
+                             catalog=options.catalog, s3=options.s3, changelog=changelog)
+        maintained = None
+        if result.committed and result.snapshot is not None and not result.spark:
+            maintained = self._upkeep_without_spark(schema, result)
+        return result, maintained
+
+    def _upkeep_without_spark(self, schema: TableSchema, result: MergeResult
+                              ) -> Maintained | None:
+        """Compact a table past the file or delete thresholds and expire its snapshots past
+        ``max_snapshots`` (with some slack: expiry is a commit of its own), without Spark,
+        right after its merge; a table too large for that is left to Spark's compaction
+        (``_TableState.spark_upkeep``, one a pass)."""
+        options, state = self.options, self.states[schema.table_id]
+        assert result.snapshot is not None
+        deletes_count = (time.monotonic() - state.last_compaction
+                         >= DELETE_COMPACTION_INTERVAL_SECONDS)
+        reason = compaction_reason(result.snapshot.metadata(), options.compact_min_files,
+                                   options.compact_delete_ratio if deletes_count else None)
+        count = result.snapshot_count or 0
+        expire = count >= options.max_snapshots + max(10, options.max_snapshots // 10)
+        if reason is None and not expire:
+            return None
+        report = upkeep_without_spark(
+            options.warehouse_url, options.catalog, options.server_name, schema.database,
+            schema.table, options.s3, compact=reason is not None,
+            keep=options.max_snapshots if expire else None)
+        if reason is not None and not (report or {}).get("concurrent_commit"):
+            if report is None or "compaction_seconds" not in report:
+                state.spark_upkeep = reason  # (too large: Spark's actions, in a later pass)
+            else:
+                state.last_compaction = time.monotonic()
+        if not report:
+            return None
+        why = ", ".join(filter(None, [reason, f"{count} snapshots (at most "
+                                      f"{options.max_snapshots} kept)" if expire else ""]))
+        return Maintained(schema, f"{why} (without Spark)", report)
+
+    def _merged(self, schema: TableSchema, started: float,
+                outcome: Callable[[], tuple[MergeResult, Maintained | None]]) -> None:
+        """Record one table's merge (``outcome`` returns it or raises its error)."""
+        state = self.states[schema.table_id]
         try:
-            result = materialise(lambda: self.spark, self.options.landing_url,
-                                 self.options.warehouse_url, self.options.server_name, schema,
-                                 schema.database, schema.table, catalog=self.options.catalog,
-                                 s3=self.options.s3)
+            result, maintained = outcome()
         except Exception as error:  # noqa: BLE001 - one table's failure leaves the others going
             state.failures += 1
-            state.retry_at = now + min(RETRY_SECONDS * 2 ** (state.failures - 1),
-                                       MAX_RETRY_SECONDS)
+            state.retry_at = time.monotonic() + min(
+                RETRY_SECONDS * 2 ** (state.failures - 1), MAX_RETRY_SECONDS)
             text = str(error).strip().splitlines()[0] if str(error).strip() else type(
                 error).__name__
             log.warning("applier: merging %s failed (%d in a row): %s", schema.table_id,
@@ -463,13 +577,15 @@ class Applier:
         state.known = True
         state.loaded = state.loaded or result.rows > 0
         if result.committed:
-            state.merge_started = now
+            state.merge_started = started
             state.merges += 1
             state.merges_since_reconcile += 1
             state.merges_since_expiry += 1
             self.merges += 1
             self.emit(Applied(schema, result))
-            if result.snapshot is not None:
+            if maintained is not None:
+                self.emit(maintained)
+            elif result.spark and result.snapshot is not None:
                 self._maybe_compact(schema, state, result.snapshot.metadata())
         self._after_catch_up(schema, state)
         self._maybe_remove_orphans(schema, state)
@@ -503,10 +619,12 @@ class Applier:
     # -- housekeeping ---------------------------------------------------------------------
 
     def _maybe_compact(self, schema: TableSchema, state: _TableState,
-                       metadata: Mapping[str, Any]) -> None:
+                       metadata: Mapping[str, Any], reason: str | None = None) -> None:
         """Compact the table past the file or delete thresholds, and expire its oldest
-        snapshots past ``max_snapshots`` (``LakeTable.maintain`` does both, mark kept); not
-        when this pass compacted or reconciled already (the next merge judges again)."""
+        snapshots past ``max_snapshots`` (``LakeTable.maintain`` does both, mark kept), with
+        Spark's actions; not when this pass compacted or reconciled already (the next merge
+        judges again). ``reason``: compact for it (a table too large to compact without
+        Spark, ``_upkeep_without_spark``)."""
         options = self.options
         if self._housekept:
             return
@@ -514,8 +632,10 @@ class Applier:
         # it that often made the rows landing meanwhile wait; the file count always counts)
         deletes_count = (time.monotonic() - state.last_compaction
                          >= DELETE_COMPACTION_INTERVAL_SECONDS)
-        reason = compaction_reason(metadata, options.compact_min_files,
-                                   options.compact_delete_ratio if deletes_count else None)
+        if reason is None:
+            reason = compaction_reason(metadata, options.compact_min_files,
+                                       options.compact_delete_ratio if deletes_count else None)
+        state.spark_upkeep = ""
         older_than = datetime.now(UTC) - timedelta(hours=options.snapshot_retention_hours)
         if state.merges_since_expiry >= EXPIRY_CHECK_MERGES:
             state.merges_since_expiry = 0

@@ -58,13 +58,15 @@ from cdc_platform.lake.arrow_load import (
     lake_catalog,
     live_rows,
     load_into_empty,
-    marked_ancestor,
+    marked_snapshot,
     project,
     snapshot_of,
 )
 from cdc_platform.lake.changelog import TableChangelog
 from cdc_platform.lake.fold import arrow_fold_latest, arrow_stats
+from cdc_platform.lake.iceberg import upkeep
 from cdc_platform.lake.iceberg.catalog import quote
+from cdc_platform.lake.iceberg.commit import ConcurrentCommitError
 from cdc_platform.lake.iceberg.hadoop import LocalHadoopCatalog
 from cdc_platform.lake.iceberg.live_files import (
     FILE,
@@ -111,6 +113,7 @@ class Merged:
     snapshot_rows: int = 0
     asserted: int = 0
     appended: bool = False
+    snapshot_count: int | None = None  # the table's snapshots after it
     seconds: dict[str, float] = field(default_factory=dict)  # where the time went
 
 
@@ -144,6 +147,35 @@ def materialise_without_spark(changelog: TableChangelog, warehouse_url: str, cat
         return _merge(changelog, lake, identifier, table, started)
 
 
+def upkeep_without_spark(warehouse_url: str, catalog: Any, server_name: str, database: str,
+                         table: str, s3: Any = None, *, compact: bool,
+                         keep: int | None) -> dict[str, Any] | None:
+    """Compact the target (``compact``) and expire its snapshots down to ``keep`` (None: no
+    expiry) without Spark (``iceberg.upkeep``), under its commit lock. The report of what was
+    done ({} when nothing was due); None when the catalog is not one this path commits to.
+    A compaction the table is too large for is left out of the report (Spark's, then); a
+    writer committing meanwhile leaves it to the next merge (logged)."""
+    lake = lake_catalog(warehouse_url, catalog, s3)
+    identifier = identifier_of(lake, server_name, database, table) if lake is not None \
+        else None
+    if lake is None or identifier is None:
+        return None
+    report: dict[str, Any] = {}
+    with _locked(lake, identifier):
+        try:
+            target = lake.load_table(identifier)
+            if compact:
+                report.update(upkeep.compact(lake, target) or {})
+                target = lake.load_table(identifier)
+            if keep is not None:
+                report.update(upkeep.expire(lake, target, keep) or {})
+        except ConcurrentCommitError as error:
+            log.info("%s.%s: maintenance met a concurrent commit (%s); the next merge judges "
+                     "again", database, table, error)
+            report["concurrent_commit"] = True
+    return report
+
+
 @contextlib.contextmanager
 def _locked(lake: LocalHadoopCatalog | LakeRestCatalog, identifier: tuple[str, str]
             ) -> Iterator[None]:
@@ -169,7 +201,7 @@ def _merge(changelog: TableChangelog, lake: LocalHadoopCatalog | LakeRestCatalog
     base = table.current_snapshot()
     assert base is not None
     name = f"{quote(lake.name)}.{quote(identifier[0])}.{quote(identifier[1])}"
-    marked = marked_ancestor(table)
+    marked = marked_snapshot(table)
     after_pos = marked.consumed_pos if marked is not None else None
     checkpoint = changelog.checkpoint()
     if checkpoint is None:
@@ -264,6 +296,7 @@ def _merge(changelog: TableChangelog, lake: LocalHadoopCatalog | LakeRestCatalog
         updates=0 if appended else counts["updated"],
         deletes=0 if appended else counts["deleted"] + asserted,
         snapshot_rows=counts[SNAPSHOT_ROW], asserted=asserted, appended=appended,
+        snapshot_count=len(committed.metadata.snapshots),
         seconds={k: round(v, 4) for k, v in seconds.items()})
 
 

@@ -111,6 +111,7 @@ class MergeResult:
     oldest_source_ms: int | None = None  # and of the oldest
     appended: bool = False  # the batch went into an empty table as an append, not a MERGE
     spark: bool = True  # Spark wrote it (else pyarrow and pyiceberg: ``lake.arrow_merge``)
+    snapshot_count: int | None = None  # the table's snapshots after it (known without Spark)
 
     @property
     def lag_seconds(self) -> float | None:
@@ -179,6 +180,7 @@ def materialise(
     catalog: Any = None,
     s3: S3Options | None = None,
     spark_free: bool = True,
+    changelog: TableChangelog | None = None,
 ) -> MergeResult:
     """Fold the table's new changelog records into its Iceberg table, as one snapshot.
 
@@ -191,10 +193,12 @@ def materialise(
     Without Spark where it applies (``lake.arrow_merge``: the batch folded and matched by
     pyarrow, written by pyiceberg; an append into an empty target), else by Spark's MERGE;
     ``spark_free=False``: always Spark. So ``spark`` may be a function that returns the
-    session: it is called only when Spark is needed.
+    session: it is called only when Spark is needed. ``changelog``: the table's changelog as
+    the caller opened it (the applier's, with its pass's ``survey`` of the landing zone).
     """
     started = time.monotonic()
-    changelog = TableChangelog.open(landing_url, server_name, database, table, s3=s3)
+    if changelog is None:
+        changelog = TableChangelog.open(landing_url, server_name, database, table, s3=s3)
     target: LakeTable | None = None
 
     def without_spark() -> Merged | None:
@@ -255,6 +259,7 @@ def _merged_result(changelog: TableChangelog, merged: Merged, started: float,
         oldest_source_ms=merged.oldest_ms,
         appended=merged.appended,
         spark=False,
+        snapshot_count=merged.snapshot_count,
     )
     if merged.committed:
         log.info("materialised %s", result)
