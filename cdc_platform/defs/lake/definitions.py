@@ -85,10 +85,21 @@ def _check_specs(settings: Settings, schema: TableSchema) -> list[dg.AssetCheckS
 def staleness(settings: Settings, schema: TableSchema, consumed_pos: int | None) -> str | None:
     """Why the target (consumed up to ``consumed_pos``) is stale after a DDL, or None; markers
     whose re-snapshot the target has applied are forgotten (``capture.ddl.stale_markers``)."""
+    return stalenesses(settings, [(schema, consumed_pos)])[schema.table_id]
+
+
+def stalenesses(settings: Settings, targets: list[tuple[TableSchema, int | None]]
+                ) -> dict[str, str | None]:
+    """``staleness`` of several targets, the markers read once (the applier's merges of a
+    thousand tables: one read of the markers, not one per merge)."""
     landing = LandingZone.from_settings(settings)
     markers = stale_markers.resolve_markers(landing)
-    stale_markers.forget_applied(landing, markers, schema.table_id, consumed_pos)
-    return stale_markers.target_staleness(markers, schema.table_id, consumed_pos)
+    found = {}
+    for schema, consumed_pos in targets:
+        stale_markers.forget_applied(landing, markers, schema.table_id, consumed_pos)
+        found[schema.table_id] = stale_markers.target_staleness(markers, schema.table_id,
+                                                                consumed_pos)
+    return found
 
 
 class _Targets:
