@@ -137,9 +137,12 @@ class Applied:
     def describe(self) -> str:
         result = self.result
         lag = f", lag {result.lag_seconds:.1f} s" if result.lag_seconds is not None else ""
+        wait = (f", oldest change waited {result.wait_seconds:.1f} s"
+                if result.wait_seconds is not None else "")
         return (f"{self.schema.table_id}: {result.records_read} records "
                 f"{'appended' if result.appended else 'merged'} in "
-                f"{result.duration_seconds:.1f} s{lag}")
+                f"{result.duration_seconds:.2f} s{lag}{wait}"
+                f"{'' if result.spark else ' (without Spark)'}")
 
 
 @dataclass(frozen=True)

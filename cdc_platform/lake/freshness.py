@@ -78,14 +78,18 @@ def judge(facts: Facts) -> Verdict:
 
 
 def oldest_pending_seconds(landing: LandingReader, database: str, table: str,
-                           consumed_pos: int | None, next_pos: int) -> float | None:
+                           consumed_pos: int | None, next_pos: int,
+                           names: list[tuple[int, int, str]] | None = None) -> float | None:
     """Source commit time (seconds) of the oldest landed record of the table past its target's
     consumed mark and before the checkpoint's ``next_pos``; None when there is none.
 
     Read from the first such segment's footer statistics (``__cdc_ts_ms``), so no data is
-    read; a segment without statistics counts from its file's modification time.
+    read; a segment without statistics counts from its file's modification time. ``names``:
+    the table's segments as a survey listed them (``LandingReader.survey``), else listed now.
     """
-    for first, last, name in landing.segment_names(database, table):
+    if names is None:
+        names = landing.segment_names(database, table)
+    for first, last, name in names:
         if (consumed_pos is not None and last <= consumed_pos) or first >= next_pos:
             continue
         filesystem, path = landing.store.arrow(*changelog_parts(database, table), name)

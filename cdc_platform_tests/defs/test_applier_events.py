@@ -2,21 +2,58 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import dagster as dg
 
 from cdc_platform.capture.schema import TableSchema
-from cdc_platform.defs.lake.applier import LogLine, _events_to_dagster
+from cdc_platform.defs.lake.applier import MERGE_LINES, LogLine, _events_to_dagster
 from cdc_platform.defs.lake.definitions import target_key
-from cdc_platform.lake.applier import Waiting
+from cdc_platform.lake.applier import Applied, Waiting
+from cdc_platform.lake.iceberg.snapshots import Snapshot
+from cdc_platform.lake.merge import MergeResult
 from cdc_platform_tests.conftest import CdcEnv
 
 
 def test_a_target_waiting_for_its_snapshot_is_observed_with_the_reason(cdc_env: CdcEnv) -> None:
     settings = cdc_env.settings
     schema = TableSchema(cdc_env.db, "t", (), ("id",))
-    line, observation = _events_to_dagster(settings, Waiting(schema, "s1", 30.0))
+    line, observation = _events_to_dagster(settings, [Waiting(schema, "s1", 30.0)])
     assert isinstance(line, LogLine) and "waits for snapshot session s1" in line.text
     assert isinstance(observation, dg.AssetObservation)
     assert observation.asset_key == target_key(settings, schema)
     assert observation.metadata["waiting_for_snapshot"].value == "s1"
     assert "one append" in observation.metadata["waiting_reason"].value
+
+
+def _merged(schema: TableSchema, waited_ms: int) -> Applied:
+    committed = datetime(2026, 11, 28, 12, 0, 10, tzinfo=UTC)
+    now_ms = int(committed.timestamp() * 1000)
+    return Applied(schema, MergeResult(
+        table_id=schema.table_id, identifier=f"lake.x.{schema.table}",
+        snapshot=Snapshot(1, None, committed, "overwrite", {"total-records": "3"}),
+        committed=True, rows=3, inserts=1, updates=1, deletes=0, records_read=4,
+        consumed_pos=7, consumed_gtid="0-1-7", duration_seconds=0.02, schema_changed=False,
+        newest_source_ms=now_ms - 1000, oldest_source_ms=now_ms - waited_ms, spark=False))
+
+
+def test_many_merges_relayed_at_once_are_one_line_and_a_materialisation_each(
+        cdc_env: CdcEnv) -> None:
+    """A thousand tables merging every few seconds would be a log line each: a batch of many
+    merges is said in one line; each table still has its materialisation, with the oldest
+    change's wait beside the newest's lag."""
+    settings = cdc_env.settings
+    schemas = [TableSchema(cdc_env.db, f"t{i}", (), ("id",)) for i in range(MERGE_LINES + 3)]
+    items = list(_events_to_dagster(settings, [_merged(s, 1000 * (i + 2))
+                                               for i, s in enumerate(schemas)]))
+    lines = [item for item in items if isinstance(item, LogLine)]
+    assert len(lines) == 1 and lines[0].text.startswith(f"applier: {len(schemas)} tables merged")
+    assert f"oldest change waited up to {len(schemas) + 1:.1f} s" in lines[0].text
+    materialised = [item for item in items if isinstance(item, dg.AssetMaterialization)]
+    assert [m.asset_key for m in materialised] == [target_key(settings, s) for s in schemas]
+    first = materialised[0].metadata
+    assert (first["lag_seconds"].value, first["wait_seconds"].value) == (1.0, 2.0)
+    assert first["written_by"].value == "pyarrow" and first["stale"].value is False
+    few = list(_events_to_dagster(settings, [_merged(s, 2000) for s in schemas[:2]]))
+    assert [type(item).__name__ for item in few] == [
+        "LogLine", "AssetMaterialization", "LogLine", "AssetMaterialization"]

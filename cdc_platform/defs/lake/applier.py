@@ -18,6 +18,7 @@ import os
 import socket
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,7 @@ from cdc_platform.capture.landing.zone import LandingReader
 from cdc_platform.capture.names import joined_name
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.config import Settings
-from cdc_platform.defs.lake.definitions import staleness, target_key
+from cdc_platform.defs.lake.definitions import stalenesses, target_key
 from cdc_platform.defs.names import scoped_name, single_asset_check
 from cdc_platform.defs.signals.sensors import ACTIVE_STATUSES
 from cdc_platform.defs.streaming.definitions import STREAM_TAG
@@ -42,6 +43,8 @@ APPLIER_TAG = "cdc_platform/applier"
 PID_TAG = "cdc_platform/applier_pid"
 HOST_TAG = "cdc_platform/applier_host"
 REASON_TAG = "cdc_platform/launched_because"
+# Segment footers the freshness judgement reads at once (a request each on object storage).
+FOOTER_READERS = 8
 # The fresh check's result is recorded when it changes, and at least this often.
 REPORT_EVERY_SECONDS = 300.0
 STOP_GRACE_SECONDS = 120.0
@@ -65,8 +68,39 @@ class LogLine:
     text: str
 
 
-def _events_to_dagster(settings: Settings, event: Any) -> Iterable[Any]:
-    """Dagster events (and ``LogLine``s) for one applier event."""
+# A relay of more merges than this says them in one line (each still materialises its table).
+MERGE_LINES = 5
+
+
+def _events_to_dagster(settings: Settings, events: list[Any]) -> Iterable[Any]:
+    """Dagster events (and ``LogLine``s) for a batch of applier events: the stale markers are
+    read once for the batch's merges, and a batch of many merges is one log line (a thousand
+    tables merging every few seconds would be a log line each)."""
+    from cdc_platform.lake.applier import Applied
+
+    applied = [e for e in events if isinstance(e, Applied)]
+    stale = stalenesses(settings, [(e.schema, e.result.consumed_pos) for e in applied]) \
+        if applied else {}
+    if len(applied) > MERGE_LINES:
+        yield LogLine("info", _merges_line(applied))
+    for event in events:
+        yield from _event_to_dagster(settings, event, stale, len(applied) <= MERGE_LINES)
+
+
+def _merges_line(applied: list[Any]) -> str:
+    """One line for many merges: how many, their records, the longest waits, the tables."""
+    records = sum(e.result.records_read for e in applied)
+    waits = [e.result.wait_seconds for e in applied if e.result.wait_seconds is not None]
+    spark = sum(1 for e in applied if e.result.spark)
+    names = ", ".join(e.schema.table_id for e in applied[:10])
+    more = f" and {len(applied) - 10} more" if len(applied) > 10 else ""
+    return (f"applier: {len(applied)} tables merged ({records} records"
+            + (f", oldest change waited up to {max(waits):.1f} s" if waits else "")
+            + (f", {spark} by Spark" if spark else "") + f"): {names}{more}")
+
+
+def _event_to_dagster(settings: Settings, event: Any, stale: dict[str, str | None],
+                      line: bool) -> Iterable[Any]:
     from cdc_platform.lake.applier import (
         Applied,
         Failed,
@@ -78,12 +112,13 @@ def _events_to_dagster(settings: Settings, event: Any) -> Iterable[Any]:
 
     if isinstance(event, Applied):
         result, schema = event.result, event.schema
-        stale = staleness(settings, schema, result.consumed_pos)
-        yield LogLine("info", event.describe())
+        reason = stale.get(schema.table_id)
+        if line:
+            yield LogLine("info", event.describe())
         yield dg.AssetMaterialization(
             asset_key=target_key(settings, schema),
             description=f"merged by {JOB_NAME}",
-            metadata={"stale": stale is not None, "stale_reason": stale or "",
+            metadata={"stale": reason is not None, "stale_reason": reason or "",
                       **result.metadata()})
     elif isinstance(event, Failed):
         yield LogLine("warning", f"{event.schema.table_id}: merge failed ({event.attempts} in a row; "
@@ -150,15 +185,16 @@ def build_job(settings: Settings) -> dg.JobDefinition:
 
         def relay() -> None:
             while pending:
-                event = pending.pop(0)
+                events = pending[:]
+                del pending[:len(events)]  # (the applier's thread appends meanwhile)
                 try:
-                    for item in _events_to_dagster(settings, event):
+                    for item in _events_to_dagster(settings, events):
                         if isinstance(item, LogLine):
                             getattr(context.log, item.level)(item.text)
                         else:
                             context.log_event(item)
                 except Exception as error:  # noqa: BLE001 - a report must not stop the merges
-                    context.log.error(f"applier: could not record {type(event).__name__} "
+                    context.log.error(f"applier: could not record {len(events)} events "
                                       f"({error!r})")
 
         def progress() -> None:
@@ -218,10 +254,14 @@ def judge_targets(instance: dg.DagsterInstance, settings: Settings,
                   tables: list[TableSchema], applier_running: bool,
                   applier_problem: str = "") -> dict[str, freshness.Verdict]:
     """Every target's freshness verdict now (no Spark: run records, the checkpoint, segment
-    footers and each target's newest materialisation)."""
+    footers and each target's newest materialisation). Whatever the number of tables: one
+    survey of the landing zone, one query for the targets' newest materialisations, and the
+    footers of the tables with pending segments read ``FOOTER_READERS`` at a time (on object
+    storage a request each)."""
     server = settings.source.server_name
     landing = LandingReader.open(settings.landing_zone.url, server, s3=settings.s3.options())
-    checkpoint = landing.read_checkpoint()
+    survey = landing.survey()
+    checkpoint = survey.checkpoint
     limit = settings.lake.freshness_seconds
     age = _checkpoint_age(checkpoint) if checkpoint is not None else None
     engine_running = bool(_active_runs(instance, STREAM_TAG, server)) or (
@@ -230,23 +270,30 @@ def judge_targets(instance: dg.DagsterInstance, settings: Settings,
     if checkpoint is not None and checkpoint.lag_seconds is not None and age is not None \
             and age <= limit:
         engine_lag = float(checkpoint.lag_seconds)
-    verdicts = {}
+    latest = instance.get_latest_materialization_events(
+        [target_key(settings, schema) for schema in tables]) if tables else {}
+
+    def oldest(schema: TableSchema) -> float | None:
+        if checkpoint is None:
+            return None
+        consumed = _consumed_position(latest.get(target_key(settings, schema)))
+        return freshness.oldest_pending_seconds(
+            landing, schema.database, schema.table, consumed, checkpoint.next_pos,
+            names=survey.segment_names(schema.database, schema.table))
+
+    with ThreadPoolExecutor(max_workers=FOOTER_READERS) as pool:
+        pending = dict(zip([t.table_id for t in tables], pool.map(oldest, tables),
+                           strict=True))
     now = time.time()
-    for schema in tables:
-        consumed = _consumed_position(instance, target_key(settings, schema))
-        oldest = None
-        if checkpoint is not None:
-            oldest = freshness.oldest_pending_seconds(landing, schema.database, schema.table,
-                                                      consumed, checkpoint.next_pos)
-        verdicts[schema.table_id] = freshness.judge(freshness.Facts(
-            now=now, freshness_seconds=limit, engine_running=engine_running,
-            engine_lag_seconds=engine_lag, applier_running=applier_running,
-            oldest_pending=oldest, applier_problem=applier_problem))
-    return verdicts
+    return {schema.table_id: freshness.judge(freshness.Facts(
+        now=now, freshness_seconds=limit, engine_running=engine_running,
+        engine_lag_seconds=engine_lag, applier_running=applier_running,
+        oldest_pending=pending[schema.table_id], applier_problem=applier_problem))
+        for schema in tables}
 
 
-def _consumed_position(instance: dg.DagsterInstance, key: dg.AssetKey) -> int | None:
-    event = instance.get_latest_materialization_event(key)
+def _consumed_position(event: Any) -> int | None:
+    """The consumed position a target's newest materialisation recorded (None: none)."""
     if event is None or event.asset_materialization is None:
         return None
     value = event.asset_materialization.metadata.get("consumed_position")
