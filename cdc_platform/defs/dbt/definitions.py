@@ -6,19 +6,15 @@ has the lake's Iceberg catalog as its default catalog (``project.spark_conf``): 
 the lake tables directly and are Iceberg tables themselves, in ``<server>_analytics``. The
 sources carry the target assets' keys, so the asset graph reads
 changelog -> target tables -> dbt models, and dbt tests become asset checks on the models.
+dagster_dbt (some 1.8 s of imports) is imported only for a source with the inventory tables
+(``assets.py``): every process loading the code location pays it, each run's too.
 """
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import dagster as dg
-from dagster_dbt import (
-    DagsterDbtTranslator,
-    DagsterDbtTranslatorSettings,
-    DbtCliResource,
-    dbt_assets,
-)
 
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.config import Settings
@@ -27,35 +23,6 @@ from cdc_platform.defs.names import scoped_name
 from cdc_platform.lake.iceberg import namespace_name
 
 JOB_NAME = "build_dbt_models"
-
-
-class LakeDbtTranslator(DagsterDbtTranslator):
-    """Model keys ``<server>/<schema>/<model>`` in group ``<server>_<schema>``.
-
-    Sources keep the keys in their ``meta.dagster.asset_key`` (the target assets' keys). A
-    model's dbt schema is its catalog namespace, ``<server>_analytics`` (per server, as several
-    sources may share a catalog); its key names the server and ``analytics`` apart, so that
-    several sources' code locations never collide.
-    """
-
-    def __init__(self, server_name: str) -> None:
-        super().__init__(settings=DagsterDbtTranslatorSettings(enable_asset_checks=True))
-        self.server_name = server_name
-
-    def _schema(self, namespace: str) -> str:
-        prefix = f"{self.server_name}_"
-        return namespace[len(prefix):] if namespace.startswith(prefix) else namespace
-
-    def get_asset_key(self, dbt_resource_props: Mapping[str, Any]) -> dg.AssetKey:
-        if dbt_resource_props["resource_type"] == "model":
-            return dg.AssetKey([self.server_name, self._schema(dbt_resource_props["schema"]),
-                                dbt_resource_props["name"]])
-        return super().get_asset_key(dbt_resource_props)
-
-    def get_group_name(self, dbt_resource_props: Mapping[str, Any]) -> str | None:
-        if dbt_resource_props["resource_type"] == "model":
-            return f"{self.server_name}_{self._schema(dbt_resource_props['schema'])}"
-        return super().get_group_name(dbt_resource_props)
 
 
 def _check_lineage(settings: Settings, database: str, manifest: Mapping[str, Any],
@@ -109,21 +76,11 @@ def build(settings: Settings, tables: list[TableSchema]) -> dg.Definitions:
     manifest_path = dbt_project.prepare(project, server, database, billing)
     manifest = json.loads(manifest_path.read_text())
     _check_lineage(settings, database, manifest, keyed, billing)
+    from cdc_platform.defs.dbt.assets import dbt_models_asset
+
     # Each source's own resource: two sources with the inventory tables have two projects.
     resource_key = scoped_name(settings, "dbt")
-
-    @dbt_assets(
-        manifest=manifest_path,
-        project=project,
-        name=f"{server}_dbt_models",
-        dagster_dbt_translator=LakeDbtTranslator(server),
-        required_resource_keys={resource_key},
-    )
-    def dbt_models(context: dg.AssetExecutionContext) -> Iterator[Any]:
-        dbt: DbtCliResource = getattr(context.resources, resource_key)
-        variables = dbt_project.run_vars(settings, database)
-        yield from dbt.cli(["build", "--vars", json.dumps(variables)], context=context).stream()
-
+    dbt_models = dbt_models_asset(settings, database, project, manifest_path, resource_key)
     job = dg.define_asset_job(
         scoped_name(settings, JOB_NAME),
         selection=dg.AssetSelection.assets(dbt_models),
