@@ -193,7 +193,7 @@ class CaptureSettings(_Section):
         "`parallel_tables` overrides it.",
     )
     tables_per_snapshot_run: int = Field(
-        default=250, ge=1,
+        default=500, ge=1,
         description="Most tables in one snapshot run the platform launches by itself: a run "
         "costs seconds to start, so tables waiting together are snapshotted by few runs.",
     )
