@@ -37,6 +37,11 @@ capture engine's peak RSS (the engine runs in a process of its own, as in produc
   250k rows/s here; OLake 338k, filament 1.27M on bigger machines), when the snapshot was done,
   each merge, CPU and peak RSS of the three processes; then the same for a second table
   captured while engine and applier already run (no process start in the figure).
+* initial-load-many (``bench/initial_load_many.py``): ``--many-tables`` (default 100x2000 and
+  1000x1000) tables of that many rows whose rows predate the binlog, with the platform started
+  as in production (the Dagster daemon and one ``stream_changes`` launch); the time until
+  pyiceberg reads every target equal to its source (goals: 100 x 2,000 <= 60 s, 1,000 x 1,000
+  <= 5 min), the snapshot runs, the applier's merges and the machine's load.
 * code-location (``bench/code_location.py``): the code location's load time with 1 source and 20
   sources of 50 tables each, and 1 source of 1,000 tables (schemas are discovered from the
   sources at load; goal with 1,000 tables: <= 5 s), with the machine's load.
@@ -649,6 +654,8 @@ def main() -> int:
                         help="e2e: landing_zone.retention_hours (default 0: consumed segments "
                         "go at the next sweep; -1: the platform's default)")
     parser.add_argument("--initial-load-rows", type=int, default=1_000_000)
+    parser.add_argument("--many-tables", default="100x2000,1000x1000",
+                        help="initial-load-many: TABLESxROWS cases (default 100x2000,1000x1000)")
     parser.add_argument("--only", type=_sections,
                         help=f"comma-separated sections to run: {', '.join(SECTIONS)}")
     parser.add_argument("--s3", action=argparse.BooleanOptionalAction, default=True,
@@ -704,6 +711,12 @@ def _run_sections(args: argparse.Namespace, only: tuple[str, ...], work: Path,
         from bench.initial_load import bench_initial_load
 
         bench_initial_load(args.initial_load_rows, work)
+    if "initial-load-many" in only:
+        from bench.initial_load_many import bench_initial_load_many
+
+        for case in args.many_tables.split(","):
+            tables, rows = (int(n) for n in case.lower().split("x"))
+            bench_initial_load_many(tables, rows, work)
     if "code-location" in only:
         from bench.code_location import bench_code_location
 
@@ -711,12 +724,12 @@ def _run_sections(args: argparse.Namespace, only: tuple[str, ...], work: Path,
 
 
 SECTIONS = ("streaming", "freshness", "lake", "snapshot", "large_transaction", "e2e",
-            "initial-load", "code-location")
+            "initial-load", "initial-load-many", "code-location")
 S3_SECTIONS = ("streaming", "snapshot", "e2e")  # (with --s3: their rows on SeaweedFS too)
 
 
 def _sections(text: str) -> tuple[str, ...]:
-    names = tuple(n.strip().replace("initial_load", "initial-load")
+    names = tuple(n.strip().replace("initial_load", "initial-load").replace("_many", "-many")
                   .replace("code_location", "code-location") for n in text.split(","))
     unknown = [n for n in names if n not in SECTIONS]
     if unknown:
