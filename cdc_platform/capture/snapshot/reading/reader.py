@@ -134,6 +134,33 @@ _READ_ATTEMPTS = 5
 _ER_BAD_FIELD = 1054
 
 
+class _SharedCheckpoints:
+    """The newest parsed checkpoint of each landing zone, shared by the readers of a process.
+
+    A snapshot run reads several tables at once, and each reader re-read the checkpoint at
+    every engine flush: with 1,000 tables' sessions in it (400 KB) that was a parse per reader
+    per flush. Readers that see the same stamp now share one parse. An entry is only handed
+    out for the stamp it was read after, so a reader never gets a checkpoint older than the
+    file it saw."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._latest: dict[str, tuple[str, Checkpoint | None]] = {}
+
+    def read(self, landing: LandingZone, stamp: str) -> Checkpoint | None:
+        key = landing.store.uri
+        with self._lock:
+            cached = self._latest.get(key)
+            if cached is not None and cached[0] == stamp:
+                return cached[1]
+            checkpoint = landing.read_checkpoint()
+            self._latest[key] = (stamp, checkpoint)
+            return checkpoint
+
+
+_SHARED_CHECKPOINTS = _SharedCheckpoints()
+
+
 class SnapshotReader:
     """Reads one table in chunks for the engine to commit (docs/snapshots.md).
 
@@ -331,7 +358,7 @@ class SnapshotReader:
             self._checkpoint_stamp = stamp
             self._checkpoint_changed_at = time.monotonic()
             try:
-                self._checkpoint = self.landing.read_checkpoint()
+                self._checkpoint = _SHARED_CHECKPOINTS.read(self.landing, stamp)
             except ValueError:
                 self._checkpoint_stamp = None  # caught mid-replace on a non-POSIX filesystem
         return self._checkpoint
