@@ -280,8 +280,10 @@ class TableChangelog:
             wanted = None if columns is None else [
                 c for c in group.schema.names if mapping.get(c, c) in target.names or c == POS]
             for segment in group.segments:
-                data = pq.read_table(segment.path, filesystem=segment.filesystem,
-                                     columns=wanted)
+                # (ParquetFile, not read_table: its dataset machinery is most of a small
+                # segment's read)
+                with segment.filesystem.open_input_file(segment.path) as source:
+                    data = pq.ParquetFile(source).read(columns=wanted)
                 positions = data.column(POS)
                 keep = pc.less(positions, before_pos)
                 if after_pos is not None:

@@ -36,7 +36,7 @@ from pyiceberg.exceptions import (
     NoSuchNamespaceError,
     NoSuchTableError,
 )
-from pyiceberg.io import load_file_io
+from pyiceberg.io import FileIO, load_file_io
 from pyiceberg.serializers import FromInputFile, ToOutputFile
 from pyiceberg.table import CommitTableResponse, StagedTable, Table
 from pyiceberg.table.metadata import TableMetadata
@@ -65,6 +65,11 @@ class LocalHadoopCatalog(MetastoreCatalog):
         super().__init__(name, warehouse=uri)
         self.root = root  # the warehouse as a local directory
         self.uri = uri.rstrip("/")  # and as the tables' locations name it (file:///...)
+        # Each table's newest metadata this catalog read or wrote, by version: a version's
+        # file never changes, so a load finding the same version parses nothing (at a hundred
+        # snapshots the metadata file is a few hundred kB of JSON, parsed per merge).
+        self._metadata: dict[tuple[str, str], tuple[int, TableMetadata]] = {}
+        self._io: FileIO | None = None
 
     # -- layout ---------------------------------------------------------------------------
 
@@ -117,10 +122,22 @@ class LocalHadoopCatalog(MetastoreCatalog):
         version = self.current_version(identifier)
         if version is None:
             raise NoSuchTableError(f"no table {identifier} in {self.uri}")
+        parts = self._parts(identifier)
         location = self._metadata_uri(identifier, version)
-        io = load_file_io(self.properties, location)
-        metadata = FromInputFile.table_metadata(io.new_input(location))
-        return Table(self._parts(identifier), metadata, location, io, self)
+        io = self._file_io(location)
+        known = self._metadata.get(parts)
+        if known is not None and known[0] == version:
+            metadata = known[1]
+        else:
+            metadata = FromInputFile.table_metadata(io.new_input(location))
+            self._metadata[parts] = (version, metadata)
+        return Table(parts, metadata, location, io, self)
+
+    def _file_io(self, location: str) -> FileIO:
+        """One FileIO for the catalog's tables (its filesystem made once)."""
+        if self._io is None:
+            self._io = load_file_io(self.properties, location)
+        return self._io
 
     def load_namespace_properties(self, namespace: str | Identifier) -> Properties:
         name = self.namespace_to_string(namespace)
@@ -187,7 +204,7 @@ class LocalHadoopCatalog(MetastoreCatalog):
                 raise CommitFailedException(
                     f"table {identifier} moved from version {loaded} to {version} since it "
                     "was loaded")
-            current = self.load_table(identifier)
+            current = table  # (its version is the newest: the file it was read from)
         for requirement in requirements:
             requirement.validate(current.metadata if current is not None else None)
         if current is None:
@@ -200,7 +217,7 @@ class LocalHadoopCatalog(MetastoreCatalog):
         directory.mkdir(parents=True, exist_ok=True)
         final = directory / f"v{next_version}.metadata.json"
         temporary = directory / f"{uuid.uuid4()}.metadata.json"
-        io = load_file_io(self.properties, str(final))
+        io = self._file_io(str(final))
         ToOutputFile.table_metadata(metadata, io.new_output(str(temporary)))
         try:
             os.link(temporary, final)  # the commit: exclusive, never replaces
@@ -211,6 +228,7 @@ class LocalHadoopCatalog(MetastoreCatalog):
         finally:
             temporary.unlink(missing_ok=True)
         _write_version_hint(directory, next_version)
+        self._metadata[self._parts(identifier)] = (next_version, metadata)
         if current is not None:  # (as Java's HadoopTableOperations, when the table says so)
             self._delete_old_metadata(io, current.metadata, metadata)
         return CommitTableResponse(metadata=metadata,

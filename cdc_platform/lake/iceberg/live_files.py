@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.conversions import from_bytes
 from pyiceberg.expressions import AlwaysTrue
-from pyiceberg.io.pyarrow import ArrowScan, _read_deletes
+from pyiceberg.io.pyarrow import ArrowScan, _read_deletes, schema_to_pyarrow
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestEntry, ManifestFile
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.snapshots import Snapshot
@@ -197,16 +197,52 @@ def key_pruning(table: Table, column: str, keys: pa.ChunkedArray,
     return may_hold
 
 
+def _projection(table: Table, columns: Sequence[str]) -> tuple[Any, tuple[tuple[int, str], ...]]:
+    """The table's schema of ``columns`` and the key of a data file's rows of them in the
+    cache (field ids and types: a rename reads the same cached columns)."""
+    projected = table.schema().select(*columns)
+    return projected, tuple((f.field_id, str(f.field_type)) for f in projected.fields)
+
+
+def remember_rows(table: Table, data_file: DataFile, rows: pa.Table,
+                  columns: Sequence[str]) -> None:
+    """Keep ``columns`` of the rows a writer just wrote as ``data_file`` (in file order), as
+    ``key_rows`` would read them back: the next merge matches its keys against them without
+    reading the file."""
+    projected, fields = _projection(table, columns)
+    arrow_schema = schema_to_pyarrow(projected, include_field_ids=False)
+    numbered = pa.table([rows.column(c).cast(arrow_schema.field(c).type) for c in columns],
+                        schema=arrow_schema).append_column(
+        ROW, pa.array(np.arange(rows.num_rows, dtype=np.int64)))
+    CACHE.get(("keys", data_file.file_path, fields), lambda: numbered,
+              lambda found: found.nbytes + 256)
+
+
+def remember_deletes(delete_file: DataFile, deletes: dict[str, np.ndarray]) -> None:
+    """Keep the positions a writer just wrote as ``delete_file``, by data file path."""
+    CACHE.get(("deletes", delete_file.file_path), lambda: deletes,
+              lambda found: sum(a.nbytes + len(p) for p, a in found.items()) + 256)
+
+
+def remember_manifests(manifest_list: str, listed: Sequence[ManifestFile],
+                       live: dict[str, list[ManifestEntry]]) -> None:
+    """Keep a manifest list a writer just wrote, and the live entries of the manifests it
+    wrote with it (by manifest path), as ``manifests`` and ``entries_of`` would read them."""
+    CACHE.get(("manifest-list", manifest_list), lambda: tuple(listed),
+              lambda found: 512 * (len(found) + 1))
+    for path, found in live.items():
+        CACHE.get(("manifest", path), lambda found=found: found,
+                  lambda found: 2048 * (len(found) + 1))
+
+
 def key_rows(table: Table, files: LiveFiles, columns: Sequence[str]) -> Iterator[pa.Table]:
     """Per data file of ``files``, its live rows' ``columns`` (by the table's current names:
     pyiceberg projects each file by field id, so renamed and promoted columns read as they
     are now), with ``__cdc_file`` (the data file) and ``__cdc_row`` (the row's number in it,
     which a position delete names). Rows a delete file already deletes are left out, so a
     row is never deleted twice (a snapshot's live row count is records less deletes)."""
-    schema = table.schema()
-    projected = schema.select(*columns)
+    projected, fields = _projection(table, columns)
     scan = ArrowScan(table.metadata, table.io, projected, AlwaysTrue())
-    fields = tuple((f.field_id, str(f.field_type)) for f in projected.fields)
     for live in files.files:
         path = live.data.file_path
         rows = CACHE.get(("keys", path, fields), partial(_numbered, scan, live.data),

@@ -27,6 +27,7 @@ import itertools
 import time
 import uuid
 from collections.abc import Iterable, Mapping
+from copy import copy
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -36,6 +37,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.conversions import to_bytes
 from pyiceberg.io.pyarrow import _dataframe_to_data_files
 from pyiceberg.manifest import (
+    UNASSIGNED_SEQ,
     DataFile,
     DataFileContent,
     FileFormat,
@@ -43,9 +45,6 @@ from pyiceberg.manifest import (
     ManifestEntry,
     ManifestEntryStatus,
     ManifestFile,
-    ManifestWriterV2,
-    write_manifest,
-    write_manifest_list,
 )
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation, Snapshot, SnapshotSummaryCollector, Summary
@@ -64,6 +63,13 @@ from cdc_platform.lake.iceberg.live_files import (
     ROW,
     entries_of,
     manifests,
+    remember_deletes,
+    remember_manifests,
+)
+from cdc_platform.lake.iceberg.manifests import (
+    DataManifestWriter,
+    DeleteManifestWriter,
+    ManifestListWriter,
 )
 
 MAIN = "main"
@@ -82,7 +88,10 @@ def write_rows(table: Table, rows: pa.Table) -> list[DataFile]:
     """``rows`` (in the table's columns, by name) written as the table's data files."""
     if rows.num_rows == 0:
         return []
-    return list(_dataframe_to_data_files(table.metadata, rows, table.io))
+    written = list(_dataframe_to_data_files(table.metadata, rows, table.io))
+    for data_file in written:  # (from_args drops it; readers of the entry need it)
+        data_file.spec_id = table.metadata.default_spec_id
+    return written
 
 
 def write_position_deletes(table: Table, deletes: pa.Table) -> list[DataFile]:
@@ -100,11 +109,14 @@ def write_position_deletes(table: Table, deletes: pa.Table) -> list[DataFile]:
     with output.create(overwrite=True) as stream:
         pq.write_table(data, stream, compression="zstd")
     paths, positions = data.column("file_path"), data.column("pos")
+    by_file = {}
+    for path in pc.unique(paths).to_pylist():
+        by_file[path] = positions.filter(pc.equal(paths, path)).to_numpy()
     lower = {DELETE_FILE_PATH_ID: to_bytes(StringType(), paths[0].as_py()),
              DELETE_POS_ID: to_bytes(LongType(), pc.min(positions).as_py())}
     upper = {DELETE_FILE_PATH_ID: to_bytes(StringType(), paths[-1].as_py()),
              DELETE_POS_ID: to_bytes(LongType(), pc.max(positions).as_py())}
-    return [DataFile.from_args(
+    written = DataFile.from_args(
         content=DataFileContent.POSITION_DELETES,
         file_path=location,
         file_format=FileFormat.PARQUET,
@@ -115,19 +127,10 @@ def write_position_deletes(table: Table, deletes: pa.Table) -> list[DataFile]:
         null_value_counts={DELETE_FILE_PATH_ID: 0, DELETE_POS_ID: 0},
         lower_bounds=lower,
         upper_bounds=upper,
-        spec_id=table.metadata.default_spec_id,
-    )]
-
-
-class _DeleteManifestWriter(ManifestWriterV2):
-    """pyiceberg's v2 manifest writer for delete files (it writes data manifests only)."""
-
-    def content(self) -> ManifestContent:
-        return ManifestContent.DELETES
-
-    @property
-    def _meta(self) -> dict[str, str]:
-        return {**super()._meta, "content": "deletes"}
+    )
+    written.spec_id = table.metadata.default_spec_id  # (from_args drops it)
+    remember_deletes(written, by_file)
+    return [written]
 
 
 @dataclass(frozen=True)
@@ -137,13 +140,14 @@ class Removed:
     entries: list[ManifestEntry]
 
 
-def commit(catalog: Catalog, table: Table, base: Snapshot, added: Iterable[DataFile],
+def commit(catalog: Catalog, table: Table, base: Snapshot | None, added: Iterable[DataFile],
            properties: Mapping[str, str], removed: Removed | None = None) -> Table:
     """One snapshot on main adding ``added`` (data and position delete files) and removing
-    ``removed``, child of ``base``, with ``properties`` in its summary; committed only if
-    main is still at ``base`` (else the catalog raises ``ConcurrentCommitError``). Returns
-    the table as committed. With nothing added or removed the snapshot still commits: it
-    carries the new consumed mark."""
+    ``removed``, child of ``base`` (None: the table's first), with ``properties`` in its
+    summary; committed only if main is still at ``base`` (else the catalog raises
+    ``ConcurrentCommitError``). Returns the table as committed. With nothing added or
+    removed the snapshot still commits: it carries the new consumed mark (or, the first,
+    makes an empty table one every later commit has a base in)."""
     metadata = table.metadata
     io = table.io
     added = list(added)
@@ -164,10 +168,9 @@ def commit(catalog: Catalog, table: Table, base: Snapshot, added: Iterable[DataF
                  (content == DataFileContent.DATA)]
         if not files and not removing:
             return []
-        maker = write_manifest if content == DataFileContent.DATA else _DeleteManifestWriter
-        kwargs = {"format_version": 2} if content == DataFileContent.DATA else {}
+        maker = DataManifestWriter if content == DataFileContent.DATA else DeleteManifestWriter
         writer = maker(spec=spec, schema=schema, output_file=output(), snapshot_id=snapshot_id,
-                       avro_compression=compression, **kwargs)
+                       avro_compression=compression)
         with writer:
             for data_file in files:
                 writer.add(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED,
@@ -179,8 +182,12 @@ def commit(catalog: Catalog, table: Table, base: Snapshot, added: Iterable[DataF
 
     removing = removed.entries if removed is not None else []
     removed_paths = {e.data_file.file_path for e in removing}
-    existing = list(manifests(table, base)) if removed is None else \
-        _untouched_manifests(table, base, removed_paths)
+    if base is None:
+        existing: list[ManifestFile] = []
+    else:
+        existing = list(manifests(table, base)) if removed is None else \
+            _untouched_manifests(table, base, removed_paths)
+    parent = base.snapshot_id if base is not None else None
     listed = [
         *manifest(DataFileContent.DATA,
                   [e for e in removing if e.data_file.content == DataFileContent.DATA]),
@@ -191,14 +198,14 @@ def commit(catalog: Catalog, table: Table, base: Snapshot, added: Iterable[DataF
     sequence_number = metadata.next_sequence_number()
     manifest_list = provider.new_metadata_location(
         f"snap-{snapshot_id}-0-{commit_uuid}.avro")
-    with write_manifest_list(format_version=2, output_file=io.new_output(manifest_list),
-                             snapshot_id=snapshot_id, parent_snapshot_id=base.snapshot_id,
-                             sequence_number=sequence_number,
-                             avro_compression=compression) as writer:
+    with ManifestListWriter(output_file=io.new_output(manifest_list), snapshot_id=snapshot_id,
+                            parent_snapshot_id=parent,
+                            sequence_number=sequence_number,
+                            compression=compression) as writer:
         writer.add_manifests(listed)
     snapshot = Snapshot(
         snapshot_id=snapshot_id,
-        parent_snapshot_id=base.snapshot_id,
+        parent_snapshot_id=parent,
         sequence_number=sequence_number,
         timestamp_ms=int(time.time() * 1000),
         manifest_list=manifest_list,
@@ -208,10 +215,35 @@ def commit(catalog: Catalog, table: Table, base: Snapshot, added: Iterable[DataF
     response = catalog.commit_table(
         table,
         requirements=(AssertTableUUID(uuid=metadata.table_uuid),
-                      AssertRefSnapshotId(ref=MAIN, snapshot_id=base.snapshot_id)),
+                      AssertRefSnapshotId(ref=MAIN, snapshot_id=parent)),
         updates=(AddSnapshotUpdate(snapshot=snapshot),
                  SetSnapshotRefUpdate(ref_name=MAIN, type="branch", snapshot_id=snapshot_id)))
+    _remember(manifest_list, listed, len(listed) - len(existing), added, snapshot_id,
+              sequence_number)
     return Table(table.name(), response.metadata, response.metadata_location, io, catalog)
+
+
+def _remember(manifest_list: str, listed: list[ManifestFile], new: int, added: list[DataFile],
+              snapshot_id: int, sequence_number: int) -> None:
+    """Keep the committed manifest list and its new manifests' live entries as a reader
+    would find them (sequence numbers inherited: ``live_files``), for the next merge."""
+    stored = []
+    for position, manifest_file in enumerate(listed):
+        if position < new:
+            manifest_file = copy(manifest_file)
+            manifest_file.sequence_number = sequence_number
+            if manifest_file.min_sequence_number == UNASSIGNED_SEQ:
+                manifest_file.min_sequence_number = sequence_number
+        stored.append(manifest_file)
+    live: dict[str, list[ManifestEntry]] = {}
+    for manifest_file in stored[:new]:
+        data = manifest_file.content == ManifestContent.DATA
+        live[manifest_file.manifest_path] = [
+            ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=snapshot_id,
+                                    sequence_number=sequence_number,
+                                    file_sequence_number=sequence_number, data_file=f)
+            for f in added if (f.content == DataFileContent.DATA) == data]
+    remember_manifests(manifest_list, stored, live)
 
 
 def _untouched_manifests(table: Table, base: Snapshot, removed: set[str]
@@ -240,7 +272,7 @@ _TOTALS = (
 )
 
 
-def _summary(added: list[DataFile], removed: list[DataFile], base: Snapshot,
+def _summary(added: list[DataFile], removed: list[DataFile], base: Snapshot | None,
              properties: Mapping[str, str]) -> Summary:
     """The snapshot's summary as Iceberg's Java writers make it: the operation (``append``
     when it only adds data files, ``delete`` when it only adds deletes, ``replace`` when it
@@ -255,13 +287,13 @@ def _summary(added: list[DataFile], removed: list[DataFile], base: Snapshot,
     adds_deletes = any(f.content != DataFileContent.DATA for f in added)
     if removed:
         operation = Operation.REPLACE
-    elif adds_data and not adds_deletes:
+    elif (adds_data or base is None) and not adds_deletes:
         operation = Operation.APPEND
     elif adds_deletes and not adds_data:
         operation = Operation.DELETE
     else:
         operation = Operation.OVERWRITE
-    previous = base.summary or {}
+    previous = (base.summary or {}) if base is not None else {t: "0" for t, _, _ in _TOTALS}
     for total, plus, minus in _TOTALS:
         before = previous.get(total)
         if before is None:
