@@ -89,6 +89,7 @@ from cdc_platform.capture.storage import open_store
 from cdc_platform.lake.changelog import TableChangelog
 from cdc_platform.lake.columns import spark_type
 from cdc_platform.lake.fold import arrow_fold_latest, same_as_previous
+from cdc_platform.lake.iceberg import row_delta
 from cdc_platform.lake.iceberg.catalog import namespace_name, quote, table_name
 from cdc_platform.lake.iceberg.commit import ConcurrentCommitError
 from cdc_platform.lake.iceberg.hadoop import LocalHadoopCatalog
@@ -188,7 +189,13 @@ def local_hadoop_catalog(warehouse_url: str, catalog: Any = None) -> LocalHadoop
     root = store.local_root
     if root is None:
         return None
-    return LocalHadoopCatalog(getattr(catalog, "name", "lake"), root, store.uri)
+    key = (getattr(catalog, "name", "lake"), str(root), store.uri)
+    if key not in _hadoop_catalogs:  # (one per warehouse: it keeps each table's metadata)
+        _hadoop_catalogs[key] = LocalHadoopCatalog(key[0], root, store.uri)
+    return _hadoop_catalogs[key]
+
+
+_hadoop_catalogs: dict[tuple[str, str, str], LocalHadoopCatalog] = {}
 
 
 def lake_catalog(warehouse_url: str, catalog: Any = None, s3: Any = None
@@ -283,14 +290,8 @@ def load_into_empty(changelog: TableChangelog, lake: LocalHadoopCatalog | LakeRe
     properties = {CONSUMED_POS: str(counts["max_pos"]), CONSUMED_GTID: checkpoint.gtid or ""}
     try:
         if table is None:
-            location = None  # (a catalog service places it)
-            if isinstance(lake, LocalHadoopCatalog):
-                (lake.root / identifier[0]).mkdir(parents=True, exist_ok=True)
-                location = lake.location(identifier)
-            else:
-                lake.create_namespace_if_not_exists(identifier[0])
             transaction = lake.create_table_transaction(
-                identifier, wanted, location=location,
+                identifier, wanted, location=target_location(lake, identifier),
                 properties=table_properties(server_name, schema, before_pos - 1))
         else:
             transaction = table.transaction()
@@ -320,6 +321,47 @@ def load_into_empty(changelog: TableChangelog, lake: LocalHadoopCatalog | LakeRe
         oldest_ms=counts["oldest_ms"] or None,
         inserted=counts[CREATE], existing=counts[UPDATE] + counts[SNAPSHOT_ROW],
         snapshot_rows=counts[SNAPSHOT_ROW], asserted=counts["asserted"])
+
+
+def target_location(lake: LocalHadoopCatalog | LakeRestCatalog, identifier: tuple[str, str]
+                    ) -> str | None:
+    """Where a new target goes (its namespace made first): the Hadoop layout's directory on
+    a local warehouse; None where a catalog service places it."""
+    if isinstance(lake, LocalHadoopCatalog):
+        (lake.root / identifier[0]).mkdir(parents=True, exist_ok=True)
+        return lake.location(identifier)
+    lake.create_namespace_if_not_exists(identifier[0])
+    return None
+
+
+def create_empty(changelog: TableChangelog, lake: LocalHadoopCatalog | LakeRestCatalog,
+                 identifier: tuple[str, str], table: Table | None, server_name: str,
+                 schema: TableSchema) -> Table | None:
+    """An empty target for a table that has no changelog yet (``LakeTable.ensure_created``'s
+    without Spark: the table, then an empty first snapshot every later commit has a base in),
+    or None when the landing zone holds records or column renames for it (a batch then
+    creates it, or Spark's path does). Completes a creation that stopped before its first
+    snapshot. ConcurrentCommitError: another writer created it first."""
+    checkpoint = changelog.checkpoint()
+    if checkpoint is None or changelog.plan(None, checkpoint.next_pos) is not None or \
+            changelog.column_renames(checkpoint.next_pos):
+        return None
+    keys = list(schema.primary_key)
+    if not keys or any(k not in schema.column_names for k in keys):
+        return None
+    if table is None:
+        try:
+            lake.create_table(identifier, iceberg_schema(schema),
+                              location=target_location(lake, identifier),
+                              properties=table_properties(server_name, schema,
+                                                          checkpoint.next_pos - 1))
+        except (CommitFailedException, TableAlreadyExistsError) as error:
+            raise ConcurrentCommitError(f"{changelog.table_id}: {'.'.join(identifier)} was "
+                                        f"created by another writer first ({error})") from None
+        table = lake.load_table(identifier)
+    if table.current_snapshot() is None:
+        table = row_delta.commit(lake, table, None, [], {})
+    return table
 
 
 def _append(transaction: Transaction, data: pa.Table, properties: dict[str, str]) -> None:

@@ -48,9 +48,11 @@ from cdc_platform.capture.landing_contract import (
     SNAPSHOT_ROW,
     TS_MS,
 )
+from cdc_platform.capture.schema import TableSchema
 from cdc_platform.lake.arrow_load import (
     Loaded,
     asserted_away,
+    create_empty,
     fits,
     iceberg_schema,
     identifier_of,
@@ -75,6 +77,7 @@ from cdc_platform.lake.iceberg.live_files import (
     key_pruning,
     key_rows,
     plan_files,
+    remember_rows,
 )
 from cdc_platform.lake.iceberg.locks import table_lock
 from cdc_platform.lake.iceberg.rest import LakeRestCatalog
@@ -118,10 +121,13 @@ class Merged:
 
 
 def materialise_without_spark(changelog: TableChangelog, warehouse_url: str, catalog: Any,
-                              server_name: str, s3: Any = None) -> Merged | None:
+                              server_name: str, s3: Any = None,
+                              schema_hint: TableSchema | None = None) -> Merged | None:
     """Fold the table's new changelog records into its target without Spark (an append into
-    an empty one), or None when this path does not apply (module docstring) and nothing was
-    done. ConcurrentCommitError: another writer committed first; nothing was published."""
+    an empty one; an empty target for a table with no changelog yet, in ``schema_hint`` or
+    the schema the engine recorded), or None when this path does not apply (module
+    docstring) and nothing was done. ConcurrentCommitError: another writer committed first;
+    nothing was published."""
     lake = lake_catalog(warehouse_url, catalog, s3)
     identifier = identifier_of(lake, server_name, changelog.database, changelog.table) \
         if lake is not None else None
@@ -143,8 +149,22 @@ def materialise_without_spark(changelog: TableChangelog, warehouse_url: str, cat
             if loaded is not None:
                 return _from_loaded(loaded, time.monotonic() - started)
         if table is None or base is None:
-            return None
+            schema = schema_hint or changelog.recorded_schema()
+            created = create_empty(changelog, lake, identifier, table, server_name, schema) \
+                if schema is not None else None
+            if created is None:
+                return None
+            current = created.current_snapshot()
+            assert current is not None
+            return Merged(identifier=_spark_name(lake, identifier),
+                          snapshot=snapshot_of(current), committed=False,
+                          snapshot_count=len(created.metadata.snapshots))
         return _merge(changelog, lake, identifier, table, started)
+
+
+def _spark_name(lake: LocalHadoopCatalog | LakeRestCatalog, identifier: tuple[str, str]) -> str:
+    """The target as Spark SQL names it."""
+    return f"{quote(lake.name)}.{quote(identifier[0])}.{quote(identifier[1])}"
 
 
 def upkeep_without_spark(warehouse_url: str, catalog: Any, server_name: str, database: str,
@@ -200,7 +220,7 @@ def _merge(changelog: TableChangelog, lake: LocalHadoopCatalog | LakeRestCatalog
            identifier: tuple[str, str], table: Table, started: float) -> Merged | None:
     base = table.current_snapshot()
     assert base is not None
-    name = f"{quote(lake.name)}.{quote(identifier[0])}.{quote(identifier[1])}"
+    name = _spark_name(lake, identifier)
     marked = marked_snapshot(table)
     after_pos = marked.consumed_pos if marked is not None else None
     checkpoint = changelog.checkpoint()
@@ -273,8 +293,11 @@ def _merge(changelog: TableChangelog, lake: LocalHadoopCatalog | LakeRestCatalog
         return None
     inserts, deletes, asserted = changes
     judged = time.monotonic()
-    added = [*write_rows(table, project(inserts, wanted)),
-             *write_position_deletes(table, deletes)]
+    rows_written = project(inserts, wanted)
+    data_files = write_rows(table, rows_written)
+    if len(data_files) == 1:  # (the next merge matches its keys without reading it)
+        remember_rows(table, data_files[0], rows_written, [*keys, POS])
+    added = [*data_files, *write_position_deletes(table, deletes)]
     written = time.monotonic()
     max_pos = int(counts["max_pos"])
     properties = {CONSUMED_POS: str(max_pos), CONSUMED_GTID: checkpoint.gtid or ""}

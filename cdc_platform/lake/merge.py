@@ -204,7 +204,8 @@ def materialise(
     def without_spark() -> Merged | None:
         if not spark_free:
             return None
-        return materialise_without_spark(changelog, warehouse_url, catalog, server_name, s3)
+        return materialise_without_spark(changelog, warehouse_url, catalog, server_name, s3,
+                                         schema_hint)
 
     for attempt in range(1, COMMIT_ATTEMPTS + 1):
         try:

@@ -481,10 +481,23 @@ def test_an_empty_table_materialises_to_an_empty_target_with_its_columns(spark, 
 
 
 def test_empty_table_with_a_checkpoint_but_no_segments(spark, landing, warehouse):
+    """Made without Spark (pyiceberg: the table, then its empty first snapshot), with the
+    columns, types and properties Spark's creation gives it."""
     landing.checkpoint()
     result = run(spark, landing, warehouse)
     assert (result.committed, result.rows, result.consumed_pos) == (False, 0, None)
-    assert target(spark, warehouse).exists()
+    assert not result.spark
+    table = target(spark, warehouse)
+    assert table.exists() and table.current() is not None and table.current().rows == 0
+    df = table.read()
+    assert [(f.name, f.dataType) for f in df.schema.fields] == [
+        ("id", LongType()), ("name", StringType()), ("amount", DecimalType(10, 2))]
+    assert table.primary_key() == ["id"] and table.property("cdc.source-table") == "orders"
+    landing.segment(S, [("c", r(1, "a", "1.00"))])
+    first = run(spark, landing, warehouse)
+    assert first.committed and not first.spark and first.snapshot.parent_id == \
+        result.snapshot_id
+    assert state(spark, warehouse) == {1: r(1, "a", "1.00")}
 
 
 def test_without_schema_hint_or_changelog_the_error_says_what_to_do(spark, landing, warehouse):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -81,6 +82,15 @@ def test_compaction_rewrites_a_small_table_into_one_file_keeping_rows_and_mark(
     assert result.committed and not result.spark and result.snapshot.parent_id == \
         current.snapshot_id
     assert rows_of(target.read()) == changelog.fold()
+    # compactions and merges alternate (the files a merge without Spark just wrote, known to
+    # this process without reading them, are compacted as any)
+    rng = random.Random(8)
+    live = set(changelog.fold())
+    for batch in range(3):
+        assert compact(catalog, catalog.load_table(IDENTIFIER)) is not None
+        changelog.write(random_changes(rng, live, 100 + batch))
+        assert not materialise_table(spark, landing, warehouse, S).spark
+    assert rows_of(target.read()) == changelog.fold()
     for snapshot in target.history():  # (the compaction's repeats the mark it rewrote)
         assert rows_of(target.read(snapshot_id=snapshot.snapshot_id)) == changelog.fold(
             snapshot.consumed_pos)
@@ -139,3 +149,26 @@ def test_expiry_keeps_the_newest_snapshots_and_deletes_only_what_the_others_reac
         assert rows_of(target.read(snapshot_id=snapshot.snapshot_id)) == changelog.fold(
             snapshot.consumed_pos)
     assert expire(catalog, table, keep=3) is None  # nothing more to remove
+
+
+def test_compactions_and_expiries_between_merges_of_one_process(landing, warehouse, spark):
+    """What this process wrote (its data and delete files, known without reading them) is
+    compacted, expired and merged again, with no Spark session at all."""
+    def no_spark() -> Any:
+        raise AssertionError("a merge asked for Spark")
+
+    rng = random.Random(1)
+    changelog = Changelog(landing)
+    live: set[int] = set()
+    catalog = None
+    for batch in range(12):
+        changelog.write(random_changes(rng, live, batch))
+        materialise_table(no_spark, landing, warehouse, S)
+        catalog = local_hadoop_catalog(warehouse)
+        if batch in (4, 8):
+            assert compact(catalog, catalog.load_table(IDENTIFIER)) is not None
+        if batch == 6:
+            assert expire(catalog, catalog.load_table(IDENTIFIER), 3) is not None
+    target = target_table(spark, warehouse, S)
+    assert rows_of(target.read()) == changelog.fold()
+    assert_third_party_reads_same(spark, target)
