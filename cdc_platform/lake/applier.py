@@ -202,7 +202,6 @@ class _TableState:
     loaded: bool = False  # the target is known to hold rows
     waited_for: str = ""  # the snapshot session it last said it waits for
     awaiting_snapshot: bool = False  # its empty target waits for its snapshot (first_load_waits)
-    awaiting_since: float | None = None  # (monotonic) since when it has waited
     # (monotonic) when its orphan files were last removed; at the start, as if ORPHAN_FIRST_SECONDS
     # remained until the next removal (an applier restarted daily still removes them)
     orphans_checked: float = field(default_factory=lambda: time.monotonic() - (
@@ -219,11 +218,15 @@ RETRY_SECONDS = 5.0
 # While an empty target waits for its snapshot to end, passes come this often (reading the
 # checkpoint: one small file), so the initial load is appended within this of the end.
 FIRST_LOAD_POLL_SECONDS = 0.25
-# A target that has waited this long for its snapshot lets the Spark session start (and warm
-# up) in the background meanwhile: its changes after the load will need it. Not at once: a
-# snapshot of a few seconds (a small table) is not slowed down by the session's start.
-SPARK_START_WAITING_SECONDS = 10.0
+# After this long with nothing to merge, the applier starts its Spark session (and warms it
+# up) in the background, for what needs Spark (reconciles, schema changes, very large
+# batches and tables): ready then, without a busy start's cost. Not on the first idle pass: a
+# platform starting (no table recorded yet, snapshots landing) is busy with other work.
+SPARK_IDLE_START_SECONDS = 30.0
 MAX_RETRY_SECONDS = 300.0
+# A pass that merges this many tables says so in one line (how long a pass over them takes is
+# how stale the busiest tables get).
+PASS_LINE_TABLES = 10
 # Each target's unreferenced files older than ORPHAN_MIN_AGE (a crashed writer's, a lost race's)
 # are removed this often, the first time ORPHAN_FIRST_SECONDS after the applier starts.
 ORPHAN_INTERVAL_SECONDS = 24 * 3600.0
@@ -292,7 +295,7 @@ class Applier:
         self._starting: threading.Thread | None = None
         self._started: list[SparkSession | BaseException] = []
         self._pass_pending = False
-        self._pass_merges = False  # (this pass merged or appended a table)
+        self._idle_since: float | None = None  # (monotonic) since when no pass had work
         self.options = options
         self.emit = emit
         self.sweep_landing_zone = sweep_landing_zone
@@ -335,11 +338,11 @@ class Applier:
         return session
 
     def _start_spark_in_background(self) -> None:
-        """Start the session in a thread of its own after a pass with no table to merge (or
-        only targets that have waited SPARK_START_WAITING_SECONDS for their snapshots), and
-        warm it up (``lake.warmup``): it is then ready, started while the applier idles, and
-        the first MERGE runs as fast as the later ones. (With changes to merge from the first
-        pass on, there is no idle time: the session starts when the first MERGE needs it.)"""
+        """Start the session in a thread of its own once the applier has had nothing to
+        merge for SPARK_IDLE_START_SECONDS, and warm it up (``lake.warmup``): it is then ready
+        for what needs Spark, started while the applier idles, and the first Spark MERGE runs
+        as fast as the later ones. (Merges are mostly without Spark: under a steady load there
+        is no idle time, and the session starts when something first needs it.)"""
         factory = self._spark
         if isinstance(factory, SparkSession) or self._starting is not None:
             return
@@ -404,7 +407,7 @@ class Applier:
             return
         tables = self.tables()
         turn = self.cycles % len(tables) if tables else 0
-        self._pass_pending = self._pass_merges = False
+        self._pass_pending = False
         due: list[TableSchema] = []
         for schema in tables[turn:] + tables[:turn]:
             if stop is not None and stop.is_set():
@@ -412,25 +415,22 @@ class Applier:
             if self._due(schema, checkpoint, survey):
                 due.append(schema)
         if due:
-            self._pass_merges = True
+            merging = time.monotonic()
             self._merge_all(due, survey, stop)
+            if len(due) >= PASS_LINE_TABLES:
+                log.info("applier: pass %d merged %d tables in %.1f s", self.cycles, len(due),
+                         time.monotonic() - merging)
         for schema in tables[turn:] + tables[:turn]:  # (one heavy task a pass, in turn)
             state = self.states[schema.table_id]
             if state.spark_upkeep and not self._housekept:
                 self._maybe_compact(schema, state, {}, reason=state.spark_upkeep)
-        if not self._pass_pending or self._only_long_waits():
+        now = time.monotonic()
+        self._idle_since = None if self._pass_pending else (self._idle_since or now)
+        if self._idle_since is not None and now - self._idle_since >= SPARK_IDLE_START_SECONDS:
             self._start_spark_in_background()
         if self.sweep_landing_zone and (
                 time.monotonic() - self._last_sweep >= self.options.sweep_interval_seconds):
             self._sweep(tables)
-
-    def _only_long_waits(self) -> bool:
-        """Whether this pass's only pending work was targets waiting for their snapshots, one
-        of them for SPARK_START_WAITING_SECONDS at least."""
-        since = [state.awaiting_since for state in self.states.values()
-                 if state.awaiting_snapshot and state.awaiting_since is not None]
-        return not self._pass_merges and bool(since) and \
-            time.monotonic() - min(since) >= SPARK_START_WAITING_SECONDS
 
     def tables(self) -> list[TableSchema]:
         """The captured tables with a key, as the engine recorded them (new tables join as
@@ -476,12 +476,7 @@ class Applier:
             return False
         self._pass_pending = True
         state.awaiting_snapshot = self._loading(schema, state, checkpoint)
-        if state.awaiting_snapshot:
-            if state.awaiting_since is None:
-                state.awaiting_since = now
-            return False
-        state.awaiting_since = None
-        return True
+        return not state.awaiting_snapshot
 
     def _merge_all(self, due: list[TableSchema], survey: Survey,
                    stop: threading.Event | None) -> None:

@@ -339,14 +339,15 @@ def test_an_empty_target_says_once_that_it_waits_for_its_snapshot(
     assert env.target(spark, "t").current() is None
 
 
-def test_a_target_waiting_long_for_its_snapshot_lets_the_session_start_meanwhile(
+def test_a_target_waiting_for_its_snapshot_does_not_start_the_session(
         cdc_env: CdcEnv, spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A pass whose only work is an empty target waiting for its snapshot starts the session
-    in the background once the wait has lasted SPARK_START_WAITING_SECONDS (the changes after
-    the load will need it), and not before (a short snapshot is not slowed down by it)."""
+    """A pass whose only work is an empty target waiting for its snapshot is not idle: the
+    session does not start meanwhile (the load and the merges after it need no Spark; a
+    thousand tables loading at a platform's first start should not share the machine with
+    a session starting)."""
     env = cdc_env
     _snapshot_open_on_a_new_table(env)
-    monkeypatch.setattr(applier_module, "warm_up", lambda session: 0.0)
+    monkeypatch.setattr(applier_module, "SPARK_IDLE_START_SECONDS", 0.0)
     starts: list[str] = []
 
     def start() -> Any:
@@ -355,24 +356,22 @@ def test_a_target_waiting_long_for_its_snapshot_lets_the_session_start_meanwhile
 
     applier = Applier(start, _options(env, first_load_wait_seconds=600.0), lambda event: None,
                       sweep_landing_zone=False)
-    applier.cycle()
-    applier.cycle()
-    assert starts == [] and applier._starting is None  # (waiting, but not long yet)
-    monkeypatch.setattr(applier_module, "SPARK_START_WAITING_SECONDS", 0.0)
-    applier.cycle()
-    assert applier._starting is not None
-    assert applier.spark is spark and starts == ["applier-spark-start"]
+    for _ in range(3):
+        applier.cycle()
+    assert starts == [] and applier._starting is None
     assert env.target(spark, "t").current() is None  # (still waiting: nothing merged)
 
 
 def test_the_session_starts_in_the_background_after_a_pass_with_nothing_to_merge(
-        cdc_env: CdcEnv, spark: Any, caplog: pytest.LogCaptureFixture) -> None:
-    """Given a way to start its Spark session, the applier appends an initial load without
-    it, then starts it in a thread of its own after the first pass with nothing to merge (a
-    session first started for a MERGE under a write load took 50 s of a saturated machine),
-    warms it up there (the first MERGE of a cold session took 3-4 times a warm one's), and
-    merges with it."""
+        cdc_env: CdcEnv, spark: Any, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given a way to start its Spark session, the applier appends an initial load and merges
+    without it, then starts it in a thread of its own once it has had nothing to merge for
+    SPARK_IDLE_START_SECONDS (a session first started for a MERGE under a write load took
+    50 s of a saturated machine), and warms it up there (the first MERGE of a cold session
+    took 3-4 times a warm one's); what needs Spark then has it."""
     caplog.set_level(logging.INFO, logger="cdc_platform.lake.warmup")
+    monkeypatch.setattr(applier_module, "SPARK_IDLE_START_SECONDS", 0.0)
     env = cdc_env
     env.execute("CREATE TABLE early (id INT PRIMARY KEY, v INT)", "INSERT INTO early VALUES (1, 0)")
     env.catch_up()
@@ -396,6 +395,7 @@ def test_the_session_starts_in_the_background_after_a_pass_with_nothing_to_merge
     env.catch_up()
     applier.cycle()
     assert [e.result.rows for e in applied] == [1, 1] and not applied[1].result.appended
+    assert not applied[1].result.spark  # (the merge needs no Spark, started or not)
     assert starts == ["applier-spark-start"]
 
 
