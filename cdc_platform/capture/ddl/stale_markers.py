@@ -109,8 +109,7 @@ class StaleMarker:
         the GTID's sequence number. A history marker's name is its point, verb and table: the
         engine writes it once (a replay finds it there)."""
         if self.history:
-            digest = hashlib.sha1(self.table_id.encode("utf-8", "surrogatepass")).hexdigest()
-            return f"{self.position:020d}-{0:020d}-{self.verb}-{digest[:16]}.json"
+            return f"{self.position:020d}-{0:020d}-{self.verb}-{_history_suffix(self.table_id)}"
         sequence = re.search(r"(\d+)$", self.gtid)
         gtid = re.sub(r"[^0-9A-Za-z-]", "_", self.gtid)
         return (f"{self.position:020d}-{int(sequence.group(1)) if sequence else 0:020d}-"
@@ -245,14 +244,32 @@ def record_history(landing: LandingZone, verb: str, tables: Iterable[StaleTable]
     return written
 
 
+def _history_suffix(table_id: str) -> str:
+    """How a table's history markers' file names end (a digest of its id)."""
+    digest = hashlib.sha1(table_id.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{digest[:16]}.json"
+
+
 def withdraw_history(landing: LandingZone, table_id: str) -> list[StaleMarker]:
     """A table the engine saw created (``CREATE TABLE``) has all its rows in the binlog from
     there on: its open history markers are deleted (gone ones stay: they speak of the target's
-    rows of the table that was dropped). Returns the markers withdrawn."""
-    withdrawn = [m for m in read_markers(landing)
-                 if m.table_id == table_id and m.history and not m.resolved and not m.gone]
-    for marker in withdrawn:
-        landing.store.delete(MARKERS_DIR, marker.file_name)
+    rows of the table that was dropped). Returns the markers withdrawn. Only the markers
+    named for the table are read (a new database's thousand CREATEs each read every marker:
+    70 ms a CREATE at a thousand tables)."""
+    suffix = _history_suffix(table_id)
+    withdrawn = []
+    for name in landing.store.list_names(MARKERS_DIR):
+        if not name.endswith(suffix):
+            continue
+        try:
+            data = landing.store.read_bytes(MARKERS_DIR, name)
+            marker = StaleMarker.from_json(data) if data is not None else None
+        except (OSError, ValueError, TypeError):  # (as read_markers: not one of ours)
+            continue
+        if marker is not None and marker.table_id == table_id and marker.history and \
+                not marker.resolved and not marker.gone:
+            landing.store.delete(MARKERS_DIR, marker.file_name)
+            withdrawn.append(marker)
     return withdrawn
 
 
