@@ -224,6 +224,8 @@ FIRST_LOAD_POLL_SECONDS = 0.25
 # platform starting (no table recorded yet, snapshots landing) is busy with other work.
 SPARK_IDLE_START_SECONDS = 30.0
 MAX_RETRY_SECONDS = 300.0
+# On stop, a sweep still running is waited for this long (then left: it is kill -9 safe).
+SWEEP_STOP_WAIT_SECONDS = 10.0
 # A pass that merges this many tables says so in one line (how long a pass over them takes is
 # how stale the busiest tables get).
 PASS_LINE_TABLES = 10
@@ -307,6 +309,8 @@ class Applier:
         self._pool_size = 0
         self._spark_lock = threading.Lock()  # (merge threads may ask for the session at once)
         self._last_sweep = time.monotonic()
+        self._sweeping: threading.Thread | None = None  # (the landing zone's sweep, if running)
+        self._swept: list[retention.RetentionReport | BaseException] = []  # (to report)
         self._landing = LandingReader.open(options.landing_url, options.server_name,
                                            s3=options.s3)
 
@@ -377,6 +381,8 @@ class Applier:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
                 self._pool = None
+            if self._sweeping is not None:  # (safe to stop at any point: it is kill -9 safe)
+                self._sweeping.join(SWEEP_STOP_WAIT_SECONDS)
 
     def _until_next_cycle(self, started: float) -> float:
         """Seconds until the next pass: ``poll_seconds`` after this one started, or sooner when
@@ -429,8 +435,9 @@ class Applier:
         if self._idle_since is not None and now - self._idle_since >= SPARK_IDLE_START_SECONDS:
             self._start_spark_in_background()
         if self.sweep_landing_zone and (
+                self._swept or
                 time.monotonic() - self._last_sweep >= self.options.sweep_interval_seconds):
-            self._sweep(tables)
+            self._sweep_in_background(tables)
 
     def tables(self) -> list[TableSchema]:
         """The captured tables with a key, as the engine recorded them (new tables join as
@@ -721,14 +728,16 @@ class Applier:
                               s3=self.options.s3)
         return retention.sweep(landing, consumed, unread, self.options.retention_seconds)
 
-    def _sweep(self, tables: list[TableSchema]) -> None:
-        self._last_sweep = time.monotonic()
+    def _sweep_inputs(self, tables: list[TableSchema]
+                      ) -> tuple[dict[str, int | None], list[str]] | None:
+        """Every target's consumed mark and the tables no target reads, for a sweep; None
+        while a target has not been read yet (wait for its first pass)."""
         keyed = {s.table_id for s in tables}
         consumed = {}
         for schema in tables:
             state = self.states[schema.table_id]
             if not state.known:
-                return  # a target not read yet: wait for its first pass
+                return None
             consumed[schema.table_id] = state.consumed_pos
         # No target reads a keyless table, nor one the capture filters no longer name (its
         # target is not maintained; widened again, the table is snapshotted, as any table that
@@ -737,12 +746,48 @@ class Applier:
         unread = [t for t in self.states if t not in keyed] + [
             names.table_id(database, table) for database, table in self._landing.changelog_tables()
             if not selector.captures(database, table)]
+        return consumed, unread
+
+    def _sweep(self, tables: list[TableSchema]) -> None:
+        """Sweep the landing zone now (``capture.landing.retention``)."""
+        self._last_sweep = time.monotonic()
+        inputs = self._sweep_inputs(tables)
+        if inputs is None:
+            return
         try:
-            report = self._sweep_landing_zone(consumed, unread)
+            report = self._sweep_landing_zone(*inputs)
         except Exception as error:  # noqa: BLE001 - retention waits for the next sweep
             log.warning("applier: landing-zone retention failed: %s", error)
             return
         self.emit(Swept(report))
+
+    def _sweep_in_background(self, tables: list[TableSchema]) -> None:
+        """Start a sweep in a thread of its own, unless one still runs; report finished ones.
+        A sweep reads and compacts every small consumed segment: with a thousand tables, tens
+        of thousands of files a minute, seconds to a minute of work during which no table
+        would be merged. (Safe beside merges: it touches only segments below every target's
+        mark, and one sweep runs at a time: ``retention.sweep``'s lock.)"""
+        while self._swept:
+            outcome = self._swept.pop(0)
+            if isinstance(outcome, BaseException):
+                log.warning("applier: landing-zone retention failed: %s", outcome)
+            else:
+                self.emit(Swept(outcome))
+        if self._sweeping is not None and self._sweeping.is_alive():
+            return
+        self._last_sweep = time.monotonic()
+        inputs = self._sweep_inputs(tables)
+        if inputs is None:
+            return
+
+        def sweep() -> None:
+            try:
+                self._swept.append(self._sweep_landing_zone(*inputs))
+            except Exception as error:  # noqa: BLE001 - reported by the next pass
+                self._swept.append(error)
+
+        self._sweeping = threading.Thread(target=sweep, name="applier-retention", daemon=True)
+        self._sweeping.start()
 
 
 def reconcile_target(spark: SparkSession, target: LakeTable, connection: Mapping[str, Any],

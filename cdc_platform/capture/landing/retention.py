@@ -78,6 +78,7 @@ import re
 import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -100,7 +101,7 @@ from cdc_platform.capture.landing.zone import (
 )
 from cdc_platform.capture.lease import Lease, process_holder
 from cdc_platform.capture.names import table_id
-from cdc_platform.capture.storage import FileInfo, fsync_directory
+from cdc_platform.capture.storage import FileInfo, FileStore, fsync_directory
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,8 @@ COMPACTION_WINDOW_SECONDS = 60.0
 SMALL_SEGMENT_BYTES = 4 * 1024 * 1024
 COMPACTED_MAX_BYTES = 64 * 1024 * 1024
 COMPACTED_ROW_GROUP_ROWS = 128 * 1024
+# Segments compacted into one output at most (each is held open until the output is written).
+MAX_COMPACTED_INPUTS = 512
 # A finished snapshot session's directory goes once nothing in it changed for this long.
 FINISHED_SESSION_GRACE_SECONDS = 300.0
 # Temporary files (``.<name>.tmp-<pid>-<thread>``) of a writer that died: a write takes
@@ -446,55 +449,70 @@ def _sweep_table(landing: LandingZone, database: str, table: str, free_through: 
     left = [s for s in segments if s.name not in gone]
     breaks = [position for position, _ in landing.column_renames_names(database, table)]
     for run in compaction_runs(left, free_through, breaks, now):
-        for same in _same_schema_runs(landing, parts, run):
-            _compact(landing, database, table, same, report)
+        _compact_run(landing, database, table, run, report)
 
 
-def _same_schema_runs(landing: LandingZone, parts: tuple[str, ...],
-                      run: list[SegmentFile]) -> list[list[SegmentFile]]:
-    """``run`` cut where the Parquet schema (columns and ``cdc.*`` metadata) changes."""
-    runs: list[list[SegmentFile]] = []
-    previous: pa.Schema | None = None
-    for segment in run:
-        filesystem, path = landing.store.arrow(*parts, segment.name)
-        schema = pq.read_schema(path, filesystem=filesystem)
-        if previous is None or not schema.equals(previous, check_metadata=True):
-            runs.append([])
-        runs[-1].append(segment)
-        previous = schema
-    return [r for r in runs if len(r) >= 2]
+def _compact_run(landing: LandingZone, database: str, table: str, run: list[SegmentFile],
+                 report: RetentionReport) -> None:
+    """Compact ``run`` as consecutive segments of one Parquet schema each (columns and
+    ``cdc.*`` metadata), reading each segment once: its schema decides where a run is cut,
+    and its rows go to the output (schemas read first, then the rows, was two opens and two
+    footers a segment: with a thousand tables, tens of thousands of small segments a
+    minute). A stretch of one segment is left as it is."""
+    start = 0
+    while start < len(run):
+        start += _compact(landing, database, table, run[start:], report)
+
+
+class _SchemaChanged(Exception):
+    """The next segment of a run has another schema: the output ends before it."""
 
 
 def _compact(landing: LandingZone, database: str, table: str, run: list[SegmentFile],
-             report: RetentionReport) -> None:
-    """Rewrite ``run`` as one segment, durably, then delete it (see the module's docstring).
-    Through the zone's store: locally the output is renamed into place, fsynced and takes its
-    newest input's time; on object storage it appears with its upload (one PUT, or a multipart
-    upload completed at once), and its age starts then."""
+             report: RetentionReport) -> int:
+    """Rewrite the longest prefix of ``run`` in one schema as one segment, durably, then
+    delete its inputs (see the module's docstring); how many segments the prefix held (one:
+    nothing was written). Through the zone's store: locally the output is renamed into
+    place, fsynced and takes its newest input's time; on object storage it appears with its
+    upload (one PUT, or a multipart upload completed at once), and its age starts then."""
     store = landing.store
     parts = changelog_parts(database, table)
-    name = segment_name(run[0].first_pos, run[-1].last_pos)
-    sources = [store.arrow(*parts, s.name) for s in run]
-    schema = pq.read_schema(sources[0][1], filesystem=sources[0][0])
+    opened = [_open_segment(store, parts, run[0])]
+    schema = opened[0][1].schema_arrow
+    for segment in run[1:MAX_COMPACTED_INPUTS]:  # (the prefix's end: footers only, each
+        # file opened once)
+        handle, source = _open_segment(store, parts, segment)
+        if not source.schema_arrow.equals(schema, check_metadata=True):
+            handle.close()
+            break
+        opened.append((handle, source))
+    taken = run[:len(opened)]
+    if len(taken) < 2:
+        for handle, _ in opened:
+            handle.close()
+        return 1
+    name = segment_name(taken[0].first_pos, taken[-1].last_pos)
     rows = 0
     local = store.local_root is not None
-    # (locally the directory is synced once, below, after the output's time is set)
-    with store.atomic_output(*parts, name, **({"sync_dir": False} if local else {})) as sink, \
-            pq.ParquetWriter(sink, schema, **segment_write_options(schema.names)) as writer:
-        held: list[pa.Table] = []
-        for filesystem, path in sources:
-            with filesystem.open_input_file(path) as handle, \
-                    pq.ParquetFile(handle) as source:  # (a third of read_table's cost here)
-                if not source.schema_arrow.equals(schema, check_metadata=True):
-                    raise ValueError(f"segment {path} changed while being compacted")
+    try:
+        # (locally the directory is synced once, below, after the output's time is set)
+        with store.atomic_output(*parts, name, **({"sync_dir": False} if local else {})) \
+                as sink, pq.ParquetWriter(sink, schema,
+                                          **segment_write_options(schema.names)) as writer:
+            held: list[pa.Table] = []
+            for _, source in opened:
                 piece = source.read()
-            held.append(piece)
-            rows += piece.num_rows
-            if sum(t.num_rows for t in held) >= COMPACTED_ROW_GROUP_ROWS:
+                held.append(piece)
+                rows += piece.num_rows
+                if sum(t.num_rows for t in held) >= COMPACTED_ROW_GROUP_ROWS:
+                    writer.write_table(pa.concat_tables(held))
+                    held = []
+            if held:
                 writer.write_table(pa.concat_tables(held))
-                held = []
-        if held:
-            writer.write_table(pa.concat_tables(held))
+    finally:
+        for handle, _ in opened:
+            handle.close()
+    run = taken
     if local:
         output = store.local_root.joinpath(*parts, name)  # type: ignore[union-attr]
         newest = max(s.mtime for s in run)
@@ -511,6 +529,19 @@ def _compact(landing: LandingZone, database: str, table: str, run: list[SegmentF
     report.compacted_into += 1
     report.compacted_bytes_in += sum(s.size for s in run)
     report.compacted_bytes_out += filesystem.get_file_info(path).size
+    return len(run)
+
+
+def _open_segment(store: FileStore, parts: tuple[str, ...], segment: SegmentFile
+                  ) -> tuple[Any, pq.ParquetFile]:
+    """A segment's file, open, and its Parquet reader (the footer read)."""
+    filesystem, path = store.arrow(*parts, segment.name)
+    handle = filesystem.open_input_file(path)
+    try:
+        return handle, pq.ParquetFile(handle)
+    except BaseException:
+        handle.close()
+        raise
 
 
 def _sweep_chunks(landing: LandingZone, now: float, report: RetentionReport) -> None:
