@@ -57,3 +57,24 @@ def test_many_merges_relayed_at_once_are_one_line_and_a_materialisation_each(
     few = list(_events_to_dagster(settings, [_merged(s, 2000) for s in schemas[:2]]))
     assert [type(item).__name__ for item in few] == [
         "LogLine", "AssetMaterialization", "LogLine", "AssetMaterialization"]
+
+
+def test_the_fresh_checks_of_every_target_are_one_definition_judging_the_selected(
+        cdc_env: CdcEnv) -> None:
+    """One definition for every target's ``fresh`` check; a run of some of them judges those
+    (here the engine never ran: not fresh, naming the engine)."""
+    from cdc_platform.defs.lake import applier as lake_applier
+
+    settings = cdc_env.settings
+    schemas = [TableSchema(cdc_env.db, name, (), ("id",)) for name in ("a", "b", "c")]
+    built = lake_applier.build(settings, schemas)
+    [checks] = built.asset_checks
+    selected = [dg.AssetCheckKey(target_key(settings, schemas[i]), "fresh") for i in (0, 2)]
+    defs = dg.Definitions(
+        assets=[dg.AssetSpec(target_key(settings, s)) for s in schemas], asset_checks=[checks],
+        jobs=[dg.define_asset_job("judge", selection=dg.AssetSelection.checks(*selected))])
+    with dg.instance_for_test() as instance:
+        result = defs.resolve_job_def("judge").execute_in_process(instance=instance)
+    evaluations = result.get_asset_check_evaluations()
+    assert sorted(e.asset_key.path[-1] for e in evaluations) == ["a", "c"]
+    assert all(not e.passed and e.metadata["cause"].value == "engine" for e in evaluations)
