@@ -21,18 +21,20 @@ conditional request pyarrow does not make, so it is refused).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
+import functools
 import hashlib
 import os
 import posixpath
 import shutil
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from stat import S_ISDIR
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 import pyarrow as pa
@@ -230,6 +232,46 @@ def fsync_directory(path: Path) -> None:
         os.close(fd)
 
 
+def make_durable(files: Sequence[Path]) -> None:
+    """Make written files' content and names durable, at once: one ``syncfs`` of their
+    filesystem (Linux), which writes back every file and directory change of it, instead of
+    an fsync per file and per directory (a flush of a thousand tables' segments was a
+    thousand fsyncs of each kind: half the engine's time). Elsewhere, or when ``syncfs``
+    fails, an fsync of each file and each directory."""
+    if not files:
+        return
+    if _syncfs(files[0].parent):
+        return
+    for path in files:
+        _fsync_file(path)
+    for directory in {path.parent for path in files}:
+        fsync_directory(directory)
+
+
+def _syncfs(directory: Path) -> bool:
+    """``syncfs(2)`` of the filesystem holding ``directory``; False where it is missing."""
+    function = _libc_syncfs()
+    if function is None:
+        return False
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        return function(fd) == 0
+    finally:
+        os.close(fd)
+
+
+@functools.cache
+def _libc_syncfs() -> Any:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        function = libc.syncfs
+    except (OSError, AttributeError):  # (not Linux: no syncfs)
+        return None
+    function.argtypes = [ctypes.c_int]
+    function.restype = ctypes.c_int
+    return function
+
+
 def _temporary(path: Path) -> Path:
     """A temporary name beside ``path``: hidden, and unique per process and thread (readers
     skip names starting with a dot; ``LandingZone.remove_uncommitted`` removes stale ones)."""
@@ -388,16 +430,20 @@ class LocalFileStore(FileStore):
         shutil.rmtree(self.path(*parts), ignore_errors=True)
 
     @contextlib.contextmanager
-    def atomic_output(self, *parts: str, sync_dir: bool = True) -> Iterator[pa.NativeFile]:
+    def atomic_output(self, *parts: str, sync_dir: bool = True,
+                      sync_file: bool = True) -> Iterator[pa.NativeFile]:
         """``sync_dir=False`` leaves the directory's fsync to the caller (one per directory
-        after a batch of files: ``LandingZone.sync_dirs``)."""
+        after a batch of files); ``sync_file=False`` the file's too (``make_durable`` after a
+        batch: for files no reader trusts before a later durable record says so, as a flush's
+        segments before its checkpoint)."""
         path = self.path(*parts)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = _temporary(path)
         try:
             with pa.OSFile(str(tmp), "wb") as sink:
                 yield sink
-            _fsync_file(tmp)
+            if sync_file:
+                _fsync_file(tmp)
             os.replace(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)

@@ -43,6 +43,7 @@ from cdc_platform.capture.storage import (
     LocalFileStore,
     StoreUnavailableError,
     fsync_directory,
+    make_durable,
     open_store,
     write_atomically,
 )
@@ -58,8 +59,11 @@ TABLES_FILE = "tables.json"
 CHANGELOG_DIR = "changelog"
 SNAPSHOTS_DIR = "snapshots"
 # The checkpoint's section of the engine's snapshot sessions (table id -> its record, which
-# ``SnapshotSession`` below reads), beside ``changes.xa_state.XA_CHECKPOINT_KEY``.
+# ``SnapshotSession`` below reads), beside ``changes.xa_state.XA_CHECKPOINT_KEY``: the sessions
+# the engine tracks, and those that ended a little while ago.
 SNAPSHOTS_CHECKPOINT_KEY = "snapshots"
+# Ended sessions that left the checkpoint (``EndedSessions``): the newest of each table.
+ENDED_SESSIONS_FILE = "ended_sessions.json"
 SEGMENT_NAME = re.compile(r"^(\d{20})-(\d{20})\.parquet$")
 # A table's snapshot directory (``snapshot_parts``; docs/snapshots.md, ``snapshot.protocol``):
 SNAPSHOT_REQUEST_FILE = "request.json"
@@ -290,6 +294,58 @@ class SnapshotSession:
     def tracked(self) -> bool:
         """Whether the engine tracks the session (open or paused): its touches are logged."""
         return self.state.tracked
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as the checkpoint keeps it (``from_dict`` reads it back): built field by
+        field, where ``dataclasses.asdict`` (deep copies through a generic walk) cost 60 us a
+        session, a flush's main cost with a thousand of them."""
+        return {"table_id": self.table_id, "session_id": self.session_id,
+                "state": str(self.state), "opening": self.opening,
+                "opening_pos": self.opening_pos, "horizon": self.horizon,
+                "chunk_key": list(self.chunk_key), "condition": self.condition,
+                "committed": list(self.committed), "rejected": dict(self.rejected),
+                "rows": self.rows, "started_at": self.started_at, "ended_at": self.ended_at,
+                "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class EndedSessions:
+    """``ended_sessions.json``: each table's newest snapshot session that ended (done,
+    stopped, restart) and then left the checkpoint, as the checkpoint recorded it.
+
+    The checkpoint keeps the sessions the engine tracks and, for a little while, those that
+    ended (``snapshot.sessions``: until the end is durable, the reader has seen it and its
+    chunk files are gone); kept there forever, a thousand tables' done sessions made every
+    flush write and every poller parse 400 KB. What still needs an ended session's record
+    later reads it here: the engine (a ``request.json`` that still names a session which
+    ended is not opened again), a reader told its session ended, a stale marker resolved
+    after its snapshot ended. Written by the engine alone (``LandingZone.
+    write_ended_sessions``), atomically, before any checkpoint that lacks the sessions it
+    adds; a record in the checkpoint wins over this one (``snapshot.protocol.latest_session``).
+    One record per table: its size follows the tables snapshotted, and it is rewritten only
+    when sessions leave the checkpoint."""
+
+    sessions: Mapping[str, SnapshotSession] = field(default_factory=dict)
+
+    def get(self, table_id: str) -> SnapshotSession | None:
+        return self.sessions.get(table_id)
+
+    def to_json(self) -> bytes:
+        records = {table_id: s.to_dict() for table_id, s in sorted(self.sessions.items())}
+        return json.dumps({"sessions": records}, separators=(",", ":")).encode()
+
+    @staticmethod
+    def from_json(text: bytes | str) -> EndedSessions:
+        """The file's records (one that does not read as a session is left out, logged: the
+        engine writes whole files, so only a hand edit breaks one)."""
+        sessions: dict[str, SnapshotSession] = {}
+        for table_id, data in (json.loads(text).get("sessions") or {}).items():
+            try:
+                sessions[table_id] = SnapshotSession.from_dict(data, table_id)
+            except (KeyError, TypeError, ValueError) as error:
+                log.warning(f"{ENDED_SESSIONS_FILE}: the record of {table_id} does not read "
+                            f"({error!r}); left out")
+        return EndedSessions(sessions)
 
 
 # ---- request.json (reader -> engine; docs/snapshots.md) ----------------------------------------
@@ -849,16 +905,24 @@ class LandingZone(LandingReader):
         self._check_fence()
         self.store.write_atomically(TABLES_FILE, data=tables_to_json(tables))
 
+    def write_ended_sessions(self, ended: EndedSessions) -> None:
+        """Replace ``ended_sessions.json`` atomically and durably (the engine, before the
+        checkpoint that no longer records the sessions it adds)."""
+        self._check_fence()
+        self.store.write_atomically(ENDED_SESSIONS_FILE, data=ended.to_json())
+
     def write_segment(self, schema: TableSchema, table: pa.Table, first_pos: int,
                       last_pos: int) -> Path | str:
-        """Write one segment durably; the caller checkpoints after all segments of a flush,
-        having synced their directories (``sync_dirs``). Returns its local path (its URL on
-        object storage)."""
+        """Write one segment; the caller checkpoints after all segments of a flush, having
+        made them durable (``sync_dirs``: locally the files and their names at once; no reader
+        reads a segment before a durable checkpoint covers it, and an engine start deletes
+        those past its checkpoint, whole or not). Returns its local path (its URL on object
+        storage, where a segment is durable when its PUT returns)."""
         self._check_fence()
         parts = (*changelog_parts(schema.database, schema.table), segment_name(first_pos,
                                                                                last_pos))
         if isinstance(self.store, LocalFileStore):
-            with self.store.atomic_output(*parts, sync_dir=False) as sink:
+            with self.store.atomic_output(*parts, sync_dir=False, sync_file=False) as sink:
                 pq.write_table(table, sink, **segment_write_options(table.column_names))
         else:
             with self.store.atomic_output(*parts) as sink:
@@ -866,10 +930,10 @@ class LandingZone(LandingReader):
         return self.where(*parts)
 
     def sync_dirs(self, paths: list[Path] | list[Path | str]) -> None:
-        """Make written files' names durable: their directories' fsync locally; nothing on
-        object storage (an object is durable when its PUT returns; there are no directories)."""
-        for directory in {p.parent for p in paths if isinstance(p, Path)}:
-            fsync_directory(directory)
+        """Make written segments and their names durable (``storage.make_durable``: one
+        ``syncfs`` for a flush's every file); nothing on object storage (an object is durable
+        when its PUT returns; there are no directories)."""
+        make_durable([p for p in paths if isinstance(p, Path)])
 
     def segments(self, database: str, table: str) -> list[tuple[int, int, Path]]:
         """``(first, last, path)`` of a table's segments (local zones; ``segment_names``

@@ -19,3 +19,36 @@ def test_a_checkpoint_refuses_a_source_of_another_flavour(tmp_path: Path) -> Non
     with pytest.raises(EngineError, match="checkpoint of demo was written for a mariadb source "
                        "but source.flavour is mysql: fix the config"):
         checkpoint.check_flavour("mysql")
+
+
+@pytest.mark.parametrize("syncfs", [True, False], ids=["syncfs", "fsync-each"])
+def test_a_flushs_segments_are_made_durable_together(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     syncfs: bool) -> None:
+    """A flush's segments are written without an fsync each, then made durable together
+    (one ``syncfs`` of the filesystem, or where there is none an fsync of each file and
+    directory), before the checkpoint that covers them; they read back whole."""
+    import pyarrow as pa
+
+    from cdc_platform.capture import storage
+    from cdc_platform.capture.schema import ColumnSpec, TableSchema
+
+    synced: list[str] = []
+    if not syncfs:
+        monkeypatch.setattr(storage, "_libc_syncfs", lambda: None)
+    real_fsync = storage._fsync_file
+    monkeypatch.setattr(storage, "_fsync_file",
+                        lambda path: (synced.append(path.name), real_fsync(path))[1])
+    landing = LandingZone(str(tmp_path / "landing"), "s")
+    written = []
+    for name in ("a", "b", "c"):
+        schema = TableSchema("db", name, (ColumnSpec("id", "int"),), ("id",))
+        table = pa.Table.from_pydict({"__cdc_pos": [1], "__cdc_gtid": ["0-1-1"],
+                                      "__cdc_op": ["c"], "__cdc_ts_ms": [1], "id": [1]},
+                                     schema=schema.arrow_schema())
+        written.append(landing.write_segment(schema, table, 1, 1))
+    assert synced == []  # (nothing synced file by file while writing)
+    landing.sync_dirs(written)
+    assert sorted(synced) == ([] if syncfs else sorted(p.name for p in written))
+    assert all(landing.segment_names("db", n) == [(1, 1, written[i].name)]
+               for i, n in enumerate(("a", "b", "c")))
