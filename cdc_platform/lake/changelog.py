@@ -12,7 +12,8 @@ the segments by the URLs the same layer gives.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import reduce
 
@@ -84,6 +85,8 @@ class BatchPlan:
     rows: int = 0  # the segments' records (their footers), in the range or not
     # their row groups' uncompressed size (footers): what reading them costs Arrow in memory
     bytes: int = 0
+    # each segment's footer, by path: ``arrow_batch`` reads the rows without parsing it again
+    footers: Mapping[str, pq.FileMetaData] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -184,8 +187,10 @@ class TableChangelog:
         groups: list[SegmentGroup] = []
         newest_metadata = None
         rows = size = 0
+        footers = {}
         for segment in segments:
             footer = pq.read_metadata(segment.path, filesystem=segment.filesystem)
+            footers[segment.path] = footer
             rows += footer.num_rows
             size += sum(footer.row_group(i).total_byte_size
                         for i in range(footer.num_row_groups))
@@ -212,7 +217,7 @@ class TableChangelog:
         refuse_reserved_columns(newest)
         return BatchPlan(groups, newest,
                          any(THRESHOLD in group.schema.names for group in groups), rows,
-                         size)
+                         size, footers)
 
     def batch(
         self,
@@ -283,7 +288,8 @@ class TableChangelog:
                 # (ParquetFile, not read_table: its dataset machinery is most of a small
                 # segment's read)
                 with segment.filesystem.open_input_file(segment.path) as source:
-                    data = pq.ParquetFile(source).read(columns=wanted)
+                    data = pq.ParquetFile(source, metadata=plan.footers.get(
+                        segment.path)).read(columns=wanted)
                 positions = data.column(POS)
                 keep = pc.less(positions, before_pos)
                 if after_pos is not None:
