@@ -25,12 +25,14 @@ from typing import TYPE_CHECKING, Any
 
 from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.exceptions import CommitFailedException, RESTError
+from pyiceberg.typedef import EMPTY_DICT, Properties
 
 from cdc_platform.lake.iceberg.catalog import catalog_properties
 from cdc_platform.lake.iceberg.commit import ConcurrentCommitError
 from cdc_platform.lake.s3 import S3_FILE_IO, S3Endpoint, warehouse_on_s3
 
 if TYPE_CHECKING:
+    from pyiceberg.io import FileIO
     from pyiceberg.table import CommitTableResponse, Table, TableRequirement, TableUpdate
 
 log = logging.getLogger(__name__)
@@ -52,7 +54,18 @@ _unanswered: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
 
 
 class LakeRestCatalog(RestCatalog):
-    """pyiceberg's REST catalog whose lost commit race is ConcurrentCommitError."""
+    """pyiceberg's REST catalog whose lost commit race is ConcurrentCommitError, and whose
+    tables share one FileIO per set of properties (pyiceberg makes one per loaded table, and
+    with it a new S3 filesystem: a merge's every load)."""
+
+    def _load_file_io(self, properties: Properties = EMPTY_DICT, location: str | None = None
+                      ) -> FileIO:
+        scheme = (location or "").split("://", 1)[0] if "://" in (location or "") else ""
+        key = (scheme, tuple(sorted((k, str(v)) for k, v in properties.items())))
+        ios = self.__dict__.setdefault("_lake_file_ios", {})
+        if key not in ios:
+            ios[key] = super()._load_file_io(properties, location)
+        return ios[key]
 
     def commit_table(self, table: Table, requirements: tuple[TableRequirement, ...],
                      updates: tuple[TableUpdate, ...]) -> CommitTableResponse:
