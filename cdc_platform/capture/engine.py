@@ -279,7 +279,7 @@ class CaptureEngine:
                     failures = 0
                     idle = self._handle(event)
                     now = time.monotonic()
-                    if now - self._last_flush >= opts.flush_interval_seconds:
+                    if now - self._last_flush >= opts.flush_wait(self._lander.tables_queued):
                         self.flush()
                         if on_progress:
                             on_progress(self.stats)

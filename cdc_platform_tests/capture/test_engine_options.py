@@ -1,7 +1,15 @@
 """What follows from the engine's options: the heartbeat the binlog stream asks for (never
-slower than a flush or a snapshot poll needs) and the reconnect backoff (doubling, capped)."""
+slower than a flush or a snapshot poll needs), the reconnect backoff (doubling, capped) and
+how long a flush waits (stretched when it would write many tables' segments)."""
 
-from cdc_platform.capture.engine_options import HEARTBEAT_MAX_SECONDS, EngineOptions
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cdc_platform.capture.engine_options import (
+    FLUSH_STRETCH_MAX_SECONDS,
+    HEARTBEAT_MAX_SECONDS,
+    EngineOptions,
+)
 
 
 def _options(**overrides: float) -> EngineOptions:
@@ -17,3 +25,26 @@ def test_the_stream_heartbeat_is_the_shortest_of_what_needs_one() -> None:
 def test_the_reconnect_backoff_doubles_up_to_its_ceiling() -> None:
     options = _options(initial_backoff_seconds=0.5, max_backoff_seconds=3.0)
     assert [options.reconnect_backoff(n) for n in range(1, 6)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+
+
+@given(interval=st.floats(0.01, 20.0), budget=st.integers(0, 1000),
+       tables=st.integers(0, 100_000))
+def test_a_flush_waits_so_that_flushes_write_at_most_the_segment_budget(
+        interval: float, budget: int, tables: int) -> None:
+    """``flush_wait``: never sooner than ``flush_interval_seconds``; never later than it or
+    ``FLUSH_STRETCH_MAX_SECONDS``, whichever is longer; in between, just long enough that the
+    tables queued (a segment each) are at most ``budget`` a second."""
+    options = _options(flush_interval_seconds=interval, flush_max_segments_per_second=budget)
+    wait = options.flush_wait(tables)
+    assert interval <= wait <= max(interval, FLUSH_STRETCH_MAX_SECONDS)
+    if budget == 0:
+        assert wait == interval
+    elif wait < FLUSH_STRETCH_MAX_SECONDS:
+        assert tables <= budget * wait + 1e-9
+
+
+def test_few_tables_flush_every_interval_and_a_thousand_at_most_every_ten_seconds() -> None:
+    options = _options()  # (defaults: 1 s, 100 segments a second)
+    assert options.flush_wait(0) == options.flush_wait(100) == 1.0
+    assert options.flush_wait(400) == 4.0
+    assert options.flush_wait(1000) == options.flush_wait(50_000) == 10.0

@@ -59,6 +59,11 @@ class Lander:
         return self._segments.empty
 
     @property
+    def tables_queued(self) -> int:
+        """Tables with records queued for the next flush (a segment each)."""
+        return self._segments.tables
+
+    @property
     def failed(self) -> bool:
         """A landing job failed (raised on the stream thread at the next ``checkpoint``)."""
         return self._writer.failed

@@ -110,6 +110,11 @@ class SegmentBuffer:
         return not self._chunks
 
     @property
+    def tables(self) -> int:
+        """How many tables have records queued: the segments the next flush writes."""
+        return len(self._chunks)
+
+    @property
     def due(self) -> bool:
         """Queued records reached ``flush_max_rows`` rows, or ``transaction_memory_bytes``
         of (estimated) memory: many transactions of big rows must not pile up between
