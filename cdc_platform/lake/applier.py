@@ -226,6 +226,10 @@ SPARK_IDLE_START_SECONDS = 30.0
 MAX_RETRY_SECONDS = 300.0
 # On stop, a sweep still running is waited for this long (then left: it is kill -9 safe).
 SWEEP_STOP_WAIT_SECONDS = 10.0
+# Compactions and snapshot expiries without Spark a pass runs at most: tables created and
+# merged together cross their thresholds in the same pass (a hundred at once held a pass for
+# 36 s); the others wait for their next merge.
+UPKEEPS_PER_PASS = 8
 # A pass that merges this many tables says so in one line (how long a pass over them takes is
 # how stale the busiest tables get).
 PASS_LINE_TABLES = 10
@@ -308,6 +312,8 @@ class Applier:
         self._pool: ThreadPoolExecutor | None = None  # (merges of a pass, in parallel)
         self._pool_size = 0
         self._spark_lock = threading.Lock()  # (merge threads may ask for the session at once)
+        self._upkeep_lock = threading.Lock()
+        self._pass_upkeeps = 0  # (compactions and expiries without Spark in this pass)
         self._last_sweep = time.monotonic()
         self._sweeping: threading.Thread | None = None  # (the landing zone's sweep, if running)
         self._swept: list[retention.RetentionReport | BaseException] = []  # (to report)
@@ -407,6 +413,7 @@ class Applier:
         and one of their column renames)."""
         self.cycles += 1
         self._housekept = False
+        self._pass_upkeeps = 0
         survey = self._landing.survey()
         checkpoint = survey.checkpoint
         if checkpoint is None:
@@ -546,6 +553,10 @@ class Applier:
         expire = count >= options.max_snapshots + max(10, options.max_snapshots // 10)
         if reason is None and not expire:
             return None
+        with self._upkeep_lock:  # (tables merged together cross their thresholds together)
+            if self._pass_upkeeps >= UPKEEPS_PER_PASS:
+                return None  # (the next merge judges again)
+            self._pass_upkeeps += 1
         report = upkeep_without_spark(
             options.warehouse_url, options.catalog, options.server_name, schema.database,
             schema.table, options.s3, compact=reason is not None,

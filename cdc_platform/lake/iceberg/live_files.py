@@ -257,6 +257,28 @@ def key_rows(table: Table, files: LiveFiles, columns: Sequence[str]) -> Iterator
             yield rows.append_column(FILE, pa.repeat(pa.scalar(path), rows.num_rows))
 
 
+def live_table(table: Table, files: LiveFiles) -> pa.Table:
+    """Every live row of ``files`` in every column (the table's current schema), the rows
+    their delete files delete left out: what a compaction rewrites. Deletes are read once
+    (``_delete_positions``), data files not kept (a compaction reads each once)."""
+    schema = table.schema()
+    scan = ArrowScan(table.metadata, table.io, schema, AlwaysTrue())
+    parts = []
+    for live in files.files:
+        rows = scan.to_table([FileScanTask(live.data)])
+        gone = [found for delete_file in live.deletes
+                if (found := _delete_positions(table, delete_file).get(live.data.file_path))
+                is not None]
+        if gone:
+            keep = np.ones(rows.num_rows, dtype=bool)
+            keep[np.concatenate(gone)] = False
+            rows = rows.filter(pa.array(keep))
+        parts.append(rows)
+    if not parts:
+        return schema_to_pyarrow(schema, include_field_ids=False).empty_table()
+    return pa.concat_tables(parts, promote_options="permissive")
+
+
 def _numbered(scan: ArrowScan, data_file: DataFile) -> pa.Table:
     # (no delete files and no filter: every row, in file order, so its index is its number)
     rows = scan.to_table([FileScanTask(data_file)])

@@ -28,7 +28,13 @@ from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.table.snapshots import ancestors_of
 from pyiceberg.table.update import AssertRefSnapshotId, AssertTableUUID, RemoveSnapshotsUpdate
 
-from cdc_platform.lake.iceberg.live_files import UnsupportedFiles, entries, manifests, plan_files
+from cdc_platform.lake.iceberg.live_files import (
+    UnsupportedFiles,
+    entries,
+    live_table,
+    manifests,
+    plan_files,
+)
 from cdc_platform.lake.iceberg.row_delta import Removed, commit, write_rows
 from cdc_platform.lake.iceberg.snapshots import CONSUMED_GTID, CONSUMED_POS, marked_ancestor
 
@@ -53,11 +59,11 @@ def compact(catalog: Any, table: Table) -> dict[str, Any] | None:
     if size > MAX_COMPACTION_BYTES:
         return None
     try:
-        plan_files(table, base)  # (refuses equality deletes and deletion vectors)
+        files = plan_files(table, base)  # (refuses equality deletes and deletion vectors)
     except UnsupportedFiles:
         return None
     live = entries(table, base)
-    rows = table.scan(snapshot_id=base.snapshot_id).to_arrow()  # (deletes applied)
+    rows = live_table(table, files)
     marked, _ = marked_ancestor(table)
     summary = (marked.summary or {}) if marked is not None else {}
     properties = {k: summary[k] for k in (CONSUMED_POS, CONSUMED_GTID) if k in summary}
