@@ -3,6 +3,7 @@ recorded, resolved by a snapshot that opened after the DDL, forgotten once appli
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from cdc_platform.capture.ddl.parse import parse_table_ddl
 from cdc_platform.capture.ddl.stale import stale_tables
 from cdc_platform.capture.ddl.stale_markers import (
+    MARKERS_DIR,
     StaleMarker,
     read_markers,
     record_stale_targets,
@@ -19,7 +21,14 @@ from cdc_platform.capture.ddl.stale_markers import (
     snapshots_wanted,
     target_staleness,
 )
-from cdc_platform.capture.landing.zone import SNAPSHOTS_CHECKPOINT_KEY, Checkpoint, LandingZone
+from cdc_platform.capture.landing.zone import (
+    SNAPSHOTS_CHECKPOINT_KEY,
+    Checkpoint,
+    EndedSessions,
+    LandingZone,
+    SessionState,
+    SnapshotSession,
+)
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 
 SCHEMAS = {"s.t": TableSchema("s", "t", (ColumnSpec("id", "int"), ColumnSpec("a", "int")),
@@ -234,6 +243,32 @@ def test_a_marker_is_resolved_by_a_whole_snapshot_that_opened_after_the_ddl(
     # The target has not consumed the snapshot yet: still stale, saying what to do.
     assert "materialise" in (target_staleness([resolved], "s.t", 45) or "")
     assert target_staleness([resolved], "s.t", resolved.resolved_pos) is None
+
+
+def test_a_marker_is_resolved_by_a_snapshot_that_ended_and_left_the_checkpoint(
+        tmp_path: Path) -> None:
+    """An ended session leaves the checkpoint for ended_sessions.json: a marker nobody looked
+    at before (no sensor, no applier running then) is still resolved by it, and only by a
+    session that resolves it; a newer session in the checkpoint does not hide it."""
+    landing = _landing(tmp_path)
+    [marker] = _record(landing, "TRUNCATE t", "0-1-9", 40)
+    done = SnapshotSession("s.t", "x1", SessionState.DONE, "0-1-10", 50, "0-1-10", ["id"])
+    for ended in (replace(done, opening="0-1-8"), replace(done, condition="a > 1"),
+                  replace(done, state=SessionState.STOPPED)):
+        landing.write_ended_sessions(EndedSessions({"s.t": ended}))
+        landing.write_checkpoint(Checkpoint("srv", "mariadb", "0-1-20", 80))
+        assert not resolve_markers(landing)[0].resolved
+    landing.write_ended_sessions(EndedSessions({"s.t": done}))
+    # The checkpoint records a newer session of the table (open): the one that left resolves.
+    _checkpoint(landing, 80, session_id="x2", state="open", opening="0-1-15")
+    [resolved] = resolve_markers(landing)
+    assert resolved.resolved_by == "x1" and read_markers(landing) == [resolved]
+    assert marker.table_id == resolved.table_id
+    # The checkpoint's record of the same session wins (it is the newer word on it).
+    landing.store.delete(MARKERS_DIR, resolved.file_name)
+    _record(landing, "TRUNCATE t", "0-1-9", 40)
+    _checkpoint(landing, 80, state="open")
+    assert not resolve_markers(landing)[0].resolved
 
 
 def test_a_table_that_is_gone_is_not_snapshotted_until_it_is_created_again(

@@ -16,6 +16,7 @@ from typing import Any
 import dagster as dg
 
 from cdc_platform.capture.landing.zone import SNAPSHOTS_CHECKPOINT_KEY
+from cdc_platform.capture.snapshot import protocol
 from cdc_platform.definitions import build_definitions
 from cdc_platform.defs.snapshots.definitions import snapshot_op_name
 from cdc_platform.demo.run import create_dagster_storage
@@ -50,10 +51,12 @@ def _materialise(env: CdcEnv, tables: list[str], instance: dg.DagsterInstance,
 
 
 def _sessions(env: CdcEnv) -> dict[str, dict[str, Any]]:
+    """Each table's newest session the engine recorded: the checkpoint's, else the one that
+    left it for ended_sessions.json."""
     checkpoint = env.landing.read_checkpoint()
-    if checkpoint is None:
-        return {}
-    return dict(checkpoint.extra.get(SNAPSHOTS_CHECKPOINT_KEY) or {})
+    left = protocol.read_ended_sessions(env.landing).sessions
+    recorded = dict(checkpoint.extra.get(SNAPSHOTS_CHECKPOINT_KEY) or {}) if checkpoint else {}
+    return {**{t: s.to_dict() for t, s in left.items()}, **recorded}
 
 
 def _source_rows(env: CdcEnv, table: str) -> list[tuple[Any, ...]]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import dagster as dg
 
-from cdc_platform.capture.landing.zone import SNAPSHOTS_CHECKPOINT_KEY
+from cdc_platform.capture.snapshot import protocol
 from cdc_platform.definitions import build_definitions
 from cdc_platform.defs.snapshots.definitions import snapshot_op_name
 from cdc_platform.demo.run import create_dagster_storage
@@ -351,7 +351,8 @@ def test_parallel_snapshot_runs_and_a_killed_run_resumed_by_the_next(
 
 
 def _session(env: CdcEnv, table: str = "orders") -> dict[str, Any]:
-    checkpoint = env.landing.read_checkpoint()
-    if checkpoint is None:
-        return {}
-    return (checkpoint.extra.get(SNAPSHOTS_CHECKPOINT_KEY) or {}).get(f"{env.db}.{table}") or {}
+    """The table's newest session the engine recorded (an ended one leaves the checkpoint
+    for ended_sessions.json a while after it ended)."""
+    session = protocol.latest_session(env.landing, env.landing.read_checkpoint(),
+                                      f"{env.db}.{table}")
+    return {} if session is None else session.to_dict()

@@ -539,7 +539,7 @@ def _run_requested_snapshots(settings: Any, landing: Any) -> None:
         if request is None:
             continue
         table_id = names.table_id(database, table)
-        session = protocol.read_session_state(checkpoint, table_id)
+        session = protocol.latest_session(landing, checkpoint, table_id)
         ended = (session is not None and session.session_id == request.session_id
                  and session.state in (protocol.SessionState.DONE,
                                        protocol.SessionState.STOPPED))

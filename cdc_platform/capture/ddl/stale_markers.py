@@ -41,8 +41,10 @@ from cdc_platform.capture.gtid import parse_gtid, parse_position
 from cdc_platform.capture.landing.zone import Checkpoint, LandingReader, LandingZone
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.protocol import (
+    EndedSessions,
     SessionState,
     SnapshotSession,
+    read_ended_sessions,
     read_session_state,
 )
 
@@ -311,9 +313,17 @@ def _opened_after(session: SnapshotSession, marker: StaleMarker, flavour: str) -
         return session.opening_pos > marker.position
 
 
+def _resolves(session: SnapshotSession | None, marker: StaleMarker, flavour: str) -> bool:
+    """Whether ``session`` is a finished whole-table snapshot that opened after the marker."""
+    return session is not None and session.state == SessionState.DONE and not (
+        session.condition) and _opened_after(session, marker, flavour)
+
+
 def resolve_markers(landing: LandingZone) -> list[StaleMarker]:
     """Every marker, resolving (on disk too) those whose table has a finished whole-table
-    snapshot that opened after the DDL (the checkpoint's snapshot sessions). The resolved
+    snapshot that opened after the DDL: the checkpoint's snapshot sessions, or one that ended
+    and left the checkpoint since (``ended_sessions.json``; read, with the checkpoint again
+    after it, only when a marker is not resolved by the checkpoint's record). The resolved
     position is where the table's changelog ends at that checkpoint: a target that consumed
     up to it has applied the snapshot."""
     markers = read_markers(landing)
@@ -322,21 +332,39 @@ def resolve_markers(landing: LandingZone) -> list[StaleMarker]:
     checkpoint = landing.read_checkpoint()
     if checkpoint is None:
         return markers
+    flavour = checkpoint.flavour
+    # (read when needed: the sessions that left the checkpoint, then, when one of them
+    # resolves a marker, the checkpoint again, which is then at least as new as their end:
+    # the engine writes ended_sessions.json after their end is durable and before a
+    # checkpoint that lacks them)
+    left: EndedSessions | None = None
+    later: Checkpoint | None = None
     out, changed = [], []
     for marker in markers:
+        if marker.resolved:
+            out.append(marker)
+            continue
         session = read_session_state(checkpoint, marker.table_id)
-        if marker.resolved or session is None or session.condition or not _opened_after(
-                session, marker, checkpoint.flavour):
-            pass
-        elif session.state == SessionState.DONE:
+        resolver, at = None, checkpoint
+        if _resolves(session, marker, flavour):
+            resolver = session
+        else:
+            left = read_ended_sessions(landing) if left is None else left
+            ended = left.get(marker.table_id)
+            if ended is not None and _resolves(ended, marker, flavour) and (
+                    session is None or session.session_id != ended.session_id):
+                later = landing.read_checkpoint() if later is None else later
+                resolver, at = ended, later or checkpoint
+        if resolver is not None:
             ends = [last for _, last, _ in landing.segment_names(marker.database,
                                                                  marker.table)
-                    if last < checkpoint.next_pos]
+                    if last < at.next_pos]
             marker = dataclasses.replace(
-                marker, resolved_by=session.session_id,
-                resolved_pos=max(ends, default=session.opening_pos))
+                marker, resolved_by=resolver.session_id,
+                resolved_pos=max(ends, default=resolver.opening_pos))
             changed.append(marker)
-        elif session.tracked:
+        elif session is not None and session.tracked and not session.condition and (
+                _opened_after(session, marker, flavour)):
             marker = dataclasses.replace(marker, running=(
                 f"session {session.session_id} {session.state.value}, {session.rows:,} rows "
                 "loaded so far"))

@@ -1,10 +1,12 @@
 """The files through which a snapshot reader and the capture engine talk (docs/snapshots.md).
 
 One section per section of docs/snapshots.md, in its order: the layout under
-``<landing>/<server>/snapshots/<db>/<table>/``, ``request.json`` (reader -> engine),
-``control.json`` (a signal -> a run that has not opened its session yet), the chunk files and
-their manifest (reader -> engine), the engine's session state in ``checkpoint.json`` (engine ->
-reader), and ``reader.lock`` (``reader.lease`` on object storage). Nothing else is shared
+``<landing>/<server>/snapshots/<db>/<table>/``, ``request.json`` (reader -> engine) and the
+notice that it changed (``snapshot_requests/``), ``control.json`` (a signal -> a run that has
+not opened its session yet), the chunk files and their manifest (reader -> engine), the
+engine's session state in ``checkpoint.json`` and, once ended sessions left it,
+``ended_sessions.json`` (engine -> reader), and ``reader.lock`` (``reader.lease`` on object
+storage). Nothing else is shared
 between the two processes; what each side does with these files is in ``reader`` and
 ``sessions``. Every file is read and written through the zone's store (``landing.store``, path
 parts below the server's folder), so one code path serves a local zone and an ``s3://`` one.
@@ -18,6 +20,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -35,8 +38,8 @@ from cdc_platform.capture.keys import Key
 # parsers); they are named here too, as docs/snapshots.md names them with this protocol.
 from cdc_platform.capture.landing.zone import ACTIONS as ACTIONS
 from cdc_platform.capture.landing.zone import DEFAULT_CHUNK_SIZE as DEFAULT_CHUNK_SIZE
-from cdc_platform.capture.landing.zone import NO_SESSION as NO_SESSION
 from cdc_platform.capture.landing.zone import (
+    ENDED_SESSIONS_FILE,
     READER_LEASE_FILE,
     READER_LOCK_FILE,
     SNAPSHOT_CHUNKS_DIR,
@@ -45,6 +48,7 @@ from cdc_platform.capture.landing.zone import (
     SNAPSHOTS_DIR,
     Action,
     Checkpoint,
+    EndedSessions,
     LandingReader,
     LandingZone,
     SignalRef,
@@ -55,6 +59,7 @@ from cdc_platform.capture.landing.zone import (
     table_parts,
     timestamp_now,
 )
+from cdc_platform.capture.landing.zone import NO_SESSION as NO_SESSION
 from cdc_platform.capture.landing.zone import SessionState as SessionState
 from cdc_platform.capture.lease import Lease, process_holder
 from cdc_platform.capture.schema import ColumnSpec, ColumnValueError, TableSchema, landing_arrays
@@ -67,6 +72,9 @@ READER_STATE_FILE = "reader.state"
 log = logging.getLogger(__name__)
 # A chunk's rows beside its manifest (``<seq:08d>.arrow``): ``write_chunk``, ``read_chunk_rows``.
 CHUNK_ROWS_SUFFIX = ".arrow"
+# Notices that a table's request.json changed (``write_request``), below the server's folder:
+# the engine lists this one folder instead of looking at every table's request.
+REQUEST_NOTICES_DIR = "snapshot_requests"
 
 
 # ---- the layout ----------------------------------------------------------------------------------
@@ -129,10 +137,51 @@ def requested_tables(landing: LandingReader) -> list[tuple[str, str]]:
 
 def write_request(landing: LandingZone, database: str, table: str,
                   request: SnapshotRequest) -> str:
-    """Replace the table's ``request.json`` atomically; its URL (a path locally)."""
+    """Replace the table's ``request.json`` atomically, then leave a notice that it changed
+    (``request_notices``); its URL (a path locally)."""
     parts = request_parts(database, table)
     landing.store.write_atomically(*parts, data=request.to_json())
+    # After the request: the engine that reads the notice reads this request (or a newer
+    # one). A notice lost with its writer (killed in between) is made up for by the engine's
+    # look at every request now and then (``sessions.REQUEST_SCAN_SECONDS``).
+    name = f"{time.time_ns():020d}-{uuid.uuid4().hex[:12]}.json"
+    landing.store.write_atomically(REQUEST_NOTICES_DIR, name, data=json.dumps(
+        {"database": database, "table": table}).encode(), durable=False)
     return str(landing.where(*parts))
+
+
+@dataclass(frozen=True)
+class RequestNotice:
+    """A notice that a table's ``request.json`` changed: its file name, and the table (None
+    when the notice does not read: not one ``write_request`` wrote)."""
+
+    name: str
+    table: tuple[str, str] | None
+
+
+def request_notices(landing: LandingReader) -> list[RequestNotice]:
+    """The notices in ``snapshot_requests/``, oldest first: one listing (and a read of each
+    notice) where looking at every table's request was a ``stat`` each (a request each on
+    object storage), whatever the number of tables. The engine deletes each notice once it
+    has read the table's request (``delete_request_notice``)."""
+    notices = []
+    for name in landing.store.list_names(REQUEST_NOTICES_DIR):
+        if name.startswith(".") or not name.endswith(".json"):
+            continue  # (a temporary file of a write under way)
+        data = landing.store.read_bytes(REQUEST_NOTICES_DIR, name)
+        if data is None:
+            continue  # (deleted meanwhile)
+        try:
+            raw = json.loads(data)
+            table: tuple[str, str] | None = (str(raw["database"]), str(raw["table"]))
+        except (ValueError, KeyError, TypeError):
+            table = None
+        notices.append(RequestNotice(name, table))
+    return notices
+
+
+def delete_request_notice(landing: LandingZone, notice: RequestNotice) -> None:
+    landing.store.delete(REQUEST_NOTICES_DIR, notice.name)
 
 
 def read_request(landing: LandingReader, database: str, table: str) -> SnapshotRequest | None:
@@ -388,8 +437,53 @@ def read_chunk_rows(landing: LandingReader, database: str, table: str, session_i
 
 
 def read_session_state(checkpoint: Checkpoint | None, table_id: str) -> SnapshotSession | None:
-    """The engine's record of the table's snapshot session, from its checkpoint."""
+    """The engine's record of the table's snapshot session, from its checkpoint: a session it
+    tracks (open, paused), or one that ended a little while ago. Enough for whoever asks
+    about running sessions; an ended session may have left it (``latest_session``)."""
     return None if checkpoint is None else checkpoint.snapshot_session(table_id)
+
+
+class _SharedEndedSessions:
+    """The newest parsed ``ended_sessions.json`` of each landing zone in this process, by the
+    file's stamp (a ``stat`` locally, a HEAD on object storage): it changes only when sessions
+    leave the checkpoint, and readers look at it far more often."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._latest: dict[str, tuple[str, EndedSessions]] = {}
+
+    def read(self, landing: LandingReader) -> EndedSessions:
+        key = landing.store.uri
+        stamp = landing.store.stamp(ENDED_SESSIONS_FILE)
+        if stamp is None:
+            return EndedSessions()
+        with self._lock:
+            cached = self._latest.get(key)
+            if cached is not None and cached[0] == stamp:
+                return cached[1]
+        data = landing.store.read_bytes(ENDED_SESSIONS_FILE)
+        ended = EndedSessions() if data is None else EndedSessions.from_json(data)
+        with self._lock:  # (under the stamp read before it: a later look reads it again)
+            self._latest[key] = (stamp, ended)
+        return ended
+
+
+_ENDED_SESSIONS = _SharedEndedSessions()
+
+
+def read_ended_sessions(landing: LandingReader) -> EndedSessions:
+    """``ended_sessions.json``: each table's newest session that ended and left the
+    checkpoint (parsed again only when the file changed)."""
+    return _ENDED_SESSIONS.read(landing)
+
+
+def latest_session(landing: LandingReader, checkpoint: Checkpoint | None,
+                   table_id: str) -> SnapshotSession | None:
+    """The table's newest session the engine recorded: the checkpoint's record, else the one
+    that left it (``ended_sessions.json``). Read the checkpoint first: the engine writes the
+    ended sessions before any checkpoint that lacks them, so the pair read in this order
+    never misses a session."""
+    return read_session_state(checkpoint, table_id) or read_ended_sessions(landing).get(table_id)
 
 
 # ---- reader.lock / reader.lease: one reader per table -----------------------------------------

@@ -25,7 +25,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from cdc_platform.capture import source as source_sql
-from cdc_platform.capture.landing.zone import SNAPSHOTS_CHECKPOINT_KEY, Checkpoint, LandingZone
+from cdc_platform.capture.landing.zone import (
+    SNAPSHOTS_CHECKPOINT_KEY,
+    Checkpoint,
+    EndedSessions,
+    LandingZone,
+    SnapshotSession,
+)
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.snapshot.chunks import Chunk, ChunkedTable, ChunkKey, schema_fingerprint
 from cdc_platform.capture.snapshot.conditions import Condition, UnsafeConditionError
@@ -41,6 +47,7 @@ from cdc_platform.capture.snapshot.protocol import (
     chunk_parts,
     decode_key,
     encode_key,
+    latest_session,
     read_chunk_rows,
     read_request,
     write_chunk,
@@ -352,8 +359,11 @@ class ScriptedEngine:
     """
 
     def __init__(self, landing: LandingZone, table_id: str, decide: Decide | None = None,
-                 interval: float = 0.02) -> None:
+                 interval: float = 0.02, leave_at_once: bool = False) -> None:
         self.landing, self.table_id = landing, table_id
+        # An ended session leaves the checkpoint for ended_sessions.json in the same tick (the
+        # real engine waits a while: a reader that did not look meanwhile sees the same).
+        self.leave_at_once = leave_at_once
         self.decide = decide or (lambda seq, manifest: "commit")
         self.interval = interval
         self.session: dict[str, Any] | None = None
@@ -426,6 +436,12 @@ class ScriptedEngine:
                     self.undecided_at_complete.append(len(pending) - 1)
                     session["state"] = "done"
                     break
+        if self.leave_at_once and session["state"] in ("done", "stopped"):
+            self.landing.write_ended_sessions(EndedSessions({self.table_id: (
+                SnapshotSession.from_dict(session, self.table_id))}))
+            self.landing.write_checkpoint(Checkpoint(
+                self.landing.server_name, "mariadb", "0-1-1", 1))
+            return
         self.landing.write_checkpoint(Checkpoint(
             self.landing.server_name, "mariadb", "0-1-1", 1,
             extra={SNAPSHOTS_CHECKPOINT_KEY: {self.table_id: dict(session)}}))
@@ -546,6 +562,24 @@ def test_reads_the_table_in_tiled_chunks_and_finishes_when_the_complete_chunk_co
     assert result.rows_per_second > 0 and result.duration_seconds > 0
     assert progress[-1].state == "done" and progress[-1].chunks == 4
     assert progress[-1].last_key == [100]
+
+
+def test_a_reader_whose_session_left_the_checkpoint_learns_how_it_ended(
+        shop: tuple[Any, str, LandingZone]) -> None:
+    """An ended session leaves the checkpoint (for ended_sessions.json) some seconds after it
+    ended: a reader that did not look at the checkpoint meanwhile (a stalled thread) still
+    ends done, or fails with the engine's reason."""
+    mariadb, db, landing = shop
+    with ScriptedEngine(landing, f"{db}.items", leave_at_once=True):
+        result = _reader(mariadb, db, landing, chunk_size=30).run()
+    assert (result.status, result.rows, result.chunks) == ("done", 100, 4)
+
+    def give_up(seq: int, manifest: dict[str, Any]) -> str:
+        return "give-up" if seq == 1 else "commit"
+
+    with ScriptedEngine(landing, f"{db}.items", give_up, leave_at_once=True), \
+            pytest.raises(SnapshotError, match="scripted: chunk 1 unusable"):
+        _reader(mariadb, db, landing, chunk_size=30).run()
 
 
 def test_at_most_max_pending_chunks_wait_and_the_complete_one_waits_for_all_others(
@@ -1158,16 +1192,16 @@ def _requested(env: CdcEnv, table: str) -> str | None:
 
 
 def _engine_session(env: CdcEnv, table: str) -> dict[str, Any]:
-    checkpoint = env.landing.read_checkpoint()
-    assert checkpoint is not None
-    return checkpoint.extra[SNAPSHOTS_CHECKPOINT_KEY][f"{env.db}.{table}"]
+    """The table's newest session the engine recorded (the checkpoint's, else the one that
+    left it for ended_sessions.json)."""
+    session = latest_session(env.landing, env.landing.read_checkpoint(), f"{env.db}.{table}")
+    assert session is not None
+    return session.to_dict()
 
 
 def _engine_state(env: CdcEnv, table: str) -> str | None:
-    checkpoint = env.landing.read_checkpoint()
-    state = (checkpoint.extra.get(SNAPSHOTS_CHECKPOINT_KEY) or {}).get(f"{env.db}.{table}") if checkpoint \
-        else None
-    return state["state"] if state else None
+    session = latest_session(env.landing, env.landing.read_checkpoint(), f"{env.db}.{table}")
+    return None if session is None else str(session.state)
 
 
 def test_several_tables_at_once(cdc_env: CdcEnv, spark: Any) -> None:

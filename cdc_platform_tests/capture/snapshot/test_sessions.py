@@ -18,13 +18,13 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cdc_platform.capture.gtid import MariadbPosition, parse_gtid
-from cdc_platform.capture.landing.zone import LandingZone
+from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
-from cdc_platform.capture.snapshot import sessions
+from cdc_platform.capture.snapshot import protocol, sessions
 from cdc_platform.capture.snapshot.chunks import Chunk, ChunkedTable, ChunkKey, schema_fingerprint
 from cdc_platform.capture.snapshot.commit_rule import TouchedKeyLog
 from cdc_platform.capture.snapshot.protocol import (
@@ -446,3 +446,219 @@ def test_a_condition_read_back_from_request_json_is_checked_again(
         assert landed.rows() == []
         assert "UnsafeConditionError: additional condition refused at character 4" in \
             session["rejected"]["0"]
+
+
+# ---- the cost of many tables: notices, and ended sessions leaving the checkpoint ----------
+
+
+def _open_many(tmp_path: Path, count: int) -> tuple[SnapshotCoordinator, LandingZone, Engine]:
+    landing = LandingZone(str(tmp_path / "landing"), "demo")
+    engine = Engine({f"db.t{i}": TableSchema("db", f"t{i}", SCHEMA.columns, ("k",))
+                     for i in range(count)})
+    coordinator = SnapshotCoordinator(landing, "mariadb", logging.getLogger(__name__), engine,
+                                      engine)
+    for i in range(count):
+        write_request(landing, "db", f"t{i}", SnapshotRequest(f"s{i}", "open", ("k",), None, 10))
+    return coordinator, landing, engine
+
+
+def test_requests_are_found_through_notices_without_a_look_at_every_table(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After its first look at every request, the engine looks only at the tables whose
+    request a notice says changed: a poll of 50 tables with nothing new is one listing."""
+    coordinator, landing, _ = _open_many(tmp_path, 50)
+    assert coordinator.on_tick(_pos(10))
+    assert len(coordinator.sessions) == 50
+    assert protocol.request_notices(landing) == []  # (read, then deleted)
+    stamps: list[tuple[str, ...]] = []
+    stamp = landing.store.stamp
+
+    def counting(*parts: str) -> str | None:
+        stamps.append(parts)
+        return stamp(*parts)
+
+    monkeypatch.setattr(landing.store, "stamp", counting)
+    for _ in range(5):
+        assert not coordinator.on_tick(_pos(10))
+    assert stamps == []
+    write_request(landing, "db", "t7", SnapshotRequest("s7", "pause", ("k",), None, 10))
+    assert coordinator.on_tick(_pos(10))
+    assert coordinator.sessions["db.t7"].state == "paused"
+    assert [parts[-2] for parts in stamps] == ["t7"]
+    assert protocol.request_notices(landing) == []
+
+
+def test_a_request_written_without_its_notice_is_seen_at_the_next_look_at_every_request(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer killed between request.json and its notice (or a reader of an older version)
+    is made up for by the look at every request every REQUEST_SCAN_SECONDS."""
+    coordinator, landing, _ = _coordinator(tmp_path)
+    assert coordinator.on_tick(_pos(10))
+    path = landing.root.joinpath(*request_parts("db", "t"))
+    path.write_bytes(SnapshotRequest("s1", "pause", ("k",), None, 10).to_json())
+    assert not coordinator.on_tick(_pos(10))
+    assert _session(coordinator)["state"] == "open"
+    monkeypatch.setattr(coordinator, "_next_request_scan", 0.0)
+    assert coordinator.on_tick(_pos(10))
+    assert _session(coordinator)["state"] == "paused"
+
+
+def _finish(coordinator: SnapshotCoordinator, landing: LandingZone, table: str,
+            session_id: str, read_at: int = 10) -> None:
+    """The session's one (complete) chunk, committed: the session is done."""
+    schema = TableSchema("db", table, SCHEMA.columns, ("k",))
+    chunk = Chunk(ChunkedTable(schema, ChunkKey(("k",), (False,), "primary key")),
+                  ((1, 10),), None, None, _pos(read_at), _pos(read_at),
+                  schema_fingerprint(schema), None, True)
+    seq = len(protocol.manifest_seqs(landing, "db", table, session_id))
+    write_chunk(landing, chunk, session_id, seq, True)
+    coordinator.on_tick(_pos(read_at))
+    assert coordinator.sessions[f"db.{table}"].state == "done"
+
+
+def _take(coordinator: SnapshotCoordinator, times: int = 1) -> dict[str, Any]:
+    state: dict[str, Any] = {}
+    for _ in range(times):
+        coordinator._next_leave_look = 0.0  # (no wait between looks here)
+        state = coordinator.checkpoint_state(due=True)
+    return state
+
+
+def test_a_done_session_leaves_the_checkpoint_once_its_end_is_durable_and_its_chunks_gone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sessions, "ENDED_LINGER_SECONDS", 0.0)
+    coordinator, landing, _ = _coordinator(tmp_path)
+    coordinator.on_tick(_pos(10))
+    _finish(coordinator, landing, "t", "s1")
+    # Taken by one checkpoint, then one more: the first may still be in flight.
+    assert _take(coordinator, 2)["db.t"]["state"] == "done"
+    # Two after it, but its chunk files are there (its reader has not seen the end, or
+    # retention not deleted them): it stays, for retention judges them by it.
+    assert "db.t" in _take(coordinator, 3)
+    landing.store.delete_directory(*protocol.chunk_parts("db", "t", "s1"))
+    coordinator._ended["db.t"].look_at = 0.0
+    assert _take(coordinator) == {}
+    left = protocol.read_ended_sessions(landing).get("db.t")
+    assert left is not None and left.session_id == "s1" and left.state == "done"
+    assert protocol.latest_session(landing, None, "db.t") == left
+    # Its request.json still says "open s1": the engine does not open it again, nor does an
+    # engine started from the checkpoint.
+    for engine in (coordinator, _restarted(landing, coordinator)):
+        for _ in range(2):
+            engine._next_request_scan = 0.0
+            assert not engine.on_tick(_pos(20))
+        assert "db.t" not in engine.sessions
+    # A new session of the table opens as ever.
+    write_request(landing, "db", "t", SnapshotRequest("s2", "open", ("k",), None, 10))
+    assert coordinator.on_tick(_pos(20)) and _session(coordinator)["session_id"] == "s2"
+
+
+def _restarted(landing: LandingZone, coordinator: SnapshotCoordinator) -> SnapshotCoordinator:
+    """A new engine's coordinator, started from what ``coordinator`` last checkpointed."""
+    engine = Engine()
+    restarted = SnapshotCoordinator(landing, "mariadb", logging.getLogger(__name__), engine,
+                                    engine)
+    restarted.on_start(coordinator.checkpoint_state(due=True), _pos(20))
+    return restarted
+
+
+def test_a_session_ended_for_a_restart_stays_ended_whatever_its_request_says(
+        tmp_path: Path) -> None:
+    """A pause or resume of a session the engine ended for a restart (its reader has not
+    asked for its new session yet) leaves it ended: it once made it open again while
+    untracked, and the next tick failed the engine."""
+    coordinator, landing, _ = _coordinator(tmp_path)
+    coordinator.on_tick(_pos(10))
+    assert coordinator.on_ddl("db.t", parse_gtid("mariadb", "0-1-11"))
+    for action in ("pause", "resume"):
+        write_request(landing, "db", "t", SnapshotRequest("s1", action, ("k",), None, 10))
+        assert not coordinator.on_tick(_pos(12))
+        assert _session(coordinator)["state"] == "restart"
+    _publish(landing, 0, ((1, 10),), read_at=12, high=None, complete=True)
+    assert not coordinator.on_tick(_pos(12))
+
+
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # (constants only)
+@given(steps=st.lists(st.sampled_from(["open", "done", "done", "done-reader-killed", "stop",
+                                       "ddl", "retention", "flush", "flush", "flush", "flush",
+                                       "crash"]), max_size=60),
+       tables=st.integers(1, 2), data=st.data())
+def test_every_session_is_in_the_durable_checkpoint_or_in_ended_sessions(
+        tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
+        steps: list[str], tables: int, data: st.DataObject) -> None:
+    """Whatever happens (sessions opened, ended every way, readers that see their session
+    done delete its chunks, killed ones leave them to retention, flushes, a crash of the
+    engine restarting from its last durable checkpoint), for every
+    table the engine's newest session is found (``latest_session``: the checkpoint's record,
+    else ``ended_sessions.json``) as the durable checkpoint knows it, or, once ended, as it
+    ended; and a request that still names an ended session never opens it again."""
+    monkeypatch.setattr(sessions, "ENDED_LINGER_SECONDS", 0.0)
+    monkeypatch.setattr(sessions, "LEAVE_LOOK_SECONDS", 0.0)
+    tmp_path = tmp_path_factory.mktemp("sessions")
+    coordinator, landing, _ = _open_many(tmp_path, tables)
+    names_ = [f"t{i}" for i in range(tables)]
+    counter = 0
+    taken: list[dict[str, Any]] = [{}]  # checkpoints written; all but the newest are durable
+    ended: dict[tuple[str, str], str] = {}  # (table, session) -> how the engine ended it
+    for iterations, step in enumerate(steps, start=1):
+        table = data.draw(st.sampled_from(names_))
+        table_id = f"db.{table}"
+        session = coordinator.sessions.get(table_id)
+        if step == "open":
+            counter += 1
+            write_request(landing, "db", table, SnapshotRequest(
+                f"n{counter}", "open", ("k",), None, 10))
+        elif step.startswith("done") and session is not None and session.state == "open":
+            _finish(coordinator, landing, table, session.session_id, read_at=10 + iterations)
+            if step == "done":  # (its reader saw it done)
+                landing.store.delete_directory(*protocol.chunk_parts("db", table,
+                                                                       session.session_id))
+        elif step == "stop" and session is not None and session.tracked:
+            write_request(landing, "db", table, SnapshotRequest(
+                session.session_id, "stop", ("k",), None, 10))
+        elif step == "ddl":
+            coordinator.on_ddl(table_id, parse_gtid("mariadb", f"0-1-{10 + iterations}"))
+        elif step == "retention" and session is not None and not session.tracked:
+            landing.store.delete_directory(*protocol.chunk_parts("db", table,
+                                                                   session.session_id))
+        elif step == "flush":
+            coordinator._next_leave_look = 0.0
+            for done in coordinator._ended.values():
+                done.look_at = 0.0
+            taken.append(coordinator.checkpoint_state(due=True))
+        elif step == "crash":
+            durable = taken[-2] if len(taken) > 1 else {}
+            engine = Engine({f"db.{t}": TableSchema("db", t, SCHEMA.columns, ("k",))
+                             for t in names_})
+            coordinator = SnapshotCoordinator(landing, "mariadb",
+                                              logging.getLogger(__name__), engine, engine)
+            coordinator.on_start(durable, _pos(10 + iterations))
+            taken = [durable]
+        coordinator.on_tick(_pos(10 + iterations))
+        for table_id, session in coordinator.sessions.items():
+            if not session.tracked:
+                ended[(table_id, session.session_id)] = str(session.state)
+        # The invariant, as any reader sees the landing zone now (the durable checkpoint).
+        durable = taken[-2] if len(taken) > 1 else {}
+        left = protocol.read_ended_sessions(landing)
+        for t in names_:
+            table_id = f"db.{t}"
+            found = protocol.latest_session(landing, Checkpoint(
+                "demo", "mariadb", extra={"snapshots": durable}), table_id)
+            in_checkpoint = durable.get(table_id)
+            if in_checkpoint is not None:
+                assert found is not None and found.session_id == in_checkpoint["session_id"]
+                assert str(found.state) == in_checkpoint["state"]
+            record = left.get(table_id)
+            if record is not None:
+                # Only ended sessions leave, as they ended, and never one a restarted engine
+                # would go on with.
+                assert ended[(table_id, record.session_id)] == str(record.state)
+                assert in_checkpoint is None or in_checkpoint["session_id"] != \
+                    record.session_id or in_checkpoint["state"] == str(record.state)
+        # A session that left is not opened again by its request.
+        for table_id, record in coordinator.left.items():
+            current = coordinator.sessions.get(table_id)
+            assert current is None or current.session_id != record.session_id or \
+                not current.tracked

@@ -66,11 +66,13 @@ from cdc_platform.capture.snapshot.protocol import (
     SessionState,
     SignalRef,
     SnapshotRequest,
+    SnapshotSession,
     chunk_parts,
     encode_key,
     manifest_name,
     progress_parts,
     read_control,
+    read_ended_sessions,
     read_request,
     read_session_state,
     write_chunk,
@@ -239,6 +241,9 @@ class SnapshotReader:
         self._checkpoint_stamp: str | None = None
         self._checkpoint: Checkpoint | None = None
         self._checkpoint_changed_at = time.monotonic()
+        # ended_sessions.json's record of this session, as of the checkpoint stamp it was
+        # looked at for (``_engine_session``).
+        self._left: tuple[str | None, SnapshotSession | None] = ("", None)
         self._lock = ReaderLock(landing, schema.database, schema.table)
         # How often the loop looks for the engine's decisions while it can only wait: a look
         # is a stat locally, a request on object storage.
@@ -362,6 +367,20 @@ class SnapshotReader:
             except ValueError:
                 self._checkpoint_stamp = None  # caught mid-replace on a non-POSIX filesystem
         return self._checkpoint
+
+    def _engine_session(self) -> SnapshotSession | None:
+        """The engine's record of the table's session: the checkpoint's, else (an ended
+        session leaves the checkpoint some seconds after it ended) this session's record in
+        ``ended_sessions.json``, which is looked at again only when the checkpoint changed
+        (the engine writes it before the checkpoint that lacks the session)."""
+        state = read_session_state(self._poll_checkpoint(), self.table_id)
+        if state is not None:
+            return state
+        if self._left[0] != self._checkpoint_stamp:
+            left = read_ended_sessions(self.landing).get(self.table_id)
+            self._left = (self._checkpoint_stamp, left if left is not None and (
+                left.session_id == self.session_id) else None)
+        return self._left[1]
 
     def _reconnect(self) -> None:
         self._source.close()
@@ -700,7 +719,7 @@ class SnapshotReader:
                 if request.session_id == NO_SESSION:
                     self._stop_for(request)
                 return False
-            state = read_session_state(self._poll_checkpoint(), self.table_id)
+            state = self._engine_session()
             if state is not None and state.session_id == self.session_id:
                 self.log.info(f"{self._where()}: acknowledged by the capture engine at GTID "
                               f"{state.opening or '(start)'}, changelog position "
@@ -855,7 +874,7 @@ class SnapshotReader:
 
     def _absorb_engine_state(self) -> SnapshotResult | None:
         """Apply what the engine decided since the last look; a result when the run ends."""
-        state = read_session_state(self._poll_checkpoint(), self.table_id)
+        state = self._engine_session()
         if state is None or state.session_id != self.session_id:
             if state is not None and self._state != ReaderState.WAITING:
                 raise SnapshotError(f"{self._where()}: replaced by session "
