@@ -37,6 +37,11 @@ capture engine's peak RSS (the engine runs in a process of its own, as in produc
   250k rows/s here; OLake 338k, filament 1.27M on bigger machines), when the snapshot was done,
   each merge, CPU and peak RSS of the three processes; then the same for a second table
   captured while engine and applier already run (no process start in the figure).
+* lake-many (``bench/lake_many.py``): the lake's lag when the changes are spread over many
+  tables (``--lake-many``, default 100 tables at 200 commits/s and 1,000 at 500; goals p99 <=
+  15 s and <= 60 s, ``lake.freshness_seconds``), engine and applier as processes at their
+  defaults; printed beside it: the merges, their duration, the applier's CPU per merge and peak
+  RSS; with ``--s3`` the first case again on SeaweedFS (REST catalog).
 * initial-load-many (``bench/initial_load_many.py``): ``--many-tables`` (default 100x2000 and
   1000x1000) tables of that many rows whose rows predate the binlog, with the platform started
   as in production (the Dagster daemon and one ``stream_changes`` launch); the time until
@@ -49,7 +54,8 @@ capture engine's peak RSS (the engine runs in a process of its own, as in produc
 * on S3 (``--s3``, the default; ``--no-s3`` to skip): the bench starts a SeaweedFS
   (``bench/_s3.py``) and prints, beside the local figures, the streaming engine's rows/s into an
   s3:// landing zone (and its ratio to the local engine), the snapshot's rows/s into one (idle
-  and under the write load), and the e2e soak at the highest ``--e2e-rates`` with the landing
+  and under the write load), the lake-many soak's first case, and the e2e soak at the highest
+  ``--e2e-rates`` with the landing
   zone and the lake on it (the target in its Iceberg REST catalog, read by pyiceberg through
   the catalog). Same machine: the S3 server's CPU is part of each figure.
 
@@ -653,6 +659,11 @@ def main() -> int:
     parser.add_argument("--e2e-retention-hours", type=float, default=0.0,
                         help="e2e: landing_zone.retention_hours (default 0: consumed segments "
                         "go at the next sweep; -1: the platform's default)")
+    parser.add_argument("--lake-many", default="100x2000x200,1000x500x500",
+                        help="lake-many cases: TABLESxROWSxCOMMITS_PER_SECOND, comma-separated "
+                        "(the first also on S3 with --s3)")
+    parser.add_argument("--lake-many-seconds", type=float, default=180.0,
+                        help="lake-many: the write load's duration")
     parser.add_argument("--initial-load-rows", type=int, default=1_000_000)
     parser.add_argument("--many-tables", default="100x2000,1000x1000",
                         help="initial-load-many: TABLESxROWS cases (default 100x2000,1000x1000)")
@@ -707,6 +718,16 @@ def _run_sections(args: argparse.Namespace, only: tuple[str, ...], work: Path,
             bench_e2e(rate, args.e2e_seconds, args.e2e_writers, retention, work)
         if s3 is not None:  # (at the highest rate only: a soak costs minutes)
             bench_e2e(max(rates), args.e2e_seconds, args.e2e_writers, retention, work, s3)
+    if "lake-many" in only:
+        from bench.lake_many import bench_many
+
+        cases = [tuple(float(n) for n in case.lower().split("x"))
+                 for case in args.lake_many.split(",")]
+        for tables, rows, rate in cases:
+            bench_many(int(tables), int(rows), rate, args.lake_many_seconds, 2, work)
+        if s3 is not None:  # (the first case: a soak costs minutes)
+            tables, rows, rate = cases[0]
+            bench_many(int(tables), int(rows), rate, args.lake_many_seconds, 2, work, s3)
     if "initial-load" in only:
         from bench.initial_load import bench_initial_load
 
@@ -724,12 +745,14 @@ def _run_sections(args: argparse.Namespace, only: tuple[str, ...], work: Path,
 
 
 SECTIONS = ("streaming", "freshness", "lake", "snapshot", "large_transaction", "e2e",
-            "initial-load", "initial-load-many", "code-location")
-S3_SECTIONS = ("streaming", "snapshot", "e2e")  # (with --s3: their rows on SeaweedFS too)
+            "lake-many", "initial-load", "initial-load-many", "code-location")
+# (with --s3: their rows on SeaweedFS too)
+S3_SECTIONS = ("streaming", "snapshot", "e2e", "lake-many")
 
 
 def _sections(text: str) -> tuple[str, ...]:
     names = tuple(n.strip().replace("initial_load", "initial-load").replace("_many", "-many")
+                  .replace("lake_many", "lake-many")
                   .replace("code_location", "code-location") for n in text.split(","))
     unknown = [n for n in names if n not in SECTIONS]
     if unknown:
