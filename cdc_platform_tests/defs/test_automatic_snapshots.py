@@ -16,12 +16,17 @@ from cdc_platform.capture.ddl.stale_markers import (
     target_staleness,
 )
 from cdc_platform.capture.landing.zone import Checkpoint
+from cdc_platform.capture.snapshot.protocol import SignalRef
+from cdc_platform.capture.snapshot.reading import relaunch
+from cdc_platform.capture.snapshot.reading.actions import signal_action
 from cdc_platform.definitions import build_definitions
 from cdc_platform.defs.signals.sensors import SNAPSHOT_TABLE_TAG
 from cdc_platform.defs.snapshots.sensors import (
+    ATTEMPT_TAG,
     AUTOMATIC_TAG,
     MARKER_TAG,
     REASON_TAG,
+    RELAUNCH_TAG,
     TABLE_COUNT_TAG,
     run_key,
     sensor_name,
@@ -143,6 +148,83 @@ def test_tables_waiting_together_share_runs_smallest_first_and_a_large_one_runs_
     assert [k.path[-1] for k in large.asset_selection] == ["big"]
     sensor.create_run(large, dg.DagsterRunStatus.STARTED)
     assert sensor.tick().run_requests == []
+
+
+@pytest.mark.cdc_config(capture={"max_parallel_snapshots": 1, "tables_per_snapshot_run": 10})
+def test_a_run_that_failed_is_launched_again_a_few_times_then_left_with_the_reason(
+        cdc_env: CdcEnv, instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run of three tables fails (killed: run monitoring reports it failed) without loading
+    them: after a wait it is launched again, with its own run key and tags saying why, up to
+    SNAPSHOT_RELAUNCHES times; then the platform leaves the tables, and their targets'
+    not_stale check says why and what to do. A cancelled run is not launched again."""
+    env = cdc_env
+    _tables_with_history(env, "a", "b", "c")
+    env.catch_up()
+    sensor = Sensor(env, instance)
+    [first] = sensor.tick().run_requests
+    assert ATTEMPT_TAG not in first.tags and len(first.asset_selection) == 3
+    run = sensor.create_run(first, dg.DagsterRunStatus.STARTED)
+    instance.report_run_failed(run)
+
+    # Within the wait nothing is launched; the tick says when it will be.
+    result = sensor.tick()
+    assert result.run_requests == []
+    assert "3 to be launched again later" in (result.skip_message or "")
+    monkeypatch.setattr(relaunch, "RELAUNCH_BACKOFF_SECONDS", 0.0)
+    keys = {first.run_key}
+    for attempt in range(2, 2 + relaunch.SNAPSHOT_RELAUNCHES):
+        [again] = sensor.tick().run_requests
+        assert [r.run_key for r in sensor.tick().run_requests] == [again.run_key]  # (same)
+        assert again.run_key not in keys and len(again.asset_selection) == 3
+        keys.add(again.run_key)
+        assert again.tags[ATTEMPT_TAG] == str(attempt)
+        assert again.tags[RELAUNCH_TAG].startswith(f"its snapshot run {run.run_id[:8]} failed")
+        assert f"relaunch {attempt - 1} of {relaunch.SNAPSHOT_RELAUNCHES}" in \
+            again.tags[RELAUNCH_TAG]
+        run = sensor.create_run(again, dg.DagsterRunStatus.STARTED)
+        assert sensor.tick().run_requests == []  # (its slot is taken, its tables busy)
+        instance.report_run_failed(run)
+    result = sensor.tick()
+    assert result.run_requests == [] and "3 left alone" in (result.skip_message or "")
+    markers = read_markers(env.landing)
+    staleness = target_staleness(markers, f"{env.db}.a", None) or ""
+    assert staleness.startswith("history not loaded yet: initial snapshot not loaded: 4 "
+                                "snapshot runs ended without loading it, the last: run "
+                                f"{run.run_id[:8]} failed")
+    assert f"materialise the snapshot asset {env.server_name}/snapshot/{env.db}/a" in staleness
+    assert sensor.tick().run_requests == []
+
+
+@pytest.mark.cdc_config(capture={"max_parallel_snapshots": 1, "tables_per_snapshot_run": 10})
+@pytest.mark.parametrize("ending", ["cancelled", "stop signal"])
+def test_a_cancelled_run_or_a_stop_signal_is_not_overridden(
+        cdc_env: CdcEnv, instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch,
+        ending: str) -> None:
+    """A person's decision stands: a run cancelled in Dagster, or a table a stop-snapshot
+    signal stopped after its run failed, is not launched again (the other table of that
+    failed run is)."""
+    env = cdc_env
+    monkeypatch.setattr(relaunch, "RELAUNCH_BACKOFF_SECONDS", 0.0)
+    _tables_with_history(env, "a", "b")
+    env.catch_up()
+    sensor = Sensor(env, instance)
+    [first] = sensor.tick().run_requests
+    run = sensor.create_run(first, dg.DagsterRunStatus.STARTED)
+    if ending == "cancelled":
+        instance.report_run_canceled(run)
+        assert sensor.tick().run_requests == []
+        for table in ("a", "b"):
+            staleness = target_staleness(read_markers(env.landing), f"{env.db}.{table}",
+                                         None) or ""
+            assert f"run {run.run_id[:8]} was cancelled at " in staleness
+            assert "without loading it and is not launched again" in staleness
+        return
+    instance.report_run_failed(run)
+    signal_action(env.landing, env.db, "a", "stop", SignalRef("stop-a", "topic", 7))
+    [again] = sensor.tick().run_requests
+    assert [k.path[-1] for k in again.asset_selection] == ["b"]
+    assert "stopped by signal stop-a" in (
+        target_staleness(read_markers(env.landing), f"{env.db}.a", None) or "")
 
 
 @pytest.mark.cdc_config(capture={"snapshot_mode": "never"})

@@ -14,14 +14,18 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import pytest
 
 from cdc_platform.capture.landing.zone import SNAPSHOTS_CHECKPOINT_KEY
 from cdc_platform.capture.snapshot import protocol
+from cdc_platform.capture.snapshot.reading import relaunch
 from cdc_platform.definitions import build_definitions
 from cdc_platform.defs.snapshots.definitions import snapshot_op_name
+from cdc_platform.defs.snapshots.sensors import ATTEMPT_TAG
 from cdc_platform.demo.run import create_dagster_storage
 from cdc_platform_tests.capture.snapshot.test_reader import EngineThread
 from cdc_platform_tests.conftest import CdcEnv
+from cdc_platform_tests.defs.test_automatic_snapshots import Sensor
 from cdc_platform_tests.defs.test_snapshot_assets import snapshot_status, streaming
 
 
@@ -40,14 +44,66 @@ def _tables_with_history(env: CdcEnv, sizes: dict[str, int]) -> None:
 
 
 def _materialise(env: CdcEnv, tables: list[str], instance: dg.DagsterInstance,
-                 config: dict[str, Any]) -> dg.ExecuteInProcessResult:
+                 config: dict[str, Any], tags: dict[str, str] | None = None
+                 ) -> dg.ExecuteInProcessResult:
     """One run of the source's snapshot assets, selecting ``tables``."""
     defs = build_definitions(env.settings)
     keys = [_key(env, t) for t in tables]
     return dg.materialize([defs.resolve_assets_def(keys[0])], selection=keys,
-                          instance=instance, raise_on_error=False,
+                          instance=instance, raise_on_error=False, tags=tags,
                           run_config={"ops": {snapshot_op_name(env.settings): {
                               "config": config}}})
+
+
+class _Worker:
+    """A snapshot run in a process of its own (``dagster asset materialize``, its own Dagster
+    home), as a run worker pod runs it: what a test kills with SIGKILL."""
+
+    def __init__(self, env: CdcEnv, tmp_path: Path) -> None:
+        home = tmp_path / "dagster_home"
+        home.mkdir(exist_ok=True)
+        (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+        create_dagster_storage(home)
+        self.config = tmp_path / "run_config.yaml"
+        self.config.write_text(f"ops:\n  {snapshot_op_name(env.settings)}:\n    config:\n"
+                               "      chunk_size: 10\n      parallel_tables: 2\n")
+        self.env = env
+        self.process_env = dict(os.environ, CDC_PLATFORM_CONFIG=str(env.write_config()),
+                                DAGSTER_HOME=str(home))
+
+    def start(self, tables: list[str], log: Path) -> subprocess.Popen[bytes]:
+        selection = ",".join("/".join(_key(self.env, t).path) for t in sorted(tables))
+        with open(log, "wb") as out:
+            return subprocess.Popen(
+                [str(Path(sys.executable).with_name("dagster")), "asset", "materialize", "-m",
+                 "cdc_platform.definitions", "--select", selection, "-c", str(self.config)],
+                env=self.process_env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def _kill_when_mid_way(env: CdcEnv, worker: subprocess.Popen[bytes], tables: list[str],
+                       log: Path) -> set[str]:
+    """SIGKILL ``worker`` once two of ``tables`` are mid-way (5 chunks committed, session
+    open); the tables whose sessions it left open."""
+    def committed(table: str) -> int:
+        return len(_sessions(env).get(f"{env.db}.{table}", {}).get("committed", ()))
+
+    try:
+        deadline = time.monotonic() + 180
+        # (smallest first: z, then x and y; kill while two are mid-way)
+        while sum(committed(t) >= 5 and _sessions(env)[f"{env.db}.{t}"]["state"] == "open"
+                  for t in tables) < 2:
+            assert worker.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the run made no progress"
+            time.sleep(0.05)
+        worker.kill()  # SIGKILL: no stop request, the sessions stay open
+        worker.wait(30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    interrupted = {t for t in tables if _sessions(env).get(f"{env.db}.{t}", {}).get(
+        "state") == "open"}
+    assert len(interrupted) >= 2, _sessions(env)
+    return interrupted
 
 
 def _sessions(env: CdcEnv) -> dict[str, dict[str, Any]]:
@@ -159,47 +215,16 @@ def test_a_multi_table_run_killed_mid_way_is_resumed_by_the_next_run(
     env = cdc_env
     sizes = {"x": 4000, "y": 4000, "z": 1500}
     _tables_with_history(env, sizes)
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    create_dagster_storage(home)
-    config = tmp_path / "run_config.yaml"
-    config.write_text(f"ops:\n  {snapshot_op_name(env.settings)}:\n    config:\n"
-                      "      chunk_size: 10\n      parallel_tables: 2\n")
-    process_env = dict(os.environ, CDC_PLATFORM_CONFIG=str(env.write_config()),
-                       DAGSTER_HOME=str(home))
-    selection = ",".join("/".join(_key(env, t).path) for t in sorted(sizes))
-
-    def materialise(log: Path) -> subprocess.Popen[bytes]:
-        with open(log, "wb") as out:
-            return subprocess.Popen(
-                [str(Path(sys.executable).with_name("dagster")), "asset", "materialize", "-m",
-                 "cdc_platform.definitions", "--select", selection, "-c", str(config)],
-                env=process_env, stdout=out, stderr=subprocess.STDOUT)
+    worker = _Worker(env, tmp_path)
 
     def committed(table: str) -> list[int]:
         return list(_sessions(env).get(f"{env.db}.{table}", {}).get("committed", ()))
 
     with streaming(env):
-        first = materialise(tmp_path / "first.log")
-        try:
-            deadline = time.monotonic() + 180
-            # (smallest first: z, then x and y; kill while two are mid-way)
-            while sum(len(committed(t)) >= 5 and _sessions(env)[f"{env.db}.{t}"]["state"]
-                      == "open" for t in sizes) < 2:
-                assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-                assert time.monotonic() < deadline, "the run made no progress"
-                time.sleep(0.05)
-            first.kill()  # SIGKILL: no stop request, the sessions stay open
-            first.wait(30)
-        finally:
-            if first.poll() is None:
-                first.kill()
-        interrupted = {t for t in sizes if _sessions(env).get(f"{env.db}.{t}", {}).get(
-            "state") == "open"}
-        assert len(interrupted) >= 2, _sessions(env)
+        interrupted = _kill_when_mid_way(env, worker.start(sorted(sizes), tmp_path / "first.log"),
+                                         sorted(sizes), tmp_path / "first.log")
         before = {t: len(committed(t)) for t in interrupted}
-        again = materialise(tmp_path / "again.log")
+        again = worker.start(sorted(sizes), tmp_path / "again.log")
         assert again.wait(300) == 0, (tmp_path / "again.log").read_text()[-3000:]
     log = (tmp_path / "again.log").read_text()
     assert log.count("resuming the session of a reader that stopped") >= len(interrupted)
@@ -209,6 +234,56 @@ def test_a_multi_table_run_killed_mid_way_is_resumed_by_the_next_run(
         assert len(session["committed"]) == len(set(session["committed"])), table  # none twice
     for table in interrupted:
         assert len(committed(table)) > before[table], table
+    env.catch_up()
+    for table in sizes:
+        _target_equals_source(env, spark, table)
+
+
+@pytest.mark.cdc_config(capture={"max_parallel_snapshots": 1, "tables_per_snapshot_run": 10})
+def test_a_platform_run_killed_mid_way_is_launched_again_by_itself_and_every_target_is_exact(
+        cdc_env: CdcEnv, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nobody materialises anything: the re-snapshot sensor launches one run of three tables
+    whose history predates the binlog; its worker is killed (SIGKILL) while two are mid-way
+    and run monitoring reports the run failed. After the wait the sensor launches the tables
+    it did not load again (tagged as a relaunch), that run adopts their open sessions, and
+    every target ends equal to its source."""
+    env = cdc_env
+    sizes = {"x": 4000, "y": 4000, "z": 1500}
+    _tables_with_history(env, sizes)
+    env.start_position = env.mariadb.query("SELECT @@GLOBAL.gtid_binlog_pos")[0][0] or ""
+    worker = _Worker(env, tmp_path)
+    with dg.instance_for_test() as instance, streaming(env):
+        sensor = Sensor(env, instance)
+        deadline = time.monotonic() + 120
+        while not (requests := sensor.tick().run_requests):  # (until the markers are armed)
+            assert time.monotonic() < deadline, "the sensor launched nothing"
+            time.sleep(0.2)
+        [first] = requests
+        tables = sorted(key.path[-1] for key in first.asset_selection)
+        assert tables == sorted(sizes)
+        run = sensor.create_run(first, dg.DagsterRunStatus.STARTED)
+        interrupted = _kill_when_mid_way(env, worker.start(tables, tmp_path / "first.log"),
+                                         tables, tmp_path / "first.log")
+        instance.report_run_failed(run)  # (run monitoring, once the worker is gone)
+        assert sensor.tick().run_requests == []  # (the wait before a relaunch)
+        monkeypatch.setattr(relaunch, "RELAUNCH_BACKOFF_SECONDS", 0.0)
+        [again] = sensor.tick().run_requests
+        relaunched = sorted(key.path[-1] for key in again.asset_selection)
+        assert interrupted <= set(relaunched), (interrupted, relaunched)
+        assert again.tags[ATTEMPT_TAG] == "2" and again.run_key != first.run_key
+        result = _materialise(env, relaunched, instance, {"chunk_size": 10,
+                                                          "parallel_tables": 2},
+                              tags=dict(again.tags))
+        assert result.success
+        logs = [e.message for e in instance.all_logs(result.run_id)]
+        # (a pass's reader lines of all tables are one log event)
+        assert sum(m.count("resuming the session of a reader that stopped")
+                   for m in logs) >= len(interrupted)
+        assert sensor.tick().run_requests == []  # (every marker resolved)
+    for table in sizes:
+        session = _sessions(env)[f"{env.db}.{table}"]
+        assert session["state"] == "done", (table, session)
+        assert len(session["committed"]) == len(set(session["committed"])), table
     env.catch_up()
     for table in sizes:
         _target_equals_source(env, spark, table)

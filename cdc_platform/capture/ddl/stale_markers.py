@@ -91,6 +91,9 @@ class StaleMarker:
     newly_captured: bool = False
     # Not stored: the snapshot answering the marker, while one runs (``resolve_markers``).
     running: str = field(default="", compare=False)
+    # Why the platform no longer launches the marker's snapshot by itself (the re-snapshot
+    # sensor's verdict on the runs that answered it, ``note_given_up``), with what to do.
+    given_up: str | None = field(default=None, compare=False)
 
     @property
     def table_id(self) -> str:
@@ -137,6 +140,8 @@ class StaleMarker:
     def to_json(self) -> bytes:
         data = dataclasses.asdict(self)
         del data["running"]
+        if self.given_up is None:
+            del data["given_up"]
         return json.dumps(data, indent=1).encode()
 
     @staticmethod
@@ -373,6 +378,28 @@ def resolve_markers(landing: LandingZone) -> list[StaleMarker]:
     return out
 
 
+def note_given_up(landing: LandingZone, marker: StaleMarker, reason: str) -> bool:
+    """Record on the marker's file why the platform no longer launches its snapshot (the
+    target's ``not_stale`` check then says it); True if written. Only over the file as it
+    was read, still open (a compare-and-swap): a marker resolved or forgotten meanwhile by
+    another process is left as it is."""
+    if marker.given_up == reason:
+        return False
+    current = landing.store.read_versioned(MARKERS_DIR, marker.file_name)
+    if current is None:
+        return False
+    data, version = current
+    try:
+        on_disk = StaleMarker.from_json(data)
+    except (ValueError, TypeError):
+        return False
+    if on_disk.resolved or on_disk != marker:
+        return False
+    noted = dataclasses.replace(on_disk, given_up=reason)
+    return landing.store.write_if_match(MARKERS_DIR, marker.file_name, data=noted.to_json(),
+                                        etag=version)
+
+
 def target_staleness(markers: Sequence[StaleMarker], table_id: str,
                      consumed_pos: int | None) -> str | None:
     """Why a target that consumed the changelog up to ``consumed_pos`` is stale, or None.
@@ -389,6 +416,7 @@ def target_staleness(markers: Sequence[StaleMarker], table_id: str,
             if marker.history:
                 state, snapshot = _HISTORY_WORDS[marker.verb]
                 progress = (f"running ({marker.running})" if marker.running else
+                            f"not loaded: {marker.given_up}" if marker.given_up else
                             "pending (the platform launches it: capture.snapshot_mode, at "
                             "most capture.max_parallel_snapshots at a time; or materialise "
                             "the table's snapshot asset)")
@@ -399,6 +427,7 @@ def target_staleness(markers: Sequence[StaleMarker], table_id: str,
                          if marker.newly_captured else "capture.resnapshot_on_ddl")
             fix = gone if marker.gone else (
                 f"snapshot running ({marker.running})" if marker.running else
+                f"re-snapshot not done: {marker.given_up}" if marker.given_up else
                 f"re-snapshot {table_id} (automatic with {automatic})")
             reasons.append(f"{marker.verb} at GTID {marker.gtid}: {marker.reason}; {fix}")
         elif (consumed_pos or 0) < (marker.resolved_pos or 0):

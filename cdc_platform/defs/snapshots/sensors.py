@@ -14,17 +14,23 @@ the marker). Those tables are packed into runs of the source's snapshot assets, 
 ``capture.max_parallel_snapshots`` of these runs are queued or running at a time, and the
 other tables wait for a later tick (logged).
 
-Each run carries the newest marker it answers (``ANSWERED_TAG``): a marker whose table a run
-selected and which that run answered is not launched again once the run ended without
-resolving it (the target's ``not_stale`` check keeps saying why): materialise the snapshot
-asset by hand. A run of one table keeps that marker's own run key, so a tick repeated before
-the daemon created the run asks for the same run.
+Each run carries the newest marker it answers (``ANSWERED_TAG``). A marker whose table a run
+selected and which that run answered, once the run ended without resolving it, is judged by
+``capture.snapshot.reading.relaunch``: after a failed run (killed, its pod evicted, the table
+failing) it is launched again, up to ``SNAPSHOT_RELAUNCHES`` times, each after a longer wait,
+and the new run adopts the sessions the failed one left open; after a cancelled run, a stop, or
+the last relaunch it is left alone, and the target's ``not_stale`` check says why and what to do
+(materialise the snapshot asset). Relaunched runs say so in their tags (``ATTEMPT_TAG``,
+``RELAUNCH_TAG``) and the tick's log. A run of one table keeps that marker's own run key (with
+the attempt, for a relaunch), so a tick repeated before the daemon created the run asks for the
+same run.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import time
 from collections.abc import Mapping
 
 import dagster as dg
@@ -32,6 +38,8 @@ import dagster as dg
 from cdc_platform.capture.ddl import stale_markers
 from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.names import split_table_id
+from cdc_platform.capture.snapshot.protocol import Action, read_request
+from cdc_platform.capture.snapshot.reading import relaunch
 from cdc_platform.capture.snapshot.reading.batches import plan_runs
 from cdc_platform.capture.source import SourceSession, selector_from_settings
 from cdc_platform.config import Settings
@@ -50,8 +58,13 @@ MARKER_TAG = "cdc_platform/snapshot_marker"
 ANSWERED_TAG = "cdc_platform/snapshot_markers_upto"
 # How many tables a run of several snapshots (it has no SNAPSHOT_TABLE_TAG).
 TABLE_COUNT_TAG = "cdc_platform/snapshot_tables"
-_ENDED_STATUSES = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE,
-                   dg.DagsterRunStatus.CANCELED]
+# A relaunch (``relaunch``): which run of its markers it is (the highest of its tables: 2 is
+# the first relaunch), and why (the failed run before it).
+ATTEMPT_TAG = "cdc_platform/snapshot_attempt"
+RELAUNCH_TAG = "cdc_platform/relaunched_after"
+_ENDED_STATUSES = {dg.DagsterRunStatus.SUCCESS: relaunch.SUCCESS,
+                   dg.DagsterRunStatus.FAILURE: relaunch.FAILURE,
+                   dg.DagsterRunStatus.CANCELED: relaunch.CANCELED}
 # Run creation and a marker's recorded_at come from two hosts' clocks.
 _CLOCK_SKEW = dt.timedelta(hours=1)
 _LISTED = 20
@@ -75,18 +88,28 @@ def marker_order(marker: stale_markers.StaleMarker) -> str:
     return f"{marker.position:020d} {marker.recorded_at}"
 
 
-def batch_key(markers: list[stale_markers.StaleMarker]) -> str:
-    """The run key of a run answering ``markers``: a marker's own for a run of one table."""
-    if len(markers) == 1:
-        return run_key(markers[0])
-    digest = hashlib.sha1("\n".join(sorted(run_key(m) for m in markers)).encode()).hexdigest()
+def attempt_key(marker: stale_markers.StaleMarker, attempt: int = 1) -> str:
+    """The marker's run key for its ``attempt``-th run: each launch of it has its own."""
+    key = run_key(marker)
+    return key if attempt <= 1 else f"{key}:attempt-{attempt}"
+
+
+def batch_key(markers: list[stale_markers.StaleMarker],
+              attempts: Mapping[str, int] | None = None) -> str:
+    """The run key of a run answering ``markers`` (each at its attempt, by table: 1 when not
+    given): a marker's own for a run of one table."""
+    keys = [attempt_key(m, (attempts or {}).get(m.table_id, 1)) for m in markers]
+    if len(keys) == 1:
+        return keys[0]
+    digest = hashlib.sha1("\n".join(sorted(keys)).encode()).hexdigest()
     return f"snapshots:{len(markers)}:{digest[:20]}"
 
 
 def _answered(instance: dg.DagsterInstance, server: str, keys: Mapping[str, dg.AssetKey],
-              wanted: Mapping[str, stale_markers.StaleMarker]) -> dict[str, dg.DagsterRun]:
-    """Tables whose wanted marker a run of ``server`` launched for it answered, and that run
-    ended (a marker's key may repeat on another source: runs are this source's by tag)."""
+              wanted: Mapping[str, stale_markers.StaleMarker]
+              ) -> dict[str, list[relaunch.EndedRun]]:
+    """Tables whose wanted marker runs of ``server`` answered and which ended, with those runs
+    (a marker's key may repeat on another source: runs are this source's by tag)."""
     if not wanted:
         return {}
     stamps = [m.recorded_at for m in wanted.values()]
@@ -96,18 +119,29 @@ def _answered(instance: dg.DagsterInstance, server: str, keys: Mapping[str, dg.A
             created_after = min(dt.datetime.fromisoformat(s) for s in stamps) - _CLOCK_SKEW
         except ValueError:
             created_after = None
-    runs = instance.get_runs(filters=dg.RunsFilter(
-        tags={AUTOMATIC_TAG: server}, statuses=_ENDED_STATUSES, created_after=created_after))
-    answered: dict[str, dg.DagsterRun] = {}
+    records = instance.get_run_records(filters=dg.RunsFilter(
+        tags={AUTOMATIC_TAG: server}, statuses=list(_ENDED_STATUSES),
+        created_after=created_after))
+    answered: dict[str, list[relaunch.EndedRun]] = {}
     for table_id, marker in wanted.items():
         key, order, own_key = keys.get(table_id), marker_order(marker), run_key(marker)
-        for run in runs:
+        for record in records:
+            run = record.dagster_run
             upto = run.tags.get(ANSWERED_TAG)
             if key in (run.asset_selection or ()) and (
                     (upto is not None and order <= upto) or run.tags.get(MARKER_TAG) == own_key):
-                answered[table_id] = run
-                break
+                ended = record.end_time or record.update_timestamp.timestamp()
+                answered.setdefault(table_id, []).append(relaunch.EndedRun(
+                    run.run_id, _ENDED_STATUSES[run.status], ended))
     return answered
+
+
+def _stopped_by(landing: LandingZone, table_id: str) -> str | None:
+    """The signal that stopped the table's snapshot, if its request.json says one did."""
+    request = read_request(landing, *split_table_id(table_id))
+    if request is None or request.action != Action.STOP or request.signal is None:
+        return None
+    return request.signal.id
 
 
 def _estimated_rows(settings: Settings, tables: list[str],
@@ -130,10 +164,18 @@ def _listed(tables: list[str]) -> str:
 
 
 def _request(server: str, keys: Mapping[str, dg.AssetKey],
-             markers: list[stale_markers.StaleMarker]) -> dg.RunRequest:
-    key = batch_key(markers)
+             markers: list[stale_markers.StaleMarker],
+             launches: Mapping[str, relaunch.Launch]) -> dg.RunRequest:
+    attempts = {m.table_id: launches[m.table_id].attempt for m in markers}
+    key = batch_key(markers, attempts)
     tags = {AUTOMATIC_TAG: server, MARKER_TAG: key,
             ANSWERED_TAG: max(marker_order(m) for m in markers)}
+    relaunched = [m.table_id for m in markers if attempts[m.table_id] > 1]
+    if relaunched:
+        first = launches[relaunched[0]].why
+        tags |= {ATTEMPT_TAG: str(max(attempts.values())),
+                 RELAUNCH_TAG: (first if len(relaunched) == 1 else
+                                f"{first} (and {len(relaunched) - 1} more table(s))")[:200]}
     if len(markers) == 1:
         [marker] = markers
         tags |= {SNAPSHOT_TABLE_TAG: marker.table_id, REASON_TAG: marker.headline()[:200],
@@ -185,7 +227,12 @@ def build_sensor(settings: Settings, assets: SnapshotAssets) -> dg.SensorDefinit
                                tags={AUTOMATIC_TAG: server})
         ended = _answered(context.instance, server, keys, wanted)
         checkpoint = landing.read_checkpoint()
+        now = time.time()
         unknown, unarmed, snapshotting, launchable = [], [], [], []
+        launching: dict[str, relaunch.Launch] = {}
+        waiting_relaunch: list[tuple[str, relaunch.Wait]] = []
+        given_up: list[str] = []  # (newly: the marker's note written this tick)
+        left_alone = 0
         # Oldest marker first: the engine's first start, then DDL in binlog order.
         for table_id, marker in sorted(wanted.items(),
                                        key=lambda item: (item[1].file_name, item[0])):
@@ -195,14 +242,35 @@ def build_sensor(settings: Settings, assets: SnapshotAssets) -> dg.SensorDefinit
                 unarmed.append(table_id)
             elif table_id in busy:
                 snapshotting.append(table_id)
-            elif table_id in ended:
-                run = ended[table_id]
-                context.log.warning(
-                    f"{table_id}: {marker.headline()}; its snapshot run {run.run_id[:8]} ended "
-                    f"{run.status.value} without resolving it: materialise the snapshot asset "
-                    f"{keys[table_id].to_user_string()} to load it")
             else:
-                launchable.append(table_id)
+                runs = ended.get(table_id, [])
+                verdict = relaunch.relaunch_verdict(
+                    runs, now, stopped_by=_stopped_by(landing, table_id) if runs else None,
+                    relaunches=relaunch.SNAPSHOT_RELAUNCHES,
+                    backoff_seconds=relaunch.RELAUNCH_BACKOFF_SECONDS,
+                    fix=f"materialise the snapshot asset {keys[table_id].to_user_string()} "
+                    "to load it")
+                if isinstance(verdict, relaunch.Launch):
+                    launching[table_id] = verdict
+                    launchable.append(table_id)
+                elif isinstance(verdict, relaunch.Wait):
+                    waiting_relaunch.append((table_id, verdict))
+                else:
+                    left_alone += 1
+                    if stale_markers.note_given_up(landing, marker, verdict.reason):
+                        given_up.append(f"{table_id}: {marker.headline()}; {verdict.reason}")
+        for line in given_up[:_LISTED]:
+            context.log.warning(line)
+        if left_alone > len(given_up[:_LISTED]):
+            context.log.info(f"{left_alone - len(given_up[:_LISTED])} (more) table(s) wait for "
+                             "a snapshot the platform no longer launches (each target's "
+                             "not_stale check says why and what to do)")
+        if waiting_relaunch:
+            context.log.info(
+                f"{len(waiting_relaunch)} table(s) wait to be launched again after their "
+                "snapshot run failed: " + _listed([
+                    f"{t} (attempt {w.attempt} in {max(0.0, w.at - now):.0f} s; {w.why})"
+                    for t, w in waiting_relaunch]))
         if unknown:
             context.log.warning(f"{len(unknown)} table(s) wait for a snapshot but have no "
                                 f"snapshot asset yet: reload the code location (they are new "
@@ -227,12 +295,14 @@ def build_sensor(settings: Settings, assets: SnapshotAssets) -> dg.SensorDefinit
                                 rows_per_run=capture.rows_per_snapshot_run)
             for batch in planned[:free]:
                 markers = [wanted[t] for t in batch]
-                requests.append(_request(server, keys, markers))
+                requests.append(_request(server, keys, markers, launching))
                 rows = sum(estimates.get(t, 0) for t in batch)
+                again = [launching[t].why for t in batch if launching[t].attempt > 1]
                 context.log.info(
-                    f"{markers[0].describe()}: requesting a snapshot" if len(batch) == 1 else
-                    f"requesting a snapshot of {len(batch)} tables (about {rows:,} rows): "
-                    f"{_listed(batch)}")
+                    (f"{markers[0].describe()}: requesting a snapshot" if len(batch) == 1 else
+                     f"requesting a snapshot of {len(batch)} tables (about {rows:,} rows): "
+                     f"{_listed(batch)}")
+                    + (f"; launched again ({len(again)} table(s)): {again[0]}" if again else ""))
             waiting = [t for batch in planned[free:] for t in batch]
         else:
             waiting = launchable
@@ -243,7 +313,9 @@ def build_sensor(settings: Settings, assets: SnapshotAssets) -> dg.SensorDefinit
                 f"{running + len(requests)} run(s) running or requested): {_listed(waiting)}")
         return dg.SensorResult(run_requests=requests, skip_reason=None if requests else
                                f"{len(wanted)} table(s) wait for a snapshot, none to request "
-                               f"now ({len(waiting)} for a free slot)")
+                               f"now ({len(waiting)} for a free slot, "
+                               f"{len(waiting_relaunch)} to be launched again later, "
+                               f"{left_alone} left alone)")
 
     return resnapshot_after_ddl
 
