@@ -166,8 +166,10 @@ def send_signals(settings: Settings, landing: dict[str, LandingZone]
             case.logged = {server: list(lines) for server, lines in tick.logged.items()}
             cases[name] = case
         for request in cases["valid for B"].requested.get(B, []):
+            # (a source's snapshot assets are one multi-asset: the run selects its table)
             asset = defs.resolve_assets_def(request.asset_selection[0])
-            result = dg.materialize([asset], instance=instance, run_config=request.run_config,
+            result = dg.materialize([asset], selection=request.asset_selection,
+                                    instance=instance, run_config=request.run_config,
                                     tags=request.tags, raise_on_error=False)
             snapshot_run = "success" if result.success else "failed: " + "; ".join(
                 str(e.message)[:300] for e in result.all_events if e.is_failure)
