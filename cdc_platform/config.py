@@ -377,11 +377,12 @@ class LakeSettings(_Section):
         "the time a pass over every busy table takes.",
     )
     merge_parallelism: int = Field(
-        default=4, ge=1, le=64,
+        default=0, ge=0, le=64,
         description="Tables the applier merges at once (threads of its process; never one "
         "table twice at once). Merges without Spark spend their time in pyarrow's reads and "
         "writes and, on object storage, waiting on requests, so they overlap; Spark's take "
-        "turns.",
+        "turns. 0: 4, or 16 when the landing zone or the warehouse is on object storage "
+        "(a merge there is a dozen requests).",
     )
     reconcile_every_merges: int = Field(
         default=0, ge=0,

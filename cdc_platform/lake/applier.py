@@ -70,6 +70,12 @@ from cdc_platform.lake.warmup import warm_up
 log = logging.getLogger(__name__)
 
 
+# lake.merge_parallelism 0: merges at once on local storage, and on object storage (where a
+# merge mostly waits on a dozen requests).
+MERGE_THREADS_LOCAL = 4
+MERGE_THREADS_OBJECT_STORAGE = 16
+
+
 @dataclass(frozen=True)
 class ApplierOptions:
     """What the applier needs from the config (``from_settings``)."""
@@ -111,7 +117,11 @@ class ApplierOptions:
             selector=source_sql.selector_from_settings(settings),
             poll_seconds=lake.poll_seconds,
             merge_interval_seconds=lake.merge_interval_seconds,
-            merge_parallelism=lake.merge_parallelism,
+            merge_parallelism=lake.merge_parallelism or (
+                MERGE_THREADS_OBJECT_STORAGE if any(
+                    url.split("://", 1)[0].lower() in ("s3", "s3a", "s3n")
+                    for url in (settings.landing_zone.url, settings.warehouse.url))
+                else MERGE_THREADS_LOCAL),
             reconcile_every_merges=lake.reconcile_every_merges,
             reconcile_interval_seconds=lake.reconcile_interval_minutes * 60,
             reconcile_range_rows=settings.reconcile.range_rows,

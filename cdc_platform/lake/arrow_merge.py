@@ -133,10 +133,11 @@ def materialise_without_spark(changelog: TableChangelog, warehouse_url: str, cat
         if lake is not None else None
     if lake is None or identifier is None:
         return None
-    with _locked(lake, identifier):
+    with _locked(lake, identifier), _forgotten_on_error(lake, identifier):
         started = time.monotonic()
         try:
-            table: Table | None = lake.load_table(identifier)
+            table: Table | None = lake.table_as_committed(identifier) if isinstance(
+                lake, LakeRestCatalog) else lake.load_table(identifier)
         except NoSuchTableError:
             table = None
         except (RESTError, OSError) as error:  # (Spark's path reports the catalog's problem)
@@ -194,6 +195,19 @@ def upkeep_without_spark(warehouse_url: str, catalog: Any, server_name: str, dat
                      "again", database, table, error)
             report["concurrent_commit"] = True
     return report
+
+
+@contextlib.contextmanager
+def _forgotten_on_error(lake: LocalHadoopCatalog | LakeRestCatalog,
+                        identifier: tuple[str, str]) -> Iterator[None]:
+    """A REST catalog's table as this process committed it is forgotten when a merge with it
+    fails: the retry, or the next pass, loads it (another writer may have moved it)."""
+    try:
+        yield
+    except BaseException:
+        if isinstance(lake, LakeRestCatalog):
+            lake.forget(identifier)
+        raise
 
 
 @contextlib.contextmanager

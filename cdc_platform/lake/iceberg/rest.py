@@ -56,7 +56,13 @@ _unanswered: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
 class LakeRestCatalog(RestCatalog):
     """pyiceberg's REST catalog whose lost commit race is ConcurrentCommitError, and whose
     tables share one FileIO per set of properties (pyiceberg makes one per loaded table, and
-    with it a new S3 filesystem: a merge's every load)."""
+    with it a new S3 filesystem: a merge's every load).
+
+    ``table_as_committed`` gives the table as this process last committed it, without asking
+    the service (a request, and the whole metadata parsed, per merge): optimistic, since the
+    next commit requires main still at that snapshot, and a writer that committed meanwhile
+    makes it fail (ConcurrentCommitError: the merge runs again from a fresh load). Whoever
+    meets an error with such a table ``forget``s it."""
 
     def _load_file_io(self, properties: Properties = EMPTY_DICT, location: str | None = None
                       ) -> FileIO:
@@ -69,10 +75,29 @@ class LakeRestCatalog(RestCatalog):
 
     def commit_table(self, table: Table, requirements: tuple[TableRequirement, ...],
                      updates: tuple[TableUpdate, ...]) -> CommitTableResponse:
+        identifier = tuple(table.name())
+        self.forget(identifier)
         try:
-            return super().commit_table(table, requirements, updates)
+            response = super().commit_table(table, requirements, updates)
         except CommitFailedException as error:
             raise ConcurrentCommitError(str(error)) from None
+        committed = self.__dict__.setdefault("_lake_committed", {})
+        committed[identifier] = (response.metadata, response.metadata_location, table.io)
+        return response
+
+    def table_as_committed(self, identifier: tuple[str, ...]) -> Table:
+        """The table as this process last committed it, else loaded (see the class)."""
+        from pyiceberg.table import Table
+
+        known = self.__dict__.get("_lake_committed", {}).get(tuple(identifier))
+        if known is None:
+            return self.load_table(identifier)
+        metadata, location, io = known
+        return Table(tuple(identifier), metadata, location, io, self)
+
+    def forget(self, identifier: tuple[str, ...]) -> None:
+        """Drop what ``table_as_committed`` keeps of a table (the next use loads it)."""
+        self.__dict__.get("_lake_committed", {}).pop(tuple(identifier), None)
 
 
 def pyiceberg_properties(properties: dict[str, str]) -> dict[str, str] | None:
