@@ -272,7 +272,28 @@ class SeaweedFS(ManagedService):
             self.client().list_buckets()
         except Exception:
             return False
+        if not self._master_knows_every_volume():
+            return False
         return not self.table_bucket or self._catalog_serves_table_bucket()
+
+    def _master_knows_every_volume(self) -> bool:
+        """The master's topology holds every volume on disk. After a restart the gateway
+        lists buckets before the volume server's first heartbeat reached the master, and
+        reads of existing objects fail with InternalError meanwhile (4 s on a busy machine)."""
+        on_disk = sum(1 for _ in self.data_dir.rglob("*.dat"))
+        if not on_disk:
+            return True
+        try:
+            with urllib.request.urlopen(f"http://{self.host}:{self._aux['master']}/dir/status",
+                                        timeout=5) as answer:
+                topology = json.load(answer).get("Topology") or {}
+            known = sum(int(node.get("Volumes") or 0)
+                        for centre in topology.get("DataCenters") or []
+                        for rack in centre.get("Racks") or []
+                        for node in rack.get("DataNodes") or [])
+        except (OSError, KeyError, ValueError, TypeError, AttributeError):
+            return False
+        return known >= on_disk
 
     def _catalog_serves_table_bucket(self) -> bool:
         """The catalog lists the table bucket's namespaces. Its config endpoint answers

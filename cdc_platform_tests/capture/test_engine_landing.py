@@ -21,7 +21,8 @@ from cdc_platform_tests.conftest import CdcEnv
 # A flush after every event (with ``_slow_stream``): one flush (segment and checkpoint) per
 # 100-row transaction, so flushes are counted by transactions. (By rows, a transaction reaching
 # flush_max_rows would land mid-commit, without its checkpoint.)
-pytestmark = pytest.mark.cdc_config(capture={"flush_interval_seconds": 0.001})
+pytestmark = pytest.mark.cdc_config(capture={"flush_interval_seconds": 0.001,
+                                               "flush_max_segments_per_second": 0})
 
 
 def _slow_stream(engine: CaptureEngine) -> None:
