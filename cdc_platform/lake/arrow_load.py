@@ -68,6 +68,7 @@ from pyiceberg.types import (
 from pyspark.sql import types as spark_types
 
 from cdc_platform.capture.keys import Key, key_order, range_ordered
+from cdc_platform.capture.landing.zone import Checkpoint
 from cdc_platform.capture.landing_contract import (
     CREATE,
     DELETE,
@@ -86,7 +87,7 @@ from cdc_platform.capture.landing_contract import (
 )
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.storage import open_store
-from cdc_platform.lake.changelog import TableChangelog
+from cdc_platform.lake.changelog import BatchPlan, TableChangelog
 from cdc_platform.lake.columns import spark_type
 from cdc_platform.lake.fold import arrow_fold_latest, same_as_previous
 from cdc_platform.lake.iceberg import row_delta
@@ -250,11 +251,10 @@ def load_into_empty(changelog: TableChangelog, lake: LocalHadoopCatalog | LakeRe
         marked = marked_snapshot(table)
         after_pos = marked.consumed_pos if marked is not None else None
     checkpoint = changelog.checkpoint()
-    if checkpoint is None:
+    if not readable(checkpoint, after_pos):
         return None
+    assert checkpoint is not None
     before_pos = checkpoint.next_pos
-    if after_pos is not None and after_pos >= before_pos:
-        return None  # (the Spark path says what is wrong)
     renames = changelog.column_renames(before_pos)
     if any(r.dropped for r in renames):
         return None
@@ -262,8 +262,7 @@ def load_into_empty(changelog: TableChangelog, lake: LocalHadoopCatalog | LakeRe
     if plan is None:
         return None
     schema = plan.newest
-    keys = list(schema.primary_key)
-    if not keys or any(k not in schema.column_names for k in keys):
+    if not key_columns(schema):
         return None
     wanted = iceberg_schema(schema)
     if table is not None and not fits(table, schema, wanted, renames, after_pos):
@@ -275,11 +274,8 @@ def load_into_empty(changelog: TableChangelog, lake: LocalHadoopCatalog | LakeRe
                  MAX_BATCH_BYTES >> 20)
         return None
     read = time.monotonic()
-    try:
-        batch = changelog.arrow_batch(plan, after_pos, before_pos)
-    except pa.ArrowException as error:  # (values the exact read refuses: Spark's path)
-        log.info("%s: the batch does not read exactly in Arrow (%s): merged by Spark",
-                 changelog.table_id, error)
+    batch = read_exactly(changelog, plan, after_pos, before_pos)
+    if batch is None:
         return None
     counted = _count(batch, schema, plan.snapshot_columns, changelog.table_id)
     if counted is None:
@@ -321,6 +317,34 @@ def load_into_empty(changelog: TableChangelog, lake: LocalHadoopCatalog | LakeRe
         oldest_ms=counts["oldest_ms"] or None,
         inserted=counts[CREATE], existing=counts[UPDATE] + counts[SNAPSHOT_ROW],
         snapshot_rows=counts[SNAPSHOT_ROW], asserted=counts["asserted"])
+
+
+def readable(checkpoint: Checkpoint | None, after_pos: int | None) -> bool:
+    """Whether a batch past ``after_pos`` can be read under ``checkpoint``: there is one, and
+    it is past the target's mark (a mark beyond it is the Spark path's to explain)."""
+    return checkpoint is not None and (after_pos is None or after_pos < checkpoint.next_pos)
+
+
+def key_columns(schema: TableSchema) -> list[str] | None:
+    """The batch's key columns, or None when it has none the segments carry (Spark's path
+    says what is wrong)."""
+    keys = list(schema.primary_key)
+    if not keys or any(k not in schema.column_names for k in keys):
+        return None
+    return keys
+
+
+def read_exactly(changelog: TableChangelog, plan: BatchPlan, after_pos: int | None,
+                 before_pos: int) -> pa.Table | None:
+    """The planned batch read by pyarrow, or None (logged) when its values do not read
+    exactly in Arrow: the batch is then Spark's, which reads them or refuses them saying
+    why."""
+    try:
+        return changelog.arrow_batch(plan, after_pos, before_pos)
+    except pa.ArrowException as error:
+        log.info("%s: the batch does not read exactly in Arrow (%s): merged by Spark",
+                 changelog.table_id, error)
+        return None
 
 
 def target_location(lake: LocalHadoopCatalog | LakeRestCatalog, identifier: tuple[str, str]

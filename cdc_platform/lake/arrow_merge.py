@@ -57,11 +57,14 @@ from cdc_platform.lake.arrow_load import (
     iceberg_schema,
     identifier_of,
     instructions_of,
+    key_columns,
     lake_catalog,
     live_rows,
     load_into_empty,
     marked_snapshot,
     project,
+    read_exactly,
+    readable,
     snapshot_of,
 )
 from cdc_platform.lake.changelog import TableChangelog
@@ -238,11 +241,10 @@ def _merge(changelog: TableChangelog, lake: LocalHadoopCatalog | LakeRestCatalog
     marked = marked_snapshot(table)
     after_pos = marked.consumed_pos if marked is not None else None
     checkpoint = changelog.checkpoint()
-    if checkpoint is None:
+    if not readable(checkpoint, after_pos):
         return None
+    assert checkpoint is not None
     before_pos = checkpoint.next_pos
-    if after_pos is not None and after_pos >= before_pos:
-        return None  # (the Spark path says what is wrong)
     renames = changelog.column_renames(before_pos)
     columns = {f.name.lower() for f in table.schema().fields}
     if any(c.lower() in columns for r in renames for c in r.dropped):
@@ -257,8 +259,8 @@ def _merge(changelog: TableChangelog, lake: LocalHadoopCatalog | LakeRestCatalog
     if plan is None:
         return unchanged()
     schema = plan.newest
-    keys = list(schema.primary_key)
-    if not keys or any(k not in schema.column_names for k in keys):
+    keys = key_columns(schema)
+    if keys is None:
         return None
     wanted = iceberg_schema(schema)
     if not fits(table, schema, wanted, renames, after_pos):
@@ -266,11 +268,8 @@ def _merge(changelog: TableChangelog, lake: LocalHadoopCatalog | LakeRestCatalog
     if plan.bytes > MAX_MERGE_BATCH_BYTES:
         return None
     planned = time.monotonic()
-    try:
-        batch = changelog.arrow_batch(plan, after_pos, before_pos)
-    except pa.ArrowException as error:  # (values the exact read refuses: Spark's path)
-        log.info("%s: the batch does not read exactly in Arrow (%s): merged by Spark",
-                 changelog.table_id, error)
+    batch = read_exactly(changelog, plan, after_pos, before_pos)
+    if batch is None:
         return None
     if batch.num_rows == 0:
         return unchanged()
