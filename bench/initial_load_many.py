@@ -103,7 +103,7 @@ def _digest_at(tail: IcebergTail, snapshot: TargetSnapshot) -> tuple[int, int, i
     return digest(zip(*(column.to_pylist() for column in table.columns), strict=True))
 
 
-class _Platform:
+class Platform:
     """The Dagster daemon on its own home and workspace, and what it launched."""
 
     def __init__(self, root: Path, config: Path, env: dict[str, str]) -> None:
@@ -228,14 +228,14 @@ def bench_initial_load_many(tables: int, rows: int, work: Path,
     server = MariaDBServer(base_dir=root / "mariadb", server_id=1, innodb_buffer_pool_size="1G")
     server.start()
     names = [f"m{i:04d}" for i in range(tables)]
-    platform: _Platform | None = None
+    platform: Platform | None = None
     try:
         _fill(server, names, rows)
         server.query("RESET MASTER")  # the tables' history is gone from the binlog
         expected = {t: source_digest(server, t) for t in names}
         config = write_config(root / "config.yaml", server, SERVER_NAME, 7301,
                               rf"{SNAPSHOT_DB}\..*", root)
-        platform = _Platform(root, config, command_env(server))
+        platform = Platform(root, config, command_env(server))
         targets = [_Target(t, IcebergTail(root / "warehouse", SERVER_NAME, SNAPSHOT_DB, t))
                    for t in names]
         busy_before, t0 = system_busy_seconds(), time.time()

@@ -14,7 +14,11 @@ twice a second is at most half a second behind by construction).
 Printed beside the lag: the merges (how many, their duration: what a merge of a few records
 costs), how many Spark merged, the passes' rhythm, the applier's CPU and peak RSS and the
 machine's load. With ``s3`` the landing zone and the lake are on SeaweedFS (the REST catalog):
-the per-table requests are what would hurt there.
+the per-table requests are what would hurt there. With ``dagster`` the platform runs as in
+production instead (``initial_load_many.Platform``: the Dagster daemon with the run queue of
+``helm/values.yaml`` and one ``dagster job launch -j stream_changes``; the applier is the
+``apply_changes`` run its sensor launches); the merges are then counted from the targets'
+materialisations, and the machine's load stands for the processes' own.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from bench._lake import (
 )
 from bench._processes import CliProcess, system_busy_seconds
 from bench._s3 import BenchS3
+from bench.initial_load_many import Platform
 from bench.lake_e2e import _client_connect, _logged_matches
 from cdc_platform.devservices.mariadb import MariaDBServer
 
@@ -126,19 +131,42 @@ class _Sampler:
         self.thread.join(60)
 
 
+def _dagster_merges(platform: Platform, names: list[str], since: float, until: float
+                    ) -> list[tuple[float, int, float, bool]]:
+    """The merges the ``apply_changes`` run recorded between ``since`` and ``until``, as
+    (time, records, seconds, without Spark) from the targets' materialisations."""
+    import dagster as dg
+
+    merges = []
+    with platform.instance() as instance:
+        for name in names:
+            for record in instance.fetch_materializations(
+                    dg.AssetKey([SERVER_NAME, DATABASE, name]), limit=10_000).records:
+                if not since <= record.timestamp <= until:
+                    continue
+                meta = record.asset_materialization.metadata
+                merges.append((record.timestamp, int(meta["records_read"].value),
+                               float(meta["duration_seconds"].value),
+                               meta["written_by"].value != "spark"))
+    return merges
+
+
 def bench_many(tables: int, rows: int, rate: float, seconds: float, writers: int, work: Path,
-               s3: BenchS3 | None = None) -> dict[str, Any]:
+               s3: BenchS3 | None = None, dagster: bool = False) -> dict[str, Any]:
     where = "ON S3 (SeaweedFS, REST catalog)" if s3 is not None else \
         "local landing zone and Hadoop-catalog warehouse"
+    how = ("the Dagster daemon and one stream_changes launch (as in production)" if dagster
+           else "engine and applier as processes")
     print(f"\n## lake lag over {tables:,} tables {where}: {rate:,.0f} single-row commits/s "
           f"spread evenly ({rate / tables:.2f} per table per second) for {seconds:.0f} s; "
-          f"engine and applier as processes, every setting at its default; {SAMPLED} random "
+          f"{how}, every setting at its default; {SAMPLED} random "
           f"targets read with pyiceberg every {SAMPLE_SECONDS:.0f} s, lag = now - max(t_commit)")
-    root = work / f"many-{tables}{'-s3' if s3 is not None else ''}"
+    root = work / f"many-{tables}{'-s3' if s3 is not None else ''}{'-dagster' if dagster else ''}"
     root.mkdir(parents=True)
     server = MariaDBServer(base_dir=root / "mariadb", server_id=1)
     server.start()
     processes: list[CliProcess] = []
+    platform: Platform | None = None
     try:
         filled = time.time()
         _fill(server, tables, rows)
@@ -153,11 +181,14 @@ def bench_many(tables: int, rows: int, rate: float, seconds: float, writers: int
                               rf"{DATABASE}\..*", root, sections=sections)
         env = command_env(server)
         started = time.time()
-        processes.append(CliProcess("engine", ["stream", "--config", str(config)],
-                                    root / "engine.log", env, root))
-        applier = CliProcess("applier", ["apply", "--config", str(config)],
-                             root / "applier.log", env, root)
-        processes.append(applier)
+        if dagster:
+            platform = Platform(root, config, env)
+            platform.start()
+        else:
+            processes.append(CliProcess("engine", ["stream", "--config", str(config)],
+                                        root / "engine.log", env, root))
+            processes.append(CliProcess("applier", ["apply", "--config", str(config)],
+                                        root / "applier.log", env, root))
         names = [table_name(i, tables) for i in range(tables)]
         tails: list[IcebergTail] = [
             RestIcebergTail(s3.catalog(), SERVER_NAME, DATABASE, name) if s3 is not None
@@ -167,13 +198,16 @@ def bench_many(tables: int, rows: int, rate: float, seconds: float, writers: int
             for process in processes:
                 if not process.alive():
                     raise process.fail("exited")
+            if platform is not None:
+                platform.check_alive()
             return all((current := tail.current()) is not None and current.rows == rows
                        for tail in tails)
 
         wait_until(f"every one of the {tables} targets holding its {rows} rows", loaded,
                    max(600.0, tables * 2.0), every=2.0)
         print(f"initial: every target equal to its {rows:,} rows {time.time() - started:.1f} s "
-              "after engine and applier started (merges of the binlog's inserts)")
+              f"after {'the daemon' if dagster else 'engine and applier'} started (merges of "
+              "the binlog's inserts)")
         context = multiprocessing.get_context("spawn")
         results = context.Queue()
         settings = server.connection_settings(user="root")
@@ -196,16 +230,21 @@ def bench_many(tables: int, rows: int, rate: float, seconds: float, writers: int
         usage = {p.label: p.usage() for p in processes}
         if sampler.errors:
             raise sampler.errors[0]
+        if platform is not None:
+            merges = _dagster_merges(platform, names, soak_started, soak_ended)
+        else:
+            merges = [(logged, int(m.group(3)), float(m.group(5)), m.group(6) is not None)
+                      for logged, m in _logged_matches(processes[1].log_lines(), APPLIED_LINE,
+                                                       soak_started, soak_ended)]
     finally:
         for process in reversed(processes):
             process.stop()
+        if platform is not None:
+            platform.stop()
         server.stop()
 
     soak = soak_ended - soak_started
     commits = sum(d[1] for d in done)
-    merges = [(logged, int(m.group(3)), float(m.group(5)), m.group(6) is not None)
-              for logged, m in _logged_matches(applier.log_lines(), APPLIED_LINE,
-                                               soak_started, soak_ended)]
     durations = sorted(d for _, _, d, _ in merges)
     small = sorted(d for _, r, d, _ in merges if r <= 1000)
     spark = sum(1 for *_, free in merges if not free)
@@ -224,23 +263,24 @@ def bench_many(tables: int, rows: int, rate: float, seconds: float, writers: int
               f"<= 1,000 records: median "
               f"{small[len(small) // 2] * 1000 if small else float('nan'):.0f} ms "
               "(goal <= 100 ms)")
-    if merges:
+    if merges and usage:
         print(f"  applier CPU per merge (everything it did, retention and compaction "
               f"included): {usage['applier'].cpu_seconds / len(merges) * 1000:.0f} ms")
-    print(f"  applier {usage['applier'].describe(soak)}")
-    print(f"  engine  {usage['engine'].describe(soak)}")
+    for label, process_usage in usage.items():
+        print(f"  {label:7} {process_usage.describe(soak)}")
     print(f"machine: {busy / soak:.2f} of 2 cores busy during the soak")
-    return {"lags": sampler.lags, "merges": merges, "applier_rss": usage["applier"].peak_rss}
+    return {"lags": sampler.lags, "merges": merges,
+            "applier_rss": usage["applier"].peak_rss if usage else None}
 
 
 def run(cases: list[tuple[int, int, float]], seconds: float, writers: int, work: Path,
-        s3: BenchS3 | None = None) -> None:
+        s3: BenchS3 | None = None, dagster: bool = False) -> None:
     """``cases``: (tables, rows per table, commits/s)."""
     for tables, rows, rate in cases:
-        bench_many(tables, rows, rate, seconds, writers, work, s3)
+        bench_many(tables, rows, rate, seconds, writers, work, s3, dagster)
 
 
-if __name__ == "__main__":  # (python -m bench.lake_many TABLES ROWS RATE SECONDS [--s3])
+if __name__ == "__main__":  # (python -m bench.lake_many TABLES ROWS RATE SECONDS [--s3] [--dagster])
     import argparse
     import shutil
     import tempfile
@@ -252,6 +292,8 @@ if __name__ == "__main__":  # (python -m bench.lake_many TABLES ROWS RATE SECOND
     parser.add_argument("seconds", type=float)
     parser.add_argument("--writers", type=int, default=2)
     parser.add_argument("--s3", action="store_true")
+    parser.add_argument("--dagster", action="store_true",
+                        help="the platform as in production: the daemon, one stream_changes")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parsed = parser.parse_args()
     tmp = tempfile.mkdtemp(prefix="bench-many-")
@@ -262,10 +304,10 @@ if __name__ == "__main__":  # (python -m bench.lake_many TABLES ROWS RATE SECOND
 
             with seaweedfs(Path(tmp)) as bench_s3:
                 bench_many(parsed.tables, parsed.rows, parsed.rate, parsed.seconds,
-                           parsed.writers, Path(tmp), bench_s3)
+                           parsed.writers, Path(tmp), bench_s3, parsed.dagster)
         else:
             bench_many(parsed.tables, parsed.rows, parsed.rate, parsed.seconds,
-                       parsed.writers, Path(tmp))
+                       parsed.writers, Path(tmp), dagster=parsed.dagster)
     finally:
         if not parsed.keep:
             shutil.rmtree(tmp, ignore_errors=True)
