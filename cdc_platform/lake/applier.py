@@ -240,6 +240,10 @@ SWEEP_STOP_WAIT_SECONDS = 10.0
 # merged together cross their thresholds in the same pass (a hundred at once held a pass for
 # 36 s); the others wait for their next merge.
 UPKEEPS_PER_PASS = 8
+# Within a pass, the landing zone is surveyed again for the merges still to start once the
+# survey is poll_seconds old and this many times older than a survey takes (on object storage a
+# survey of thousands of segments is seconds of listing).
+SURVEY_REFRESH_COST = 10.0
 # A pass that merges this many tables says so in one line (how long a pass over them takes is
 # how stale the busiest tables get).
 PASS_LINE_TABLES = 10
@@ -327,6 +331,12 @@ class Applier:
         self._last_sweep = time.monotonic()
         self._sweeping: threading.Thread | None = None  # (the landing zone's sweep, if running)
         self._swept: list[retention.RetentionReport | BaseException] = []  # (to report)
+        # The newest survey of the landing zone: a merge starts from it, taken again within a
+        # pass once it is ``poll_seconds`` old (``_survey_for_merge``).
+        self._survey_lock = threading.Lock()
+        self._survey: Survey | None = None
+        self._survey_at = 0.0  # (monotonic)
+        self._survey_seconds = 0.0  # (what the last one took)
         self._landing = LandingReader.open(options.landing_url, options.server_name,
                                            s3=options.s3)
 
@@ -424,7 +434,7 @@ class Applier:
         self.cycles += 1
         self._housekept = False
         self._pass_upkeeps = 0
-        survey = self._landing.survey()
+        survey = self._take_survey()
         checkpoint = survey.checkpoint
         if checkpoint is None:
             return
@@ -502,6 +512,33 @@ class Applier:
         state.awaiting_snapshot = self._loading(schema, state, checkpoint)
         return not state.awaiting_snapshot
 
+    def _take_survey(self) -> Survey:
+        started = time.monotonic()
+        survey = self._landing.survey()
+        self._survey, self._survey_at = survey, time.monotonic()
+        self._survey_seconds = self._survey_at - started
+        return survey
+
+    def _survey_for_merge(self, survey: Survey) -> Survey:
+        """The survey a merge starting now reads from: the pass's, or a newer one once it is
+        ``poll_seconds`` old (and older than ``SURVEY_REFRESH_COST`` times what a survey
+        takes). A pass over many busy tables lasts longer than a poll: with its first survey
+        only, a table merged near the end of a 40 s pass over 1,000 tables merged what had
+        landed 40 s before, and was twice as stale as needed. A survey that fails leaves the
+        merge with the last one (equally exact, only older)."""
+        with self._survey_lock:
+            newest = self._survey or survey
+            age = time.monotonic() - self._survey_at
+            if age < max(self.options.poll_seconds, SURVEY_REFRESH_COST * self._survey_seconds):
+                return newest
+            try:
+                return self._take_survey()
+            except Exception as error:  # noqa: BLE001 - the pass's survey serves as well
+                log.info("applier: surveying the landing zone again failed (%s); merging from "
+                         "the survey of %.0f s ago", error, age)
+                self._survey_at = time.monotonic()
+                return newest
+
     def _merge_all(self, due: list[TableSchema], survey: Survey,
                    stop: threading.Event | None) -> None:
         """Merge the due tables, ``merge_parallelism`` at a time (never one table twice at
@@ -538,7 +575,8 @@ class Applier:
         """One table's merge and, when it made the table need it, its compaction or snapshot
         expiry without Spark (``lake.arrow_merge.upkeep_without_spark``); in a worker thread."""
         options = self.options
-        changelog = TableChangelog(self._landing, schema.database, schema.table, survey)
+        changelog = TableChangelog(self._landing, schema.database, schema.table,
+                                   self._survey_for_merge(survey))
         result = materialise(lambda: self.spark, options.landing_url, options.warehouse_url,
                              options.server_name, schema, schema.database, schema.table,
                              catalog=options.catalog, s3=options.s3, changelog=changelog)

@@ -214,6 +214,43 @@ def test_a_table_merged_within_the_merge_interval_waits_for_its_end(
     assert [e.result.rows for e in applied] == [1, 2]
 
 
+def test_a_merge_late_in_a_long_pass_reads_what_landed_since_the_pass_began(
+        cdc_env: CdcEnv, spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass over many busy tables lasts longer than a poll: a merge that starts once the
+    pass's survey is poll_seconds old surveys the landing zone again, so the table merges what
+    landed meanwhile, not only what had landed when the pass began."""
+    env = cdc_env
+    env.execute("CREATE TABLE first (id INT PRIMARY KEY, v INT)",
+                "CREATE TABLE second (id INT PRIMARY KEY, v INT)",
+                "INSERT INTO first VALUES (1, 0)", "INSERT INTO second VALUES (1, 0)")
+    env.catch_up()
+    applied: list[Any] = []
+    applier = Applier(spark, _options(env, merge_parallelism=1),
+                      lambda event: applied.append(event) if isinstance(event, Applied) else None)
+    applier.cycle()  # (both targets created and loaded)
+    env.execute("INSERT INTO first VALUES (2, 0)", "INSERT INTO second VALUES (2, 0)")
+    env.catch_up()
+    real = applier_module.materialise
+    later: list[str] = []
+
+    def merge_then_land(*args: Any, **kwargs: Any) -> Any:
+        result = real(*args, **kwargs)
+        if not later:  # the pass's first merge: the other table's row lands meanwhile
+            later.append("second" if kwargs["changelog"].table == "first" else "first")
+            env.execute(f"INSERT INTO {later[0]} VALUES (3, 0)")
+            env.catch_up()
+            time.sleep(0.4)  # (the pass's survey is now older than poll_seconds, 0.3 s)
+        return result
+
+    monkeypatch.setattr(applier_module, "materialise", merge_then_land)
+    del applied[:]
+    applier.cycle()
+    by_table = {e.schema.table: e.result for e in applied}
+    assert set(by_table) == {"first", "second"}
+    assert by_table[later[0]].records_read == 2  # row 2, and row 3 that landed in the pass
+    assert [row["id"] for row in env.target_rows(spark, later[0])] == [1, 2, 3]
+
+
 def test_a_pass_reconciles_at_most_one_table_so_the_others_keep_merging(
         cdc_env: CdcEnv, spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Reconciles take seconds and every table waits meanwhile: with three tables due after
