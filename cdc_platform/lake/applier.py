@@ -449,7 +449,7 @@ class Applier:
                 due.append(schema)
         if due:
             merging = time.monotonic()
-            self._merge_all(due, survey, stop)
+            self._merge_all(due, stop)
             if len(due) >= PASS_LINE_TABLES:
                 log.info("applier: pass %d merged %d tables in %.1f s", self.cycles, len(due),
                          time.monotonic() - merging)
@@ -519,7 +519,7 @@ class Applier:
         self._survey_seconds = self._survey_at - started
         return survey
 
-    def _survey_for_merge(self, survey: Survey) -> Survey:
+    def _survey_for_merge(self) -> Survey:
         """The survey a merge starting now reads from: the pass's, or a newer one once it is
         ``poll_seconds`` old (and older than ``SURVEY_REFRESH_COST`` times what a survey
         takes). A pass over many busy tables lasts longer than a poll: with its first survey
@@ -527,7 +527,8 @@ class Applier:
         landed 40 s before, and was twice as stale as needed. A survey that fails leaves the
         merge with the last one (equally exact, only older)."""
         with self._survey_lock:
-            newest = self._survey or survey
+            newest = self._survey
+            assert newest is not None  # (the pass took one before its merges)
             age = time.monotonic() - self._survey_at
             if age < max(self.options.poll_seconds, SURVEY_REFRESH_COST * self._survey_seconds):
                 return newest
@@ -539,8 +540,7 @@ class Applier:
                 self._survey_at = time.monotonic()
                 return newest
 
-    def _merge_all(self, due: list[TableSchema], survey: Survey,
-                   stop: threading.Event | None) -> None:
+    def _merge_all(self, due: list[TableSchema], stop: threading.Event | None) -> None:
         """Merge the due tables, ``merge_parallelism`` at a time (never one table twice at
         once: a table is due once a pass), and record each outcome in this thread as it comes.
         Merges without Spark spend most of their time in pyarrow (reading, writing Parquet)
@@ -553,7 +553,7 @@ class Applier:
                 if stop is not None and stop.is_set():
                     return
                 self._merged(schema, started[schema.table_id],
-                             lambda schema=schema: self._merge(schema, survey))
+                             lambda schema=schema: self._merge(schema))
             return
         if self._pool is None or self._pool_size != workers:
             if self._pool is not None:
@@ -565,18 +565,17 @@ class Applier:
         for schema in due:
             if stop is not None and stop.is_set():
                 break
-            futures[self._pool.submit(self._merge, schema, survey)] = schema
+            futures[self._pool.submit(self._merge, schema)] = schema
         for future in as_completed(futures):
             schema = futures[future]
             self._merged(schema, started[schema.table_id], future.result)
 
-    def _merge(self, schema: TableSchema, survey: Survey
-               ) -> tuple[MergeResult, Maintained | None]:
+    def _merge(self, schema: TableSchema) -> tuple[MergeResult, Maintained | None]:
         """One table's merge and, when it made the table need it, its compaction or snapshot
         expiry without Spark (``lake.arrow_merge.upkeep_without_spark``); in a worker thread."""
         options = self.options
         changelog = TableChangelog(self._landing, schema.database, schema.table,
-                                   self._survey_for_merge(survey))
+                                   self._survey_for_merge())
         result = materialise(lambda: self.spark, options.landing_url, options.warehouse_url,
                              options.server_name, schema, schema.database, schema.table,
                              catalog=options.catalog, s3=options.s3, changelog=changelog)

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import pyarrow as pa
@@ -253,7 +253,6 @@ def load_into_empty(changelog: TableChangelog, lake: LocalHadoopCatalog | LakeRe
     checkpoint = changelog.checkpoint()
     if not readable(checkpoint, after_pos):
         return None
-    assert checkpoint is not None
     before_pos = checkpoint.next_pos
     renames = changelog.column_renames(before_pos)
     if any(r.dropped for r in renames):
@@ -319,7 +318,7 @@ def load_into_empty(changelog: TableChangelog, lake: LocalHadoopCatalog | LakeRe
         snapshot_rows=counts[SNAPSHOT_ROW], asserted=counts["asserted"])
 
 
-def readable(checkpoint: Checkpoint | None, after_pos: int | None) -> bool:
+def readable(checkpoint: Checkpoint | None, after_pos: int | None) -> TypeGuard[Checkpoint]:
     """Whether a batch past ``after_pos`` can be read under ``checkpoint``: there is one, and
     it is past the target's mark (a mark beyond it is the Spark path's to explain)."""
     return checkpoint is not None and (after_pos is None or after_pos < checkpoint.next_pos)

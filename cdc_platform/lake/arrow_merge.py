@@ -243,7 +243,6 @@ def _merge(changelog: TableChangelog, lake: LocalHadoopCatalog | LakeRestCatalog
     checkpoint = changelog.checkpoint()
     if not readable(checkpoint, after_pos):
         return None
-    assert checkpoint is not None
     before_pos = checkpoint.next_pos
     renames = changelog.column_renames(before_pos)
     columns = {f.name.lower() for f in table.schema().fields}
