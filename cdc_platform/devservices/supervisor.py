@@ -13,6 +13,10 @@ code server. So here the command alone receives the signal and tears down in ord
 * the first SIGINT/SIGTERM/SIGHUP raises :class:`Interrupted` in the main thread, so blocking
   waits end and ``with`` blocks unwind; the teardown itself is not interruptible, and a second
   signal only cuts the grace periods short;
+* an :class:`Interrupted` that Python swallows (the signal landed in a ``__del__``, a weakref
+  callback or another finaliser, whose exceptions are printed and ignored) is raised again at
+  once: a finaliser runs at any point in the main thread (a pymysql result freed by the
+  garbage collector), so without this a Ctrl-C was lost and the command ran on;
 * teardown runs in reverse start order: a child gets its stop signal, then (after its grace) its
   whole process group SIGTERM and then SIGKILL; a service gets ``stop()``;
 * the command is a child *subreaper*, so a grandchild whose parent died is re-parented to the
@@ -153,6 +157,8 @@ class ProcessSupervisor:
         self._stopping = False
         self._hurry = threading.Event()
         self._grandchildren: set[int] = set()
+        self._redeliver = False
+        self._previous_unraisable_hook: Callable[[Any], Any] | None = None
         self.signal_received: int | None = None
 
     # ---- entering and leaving ------------------------------------------------------------
@@ -166,17 +172,26 @@ class ProcessSupervisor:
                 continue  # nohup: keep running when the terminal goes
             self._previous[signum] = previous
             signal.signal(signum, self._on_signal)
+        self._previous_unraisable_hook = sys.unraisablehook
+        sys.unraisablehook = self._on_unraisable
         _become_subreaper()
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:
+        self._redeliver = False
         self.stop_all()
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         self._previous.clear()
+        if self._previous_unraisable_hook is not None:
+            sys.unraisablehook = self._previous_unraisable_hook
+            self._previous_unraisable_hook = None
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._redeliver:  # the Interrupted raised before was swallowed: raise it now
+            self._redeliver = False
+            raise Interrupted(self.signal_received or signum)
         if self._stopping:
             if not self._hurry.is_set():
                 self._hurry.set()
@@ -186,6 +201,25 @@ class ProcessSupervisor:
         self.signal_received = signum
         self._log(f"{signal.Signals(signum).name}: stopping everything this command started")
         raise Interrupted(signum)
+
+    def _on_unraisable(self, unraisable: Any) -> None:
+        """``sys.unraisablehook``: an exception a finaliser raised, which Python ignores. If
+        it is our :class:`Interrupted`, signal the main thread again so that the handler raises
+        it where it can unwind the command; if that lands in a finaliser too, the same happens
+        again (any other exception goes to the previous hook)."""
+        if not isinstance(unraisable.exc_value, Interrupted):
+            if self._previous_unraisable_hook is not None:
+                self._previous_unraisable_hook(unraisable)
+            return
+        self._redeliver = True
+        main = threading.main_thread().ident
+        assert main is not None
+        # from another thread, a moment later: the hook itself runs inside the finaliser, where
+        # the handler's exception would be swallowed again
+        redeliver = threading.Timer(0.05, signal.pthread_kill,
+                                    (main, unraisable.exc_value.signum))
+        redeliver.daemon = True
+        redeliver.start()
 
     # ---- starting ------------------------------------------------------------------------
 
