@@ -66,21 +66,17 @@ def _apply(args: argparse.Namespace) -> int:
     """The applier in the foreground (the ``apply_changes`` job runs the same loop): keeps
     every target merged with the changelog until stopped."""
     from cdc_platform.config import load_settings
-    from cdc_platform.lake.applier import Applied, Applier, ApplierOptions
-    from cdc_platform.lake.spark import build_spark_session, settings_conf
+    from cdc_platform.lake.applier import Applied
+    from cdc_platform.lake.applier_process import build_applier
 
     settings = load_settings(args.config).for_source(args.source)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     stop = _stop_on_signals("stopping after the merge in progress")
 
-    def spark() -> Any:  # (started when first needed: an initial load is appended without it)
-        return build_spark_session(settings.spark.master, settings.spark.app_name,
-                                   settings_conf(settings))
-
     def report(event: Any) -> None:
         logging.info(event.describe() if isinstance(event, Applied) else f"applier: {event}")
 
-    applier = Applier(spark, ApplierOptions.from_settings(settings), report)
+    applier = build_applier(settings, report)
     applier.run(stop)
     logging.info(f"stopped: {applier.merges} merges in {applier.cycles} passes")
     return 0

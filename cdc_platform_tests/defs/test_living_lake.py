@@ -18,7 +18,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from cdc_platform.defs.lake.applier import APPLIER_TAG, PID_TAG, REASON_TAG
+from cdc_platform.defs.lake.applier import APPLIER_TAG, CHILD_PID_TAG, PID_TAG, REASON_TAG
 from cdc_platform.defs.signals.sensors import SNAPSHOT_TABLE_TAG
 from cdc_platform_tests.capture.snapshot.test_reader import EngineThread
 from cdc_platform_tests.conftest import CdcEnv
@@ -56,6 +56,15 @@ def _merges(instance: dg.DagsterInstance, env: CdcEnv, table: str) -> list[dict[
             for r in records]
 
 
+def _parent(pid: int) -> int | None:
+    """The parent of ``pid`` while it runs (None: gone, or a zombie)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else int(fields[1])
+
+
 @pytest.mark.cdc_config(lake={"applier": True, "freshness_seconds": 30, "poll_seconds": 1})
 def test_applier_launched_by_itself_keeps_targets_fresh_and_recovers_from_kill_9(
         cdc_env: CdcEnv, spark: Any, tmp_path: Path) -> None:
@@ -85,7 +94,15 @@ def test_applier_launched_by_itself_keeps_targets_fresh_and_recovers_from_kill_9
                 wait_for("merges during the writes",
                          lambda: len(_merges(instance, env, "orders")) >= 3, timeout=120,
                          daemon_=running)
+                # the merges run in a process of the run's own, which dies with the run
+                tagged = wait_for("the applier's process", lambda: (run := instance.get_run_by_id(
+                    first.run_id)) is not None and run.tags.get(CHILD_PID_TAG) and run,
+                    timeout=60, daemon_=running)
+                child = int(tagged.tags[CHILD_PID_TAG])
+                assert _parent(child) == int(first.tags[PID_TAG])
                 os.kill(int(first.tags[PID_TAG]), signal.SIGKILL)
+                wait_for("the applier's process to die with its run",
+                         lambda: _parent(child) is None, timeout=30, daemon_=running)
                 failed = wait_for(
                     "the fresh check to fail naming the applier",
                     lambda: [e for e in _fresh(instance, env, "orders")

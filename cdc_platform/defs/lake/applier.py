@@ -16,6 +16,7 @@ running, and each target's ``fresh`` check (``lake.freshness_seconds``).
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
-from dagster_pyspark import LazyPySparkResource
 
 from cdc_platform.capture.binlog.headroom import checkpoint_lag_seconds
 from cdc_platform.capture.landing.zone import LandingReader
@@ -40,6 +40,8 @@ from cdc_platform.lake import freshness
 JOB_NAME = "apply_changes"
 APPLIER_TAG = "cdc_platform/applier"
 PID_TAG = "cdc_platform/applier_pid"
+# The pid of the process the run merges in (``lake.applier_process``).
+CHILD_PID_TAG = "cdc_platform/applier_child_pid"
 HOST_TAG = "cdc_platform/applier_host"
 REASON_TAG = "cdc_platform/launched_because"
 # Segment footers the freshness judgement reads at once (a request each on object storage).
@@ -47,6 +49,9 @@ FOOTER_READERS = 8
 # The fresh check's result is recorded when it changes, and at least this often.
 REPORT_EVERY_SECONDS = 300.0
 STOP_GRACE_SECONDS = 120.0
+# Events received and not yet recorded, at most: past it the child waits to send (memory stays
+# bounded if recording falls behind the merges).
+PENDING_EVENTS = 10_000
 
 
 def sensor_name(settings: Settings) -> str:
@@ -83,7 +88,10 @@ def _events_to_dagster(settings: Settings, events: list[Any]) -> Iterable[Any]:
     if len(applied) > MERGE_LINES:
         yield LogLine("info", _merges_line(applied))
     for event in events:
-        yield from _event_to_dagster(settings, event, stale, len(applied) <= MERGE_LINES)
+        if isinstance(event, LogLine):
+            yield event
+        else:
+            yield from _event_to_dagster(settings, event, stale, len(applied) <= MERGE_LINES)
 
 
 def _merges_line(applied: list[Any]) -> str:
@@ -170,22 +178,39 @@ def build_job(settings: Settings) -> dg.JobDefinition:
         "session, one Iceberg commit per table per merge, compaction, reconciles and "
         "landing-zone retention on their own cadence (docs/iceberg.md, 'The applier').",
     )
-    def apply_landed_changes(context: dg.OpExecutionContext, config: ApplyConfig,
-                      pyspark: LazyPySparkResource) -> None:
-        from cdc_platform.lake.applier import Applier, ApplierOptions
+    def apply_landed_changes(context: dg.OpExecutionContext, config: ApplyConfig) -> None:
+        from cdc_platform.lake.applier_process import ApplierProcess
 
-        context.instance.add_run_tags(context.run_id, {PID_TAG: str(os.getpid()),
-                                                       HOST_TAG: socket.gethostname()})
-        log = QueueLog()
-        pending: list[Any] = []
-        # (the session starts when first needed: an initial load is appended without it)
-        applier = Applier(lambda: pyspark.spark_session, ApplierOptions.from_settings(settings),
-                          pending.append)
+        child = ApplierProcess(settings)
+        pending: list[Any] = []  # (events the child sent, recorded from the step's thread)
+
+        def merge(stop: threading.Event) -> None:
+            # The merges run in a process of their own (``lake.applier_process``: recording
+            # a thousand tables' materialisations shared this interpreter with them, and
+            # halved their pace); this thread passes its events on until asked to stop.
+            child.start()
+            try:
+                while not stop.is_set():
+                    if len(pending) >= PENDING_EVENTS:  # (recording lags: the child waits)
+                        stop.wait(0.1)
+                        continue
+                    pending.extend(child.receive(0.5))
+            finally:
+                if not child.stop(STOP_GRACE_SECONDS - 10, pending.append):
+                    pending.append(LogLine("warning", "applier: its process did not stop "
+                                           f"within {STOP_GRACE_SECONDS - 10:.0f}s; killed (a "
+                                           "merge that did not commit is redone by the next "
+                                           "run)"))
+
+        tagged: list[int] = []
 
         def relay() -> None:
+            if not tagged and child.pid is not None:
+                tagged.append(child.pid)
+                context.instance.add_run_tags(context.run_id, {CHILD_PID_TAG: str(child.pid)})
             while pending:
                 events = pending[:]
-                del pending[:len(events)]  # (the applier's thread appends meanwhile)
+                del pending[:len(events)]  # (the receiving thread appends meanwhile)
                 try:
                     for item in _events_to_dagster(settings, events):
                         if isinstance(item, LogLine):
@@ -197,12 +222,15 @@ def build_job(settings: Settings) -> dg.JobDefinition:
                                       f"({error!r})")
 
         def progress() -> None:
-            context.log.info(f"applier: {applier.merges} merges in {applier.cycles} passes "
-                             f"over {len(applier.states)} tables")
+            counters = child.counters
+            context.log.info(f"applier: {counters.merges} merges in {counters.passes} passes "
+                             f"over {counters.tables} tables (process {child.pid})")
 
+        context.instance.add_run_tags(context.run_id, {PID_TAG: str(os.getpid()),
+                                                       HOST_TAG: socket.gethostname()})
         try:
             run_in_thread(
-                context, "lake-applier", applier.run, log, every=config.progress_seconds,
+                context, "lake-applier", merge, QueueLog(), every=config.progress_seconds,
                 on_tick=progress, on_poll=relay,
                 stopping="applier: stop requested; finishing the merge in progress",
                 grace_seconds=STOP_GRACE_SECONDS,

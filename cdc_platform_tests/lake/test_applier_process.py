@@ -1,0 +1,66 @@
+"""The applier in a child process (``lake.applier_process``), as the ``apply_changes`` run
+uses it: its merges reach the parent as events, it stops after the merge in progress when
+asked, and a loop that fails fails the parent with the child's error."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from cdc_platform.config import parse_settings
+from cdc_platform.lake.applier import Applied
+from cdc_platform.lake.applier_process import ApplierFailed, ApplierProcess
+from cdc_platform_tests.conftest import CdcEnv
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else int(fields[1])
+
+
+def test_the_child_merges_reports_and_stops_when_asked(cdc_env: CdcEnv) -> None:
+    cdc_env.execute("CREATE TABLE orders (id INT PRIMARY KEY, v VARCHAR(20))",
+                    "INSERT INTO orders VALUES (1, 'a'), (2, 'b'), (3, 'c')")
+    cdc_env.catch_up()
+    child = ApplierProcess(cdc_env.settings)
+    child.start()
+    events: list[object] = []
+    try:
+        assert child.pid is not None and _parent(child.pid) == os.getpid()
+        deadline = time.monotonic() + 180
+        while not any(isinstance(e, Applied) for e in events):
+            assert time.monotonic() < deadline, f"no merge reported: {events}"
+            events.extend(child.receive(1.0))
+        merged = next(e for e in events if isinstance(e, Applied))
+        assert merged.schema.table == "orders" and merged.result.rows == 3
+        # the counters arrive once a second
+        deadline = time.monotonic() + 10
+        while child.counters.merges < 1:
+            assert time.monotonic() < deadline, child.counters
+            events.extend(child.receive(0.5))
+    finally:
+        assert child.stop(60, events.append)
+    assert _parent(child.pid) is None
+
+
+def test_a_loop_that_fails_raises_the_childs_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    settings = parse_settings({
+        "source": {"flavour": "mariadb", "host": "127.0.0.1", "port": 1, "user": "cdc",
+                   "server_id": 5, "server_name": "broken"},
+        "landing_zone": {"url": str(tmp_path / "file" / "landing")},
+        "warehouse": {"url": str(tmp_path / "warehouse")}}, "test")
+    child = ApplierProcess(settings)
+    child.start()
+    deadline = time.monotonic() + 120
+    with pytest.raises(ApplierFailed, match="NotADirectoryError") as failed:
+        while time.monotonic() < deadline:
+            child.receive(1.0)
+    assert "the applier's loop failed in its process" in str(failed.value)
+    child.stop(10, lambda event: None)
