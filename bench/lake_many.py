@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench._engine import rss_bytes
 from bench._lake import (
     IcebergTail,
     RestIcebergTail,
@@ -40,7 +41,7 @@ from bench._lake import (
     wait_until,
     write_config,
 )
-from bench._processes import CliProcess, system_busy_seconds
+from bench._processes import CliProcess, cpu_seconds, system_busy_seconds
 from bench._s3 import BenchS3
 from bench.initial_load_many import Platform
 from bench.lake_e2e import _client_connect, _logged_matches
@@ -151,6 +152,20 @@ def _dagster_merges(platform: Platform, names: list[str], since: float, until: f
     return merges
 
 
+def _applier_processes(platform: Platform) -> dict[str, int]:
+    """The running ``apply_changes`` run's process and the child it merges in, by label."""
+    import dagster as dg
+
+    from cdc_platform.defs.lake.applier import APPLIER_TAG, CHILD_PID_TAG, PID_TAG
+
+    with platform.instance() as instance:
+        runs = instance.get_runs(filters=dg.RunsFilter(
+            tags={APPLIER_TAG: SERVER_NAME}, statuses=[dg.DagsterRunStatus.STARTED]), limit=1)
+    tags = runs[0].tags if runs else {}
+    return {label: int(tags[tag]) for label, tag in
+            (("run", PID_TAG), ("merges", CHILD_PID_TAG)) if tags.get(tag)}
+
+
 def bench_many(tables: int, rows: int, rate: float, seconds: float, writers: int, work: Path,
                s3: BenchS3 | None = None, dagster: bool = False) -> dict[str, Any]:
     where = "ON S3 (SeaweedFS, REST catalog)" if s3 is not None else \
@@ -220,6 +235,8 @@ def bench_many(tables: int, rows: int, rate: float, seconds: float, writers: int
         time.sleep(max(0.0, start_at - time.time()))
         for process in processes:
             process.mark()
+        applier_pids = _applier_processes(platform) if platform is not None else {}
+        applier_cpu = {label: cpu_seconds(pid) for label, pid in applier_pids.items()}
         busy_before, soak_started = system_busy_seconds(), time.time()
         with _Sampler(tails, soak_started) as sampler:
             done = [results.get(timeout=seconds + 120) for _ in children]
@@ -228,6 +245,8 @@ def bench_many(tables: int, rows: int, rate: float, seconds: float, writers: int
             child.join(30)
         busy = system_busy_seconds() - busy_before
         usage = {p.label: p.usage() for p in processes}
+        applier_usage = {label: (cpu_seconds(pid) - applier_cpu[label], rss_bytes("VmHWM", pid))
+                         for label, pid in applier_pids.items()}
         if sampler.errors:
             raise sampler.errors[0]
         if platform is not None:
@@ -268,6 +287,12 @@ def bench_many(tables: int, rows: int, rate: float, seconds: float, writers: int
               f"included): {usage['applier'].cpu_seconds / len(merges) * 1000:.0f} ms")
     for label, process_usage in usage.items():
         print(f"  {label:7} {process_usage.describe(soak)}")
+    for label, (cpu, peak) in applier_usage.items():
+        print(f"  apply_changes {label} process: CPU {cpu:,.1f} s ({cpu / soak:.2f} cores), "
+              f"peak RSS {(peak or 0) / 2**20:,.0f} MB")
+    if merges and "merges" in applier_usage:
+        print(f"  applier CPU per merge (its merging process): "
+              f"{applier_usage['merges'][0] / len(merges) * 1000:.0f} ms")
     print(f"machine: {busy / soak:.2f} of 2 cores busy during the soak")
     return {"lags": sampler.lags, "merges": merges,
             "applier_rss": usage["applier"].peak_rss if usage else None}

@@ -1,11 +1,11 @@
 """The living lake in Dagster: the long-running ``apply_changes`` job, the sensor that keeps it
 running, and each target's ``fresh`` check (``lake.freshness_seconds``).
 
-- ``apply_changes`` runs ``lake.applier.Applier`` in one step with one Spark session; each merge
-  is recorded as a materialisation of the target asset (with the newest source commit applied
-  and the lag to the Iceberg commit), each compaction as an observation, each reconcile as a
-  result of the target's ``reconcile`` check, each landing-zone sweep as an observation of the
-  changelog.
+- ``apply_changes`` runs ``lake.applier.Applier`` in a child process of its one step
+  (``lake.applier_process``), with one Spark session there; each merge is recorded as a
+  materialisation of the target asset (with the newest source commit applied and the lag to
+  the Iceberg commit), each compaction as an observation, each reconcile as a result of the
+  target's ``reconcile`` check, each landing-zone sweep as an observation of the changelog.
 - The sensor ``<server>_keep_lake_fresh`` (on by default) launches ``apply_changes`` when no run
   of it is active, with the reason as a run tag, and fails a run whose process is gone (a
   ``kill -9``: the default run launcher cannot tell). Each tick it also judges every target's
