@@ -14,9 +14,11 @@ The contract:
   does (``build_applier``);
 * each event (``lake.applier.Event``) reaches the parent in order, with the child's counters
   once a second; a loop that fails sends its error's text before the child exits;
-* SIGTERM or SIGINT to the child ask it to stop after the merge in progress (``stop``); if
-  the parent dies, the kernel SIGKILLs the child (``PR_SET_PDEATHSIG``): a kill -9 of the run
-  is a kill -9 of its applier, which every merge survives exactly (the mark is in the commit).
+* SIGTERM to the child asks it to stop after the merge in progress (``stop``; SIGINT, a
+  terminal's Ctrl-C to the whole process group, is the run's to handle); a stop the parent did
+  not ask for fails it; if the parent dies, the kernel SIGKILLs the child
+  (``PR_SET_PDEATHSIG``): a kill -9 of the run is a kill -9 of its applier, which every merge
+  survives exactly (the mark is in the commit).
 """
 
 from __future__ import annotations
@@ -83,8 +85,10 @@ def _child(settings: Settings, conn: Connection, parent: int) -> None:
     _die_with_parent(parent)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+    # The parent alone stops it (SIGTERM): a terminal's Ctrl-C reaches the whole process group,
+    # and the run's process decides what it means.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     sending = threading.Lock()
 
     def send(message: tuple[str, Any]) -> None:
@@ -109,6 +113,8 @@ def _child(settings: Settings, conn: Connection, parent: int) -> None:
             send(("counters", Counters(applier.merges, applier.cycles, len(applier.states))))
     if failure:
         send(("failed", failure[0]))
+    elif stop.is_set():
+        send(("stopped", "SIGTERM"))
     conn.close()
     os._exit(1 if failure else 0)  # (no interpreter teardown: the Spark gateway, threads)
 
@@ -125,6 +131,7 @@ class ApplierProcess:
         self._process: multiprocessing.process.BaseProcess | None = None
         self._conn: Connection | None = None
         self._failure: str | None = None
+        self._stopping = False
 
     @property
     def pid(self) -> int | None:
@@ -168,12 +175,16 @@ class ApplierProcess:
                 self.counters = payload
             elif kind == "failed":
                 self._failure = f"the applier's loop failed in its process:\n{payload}"
+            elif kind == "stopped" and not self._stopping:
+                self._failure = (f"the applier's process {self._process.pid} stopped on "
+                                 f"{payload}, which this run did not send")
 
     def stop(self, grace_seconds: float, on_event: Callable[[Event], None]) -> bool:
         """Ask the child to stop after the merge in progress, passing on what it still sends;
         SIGKILL it after ``grace_seconds``. Whether it stopped by itself."""
         if self._process is None or self._conn is None:
             return True
+        self._stopping = True
         if self._process.is_alive():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self._process.pid or 0, signal.SIGTERM)

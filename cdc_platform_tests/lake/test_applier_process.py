@@ -5,6 +5,7 @@ asked, and a loop that fails fails the parent with the child's error."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -64,3 +65,23 @@ def test_a_loop_that_fails_raises_the_childs_error(tmp_path: Path) -> None:
             child.receive(1.0)
     assert "the applier's loop failed in its process" in str(failed.value)
     child.stop(10, lambda event: None)
+
+
+def test_ctrl_c_is_the_parents_and_a_stop_it_did_not_ask_for_fails_it(cdc_env: CdcEnv) -> None:
+    child = ApplierProcess(cdc_env.settings)
+    child.start()
+    assert child.pid is not None
+    try:
+        deadline = time.monotonic() + 120
+        while child.counters.passes < 1:  # (the loop runs)
+            assert time.monotonic() < deadline, child.counters
+            child.receive(0.5)
+        os.kill(child.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the process group
+        child.receive(2.0)
+        assert child.alive()
+        os.kill(child.pid, signal.SIGTERM)  # not from the run
+        with pytest.raises(ApplierFailed, match="stopped on SIGTERM, which this run did not"):
+            while time.monotonic() < deadline + 60:
+                child.receive(1.0)
+    finally:
+        child.stop(30, lambda event: None)
