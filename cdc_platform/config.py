@@ -13,6 +13,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
+from urllib.parse import urlparse
 
 import yaml
 from pydantic import (
@@ -240,12 +241,29 @@ class LandingZoneSettings(_Section):
     )
 
 
+def is_cluster_master(master: str) -> bool:
+    """Whether a Spark master runs tasks outside the driver's process (``spark://``,
+    ``k8s://``, ``yarn``, ``local-cluster[...]``), where executors may be on other hosts; not
+    ``local`` and ``local[N]``."""
+    return not re.fullmatch(r"local(\[[^\]]*\])?", master.strip())
+
+
 class SparkSettings(_Section):
-    master: str = Field(default="local[2]", description="Spark master URL.")
+    master: str = Field(
+        default="local[2]",
+        description="Spark master URL: `local[N]` runs Spark's work in the process that needs "
+        "it; a cluster (`spark://host:7077`, `k8s://https://...`) runs it on executors, which "
+        "then need the landing zone and the warehouse on S3 (or `shared_filesystem`).")
     app_name: str = Field(default="cdc_platform", description="Spark application name.")
     conf: dict[str, str] = Field(
         default_factory=dict, description="Extra Spark configuration, e.g. executor memory."
     )
+    shared_filesystem: bool = Field(
+        default=False,
+        description="With a cluster `master`: every Spark worker mounts a local "
+        "`landing_zone.url` and `warehouse.url` at the same paths as the platform's pods (an "
+        "NFS or ReadWriteMany volume). Without it, local paths with a cluster master are "
+        "refused at start: executors on other hosts would not find the files.")
 
 
 class CatalogSettings(_Section):
@@ -526,6 +544,22 @@ class Settings(_Section):
                     f"sources[{index}].server_id {source.server_id} is also sources[{first}]'s "
                     f"on {source.host}:{source.port}; give each source of a host its own "
                     "server_id")
+        return self
+
+    @model_validator(mode="after")
+    def _cluster_reads_the_files(self) -> Settings:
+        master = self.spark.master
+        if not is_cluster_master(master) or self.spark.shared_filesystem:
+            return self
+        local = [f"{name} {url!r}" for name, url in (("landing_zone.url", self.landing_zone.url),
+                                                     ("warehouse.url", self.warehouse.url))
+                 if urlparse(url).scheme.lower() in ("", "file")]
+        if local:
+            raise ValueError(
+                f"spark.master {master!r} runs Spark's work on executors, which cannot read the "
+                f"local {' and '.join(local)}: put them on S3 (s3://bucket/prefix), or set "
+                "spark.shared_filesystem: true if every Spark worker mounts them at the same "
+                "paths")
         return self
 
     @property

@@ -14,16 +14,19 @@ session that starts the JVM.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
 
 import cdc_platform
+from cdc_platform.config import is_cluster_master
 from cdc_platform.lake.iceberg.catalog import session_conf
 from cdc_platform.lake.s3 import settings_s3_conf
 
@@ -99,13 +102,14 @@ def _jars(value: str) -> list[str]:
 
 
 def merge_conf(*confs: dict[str, str]) -> dict[str, str]:
-    """The settings of ``confs``, later ones overriding earlier ones, except ``spark.jars``:
-    its lists are joined (each jar once), so a user's extra jar (a JDBC driver) does not drop
-    the Iceberg runtime or the S3 jars."""
+    """The settings of ``confs``, later ones overriding earlier ones, except ``spark.jars``
+    and ``spark.submit.pyFiles``: their lists are joined (each entry once), so a user's extra
+    jar (a JDBC driver) does not drop the Iceberg runtime or the S3 jars, nor a user's Python
+    file the platform's package."""
     merged: dict[str, str] = {}
     for conf in confs:
         for key, value in conf.items():
-            if key == "spark.jars" and merged.get(key):
+            if key in ("spark.jars", "spark.submit.pyFiles") and merged.get(key):
                 value = ",".join(dict.fromkeys(_jars(merged[key]) + _jars(value)))
             merged[key] = value
     return merged
@@ -119,7 +123,41 @@ def settings_conf(settings: Any) -> dict[str, str]:
     ``build_spark_session(settings.spark.master, settings.spark.app_name,
     settings_conf(settings))`` builds a deployment's session.
     """
-    return merge_conf(settings_s3_conf(settings), dict(settings.spark.conf))
+    return merge_conf(settings_s3_conf(settings), cluster_conf(settings.spark.master),
+                      dict(settings.spark.conf))
+
+
+def cluster_conf(master: str) -> dict[str, str]:
+    """With a cluster master, what executors need from the driver: this ``cdc_platform`` as a
+    zip in ``spark.submit.pyFiles`` (PySpark sends it to every executor and puts it first on
+    its Python workers' path: reconciliation's ``mapInArrow`` runs the package's code there,
+    whatever copy, if any, the executors' image has). The jars need nothing: Spark serves the
+    driver's ``spark.jars`` to its executors. ``local[N]``: nothing (the workers import the
+    driver's own copy)."""
+    return {"spark.submit.pyFiles": str(package_zip())} if is_cluster_master(master) else {}
+
+
+def package_zip(into: Path | None = None) -> Path:
+    """A zip of the ``cdc_platform`` package this process runs (its Python files; the native
+    decoders are capture's, which executors never run, and each has a Python fallback), named
+    by a digest of its content so that each version is built once and an executor never
+    caches a stale one under the same name."""
+    root = Path(cdc_platform.__file__).resolve().parent
+    files = sorted(path for path in root.rglob("*.py") if "__pycache__" not in path.parts)
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(str(path.relative_to(root.parent)).encode() + b"\0" + path.read_bytes())
+    target = (into or Path(tempfile.gettempdir()) / "cdc-platform-pyfiles") / \
+        f"cdc_platform-{digest.hexdigest()[:16]}.zip"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(f".{os.getpid()}.partial")
+    with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in files:
+            archive.write(path, str(path.relative_to(root.parent)))
+    os.replace(partial, target)  # (atomic: a concurrent builder writes the same bytes)
+    return target
 
 
 def prepare_python_workers() -> None:

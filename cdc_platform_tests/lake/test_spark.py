@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import cdc_platform
@@ -61,3 +62,24 @@ def test_python_workers_import_this_cdc_platform_from_any_directory(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert "WORKERS" in done.stdout
+
+
+def test_a_cluster_master_gets_the_package_shipped_and_local_ones_do_not(tmp_path: Path) -> None:
+    from cdc_platform.config import is_cluster_master
+    from cdc_platform.lake.spark import cluster_conf, merge_conf, package_zip
+
+    assert not any(is_cluster_master(m) for m in ("local", "local[2]", "local[*]", " local[4] "))
+    assert all(is_cluster_master(m) for m in ("spark://m:7077", "k8s://https://k8s", "yarn",
+                                               "local-cluster[2,1,1024]"))
+    assert cluster_conf("local[2]") == {}
+    shipped = cluster_conf("spark://m:7077")["spark.submit.pyFiles"]
+    assert Path(shipped).name.startswith("cdc_platform-") and Path(shipped).exists()
+    # one build per content: the same name again; the zip holds the package's modules
+    built = package_zip(tmp_path)
+    assert package_zip(tmp_path) == built and built.name == Path(shipped).name
+    names = zipfile.ZipFile(built).namelist()
+    assert "cdc_platform/lake/reconcile.py" in names and not [n for n in names if ".pyc" in n]
+    # a user's own Python files and jars add to the platform's, never replace them
+    merged = merge_conf({"spark.submit.pyFiles": shipped, "spark.jars": "a.jar"},
+                        {"spark.submit.pyFiles": "mine.py", "spark.jars": "b.jar"})
+    assert merged == {"spark.submit.pyFiles": f"{shipped},mine.py", "spark.jars": "a.jar,b.jar"}

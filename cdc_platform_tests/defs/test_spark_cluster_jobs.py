@@ -1,0 +1,102 @@
+"""The lake's Spark work on a real Spark standalone cluster (issue 38): ``dagster job execute``
+of ``materialise_targets`` with ``spark.master: spark://...`` merges (updates, deletes, key
+changes and a schema change, which take Spark's MERGE) and reconciles on the executors of both
+workers, with the package the platform shipped to them, and the target equals the source.
+
+The cluster's workers run on this machine, so the local landing zone and warehouse are shared
+paths (``spark.shared_filesystem``); without that setting the config is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from cdc_platform.config import parse_settings
+from cdc_platform.devservices import SparkCluster
+from cdc_platform_tests.conftest import CdcEnv
+
+pytestmark = pytest.mark.integration
+
+DAGSTER = str(Path(sys.executable).with_name("dagster"))
+
+
+def _executor_dirs(cluster: SparkCluster) -> dict[str, list[Path]]:
+    """Each worker's executor directories (``work/<app-id>/<executor-id>``), by worker."""
+    return {worker.base_dir.name: sorted(path for path in worker.work_dir.glob("app-*/*")
+                                         if path.is_dir())
+            for worker in cluster.worker_daemons}
+
+
+def _finished_tasks(directory: Path) -> int:
+    stderr = directory / "stderr"
+    return stderr.read_text(errors="replace").count("Finished task") if stderr.exists() else 0
+
+
+def test_a_local_landing_zone_with_a_cluster_master_is_refused_in_one_line(
+        cdc_env: CdcEnv) -> None:
+    data = cdc_env.settings_dict()
+    data["spark"] = {"master": "spark://spark-master:7077"}
+    with pytest.raises(ValueError, match="spark.shared_filesystem: true") as refused:
+        parse_settings(data, "test")
+    assert "landing_zone.url" in str(refused.value) and "warehouse.url" in str(refused.value)
+    data["spark"]["shared_filesystem"] = True
+    assert parse_settings(data, "test").spark.shared_filesystem
+
+
+def test_materialise_targets_merges_and_reconciles_on_the_clusters_executors(
+        cdc_env: CdcEnv, spark: Any, tmp_path: Path) -> None:
+    env = cdc_env
+    env.execute("CREATE TABLE orders (id INT PRIMARY KEY, customer INT, total DECIMAL(10,2))",
+                "INSERT INTO orders SELECT seq, seq % 7, seq / 4 FROM seq_1_to_3000")
+    env.catch_up()
+    env.materialise(spark, "orders")  # (the initial load: appended in the driver)
+    env.execute("UPDATE orders SET total = total + 1 WHERE id % 5 = 0",
+                "DELETE FROM orders WHERE id % 11 = 0",
+                "UPDATE orders SET id = id + 10000 WHERE id % 13 = 1",  # key changes
+                "ALTER TABLE orders ADD COLUMN note VARCHAR(20)",  # (NULL in older rows)
+                "UPDATE orders SET note = CONCAT('x', id) WHERE id % 3 = 0")
+    env.catch_up()
+
+    with SparkCluster(tmp_path / "spark", worker_count=2, worker_cores=1,
+                      worker_memory="1g") as cluster:
+        conf = cluster.driver_conf(executor_memory="512m")
+        env.overrides["spark"] = {"master": cluster.master_url, "shared_filesystem": True,
+                                  "conf": {k: v for k, v in conf.items() if k != "spark.master"}}
+        home = tmp_path / "dagster_home"
+        home.mkdir()
+        done = subprocess.run(
+            [DAGSTER, "job", "execute", "-m", "cdc_platform.definitions", "-j",
+             "materialise_targets"],
+            env={**os.environ, **cluster.driver_env(),
+                 "CDC_PLATFORM_CONFIG": str(env.write_config()), "DAGSTER_HOME": str(home)},
+            capture_output=True, text=True, timeout=900)
+        output = done.stdout + done.stderr
+        assert done.returncode == 0, output[-4000:]
+        assert "RUN_SUCCESS" in output
+        executors = _executor_dirs(cluster)
+
+    # The work left the driver: both workers' executors finished tasks, and each executor got
+    # the package the driver shipped (spark.submit.pyFiles), whatever it has installed.
+    tasks = {worker: sum(_finished_tasks(d) for d in dirs) for worker, dirs in executors.items()}
+    assert len(tasks) == 2 and all(count > 0 for count in tasks.values()), tasks
+    shipped = {worker: [p.name for d in dirs for p in d.glob("cdc_platform-*.zip")]
+               for worker, dirs in executors.items()}
+    assert all(shipped.values()), shipped
+    # The merge was Spark's MERGE (a column the target did not have), and the target is exact.
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        record = instance.get_latest_materialization_event(
+            dg.AssetKey([env.server_name, env.db, "orders"]))
+    assert record is not None and record.asset_materialization is not None
+    merged = {k: getattr(v, "value", v) for k, v in record.asset_materialization.metadata.items()}
+    assert merged["written_by"] == "spark" and merged["write"] == "merge", merged
+    assert "note" in [f.name for f in env.target(spark, "orders").read().schema.fields]
+    assert env.reconcile(spark, "orders").ok
+    expected = env.query("SELECT COUNT(*) FROM orders")[0][0]
+    assert len(env.target_rows(spark, "orders")) == expected
