@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -100,3 +101,60 @@ def test_materialise_targets_merges_and_reconciles_on_the_clusters_executors(
     assert env.reconcile(spark, "orders").ok
     expected = env.query("SELECT COUNT(*) FROM orders")[0][0]
     assert len(env.target_rows(spark, "orders")) == expected
+
+
+def _running_tasks(directory: Path) -> int:
+    stderr = directory / "stderr"
+    return stderr.read_text(errors="replace").count("Running task") if stderr.exists() else 0
+
+
+def test_a_worker_lost_in_the_middle_of_a_merge_leaves_the_target_exact(
+        cdc_env: CdcEnv, spark: Any, tmp_path: Path) -> None:
+    """A worker and its executor SIGKILLed (a lost machine) while ``materialise_targets``
+    runs Spark's MERGE of 100k changes: Spark runs the lost tasks again on the other worker,
+    or the run fails and the next one (as the applier retries) merges; either way exact."""
+    env = cdc_env
+    env.execute("CREATE TABLE orders (id INT PRIMARY KEY, customer INT, total DECIMAL(10,2))",
+                "INSERT INTO orders SELECT seq, seq % 7, seq / 4 FROM seq_1_to_200000")
+    env.catch_up()
+    env.materialise(spark, "orders")
+    env.execute("ALTER TABLE orders ADD COLUMN note VARCHAR(20)",  # (Spark's MERGE)
+                "UPDATE orders SET total = total + 1, note = 'u' WHERE id % 2 = 0",
+                "DELETE FROM orders WHERE id % 17 = 0",
+                "UPDATE orders SET id = id + 1000000 WHERE id % 101 = 1")
+    env.catch_up()
+
+    with SparkCluster(tmp_path / "spark", worker_count=2, worker_cores=1,
+                      worker_memory="1g") as cluster:
+        conf = cluster.driver_conf(executor_memory="512m")
+        env.overrides["spark"] = {"master": cluster.master_url, "shared_filesystem": True,
+                                  "conf": {k: v for k, v in conf.items() if k != "spark.master"}}
+        home = tmp_path / "dagster_home"
+        home.mkdir()
+        command = [DAGSTER, "job", "execute", "-m", "cdc_platform.definitions", "-j",
+                   "materialise_targets"]
+        run_env = {**os.environ, **cluster.driver_env(),
+                   "CDC_PLATFORM_CONFIG": str(env.write_config()), "DAGSTER_HOME": str(home)}
+        log = tmp_path / "first-run.log"
+        with open(log, "w") as out:
+            first = subprocess.Popen(command, env=run_env, stdout=out, stderr=subprocess.STDOUT)
+            try:
+                deadline = time.monotonic() + 600
+                lost = cluster.worker_daemons[1]
+                while not any(_running_tasks(d) for d in lost.work_dir.glob("app-*/*")):
+                    assert first.poll() is None, log.read_text()[-4000:]
+                    assert time.monotonic() < deadline, "no task ever ran on the second worker"
+                    time.sleep(0.2)
+                cluster.kill_worker(1, executors=True)
+                assert first.poll() is None  # (killed while the run was at work)
+                first_code = first.wait(600)
+            finally:
+                if first.poll() is None:
+                    first.kill()
+        if first_code != 0:  # the merge failed with the worker: the next run merges
+            again = subprocess.run(command, env=run_env, capture_output=True, text=True,
+                                   timeout=900)
+            assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
+
+    assert env.reconcile(spark, "orders").ok, log.read_text()[-4000:]
+    assert len(env.target_rows(spark, "orders")) == env.query("SELECT COUNT(*) FROM orders")[0][0]
