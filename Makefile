@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 export PYSPARK_PYTHON := $(abspath .venv/bin/python)
 
-.PHONY: bootstrap demo demo-s3 ui test torture torture-s3 lint unit bench stream clean
+.PHONY: bootstrap demo demo-s3 ui test torture torture-s3 lint unit bench bench-cluster stream clean
 
 bootstrap:  ## Debian packages if missing, .venv with the package installed (idempotent)
 	@bash scripts/bootstrap.sh
@@ -32,6 +32,9 @@ lint: bootstrap
 
 bench: bootstrap  ## performance ratios against bare baselines (printed, not asserted)
 	$(PY) -m bench
+
+bench-cluster: bootstrap  ## the lake's Spark work on local[2] vs a standalone cluster of 2 workers (printed)
+	$(PY) -m bench --only cluster --no-s3
 
 stream: bootstrap  ## run the capture engine in the foreground on $$CDC_PLATFORM_CONFIG (SOURCE=name picks one of several sources)
 	$(PY) -m cdc_platform stream $(if $(SOURCE),--source $(SOURCE))

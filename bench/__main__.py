@@ -48,6 +48,10 @@ capture engine's peak RSS (the engine runs in a process of its own, as in produc
   as in production (the Dagster daemon and one ``stream_changes`` launch); the time until
   pyiceberg reads every target equal to its source (goals: 100 x 2,000 <= 60 s, 1,000 x 1,000
   <= 5 min), the snapshot runs, the applier's merges and the machine's load.
+* cluster (``bench/cluster.py``; ``make bench-cluster`` alone): the lake's Spark work on
+  ``local[2]`` and on a standalone cluster of 2 workers x 1 core on this machine: a 1M-row
+  initial load, a merge of 100k changes, a reconcile, by Spark and (load, merge) without Spark
+  in the driver, with the tasks each worker's executors ran.
 * code-location (``bench/code_location.py``): the code location's load time with 1 source and 20
   sources of 50 tables each, and 1 source of 1,000 tables (schemas are discovered from the
   sources at load; goal with 1,000 tables: <= 5 s), with the machine's load.
@@ -668,6 +672,10 @@ def main() -> int:
     parser.add_argument("--initial-load-rows", type=int, default=1_000_000)
     parser.add_argument("--many-tables", default="100x2000,1000x1000",
                         help="initial-load-many: TABLESxROWS cases (default 100x2000,1000x1000)")
+    parser.add_argument("--cluster-rows", type=int, default=1_000_000,
+                        help="cluster: the initial load's rows (default 1,000,000)")
+    parser.add_argument("--cluster-changes", type=int, default=100_000,
+                        help="cluster: the merged changes (default 100,000)")
     parser.add_argument("--only", type=_sections,
                         help=f"comma-separated sections to run: {', '.join(SECTIONS)}")
     parser.add_argument("--s3", action=argparse.BooleanOptionalAction, default=True,
@@ -746,10 +754,14 @@ def _run_sections(args: argparse.Namespace, only: tuple[str, ...], work: Path,
         from bench.code_location import bench_code_location
 
         bench_code_location(work)
+    if "cluster" in only:
+        from bench.cluster import bench_cluster
+
+        bench_cluster(args.cluster_rows, args.cluster_changes, work)
 
 
 SECTIONS = ("streaming", "freshness", "lake", "snapshot", "large_transaction", "e2e",
-            "lake-many", "initial-load", "initial-load-many", "code-location")
+            "lake-many", "initial-load", "initial-load-many", "code-location", "cluster")
 # (with --s3: their rows on SeaweedFS too)
 S3_SECTIONS = ("streaming", "snapshot", "e2e", "lake-many")
 
