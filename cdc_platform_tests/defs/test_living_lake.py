@@ -23,6 +23,7 @@ from cdc_platform.defs.signals.sensors import SNAPSHOT_TABLE_TAG
 from cdc_platform_tests.capture.snapshot.test_reader import EngineThread
 from cdc_platform_tests.conftest import CdcEnv
 from cdc_platform_tests.defs.test_signal_runs import Writes, daemon, wait_for
+from cdc_platform_tests.lake.test_applier_process import parent_of
 
 
 def _applier_runs(instance: dg.DagsterInstance, env: CdcEnv) -> list[dg.DagsterRun]:
@@ -54,15 +55,6 @@ def _merges(instance: dg.DagsterInstance, env: CdcEnv, table: str) -> list[dict[
     records = instance.fetch_materializations(key, limit=1000).records
     return [{k: getattr(v, "value", v) for k, v in r.asset_materialization.metadata.items()}
             for r in records]
-
-
-def _parent(pid: int) -> int | None:
-    """The parent of ``pid`` while it runs (None: gone, or a zombie)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return None if fields[0] == "Z" else int(fields[1])
 
 
 @pytest.mark.cdc_config(lake={"applier": True, "freshness_seconds": 30, "poll_seconds": 1})
@@ -99,10 +91,10 @@ def test_applier_launched_by_itself_keeps_targets_fresh_and_recovers_from_kill_9
                     first.run_id)) is not None and run.tags.get(CHILD_PID_TAG) and run,
                     timeout=60, daemon_=running)
                 child = int(tagged.tags[CHILD_PID_TAG])
-                assert _parent(child) == int(first.tags[PID_TAG])
+                assert parent_of(child) == int(first.tags[PID_TAG])
                 os.kill(int(first.tags[PID_TAG]), signal.SIGKILL)
                 wait_for("the applier's process to die with its run",
-                         lambda: _parent(child) is None, timeout=30, daemon_=running)
+                         lambda: parent_of(child) is None, timeout=30, daemon_=running)
                 failed = wait_for(
                     "the fresh check to fail naming the applier",
                     lambda: [e for e in _fresh(instance, env, "orders")

@@ -28,6 +28,21 @@ pytestmark = pytest.mark.integration
 DAGSTER = str(Path(sys.executable).with_name("dagster"))
 
 
+MATERIALISE = [DAGSTER, "job", "execute", "-m", "cdc_platform.definitions", "-j",
+               "materialise_targets"]
+
+
+def _on_the_cluster(env: CdcEnv, cluster: SparkCluster, home: Path) -> dict[str, str]:
+    """The environment of a Dagster command whose config runs Spark on ``cluster`` (the paths
+    are shared: its workers are on this machine)."""
+    conf = cluster.driver_conf(executor_memory="512m")
+    env.overrides["spark"] = {"master": cluster.master_url, "shared_filesystem": True,
+                              "conf": {k: v for k, v in conf.items() if k != "spark.master"}}
+    home.mkdir()
+    return {**os.environ, **cluster.driver_env(), "CDC_PLATFORM_CONFIG": str(env.write_config()),
+            "DAGSTER_HOME": str(home)}
+
+
 def _executor_dirs(cluster: SparkCluster) -> dict[str, list[Path]]:
     """Each worker's executor directories (``work/<app-id>/<executor-id>``), by worker."""
     return {worker.base_dir.name: sorted(path for path in worker.work_dir.glob("app-*/*")
@@ -67,17 +82,10 @@ def test_materialise_targets_merges_and_reconciles_on_the_clusters_executors(
 
     with SparkCluster(tmp_path / "spark", worker_count=2, worker_cores=1,
                       worker_memory="1g") as cluster:
-        conf = cluster.driver_conf(executor_memory="512m")
-        env.overrides["spark"] = {"master": cluster.master_url, "shared_filesystem": True,
-                                  "conf": {k: v for k, v in conf.items() if k != "spark.master"}}
         home = tmp_path / "dagster_home"
-        home.mkdir()
-        done = subprocess.run(
-            [DAGSTER, "job", "execute", "-m", "cdc_platform.definitions", "-j",
-             "materialise_targets"],
-            env={**os.environ, **cluster.driver_env(),
-                 "CDC_PLATFORM_CONFIG": str(env.write_config()), "DAGSTER_HOME": str(home)},
-            capture_output=True, text=True, timeout=900)
+        run_env = _on_the_cluster(env, cluster, home)
+        done = subprocess.run(MATERIALISE, env=run_env, capture_output=True, text=True,
+                              timeout=900)
         output = done.stdout + done.stderr
         assert done.returncode == 0, output[-4000:]
         assert "RUN_SUCCESS" in output
@@ -126,15 +134,8 @@ def test_a_worker_lost_in_the_middle_of_a_merge_leaves_the_target_exact(
 
     with SparkCluster(tmp_path / "spark", worker_count=2, worker_cores=1,
                       worker_memory="1g") as cluster:
-        conf = cluster.driver_conf(executor_memory="512m")
-        env.overrides["spark"] = {"master": cluster.master_url, "shared_filesystem": True,
-                                  "conf": {k: v for k, v in conf.items() if k != "spark.master"}}
-        home = tmp_path / "dagster_home"
-        home.mkdir()
-        command = [DAGSTER, "job", "execute", "-m", "cdc_platform.definitions", "-j",
-                   "materialise_targets"]
-        run_env = {**os.environ, **cluster.driver_env(),
-                   "CDC_PLATFORM_CONFIG": str(env.write_config()), "DAGSTER_HOME": str(home)}
+        run_env = _on_the_cluster(env, cluster, tmp_path / "dagster_home")
+        command = MATERIALISE
         log = tmp_path / "first-run.log"
         with open(log, "w") as out:
             first = subprocess.Popen(command, env=run_env, stdout=out, stderr=subprocess.STDOUT)

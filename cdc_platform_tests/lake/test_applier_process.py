@@ -17,7 +17,8 @@ from cdc_platform.lake.applier_process import ApplierFailed, ApplierProcess
 from cdc_platform_tests.conftest import CdcEnv
 
 
-def _parent(pid: int) -> int | None:
+def parent_of(pid: int) -> int | None:
+    """The parent of ``pid`` while it runs (None: gone, or a zombie)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
@@ -33,7 +34,7 @@ def test_the_child_merges_reports_and_stops_when_asked(cdc_env: CdcEnv) -> None:
     child.start()
     events: list[object] = []
     try:
-        assert child.pid is not None and _parent(child.pid) == os.getpid()
+        assert child.pid is not None and parent_of(child.pid) == os.getpid()
         deadline = time.monotonic() + 180
         while not any(isinstance(e, Applied) for e in events):
             assert time.monotonic() < deadline, f"no merge reported: {events}"
@@ -47,7 +48,7 @@ def test_the_child_merges_reports_and_stops_when_asked(cdc_env: CdcEnv) -> None:
             events.extend(child.receive(0.5))
     finally:
         assert child.stop(60, events.append)
-    assert _parent(child.pid) is None
+    assert parent_of(child.pid) is None
 
 
 def test_a_loop_that_fails_raises_the_childs_error(tmp_path: Path) -> None:
