@@ -108,7 +108,7 @@ def test_session_conf_only_for_s3_deployments() -> None:
     def settings(landing: str, warehouse: str, **spark_conf: str) -> Any:
         return SimpleNamespace(landing_zone=SimpleNamespace(url=landing),
                                warehouse=SimpleNamespace(url=warehouse),
-                               spark=SimpleNamespace(conf=spark_conf),
+                               spark=SimpleNamespace(master="local[2]", conf=spark_conf),
                                s3=SimpleNamespace(endpoint_url="http://seaweed:8333",
                                                   region="us-east-1", path_style=True))
 
