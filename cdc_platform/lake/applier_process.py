@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
 #: How often the child sends its counters (merges, passes, tables).
 COUNTERS_EVERY_SECONDS = 1.0
+#: Events one ``receive`` returns at most (the caller records them before taking more).
+RECEIVE_AT_MOST = 1000
 
 
 def build_applier(settings: Settings, emit: Callable[[Event], None]) -> Applier:
@@ -151,8 +153,9 @@ class ApplierProcess:
         return self._process is not None and self._process.is_alive()
 
     def receive(self, timeout: float) -> list[Event]:
-        """The events the child sent, waiting up to ``timeout`` for the first; raises
-        ``ApplierFailed`` once the child has exited and everything it sent is read."""
+        """The events the child sent (at most ``RECEIVE_AT_MOST``), waiting up to ``timeout``
+        for the first; raises ``ApplierFailed`` once the child has exited and everything it
+        sent is read."""
         assert self._conn is not None and self._process is not None
         events: list[Event] = []
         wait = timeout
@@ -171,6 +174,8 @@ class ApplierProcess:
             wait = 0.0
             if kind == "event":
                 events.append(payload)
+                if len(events) >= RECEIVE_AT_MOST:
+                    return events
             elif kind == "counters":
                 self.counters = payload
             elif kind == "failed":
@@ -185,9 +190,9 @@ class ApplierProcess:
         if self._process is None or self._conn is None:
             return True
         self._stopping = True
-        if self._process.is_alive():
+        if self._process.is_alive() and self._process.pid is not None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self._process.pid or 0, signal.SIGTERM)
+                os.kill(self._process.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_seconds
         stopped = True
         while True:
