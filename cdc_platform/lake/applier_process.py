@@ -40,8 +40,6 @@ from typing import Any
 from cdc_platform.config import Settings
 from cdc_platform.lake.applier import Applier, ApplierOptions, Event
 
-log = logging.getLogger(__name__)
-
 _PR_SET_PDEATHSIG = 1
 #: How often the child sends its counters (merges, passes, tables).
 COUNTERS_EVERY_SECONDS = 1.0
@@ -75,7 +73,8 @@ class ApplierFailed(RuntimeError):
 
 
 def _die_with_parent(parent: int) -> None:
-    """SIGKILL from the kernel when the parent dies; at once if it died already."""
+    """SIGKILL from the kernel when the parent dies; at once if it died already. (Where
+    ``prctl`` is missing, the loop in ``_child`` still stops once the parent is gone.)"""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:
@@ -83,7 +82,8 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _child(settings: Settings, conn: Connection, parent: int) -> None:
-    """The child process: the applier loop in a thread, stopped by SIGTERM or SIGINT."""
+    """The child process: the applier loop in a thread, stopped by SIGTERM or when the
+    parent is gone."""
     _die_with_parent(parent)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     stop = threading.Event()
@@ -111,6 +111,8 @@ def _child(settings: Settings, conn: Connection, parent: int) -> None:
     worker.start()
     while worker.is_alive():
         worker.join(COUNTERS_EVERY_SECONDS)
+        if os.getppid() != parent:  # (orphaned: nobody records what it does)
+            stop.set()
         for applier in appliers:
             send(("counters", Counters(applier.merges, applier.cycles, len(applier.states))))
     if failure:

@@ -14,6 +14,7 @@ session that starts the JVM.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -142,13 +143,9 @@ def package_zip(into: Path | None = None) -> Path:
     decoders are capture's, which executors never run, and each has a Python fallback), named
     by a digest of its content so that each version is built once and an executor never
     caches a stale one under the same name."""
-    root = Path(cdc_platform.__file__).resolve().parent
-    files = sorted(path for path in root.rglob("*.py") if "__pycache__" not in path.parts)
-    digest = hashlib.sha256()
-    for path in files:
-        digest.update(str(path.relative_to(root.parent)).encode() + b"\0" + path.read_bytes())
+    root, files, digest = _package_files()
     target = (into or Path(tempfile.gettempdir()) / "cdc-platform-pyfiles") / \
-        f"cdc_platform-{digest.hexdigest()[:16]}.zip"
+        f"cdc_platform-{digest}.zip"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -158,6 +155,18 @@ def package_zip(into: Path | None = None) -> Path:
             archive.write(path, str(path.relative_to(root.parent)))
     os.replace(partial, target)  # (atomic: a concurrent builder writes the same bytes)
     return target
+
+
+@functools.cache
+def _package_files() -> tuple[Path, tuple[Path, ...], str]:
+    """The package's directory, its Python files and their digest: read once a process (every
+    source's Spark settings are built at a code-location load)."""
+    root = Path(cdc_platform.__file__).resolve().parent
+    files = tuple(sorted(path for path in root.rglob("*.py") if "__pycache__" not in path.parts))
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(str(path.relative_to(root.parent)).encode() + b"\0" + path.read_bytes())
+    return root, files, digest.hexdigest()[:16]
 
 
 def prepare_python_workers() -> None:
