@@ -248,6 +248,13 @@ def is_cluster_master(master: str) -> bool:
     return not re.fullmatch(r"local(\[[^\]]*\])?", master.strip())
 
 
+def _local_path(url: str, plain_names_are_paths: bool) -> bool:
+    """Whether ``url`` names this machine's files: ``file:`` or an absolute path, or (where
+    the reader takes a plain name as a relative path) any URL without a scheme."""
+    scheme = urlparse(url).scheme.lower()
+    return scheme == "file" or (scheme == "" and (plain_names_are_paths or url.startswith("/")))
+
+
 class SparkSettings(_Section):
     master: str = Field(
         default="local[2]",
@@ -551,9 +558,11 @@ class Settings(_Section):
         master = self.spark.master
         if not is_cluster_master(master) or self.spark.shared_filesystem:
             return self
-        local = [f"{name} {url!r}" for name, url in (("landing_zone.url", self.landing_zone.url),
-                                                     ("warehouse.url", self.warehouse.url))
-                 if urlparse(url).scheme.lower() in ("", "file")]
+        local = [f"{name} {url!r}" for name, url, path in (
+            ("landing_zone.url", self.landing_zone.url, True),
+            # (a catalog service's warehouse may be a name it resolves, e.g. Polaris's)
+            ("warehouse.url", self.warehouse.url, self.warehouse.catalog.type == "hadoop"))
+            if _local_path(url, path)]
         if local:
             raise ValueError(
                 f"spark.master {master!r} runs Spark's work on executors, which cannot read the "

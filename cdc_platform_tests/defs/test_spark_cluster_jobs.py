@@ -64,6 +64,15 @@ def test_a_local_landing_zone_with_a_cluster_master_is_refused_in_one_line(
     assert "landing_zone.url" in str(refused.value) and "warehouse.url" in str(refused.value)
     data["spark"]["shared_filesystem"] = True
     assert parse_settings(data, "test").spark.shared_filesystem
+    # object storage needs no shared path; a catalog service's warehouse may be a name
+    data["spark"] = {"master": "spark://spark-master:7077"}
+    data["landing_zone"] = {"url": "s3://cdc/landing"}
+    data["warehouse"] = {"url": "cdc_lake", "catalog": {"type": "rest", "uri": "http://rest"}}
+    assert parse_settings(data, "test").spark.master == "spark://spark-master:7077"
+    data["warehouse"] = {"url": "/data/warehouse", "catalog": {"type": "rest",
+                                                               "uri": "http://rest"}}
+    with pytest.raises(ValueError, match="local warehouse.url '/data/warehouse'"):
+        parse_settings(data, "test")
 
 
 def test_materialise_targets_merges_and_reconciles_on_the_clusters_executors(
