@@ -72,5 +72,10 @@ RUN for pair in ${DBT_MANIFESTS}; do \
 RUN useradd --uid 10001 --create-home cdc && chown -R cdc /opt/cdc_platform/dbt_project
 USER 10001
 
+# Dagster's containers run the command they are given; Spark on Kubernetes starts executor pods
+# from this image with the argument `executor` (helm/values-spark-k8s.yaml).
+COPY scripts/image-entrypoint.sh /usr/local/bin/image-entrypoint.sh
+ENTRYPOINT ["/usr/local/bin/image-entrypoint.sh"]
+
 EXPOSE 3030
 CMD ["dagster", "code-server", "start", "-h", "0.0.0.0", "-p", "3030", "-m", "cdc_platform.definitions"]

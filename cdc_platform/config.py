@@ -263,14 +263,21 @@ class SparkSettings(_Section):
         "then need the landing zone and the warehouse on S3 (or `shared_filesystem`).")
     app_name: str = Field(default="cdc_platform", description="Spark application name.")
     conf: dict[str, str] = Field(
-        default_factory=dict, description="Extra Spark configuration, e.g. executor memory."
-    )
+        default_factory=dict, description="Extra Spark configuration, e.g. executor memory. An "
+        "entry whose value is empty (a `${VAR:-}` whose variable is unset) is left out, so "
+        "Spark's default applies: one config serves pods with and without a setting "
+        "(helm/values-spark-k8s.yaml sets the Kubernetes ones).")
     shared_filesystem: bool = Field(
         default=False,
         description="With a cluster `master`: every Spark worker mounts a local "
         "`landing_zone.url` and `warehouse.url` at the same paths as the platform's pods (an "
         "NFS or ReadWriteMany volume). Without it, local paths with a cluster master are "
         "refused at start: executors on other hosts would not find the files.")
+
+    @field_validator("conf")
+    @classmethod
+    def _unset_entries_left_out(cls, conf: dict[str, str]) -> dict[str, str]:
+        return {key: value for key, value in conf.items() if str(value).strip()}
 
 
 class CatalogSettings(_Section):

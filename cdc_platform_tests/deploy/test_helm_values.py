@@ -5,10 +5,12 @@ environment variable they set is read by something, every secret they name is cr
 install steps, the config validates against the schema, the entry points exist, and the streaming
 job's run settings are the ones the chart's daemon acts on.
 
-Two storage layouts, each checked: ``values.yaml`` alone (the landing zone and the warehouse in
-an S3 bucket, a REST catalog, an IRSA service account: no ReadWriteMany volume) and with the
-overlay ``values-shared-volume.yaml`` (one shared volume, the Hadoop catalog), merged as Helm
-merges ``-f`` files (``_helm_merge``). No ``helm`` binary is needed.
+Three layouts, each checked: ``values.yaml`` alone (the landing zone and the warehouse in
+an S3 bucket, a REST catalog, an IRSA service account: no ReadWriteMany volume), with the
+overlay ``values-shared-volume.yaml`` (one shared volume, the Hadoop catalog), and with the
+overlay ``values-spark-k8s.yaml`` (S3 as ``values.yaml``, Spark's executors in pods of their own:
+``test_spark_k8s.py``), merged as Helm merges ``-f`` files (``_helm_merge``). No ``helm`` binary
+is needed.
 """
 
 from __future__ import annotations
@@ -44,7 +46,13 @@ ROOT = Path(__file__).resolve().parents[2]
 HELM = ROOT / "helm"
 ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:-[^}]*)?\}")
 #: The value files of each storage layout, in the order `helm -f` takes them.
-LAYOUTS = {"s3": ("values.yaml",), "shared-volume": ("values.yaml", "values-shared-volume.yaml")}
+LAYOUTS = {"s3": ("values.yaml",), "shared-volume": ("values.yaml", "values-shared-volume.yaml"),
+           "spark-k8s": ("values.yaml", "values-spark-k8s.yaml")}
+#: The layouts whose landing zone and warehouse are on S3.
+S3_LAYOUTS = ("s3", "spark-k8s")
+#: What the downward API gives a pod's variables (``valueFrom.fieldRef``), as stand-ins.
+POD_FIELDS = {"status.podIP": "10.42.3.17", "metadata.name": "dagster-run-5f0c1d2e-x7k2p",
+              "metadata.namespace": "cdc"}
 IRSA_ANNOTATION = "eks.amazonaws.com/role-arn"
 
 
@@ -179,7 +187,7 @@ def test_secrets_come_from_kubernetes_secrets_that_the_install_steps_create(valu
     assert len({p["valueFrom"]["secretKeyRef"]["name"] for p in passwords}) == 2, (
         "one Secret per source password")
     secrets = {item["valueFrom"]["secretKeyRef"]["name"] for item in env.values()
-               if "valueFrom" in item}
+               if "secretKeyRef" in item.get("valueFrom", {})}
     secrets |= {item["name"] for item in deployment.get("envSecrets", [])}
     secrets.add(values["global"]["postgresqlSecretName"])
     readme = (HELM / "README.md").read_text()
@@ -187,7 +195,8 @@ def test_secrets_come_from_kubernetes_secrets_that_the_install_steps_create(valu
         assert f"create secret generic {name}" in readme, f"helm/README.md never creates {name}"
     for name, item in env.items():
         if re.search("PASSWORD|SECRET|TOKEN|KEY", name):
-            assert "valueFrom" in item, f"{name} is set inline in helm/values.yaml"
+            assert "secretKeyRef" in item.get("valueFrom", {}), \
+                f"{name} is set inline in helm/values.yaml"
 
 
 def test_embedded_config_validates_and_points_into_mounted_volumes(layout, deployment, env):
@@ -201,7 +210,7 @@ def test_embedded_config_validates_and_points_into_mounted_volumes(layout, deplo
     assert (f"create configmap {config_map} --from-file={config_file.name}="
             "helm/cdc-platform-config.yaml") in (HELM / "README.md").read_text()
     claims = [name for name, volume in volumes.items() if "persistentVolumeClaim" in volume]
-    if layout == "s3":  # no volume to share: the data is in a bucket, the tables in a catalog
+    if layout in S3_LAYOUTS:  # no volume to share: the data is in a bucket, the tables in a catalog
         assert not claims
         for url in (settings.landing_zone.url, settings.warehouse.url):
             assert is_s3_url(url), url
@@ -213,7 +222,7 @@ def test_embedded_config_validates_and_points_into_mounted_volumes(layout, deplo
 
 
 def test_s3_layout_has_a_rest_catalog_and_the_region_and_endpoint_of_the_values(layout, env):
-    if layout != "s3":
+    if layout not in S3_LAYOUTS:
         pytest.skip("the S3 layout's storage")
     settings = _settings_with_values_env(env)
     catalog = settings.warehouse.catalog
@@ -256,7 +265,7 @@ def test_s3_credentials_come_from_the_service_accounts_role_never_the_values(lay
 def test_the_s3_layouts_sessions_take_the_images_s3_jars(layout, env, tmp_path, monkeypatch):
     """The image downloads the S3 jars into $CDC_PLATFORM_S3_JARS; a session of the S3
     layout puts exactly those on spark.jars, beside the Iceberg runtime of the same version."""
-    if layout != "s3":
+    if layout not in S3_LAYOUTS:
         pytest.skip("the S3 layout's sessions")
     dockerfile = _dockerfile()
     jars_dir = re.search(rf"^ENV {JARS_ENV}=(\S+)", dockerfile, re.M).group(1)
@@ -285,7 +294,7 @@ def test_a_typo_in_the_embedded_config_would_be_caught(env, monkeypatch):
     for name in _secret_keys():
         monkeypatch.setenv(name, "from-a-secret")
     for name, item in env.items():
-        monkeypatch.setenv(name, item.get("value", "from-a-secret"))
+        monkeypatch.setenv(name, _pod_value(item))
     broken = yaml.safe_load(_config_text())
     broken["landing_zone"]["uri"] = broken["landing_zone"].pop("url")
     with pytest.raises(ConfigError, match="landing_zone"):
@@ -297,12 +306,22 @@ def _secret_keys() -> set[str]:
     return set(re.findall(r"--from-literal=(\w+)=", (HELM / "README.md").read_text()))
 
 
+def _pod_value(item: dict[str, Any]) -> str:
+    """The value a pod's variable gets: inline, from the downward API (``POD_FIELDS``), or
+    from a Secret."""
+    field_ref = (item.get("valueFrom") or {}).get("fieldRef")
+    if field_ref is not None:
+        return POD_FIELDS[field_ref["fieldPath"]]
+    return str(item.get("value", "from-a-secret"))
+
+
 def _settings_with_values_env(env: dict[str, dict[str, Any]]) -> Any:
+    """The settings a pod with the values' environment loads."""
     with pytest.MonkeyPatch.context() as patch:
         for name in _secret_keys():
             patch.setenv(name, "from-a-secret")
         for name, item in env.items():
-            patch.setenv(name, item.get("value", "from-a-secret"))
+            patch.setenv(name, _pod_value(item))
         return parse_settings(yaml.safe_load(_config_text()), "helm/cdc-platform-config.yaml")
 
 
