@@ -66,6 +66,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ExecutorPlacement",
     "SparkCluster",
+    "SparkHistoryServer",
     "SparkMaster",
     "SparkWorker",
     "SparkWorkerInfo",
@@ -75,6 +76,9 @@ __all__ = [
 _MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 _WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 _EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
+_HISTORY_CLASS = "org.apache.spark.deploy.history.HistoryServer"
+#: An event log Spark is still writing (its application runs, or its driver died).
+_IN_PROGRESS = ".inprogress"
 #: Launches of one daemon when its web UI port was taken between picking and binding (Jetty's
 #: "Failed to bind" is not the "already in use" the base class retries on by itself).
 _START_ATTEMPTS = 3
@@ -165,6 +169,8 @@ class _SparkDaemon(ManagedService):
     host: str = "127.0.0.1"
     daemon_memory: str = "512m"
     start_timeout: float = 180.0
+    #: Added to the daemon's environment (a worker's reaches its executors).
+    extra_env: dict[str, str] = field(default_factory=dict)
     webui_port: int | None = field(default=None, init=False)
     _webui_for: int | None = field(default=None, init=False, repr=False)
 
@@ -246,6 +252,7 @@ class _SparkDaemon(ManagedService):
             "SPARK_LOCAL_IP": self.host,
             "SPARK_LOCAL_DIRS": str(self.local_dir),
             "SPARK_DAEMON_MEMORY": self.daemon_memory,
+            **self.extra_env,
         }
 
     def _state_extra(self) -> dict[str, Any]:
@@ -358,6 +365,54 @@ class SparkWorker(_SparkDaemon):
         self.memory = str(state.get("memory") or self.memory)
 
 
+@dataclass(eq=False)
+class SparkHistoryServer(_SparkDaemon):
+    """Spark's history server on the event logs in ``log_dir``: the status API of applications
+    that have ended (``/api/v1/applications/<app>/allexecutors``: each executor's tasks and
+    log URLs), read after the drivers (Dagster runs, each a process of its own) are gone.
+    ``port`` is its web UI and API; ready when the API answers."""
+
+    display_name = "Spark history server"
+    main_class = _HISTORY_CLASS
+    role = "history"
+
+    log_dir: Path = Path()
+    _ui_port: int = field(default=0, init=False, repr=False)
+
+    @property
+    def api_url(self) -> str:
+        """``http://host:port/api/v1``."""
+        if self.port is None or self._pid is None:
+            raise DevServiceError("the Spark history server is not running: call start() first")
+        return f"http://{self.host}:{self.port}/api/v1"
+
+    def applications(self) -> list[dict[str, Any]]:
+        """The applications it has read from the event logs (newest first)."""
+        answer = _get_json(f"{self.api_url}/applications", timeout=30)
+        return answer if isinstance(answer, list) else []
+
+    def _settings(self) -> dict[str, str]:
+        return {**super()._settings(),
+                "spark.history.fs.logDirectory": self.log_dir.resolve().as_uri(),
+                "spark.history.fs.update.interval": "1s",
+                "spark.history.ui.port": str(self._ui_port)}
+
+    def _argv(self, port: int) -> list[str]:
+        self._ui_port = port
+        self._prepare()  # (the settings file names the port, picked just now)
+        return [str(spark_home() / "bin" / "spark-class"), self.main_class,
+                "--properties-file", str(self.properties_file)]
+
+    def _is_ready(self) -> bool:
+        if self.port is None or not port_accepts(self.host, self.port):
+            return False
+        try:
+            self.applications()
+        except (OSError, ValueError):
+            return False
+        return True
+
+
 # --------------------------------------------------------------------------------------------
 # the cluster
 # --------------------------------------------------------------------------------------------
@@ -380,8 +435,16 @@ class SparkCluster:
     host: str = "127.0.0.1"
     daemon_memory: str = "512m"
     start_timeout: float = 180.0
+    #: Drivers write event logs (``driver_conf``) to ``event_log_dir``, from which
+    #: :meth:`finished_tasks_per_worker` reads where the tasks of ended applications ran.
+    event_log: bool = False
+    #: Added to the workers' environment, and so to their executors' (what a real cluster's
+    #: nodes have of their own, such as object-storage credentials).
+    worker_env: dict[str, str] = field(default_factory=dict)
+    display_name: ClassVar[str] = "Spark standalone cluster"
     master: SparkMaster = field(init=False)
     worker_daemons: list[SparkWorker] = field(init=False)
+    history: SparkHistoryServer = field(init=False)
     _temp_dir: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -396,13 +459,29 @@ class SparkCluster:
                                   daemon_memory=self.daemon_memory,
                                   start_timeout=self.start_timeout)
         self.worker_daemons = [self._worker_daemon_at(index) for index in range(self.worker_count)]
+        self.history = SparkHistoryServer(self.base_dir / "history", host=self.host,
+                                          daemon_memory=self.daemon_memory,
+                                          start_timeout=self.start_timeout,
+                                          log_dir=self.event_log_dir)
 
     def _worker_daemon_at(self, index: int) -> SparkWorker:
         return SparkWorker(self.base_dir / f"worker-{index + 1}", host=self.host,
                            daemon_memory=self.daemon_memory, start_timeout=self.start_timeout,
-                           cores=self.worker_cores, memory=self.worker_memory)
+                           cores=self.worker_cores, memory=self.worker_memory,
+                           extra_env=self.worker_env)
 
     # ---- lifecycle -----------------------------------------------------------------------
+
+    @property
+    def event_log_dir(self) -> Path:
+        """Where drivers write their event logs (with ``event_log``)."""
+        return self.base_dir / "events"
+
+    @property
+    def services(self) -> list[_SparkDaemon]:
+        """Its daemons: the master, the workers and (once started) the history server."""
+        return [self.master, *self.worker_daemons,
+                *([self.history] if self.history.pid is not None else [])]
 
     @property
     def state_file(self) -> Path:
@@ -425,6 +504,8 @@ class SparkCluster:
         if self.is_running():
             return self
         self.base_dir.mkdir(parents=True, exist_ok=True)
+        if self.event_log:
+            self.event_log_dir.mkdir(exist_ok=True)
         try:
             self._start_daemon(self.master, reuse=reuse, detach=detach)
             for worker in self.worker_daemons:
@@ -456,6 +537,11 @@ class SparkCluster:
         worker left behind (one killed by :meth:`kill_worker`), then stop the master; a
         temporary base dir is removed. Safe to call twice; stops attached daemons too."""
         errors: list[Exception] = []
+        if self.history.pid is not None:
+            try:
+                self.history.stop(timeout)
+            except Exception as exc:
+                errors.append(exc)
         for worker in reversed(self.worker_daemons):
             try:
                 worker.stop(timeout)
@@ -491,7 +577,8 @@ class SparkCluster:
         """The master's web UI, ``http://host:port`` (``/json/`` is its status as JSON)."""
         return self.master.webui_url
 
-    def driver_conf(self, executor_memory: str = "512m") -> dict[str, str]:
+    def driver_conf(self, executor_memory: str = "512m", *,
+                    dynamic_allocation: bool = False) -> dict[str, str]:
         """Session settings for a driver on this machine using the whole cluster: one executor
         of ``worker_cores`` cores per worker, ``executor_memory`` each (at most
         ``worker_memory``).
@@ -501,7 +588,24 @@ class SparkCluster:
         ``start_timeout`` (Spark's default for standalone is not to wait, and a short job then
         runs all its tasks on the first executor). The UI stays on: :meth:`executors` reads the
         driver's status API.
+
+        ``dynamic_allocation``: for drivers that share the cluster, long-running ones among
+        them (an applier's session lives as long as its run): a driver asks for executors
+        while it has tasks waiting and gives them back after a few idle seconds (shuffle
+        tracking keeps one holding shuffle files another stage reads, for at most 30 s; no
+        external shuffle service). Without it a standalone application keeps the cores it got
+        until it ends, and a second driver waits for them. The first job does not wait for
+        executors then (there are none until it asks).
         """
+        shared = {
+            "spark.dynamicAllocation.enabled": "true",
+            "spark.dynamicAllocation.shuffleTracking.enabled": "true",
+            "spark.dynamicAllocation.shuffleTracking.timeout": "30s",
+            "spark.dynamicAllocation.minExecutors": "0",
+            "spark.dynamicAllocation.maxExecutors": str(len(self.worker_daemons)),
+            "spark.dynamicAllocation.executorIdleTimeout": "5s",
+            "spark.scheduler.minRegisteredResourcesRatio": "0",
+        } if dynamic_allocation else {}
         return {
             "spark.master": self.master_url,
             "spark.driver.host": self.host,
@@ -512,6 +616,9 @@ class SparkCluster:
             "spark.scheduler.minRegisteredResourcesRatio": "1.0",
             "spark.scheduler.maxRegisteredResourcesWaitingTime": f"{int(self.start_timeout)}s",
             "spark.ui.enabled": "true",
+            **({"spark.eventLog.enabled": "true",
+                "spark.eventLog.dir": self.event_log_dir.as_uri()} if self.event_log else {}),
+            **shared,
         }
 
     def driver_env(self) -> dict[str, str]:
@@ -550,11 +657,16 @@ class SparkCluster:
             raise DevServiceError(
                 "the session runs without its UI (spark.ui.enabled false), so the driver's "
                 "status API is off: build it with driver_conf(), which keeps the UI on")
-        url = f"{driver_ui}/api/v1/applications/{urllib.parse.quote(app_id)}/allexecutors"
+        return self._placements(f"{driver_ui}/api/v1", app_id, "the driver's status API")
+
+    def _placements(self, api_url: str, app_id: str, api: str) -> list[ExecutorPlacement]:
+        """The executors of application ``app_id`` as the status API at ``api_url`` (a
+        driver's or the history server's) lists them, placed on the workers."""
+        url = f"{api_url}/applications/{urllib.parse.quote(app_id)}/allexecutors"
         try:
             summaries = _get_json(url, timeout=30)
         except (OSError, ValueError) as exc:
-            raise DevServiceError(f"the driver's status API failed at {url}: {exc}") from exc
+            raise DevServiceError(f"{api} failed at {url}: {exc}") from exc
         worker_of_ui = {urllib.parse.urlsplit(w.webui_url).netloc: w.id for w in self.workers()}
         placements = []
         for summary in summaries:
@@ -579,6 +691,40 @@ class SparkCluster:
             key = executor.worker_id or _UNKNOWN_WORKER
             counts[key] = counts.get(key, 0) + executor.total_tasks
         return counts
+
+    def logged_tasks_per_worker(self, timeout: float = 120.0) -> tuple[int, dict[str, int]]:
+        """How many tasks the applications that kept event logs here (``event_log``), ended or
+        still running, ran on each worker's executors, by the master's worker id (as
+        :meth:`tasks_per_worker`); and how many applications that is. Read from Spark's status
+        API as the history server serves it from the event logs: the drivers are other
+        processes, some gone by now. Starts the history server (stopped with the cluster) and
+        waits, at most ``timeout`` s, until it lists every application that has ended."""
+        if not self.event_log:
+            raise DevServiceError("the cluster keeps no event logs: build it with event_log=True")
+        if not self.history.is_running():
+            self.history.start()
+        ended = {path.name for path in self.event_log_dir.iterdir()
+                 if not path.name.endswith(_IN_PROGRESS)}
+        deadline = time.monotonic() + timeout
+        while True:
+            apps = self.history.applications()
+            listed_ended = [app for app in apps if all(
+                attempt.get("completed") for attempt in app.get("attempts") or [{}])]
+            if len(listed_ended) >= len(ended):
+                break
+            if time.monotonic() > deadline:
+                raise DevServiceError(
+                    f"the Spark history server lists {len(listed_ended)} of the {len(ended)} "
+                    f"ended applications in {self.event_log_dir} after {timeout:.0f} s; its "
+                    f"log: {self.history.log_file}")
+            time.sleep(0.5)
+        counts = {worker.id: 0 for worker in self.workers()}
+        for app in apps:
+            for executor in self._placements(self.history.api_url, str(app["id"]),
+                                             "the history server's status API"):
+                key = executor.worker_id or _UNKNOWN_WORKER
+                counts[key] = counts.get(key, 0) + executor.total_tasks
+        return len(apps), counts
 
     # ---- faults --------------------------------------------------------------------------
 

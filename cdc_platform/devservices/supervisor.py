@@ -37,13 +37,26 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import IO, Any, Self, TypeVar
+from typing import IO, Any, ClassVar, Protocol, Self, TypeVar
 
 from cdc_platform.devservices._process import ManagedService, child_preexec, pid_alive
 
 __all__ = ["Interrupted", "ProcessSupervisor", "descendants"]
 
-_Service = TypeVar("_Service", bound=ManagedService)
+
+
+class Service(Protocol):
+    """What the supervisor starts and stops: a :class:`ManagedService`, or several composed
+    (a ``SparkCluster``: its ``services`` are its processes)."""
+
+    display_name: ClassVar[str]
+
+    def start(self, *, reuse: bool = False, detach: bool = False) -> Any: ...
+
+    def stop(self, timeout: float = 30.0) -> None: ...
+
+
+_Service = TypeVar("_Service", bound=Service)
 
 #: Signals that stop a foreground command. SIGHUP (terminal closed) only when not ignored:
 #: ``nohup`` asks for the command to outlive the terminal.
@@ -152,7 +165,7 @@ class ProcessSupervisor:
 
     def __init__(self, *, log: Callable[[str], None] | None = None) -> None:
         self._log = log or (lambda message: print(message, file=sys.stderr, flush=True))
-        self._stack: list[_Child | ManagedService] = []
+        self._stack: list[_Child | Service] = []
         self._previous: dict[int, Any] = {}
         self._stopping = False
         self._hurry = threading.Event()
@@ -281,9 +294,12 @@ class ProcessSupervisor:
     def _tracked_pids(self) -> set[int]:
         pids = set()
         for entry in self._stack:
-            pid = entry.process.pid if isinstance(entry, _Child) else entry.pid
-            if pid is not None:
-                pids.add(pid)
+            if isinstance(entry, _Child):
+                pids.add(entry.process.pid)
+                continue
+            for service in getattr(entry, "services", [entry]):
+                if service.pid is not None:
+                    pids.add(service.pid)
         return pids
 
     def _reap_orphans(self, *, all_untracked: bool = False) -> None:
