@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 export PYSPARK_PYTHON := $(abspath .venv/bin/python)
 
-.PHONY: bootstrap demo demo-s3 ui test torture torture-s3 lint unit bench bench-cluster stream clean
+.PHONY: bootstrap demo demo-s3 demo-cluster ui test torture torture-s3 lint unit bench bench-cluster stream clean
 
 bootstrap:  ## Debian packages if missing, .venv with the package installed (idempotent)
 	@bash scripts/bootstrap.sh
@@ -13,6 +13,9 @@ demo: bootstrap  ## the zero-configuration demo: stream, materialise, reconcile,
 
 demo-s3: bootstrap  ## the same demo with the landing zone and the lake on a private SeaweedFS (S3, Iceberg REST catalog)
 	$(PY) -m cdc_platform demo --s3
+
+demo-cluster: bootstrap  ## the S3 demo with the lake's Spark work on a private Spark standalone cluster (2 workers)
+	$(PY) -m cdc_platform demo --spark-cluster
 
 UI_PORT ?= 3000
 ui: bootstrap  ## Dagster UI (dagster dev) on the demo config and its services; Ctrl-C stops all

@@ -6,7 +6,8 @@
   signal            send a signal (execute-snapshot, stop/pause/resume-snapshot, log) to the
                     signal topic, as an operator would with a Kafka console producer
   demo              the zero-configuration demo (what ``make demo`` runs; ``--s3``: on a
-                    private S3 server and REST catalog, what ``make demo-s3`` runs)
+                    private S3 server and REST catalog, what ``make demo-s3`` runs;
+                    ``--spark-cluster``: and a private Spark cluster, ``make demo-cluster``)
   ui                start the demo's services and ``dagster dev`` on the demo config
 
 ``demo`` and ``ui`` stop everything they started on Ctrl-C, SIGTERM or SIGHUP, and leave no
@@ -202,7 +203,8 @@ def _signal(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from cdc_platform.demo.run import run_demo
 
-    return run_demo(orders=args.orders, workload_seconds=args.workload_seconds, s3=args.s3)
+    return run_demo(orders=args.orders, workload_seconds=args.workload_seconds, s3=args.s3,
+                    spark_cluster=args.spark_cluster)
 
 
 def _ui(args: argparse.Namespace) -> int:
@@ -289,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--s3", action="store_true",
                       help="the landing zone and the lake on a private SeaweedFS (S3) with its "
                       "Iceberg REST catalog (what `make demo-s3` runs)")
+    demo.add_argument("--spark-cluster", action="store_true",
+                      help="as --s3, with the lake's Spark work on a private Spark standalone "
+                      "cluster of two one-core workers (what `make demo-cluster` runs)")
     demo.set_defaults(run=_demo)
 
     ui = commands.add_parser("ui", help="dagster dev on the demo config")

@@ -15,6 +15,7 @@ client takes them, as a deployment's pods take theirs from IRSA or a Secret.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,13 +58,18 @@ def s3_demo_config(demo_config: dict[str, Any], server: SeaweedFS) -> dict[str, 
     return config
 
 
-def write_config(path: Path, demo_config_path: Path, server: SeaweedFS) -> Path:
+def write_config(path: Path, demo_config_path: Path, server: SeaweedFS,
+                 spark: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> Path:
     """Write ``s3_demo_config`` of the embedded demo config to ``path``, with a header saying
-    where it comes from; returns ``path``."""
+    where it comes from; returns ``path``. ``spark``: makes the config's ``spark`` section
+    (``make demo-cluster``: the demo's Spark cluster, ``demo.cluster.spark_section``)."""
     config = s3_demo_config(yaml.safe_load(demo_config_path.read_text()), server)
-    header = ("# Written by `make demo-s3`: the embedded demo config with the landing zone and "
-              "the lake\n# on the demo's SeaweedFS. Credentials come from the environment "
-              "(AWS_ACCESS_KEY_ID /\n# AWS_SECRET_ACCESS_KEY), never from this file.\n")
+    if spark is not None:
+        config["spark"] = spark(config.get("spark") or {})
+    header = ("# Written by `make demo-s3` / `make demo-cluster`: the embedded demo config with "
+              "the landing\n# zone and the lake on the demo's SeaweedFS. Credentials come from "
+              "the environment\n# (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY), never from this "
+              "file.\n")
     path.write_text(header + yaml.safe_dump(config, sort_keys=False))
     return path
 

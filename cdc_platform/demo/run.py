@@ -14,7 +14,9 @@ joining the two sources. Runs land in ``.cdc/dagster_home``, so ``make ui`` show
 afterwards.
 
 ``make demo-s3`` (``--s3``) runs the same demo with the landing zone and the lake on a private
-SeaweedFS and its Iceberg REST catalog (``demo.object_storage``).
+SeaweedFS and its Iceberg REST catalog (``demo.object_storage``); ``make demo-cluster``
+(``--spark-cluster``, which implies ``--s3``) runs it with the lake's Spark work on a private
+Spark standalone cluster of two workers (``demo.cluster``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from cdc_platform.demo.sources import DEMO_SOURCES
 from cdc_platform.devservices.kafka import TansuBroker
 from cdc_platform.devservices.mariadb import MariaDBServer
 from cdc_platform.devservices.seaweedfs import SeaweedFS
+from cdc_platform.devservices.spark_cluster import SparkCluster
 from cdc_platform.devservices.supervisor import Interrupted, ProcessSupervisor
 
 CDC_HOME = Path(os.environ.get("CDC_HOME", ".cdc")).absolute()
@@ -89,11 +92,13 @@ def _servers() -> tuple[MariaDBServer, ...]:
 
 
 def _environment(servers: tuple[MariaDBServer, ...], broker: TansuBroker,
-                 s3: SeaweedFS | None = None) -> dict[str, str]:
+                 s3: SeaweedFS | None = None,
+                 cluster: SparkCluster | None = None) -> dict[str, str]:
     """The environment of the demo's processes: its services (each source's server under the
     variables the demo config reads, ``DEMO_SOURCES``), its Dagster home, and the embedded
     demo config, or with ``s3`` the object-storage config written beside it and the S3
-    server's credentials (in the AWS variables, never in a file)."""
+    server's credentials (in the AWS variables, never in a file); with ``cluster`` that config
+    runs Spark on the cluster."""
     env = dict(os.environ)
     for source, server in zip(DEMO_SOURCES, servers, strict=True):
         env.update(source.variables(server))
@@ -109,8 +114,14 @@ def _environment(servers: tuple[MariaDBServer, ...], broker: TansuBroker,
 
         env = {key: value for key, value in env.items() if not key.startswith("AWS_")}
         env.update(object_storage.environment(s3))
+        spark = None
+        if cluster is not None:
+            from cdc_platform.demo.cluster import spark_section
+
+            def spark(section: dict[str, Any]) -> dict[str, Any]:
+                return spark_section(section, cluster)
         env[CONFIG_ENV] = str(object_storage.write_config(DEMO_DIR / "config.yaml",
-                                                          DEMO_CONFIG_PATH, s3))
+                                                          DEMO_CONFIG_PATH, s3, spark))
     return env
 
 
@@ -267,18 +278,21 @@ def _snapshot_summary(run: Any) -> str:
             f"GTID {meta.get('start_gtid')} .. {meta.get('end_gtid')}")
 
 
-def run_demo(orders: int = 100_000, workload_seconds: float = 20.0, s3: bool = False) -> int:
-    """The demo (``s3``: on a private SeaweedFS, see ``demo.object_storage``); Ctrl-C or
+def run_demo(orders: int = 100_000, workload_seconds: float = 20.0, s3: bool = False,
+             spark_cluster: bool = False) -> int:
+    """The demo (``s3``: on a private SeaweedFS, see ``demo.object_storage``;
+    ``spark_cluster``: on S3 and a private Spark cluster, see ``demo.cluster``); Ctrl-C or
     SIGTERM stops it and everything it started (exit code 128 + the signal's number)."""
     try:
         with ProcessSupervisor() as supervisor:
-            return _run_demo(supervisor, orders, workload_seconds, s3)
+            return _run_demo(supervisor, orders, workload_seconds, s3 or spark_cluster,
+                             spark_cluster)
     except Interrupted as stop:
         return stop.exit_code
 
 
 def _run_demo(supervisor: ProcessSupervisor, orders: int, workload_seconds: float,
-              s3: bool = False) -> int:
+              s3: bool = False, spark_cluster: bool = False) -> int:
     from cdc_platform.defs.names import scoped_name
     from cdc_platform.demo import billing as billing_db
     from cdc_platform.demo.inventory import Workload, create_schema, load_initial_data
@@ -299,7 +313,8 @@ def _run_demo(supervisor: ProcessSupervisor, orders: int, workload_seconds: floa
     try:
         supervisor.start_service(broker)
         seaweedfs = _start_seaweedfs(supervisor) if s3 else None
-        env = _environment((server, billing), broker, seaweedfs)
+        cluster = _start_spark_cluster(supervisor, seaweedfs) if spark_cluster else None
+        env = _environment((server, billing), broker, seaweedfs, cluster)
         from cdc_platform.defs.signals.sensors import sensor_name
 
         deployment = _demo_settings(env)
@@ -375,7 +390,7 @@ def _run_demo(supervisor: ProcessSupervisor, orders: int, workload_seconds: floa
                  f"sources (job {job})")
             code = _dagster_job(supervisor, env, job)
         ok = _print_summary({INVENTORY_SOURCE: server, BILLING_SOURCE: billing}, env,
-                            deployment, seaweedfs) and code == 0
+                            deployment, seaweedfs, cluster) and code == 0
         _say("all tables of both sources reconcile: zero differences, and the joined model is "
              "built" if ok else f"differences found or a run failed: see {DEMO_DIR}/*.log")
         print()
@@ -406,11 +421,31 @@ def _start_seaweedfs(supervisor: ProcessSupervisor) -> SeaweedFS:
     return server
 
 
+def _start_spark_cluster(supervisor: ProcessSupervisor, s3: SeaweedFS | None
+                         ) -> SparkCluster:
+    """The Spark cluster of ``--spark-cluster``, stopped with the demo. Its workers (and so
+    their executors) get the demo's environment, S3 credentials included, as a real cluster's
+    nodes have theirs."""
+    from cdc_platform.demo import object_storage
+    from cdc_platform.demo.cluster import demo_cluster
+
+    cluster = demo_cluster(DEMO_DIR / "spark",
+                           object_storage.environment(s3) if s3 is not None else {})
+    _say(f"starting a private Spark standalone cluster in {cluster.base_dir}: a master and "
+         f"{cluster.worker_count} workers of {cluster.worker_cores} core each (pyspark's own "
+         "launcher); every Spark session of the runs is a driver using its executors")
+    supervisor.start_service(cluster)
+    _say(f"Spark master {cluster.master_url} (web UI {cluster.master_webui_url})")
+    return cluster
+
+
 def _print_summary(servers: dict[str, MariaDBServer], env: dict[str, str],
-                   deployment: Settings, s3: SeaweedFS | None = None) -> bool:
+                   deployment: Settings, s3: SeaweedFS | None = None,
+                   cluster: SparkCluster | None = None) -> bool:
     """Per table of both sources: source rows, target rows, differences, events streamed,
     lag; then whether the model joining them was built. With ``s3``, target rows are read with
-    pyiceberg through the REST catalog."""
+    pyiceberg through the REST catalog; with ``cluster``, the Spark tasks per worker (none on
+    a worker: not ok, the work did not leave the drivers)."""
     os.environ["DAGSTER_HOME"] = env["DAGSTER_HOME"]
     import dagster as dg
 
@@ -466,6 +501,12 @@ def _print_summary(servers: dict[str, MariaDBServer], env: dict[str, str],
         print(f"landing zone {deployment.landing_zone.url} and warehouse "
               f"{deployment.warehouse.url} on S3 ({s3.endpoint_url}); target rows read with "
               f"pyiceberg through the Iceberg REST catalog {s3.catalog_uri}")
+    if cluster is not None:
+        from cdc_platform.demo.cluster import tasks_line
+
+        line, tasks = tasks_line(cluster)
+        print(line)
+        all_ok &= len(tasks) == len(cluster.worker_daemons) and all(tasks.values())
     return all_ok
 
 
