@@ -168,3 +168,79 @@ def test_a_worker_lost_in_the_middle_of_a_merge_leaves_the_target_exact(
 
     assert env.reconcile(spark, "orders").ok, log.read_text()[-4000:]
     assert len(env.target_rows(spark, "orders")) == env.query("SELECT COUNT(*) FROM orders")[0][0]
+
+
+def test_a_million_rows_load_then_upkeep_and_the_applier_on_the_cluster(
+        cdc_env: CdcEnv, spark: Any, tmp_path: Path) -> None:
+    """1M rows' initial load by ``materialise_targets`` on the cluster (appended in the driver,
+    the driver-side path: the work a cluster must never make slower), reconciled on both
+    workers' executors; ``lake_maintenance`` on the cluster; then the applier
+    (``python -m cdc_platform apply``, the loop ``apply_changes`` runs) with the cluster as its
+    master merges updates, deletes and key changes as they land, and the target stays exact."""
+    env = cdc_env
+    rows = 1_000_000
+    env.execute("CREATE TABLE events (id INT PRIMARY KEY, kind TINYINT, amount DECIMAL(12,2), "
+                "label VARCHAR(16), at DATETIME(3))",
+                f"INSERT INTO events SELECT seq, seq % 5, seq / 8, CONCAT('e', seq % 1000), "
+                f"TIMESTAMP('2024-01-01') + INTERVAL seq SECOND FROM seq_1_to_{rows}")
+    env.catch_up()
+
+    with SparkCluster(tmp_path / "spark", worker_count=2, worker_cores=1,
+                      worker_memory="1g") as cluster:
+        home = tmp_path / "dagster_home"
+        run_env = _on_the_cluster(env, cluster, home)
+        loaded = subprocess.run(MATERIALISE, env=run_env, capture_output=True, text=True,
+                                timeout=1200)
+        assert loaded.returncode == 0, (loaded.stdout + loaded.stderr)[-4000:]
+        after_load = {worker: sum(_finished_tasks(d) for d in dirs)
+                      for worker, dirs in _executor_dirs(cluster).items()}
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            record = instance.get_latest_materialization_event(
+                dg.AssetKey([env.server_name, env.db, "events"]))
+            checks = instance.event_log_storage.get_asset_check_execution_history(
+                dg.AssetCheckKey(dg.AssetKey([env.server_name, env.db, "events"]), "reconcile"),
+                limit=1)
+        assert record is not None and record.asset_materialization is not None
+        meta = {k: getattr(v, "value", v) for k, v in record.asset_materialization.metadata.items()}
+        assert meta["rows"] == rows and meta["write"] == "append", meta
+        assert meta["written_by"] == "pyarrow", meta  # the initial load stayed in the driver
+        check = checks[0].event.dagster_event.event_specific_data
+        assert check.passed, check.metadata
+        # the reconcile of the million rows ran on both workers' executors
+        assert len(after_load) == 2 and all(after_load.values()), after_load
+
+        upkeep = subprocess.run([DAGSTER, "job", "execute", "-m", "cdc_platform.definitions",
+                                 "-j", "lake_maintenance"], env=run_env, capture_output=True,
+                                text=True, timeout=900)
+        assert upkeep.returncode == 0, (upkeep.stdout + upkeep.stderr)[-4000:]
+
+        log = tmp_path / "apply.log"
+        with open(log, "w") as out:
+            applier = subprocess.Popen([sys.executable, "-m", "cdc_platform", "apply"],
+                                       env=run_env, stdout=out, stderr=subprocess.STDOUT)
+            try:
+                env.execute("ALTER TABLE events ADD COLUMN note VARCHAR(8)",  # (Spark's MERGE)
+                            "UPDATE events SET amount = amount + 1, note = 'u' "
+                            "WHERE id % 50 = 0",
+                            "DELETE FROM events WHERE id % 97 = 0",
+                            "UPDATE events SET id = id + 2000000 WHERE id % 301 = 1")
+                env.catch_up()
+                expected = env.query("SELECT COUNT(*) FROM events")[0][0]
+                deadline = time.monotonic() + 600
+                while True:
+                    assert applier.poll() is None, log.read_text()[-4000:]
+                    if (len(env.target(spark, "events").read().columns) >= 6
+                            and env.target(spark, "events").read().count() == expected
+                            and env.reconcile(spark, "events").ok):
+                        break
+                    assert time.monotonic() < deadline, log.read_text()[-4000:]
+                    time.sleep(5)
+            finally:
+                applier.terminate()
+                code = applier.wait(120)
+        assert code == 0, log.read_text()[-4000:]
+        total = {worker: sum(_finished_tasks(d) for d in dirs)
+                 for worker, dirs in _executor_dirs(cluster).items()}
+    # the applier's session (its own application) ran tasks on the cluster too
+    assert sum(total.values()) > sum(after_load.values()), (after_load, total)
+    assert env.reconcile(spark, "events").ok
