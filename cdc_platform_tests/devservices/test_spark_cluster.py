@@ -30,7 +30,7 @@ _PARTITIONS = 8
 
 def _drive(base_dir: Path) -> dict[str, Any]:
     """In the child: a session on the cluster, a SQL job and a Python job, what ran where."""
-    cluster = SparkCluster(base_dir)
+    cluster = SparkCluster(base_dir, event_log=True)
     if not cluster.attach():
         raise RuntimeError(f"no running Spark cluster recorded in {base_dir}")
     os.environ.update(cluster.driver_env())
@@ -85,8 +85,9 @@ def _wait_for(condition: Any, timeout: float = 120.0) -> bool:
 
 
 def test_a_job_runs_on_the_executors_of_both_workers(tmp_path: Path) -> None:
-    cluster = SparkCluster(tmp_path / "spark", worker_count=2, worker_memory="1g")
-    daemons = [cluster.master, *cluster.worker_daemons]
+    cluster = SparkCluster(tmp_path / "spark", worker_count=2, worker_memory="1g",
+                           event_log=True)
+    daemons = [cluster.master, *cluster.worker_daemons, cluster.history]
     with cluster:
         assert cluster.start() is cluster  # (already running: a no-op)
         assert cluster.master_url.startswith("spark://127.0.0.1:")
@@ -118,6 +119,13 @@ def test_a_job_runs_on_the_executors_of_both_workers(tmp_path: Path) -> None:
         assert {worker_id for worker_id, _ in ran_in} == set(dir_of_worker), ran_in
         placed = {(worker_id, executor_id) for executor_id, worker_id, _ in result["executors"]}
         assert ran_in == placed, (ran_in, placed)
+
+        # The driver has ended: the history server's status API, from its event log, says
+        # the same as the driver's own did while it ran.
+        applications, logged = cluster.logged_tasks_per_worker()
+        assert applications == 1
+        assert logged == per_worker, (logged, per_worker)
+        assert cluster.history.is_running()
 
         # A crashed worker: the master marks it DEAD; a restart brings a second one back.
         killed = cluster.worker_daemons[0]
