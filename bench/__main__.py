@@ -94,9 +94,9 @@ from bench._s3 import BenchS3
 from bench._tables import SNAPSHOT_COLUMNS, SNAPSHOT_DB, SNAPSHOT_TABLE, fill_snapshot_table
 from cdc_platform.capture.engine import EngineOptions
 from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
-from cdc_platform.capture.s3store import S3Options
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.source import TableSelector
+from cdc_platform.capture.store.s3store import S3Options
 from cdc_platform.devservices.mariadb import MariaDBServer, gtid_position_covers
 
 

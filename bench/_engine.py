@@ -9,7 +9,7 @@ from typing import Any
 
 from cdc_platform.capture.engine import CaptureEngine, EngineOptions
 from cdc_platform.capture.landing.zone import LandingZone
-from cdc_platform.capture.s3store import S3Options
+from cdc_platform.capture.store.s3store import S3Options
 
 
 def rss_bytes(field: str = "VmHWM", pid: int | str = "self") -> int:

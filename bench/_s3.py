@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cdc_platform.capture.s3store import S3Options
+from cdc_platform.capture.store.s3store import S3Options
 from cdc_platform.demo.object_storage import REST_CATALOG_PROPERTIES
 from cdc_platform.devservices.seaweedfs import SeaweedFS
 

@@ -27,7 +27,7 @@ from pydantic import (
 )
 
 if TYPE_CHECKING:
-    from cdc_platform.capture.s3store import S3Options
+    from cdc_platform.capture.store.s3store import S3Options
 
 CONFIG_ENV = "CDC_PLATFORM_CONFIG"
 DEMO_CONFIG = Path(__file__).parent / "demo" / "demo.yaml"
@@ -373,8 +373,8 @@ class S3Settings(_Section):
     )
 
     def options(self) -> S3Options:
-        """The options ``capture.storage.open_store(url, s3=...)`` takes."""
-        from cdc_platform.capture.s3store import S3Options
+        """The options ``capture.store.storage.open_store(url, s3=...)`` takes."""
+        from cdc_platform.capture.store.s3store import S3Options
 
         return S3Options(**self.model_dump())
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cdc_platform.capture.s3store import S3Options
+from cdc_platform.capture.store.s3store import S3Options
 from cdc_platform.devservices.seaweedfs import SeaweedFS
 
 __all__ = ["s3_env", "s3_options", "s3_url", "seaweedfs"]

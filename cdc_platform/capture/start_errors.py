@@ -191,8 +191,8 @@ def describe_start_error(error: BaseException, account: SourceAccount | None = N
     """
     from cdc_platform.capture.engine import EngineError
     from cdc_platform.capture.landing.zone import EngineLockedError
-    from cdc_platform.capture.s3store import ObjectStoreError
     from cdc_platform.capture.source import PrerequisiteError
+    from cdc_platform.capture.store.s3store import ObjectStoreError
     from cdc_platform.config import ConfigError
 
     if isinstance(error, ConfigError | PrerequisiteError | EngineError | StartError

@@ -48,7 +48,6 @@ from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.gtid import parse_position
 from cdc_platform.capture.landing import retention
 from cdc_platform.capture.landing.zone import Checkpoint, LandingReader, LandingZone, Survey
-from cdc_platform.capture.s3store import S3Options
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.protocol import (
     SessionState,
@@ -56,6 +55,7 @@ from cdc_platform.capture.snapshot.protocol import (
     read_session_state,
 )
 from cdc_platform.capture.source import SourceSession, TableSelector, missing_table
+from cdc_platform.capture.store.s3store import S3Options
 from cdc_platform.lake.arrow_load import target_rows
 from cdc_platform.lake.arrow_merge import upkeep_without_spark
 from cdc_platform.lake.changelog import TableChangelog

@@ -6,7 +6,7 @@ needs. Segments written before and after an ``ALTER TABLE`` have different colum
 files with the same Arrow schema is read with its own explicit Spark schema, its columns renamed
 by the column renames recorded after it (``capture.ddl.column_renames``), and then conformed to the
 newest segment's columns by name. Files are found and their footers read through the landing
-zone's own definitions (``capture.landing.zone.LandingReader`` over ``capture.storage``); Spark reads
+zone's own definitions (``capture.landing.zone.LandingReader`` over ``capture.store.storage``); Spark reads
 the segments by the URLs the same layer gives.
 """
 
@@ -41,8 +41,8 @@ from cdc_platform.capture.landing_contract import (
     snapshot_arrow_fields,
 )
 from cdc_platform.capture.names import table_id
-from cdc_platform.capture.s3store import S3Options
 from cdc_platform.capture.schema import TableSchema
+from cdc_platform.capture.store.s3store import S3Options
 from cdc_platform.lake.columns import (
     CHANGELOG_META,
     col,

@@ -57,8 +57,8 @@ from cdc_platform.capture.landing_contract import (
     THRESHOLD,
     hi_column,
 )
-from cdc_platform.capture.s3store import S3Options
 from cdc_platform.capture.schema import TableSchema
+from cdc_platform.capture.store.s3store import S3Options
 from cdc_platform.lake.arrow_merge import Merged, materialise_without_spark
 from cdc_platform.lake.changelog import TableChangelog
 from cdc_platform.lake.columns import col, table_struct

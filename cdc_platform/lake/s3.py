@@ -100,7 +100,7 @@ class S3Endpoint:
     @classmethod
     def of(cls, s3: Any = None) -> S3Endpoint:
         """The endpoint of anything with ``endpoint_url``, ``region`` and ``path_style``
-        attributes (the config's ``s3`` section, ``capture.s3store.S3Options``, an
+        attributes (the config's ``s3`` section, ``capture.store.s3store.S3Options``, an
         ``S3Endpoint``), or of the environment alone for None."""
         if isinstance(s3, S3Endpoint):
             return s3
@@ -202,7 +202,7 @@ def check_warehouse(properties: dict[str, str]) -> None:
     warehouse; a warehouse on S3 is a bucket the credentials may use. Other catalogs (JDBC,
     Hive, Glue) and local warehouses are not checked here. Before any Spark statement, whose
     failures are Java stack traces."""
-    from cdc_platform.capture.s3store import S3FileStore, S3Options
+    from cdc_platform.capture.store.s3store import S3FileStore, S3Options
 
     warehouse = properties.get("warehouse", "")
     if properties.get("type") == "rest":
@@ -215,7 +215,7 @@ def check_warehouse(properties: dict[str, str]) -> None:
 
 
 def _check_rest_catalog(properties: dict[str, str]) -> None:
-    from cdc_platform.capture.s3store import ObjectStoreError
+    from cdc_platform.capture.store.s3store import ObjectStoreError
 
     uri = properties.get("uri", "").rstrip("/")
     warehouse = properties.get("warehouse", "")
@@ -296,7 +296,7 @@ def _refused(where: str, status: int, answer: str, properties: dict[str, str]) -
                 f"{_message(answer)}); set its authentication in warehouse.catalog.properties")
     import boto3
 
-    from cdc_platform.capture.s3store import credentials_source
+    from cdc_platform.capture.store.s3store import credentials_source
 
     held = credentials_source(boto3.session.Session())
     return (f"{where}: the Iceberg REST catalog refused the request ({status} "

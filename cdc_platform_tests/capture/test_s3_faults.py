@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cdc_platform.capture.landing.zone import ENGINE_LEASE_FILE, LandingReader
-from cdc_platform.capture.storage import open_store
+from cdc_platform.capture.store.storage import open_store
 from cdc_platform.devservices.mariadb import gtid_position_covers
 from cdc_platform.devservices.seaweedfs import SeaweedFS
 from cdc_platform_tests import s3_fixtures
@@ -46,7 +46,7 @@ CHILD_ENV = "CDC_TEST_S3_FAULTS_ENGINE"
 TABLE = "ledger"
 REFUSED = "another capture engine is already streaming"
 STREAMING = "-> streaming"
-WAITING = "to expire (not released"  # capture.lease's line while it waits out a dead holder
+WAITING = "to expire (not released"  # capture.store.lease's line while it waits out a dead holder
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -19,9 +19,9 @@ from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ClientError, EndpointConnectionError
 from moto.server import ThreadedMotoServer
 
-from cdc_platform.capture.lease import Lease
-from cdc_platform.capture.s3store import ObjectStoreUnavailableError, S3FileStore, S3Options
 from cdc_platform.capture.start_errors import describe_start_error
+from cdc_platform.capture.store.lease import Lease
+from cdc_platform.capture.store.s3store import ObjectStoreUnavailableError, S3FileStore, S3Options
 from cdc_platform.devservices.ports import free_port
 
 
@@ -289,7 +289,7 @@ def test_a_multipart_upload_within_a_deadline_completes_only_before_it(
     part completes nothing (the object never appears); one that holds uploads it whole."""
     from boto3.s3.transfer import TransferConfig
 
-    from cdc_platform.capture import s3store
+    from cdc_platform.capture.store import s3store
 
     mib = 1024 * 1024
     monkeypatch.setattr(s3store, "_TRANSFER", TransferConfig(

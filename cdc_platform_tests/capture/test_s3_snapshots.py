@@ -29,7 +29,7 @@ from cdc_platform.capture.landing.zone import (
 from cdc_platform.capture.snapshot import protocol
 from cdc_platform.capture.snapshot.errors import SnapshotError
 from cdc_platform.capture.snapshot.protocol import ReaderLock, reader_alive
-from cdc_platform.capture.storage import FileStore, LocalFileStore
+from cdc_platform.capture.store.storage import FileStore, LocalFileStore
 from cdc_platform_tests import s3_fixtures
 from cdc_platform_tests.capture.snapshot.test_reader import (
     _items,

@@ -1,4 +1,4 @@
-"""The file layer on S3 (capture.s3store) against a real S3 server (SeaweedFS), and the same
+"""The file layer on S3 (capture.store.s3store) against a real S3 server (SeaweedFS), and the same
 contract on the local store: every operation, exclusive and compare-and-swap writes under
 races, the lease, the start errors of a wrong deployment, and a server restart mid-use."""
 
@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cdc_platform.capture.lease import Lease, LeaseRecord
-from cdc_platform.capture.s3store import ObjectStoreError, S3FileStore
-from cdc_platform.capture.storage import FileStore, LocalFileStore, open_store
+from cdc_platform.capture.store.lease import Lease, LeaseRecord
+from cdc_platform.capture.store.s3store import ObjectStoreError, S3FileStore
+from cdc_platform.capture.store.storage import FileStore, LocalFileStore, open_store
 from cdc_platform.config import S3Settings
 from cdc_platform.devservices.seaweedfs import SeaweedFS
 from cdc_platform_tests import s3_fixtures
@@ -177,7 +177,7 @@ def test_a_lease_nobody_renews_is_waited_out_and_taken_over(store: FileStore, ca
     successor = Lease(store, "l")
     assert not successor.acquire("new pod", ttl_seconds=5.0)  # (no wait: refused at once)
     started = time.monotonic()
-    with caplog.at_level("WARNING", logger="cdc_platform.capture.lease"):
+    with caplog.at_level("WARNING", logger="cdc_platform.capture.store.lease"):
         assert successor.acquire("new pod", ttl_seconds=5.0, wait_seconds=10)
     # taken only once the dead holder's lease expired (not before), and soon after
     assert time.time() >= expires_at and time.monotonic() - started < 15
@@ -233,7 +233,7 @@ def test_a_lease_whose_holder_process_is_gone_is_taken_over_at_once(store: FileS
     import subprocess
     import sys
 
-    from cdc_platform.capture.lease import holder_gone, process_holder
+    from cdc_platform.capture.store.lease import holder_gone, process_holder
 
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()  # (gone: its pid is free)

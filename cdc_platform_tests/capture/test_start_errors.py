@@ -16,7 +16,6 @@ import pytest
 
 from cdc_platform.capture.engine import EngineError
 from cdc_platform.capture.landing.zone import EngineLockedError
-from cdc_platform.capture.s3store import ObjectStoreError
 from cdc_platform.capture.source import PrerequisiteError, purged_binlog_stop
 from cdc_platform.capture.start_errors import (
     SourceAccount,
@@ -24,6 +23,7 @@ from cdc_platform.capture.start_errors import (
     describe_start_error,
     missing_grants,
 )
+from cdc_platform.capture.store.s3store import ObjectStoreError
 from cdc_platform.config import ConfigError
 from cdc_platform_tests.conftest import CdcEnv
 

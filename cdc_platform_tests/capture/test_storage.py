@@ -1,4 +1,4 @@
-"""The file layer (capture.storage): URL resolution, and the operations the landing zone's
+"""The file layer (capture.store.storage): URL resolution, and the operations the landing zone's
 capture and lake sides go through, on the local store and on a pyarrow (object-store) one."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cdc_platform.capture.landing.zone import Checkpoint, LandingReader, LandingZone
-from cdc_platform.capture.storage import ArrowFileStore, FileStore, LocalFileStore, open_store
+from cdc_platform.capture.store.storage import ArrowFileStore, FileStore, LocalFileStore, open_store
 
 
 def test_plain_relative_and_file_urls_resolve_to_the_same_local_directory(tmp_path, monkeypatch):

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from cdc_platform.capture.landing.zone import Checkpoint, LandingReader, LandingZone
-from cdc_platform.capture.s3store import ObjectStoreError
+from cdc_platform.capture.store.s3store import ObjectStoreError
 from cdc_platform.config import CONFIG_ENV, DEMO_CONFIG, load_settings, parse_settings
 from cdc_platform.demo import object_storage
 from cdc_platform.devservices.seaweedfs import SeaweedFS

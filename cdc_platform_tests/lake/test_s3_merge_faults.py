@@ -28,8 +28,8 @@ import pyarrow as pa
 import pytest
 
 from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
-from cdc_platform.capture.s3store import S3Options
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
+from cdc_platform.capture.store.s3store import S3Options
 from cdc_platform.devservices.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.integration
@@ -270,8 +270,8 @@ def test_the_lake_reading_an_s3_zone_with_wrong_credentials_or_no_bucket_is_one_
         seaweedfs: SeaweedFS, monkeypatch: pytest.MonkeyPatch):
     """What a merge and the applier open first (the changelog's checkpoint) names
     ``landing_zone.url`` and the fix in one line, never the secret."""
-    from cdc_platform.capture.s3store import ObjectStoreError
     from cdc_platform.capture.start_errors import describe_start_error
+    from cdc_platform.capture.store.s3store import ObjectStoreError
     from cdc_platform.lake.changelog import TableChangelog
 
     for name, value in seaweedfs.client_env().items():

@@ -16,8 +16,8 @@ import uuid
 
 import pytest
 
-from cdc_platform.capture.s3store import ObjectStoreError
 from cdc_platform.capture.start_errors import describe_start_error
+from cdc_platform.capture.store.s3store import ObjectStoreError
 from cdc_platform.config import CatalogSettings
 from cdc_platform.devservices.ports import free_port
 from cdc_platform.devservices.seaweedfs import SeaweedFS

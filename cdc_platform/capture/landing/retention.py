@@ -99,9 +99,9 @@ from cdc_platform.capture.landing.zone import (
     table_of_parts,
     table_parts,
 )
-from cdc_platform.capture.lease import Lease, process_holder
 from cdc_platform.capture.names import table_id
-from cdc_platform.capture.storage import FileInfo, FileStore, fsync_directory
+from cdc_platform.capture.store.lease import Lease, process_holder
+from cdc_platform.capture.store.storage import FileInfo, FileStore, fsync_directory
 
 log = logging.getLogger(__name__)
 

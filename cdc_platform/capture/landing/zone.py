@@ -1,7 +1,7 @@
 """The landing zone's layout and checkpoint, for the engine that writes it and the lake that
 reads it: file and directory names, the ``Checkpoint`` (its one parser) with the engine's
 snapshot session records, the reader's ``SnapshotRequest`` (``request.json``), the table catalog,
-``LandingReader`` (one server's folder, read from any store of ``capture.storage``) and
+``LandingReader`` (one server's folder, read from any store of ``capture.store.storage``) and
 ``LandingZone`` (the engine's writable folder, local or on S3, through the same store). The
 records' columns are ``capture.landing_contract``'s.
 
@@ -34,10 +34,10 @@ import pyarrow.parquet as pq
 
 from cdc_platform.capture.events import EngineError
 from cdc_platform.capture.landing_contract import DICTIONARY_COLUMNS
-from cdc_platform.capture.lease import Lease, process_holder
 from cdc_platform.capture.names import name_of_path_component, path_component
 from cdc_platform.capture.schema import TableSchema
-from cdc_platform.capture.storage import (
+from cdc_platform.capture.store.lease import Lease, process_holder
+from cdc_platform.capture.store.storage import (
     ArrowFileStore,
     FileStore,
     LocalFileStore,
@@ -49,7 +49,7 @@ from cdc_platform.capture.storage import (
 )
 
 if TYPE_CHECKING:
-    from cdc_platform.capture.s3store import S3Options
+    from cdc_platform.capture.store.s3store import S3Options
     from cdc_platform.config import Settings
 
 # ---- the layout (docs/landing-zone.md), one definition for the engine and the lake ---------------
@@ -70,11 +70,11 @@ SNAPSHOT_REQUEST_FILE = "request.json"
 SNAPSHOT_CONTROL_FILE = "control.json"
 SNAPSHOT_CHUNKS_DIR = "chunks"  # chunks/<session id>/: chunk files and the reader's state
 READER_LOCK_FILE = "reader.lock"  # local zones: a live reader's flock
-READER_LEASE_FILE = "reader.lease"  # object stores: a live reader's lease (capture.lease)
+READER_LEASE_FILE = "reader.lease"  # object stores: a live reader's lease (capture.store.lease)
 COLUMN_RENAMES_DIR = "renames"
 COLUMN_RENAMES_NAME = re.compile(r"^(\d{20})\.json$")
 ENGINE_LOCK_FILE = "engine.lock"  # local zones: the engine's flock
-ENGINE_LEASE_FILE = "engine.lease"  # object stores: the engine's lease (capture.lease)
+ENGINE_LEASE_FILE = "engine.lease"  # object stores: the engine's lease (capture.store.lease)
 XA_DIR = "xa"  # object stores: copies of the spill files the checkpoint names
 # The engine's lease on object storage: renewed every third of it; a killed engine's lease
 # blocks a new engine at most this long.
@@ -478,7 +478,7 @@ class Survey:
 
 class LandingReader:
     """One source server's folder in the landing zone, read through the file layer
-    (``capture.storage``): what the lake reads, from any store the layer opens."""
+    (``capture.store.storage``): what the lake reads, from any store the layer opens."""
 
     def __init__(self, store: FileStore, server_name: str) -> None:
         self.store = store.child(server_name)

@@ -61,11 +61,11 @@ from cdc_platform.capture.landing.zone import (
 )
 from cdc_platform.capture.landing.zone import NO_SESSION as NO_SESSION
 from cdc_platform.capture.landing.zone import SessionState as SessionState
-from cdc_platform.capture.lease import Lease, process_holder
 from cdc_platform.capture.schema import ColumnSpec, ColumnValueError, TableSchema, landing_arrays
 from cdc_platform.capture.snapshot import native
 from cdc_platform.capture.snapshot.chunks import Chunk
 from cdc_platform.capture.snapshot.errors import SnapshotError
+from cdc_platform.capture.store.lease import Lease, process_holder
 
 # The reader's record of its session (``progress_parts``), beside the session's chunks.
 READER_STATE_FILE = "reader.state"
@@ -499,7 +499,7 @@ class ReaderLock:
     Locally an exclusive ``flock`` on ``reader.lock``, released when the reader ends or its
     process dies, at once (so a dead reader's session can be adopted by the next run). On
     object storage, where no process holds a file lock, a ``Lease`` (``reader.lease``, see
-    ``capture.lease``) renewed by a daemon thread every third of its ttl: a killed reader's
+    ``capture.store.lease``) renewed by a daemon thread every third of its ttl: a killed reader's
     lease blocks the next reader until it expires, and a reader whose lease was lost (frozen
     past the ttl, or taken over) must stop writing: ``check`` raises, and the reader calls it
     before every write.

@@ -66,7 +66,7 @@ from cdc_platform.capture.snapshot import protocol
 from cdc_platform.capture.snapshot.chunks import Chunk, ChunkedTable, ChunkKey
 from cdc_platform.capture.snapshot.protocol import SessionState, SnapshotSession
 from cdc_platform.capture.snapshot.sessions import SnapshotCoordinator
-from cdc_platform.capture.storage import LocalFileStore
+from cdc_platform.capture.store.storage import LocalFileStore
 from cdc_platform.lake.changelog import TableChangelog
 
 HOUR = 3600.0

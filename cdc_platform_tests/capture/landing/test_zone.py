@@ -30,8 +30,8 @@ def test_a_flushs_segments_are_made_durable_together(tmp_path: Path,
     directory), before the checkpoint that covers them; they read back whole."""
     import pyarrow as pa
 
-    from cdc_platform.capture import storage
     from cdc_platform.capture.schema import ColumnSpec, TableSchema
+    from cdc_platform.capture.store import storage
 
     synced: list[str] = []
     if not syncfs:

@@ -4,7 +4,7 @@
 write that publishes something is one request: a PUT is atomic on S3 (readers see the old object
 or the new one), ``write_exclusively`` is a PUT with ``If-None-Match: *`` (the server refuses it
 with 412 when the object exists, so of racing writers exactly one wins) and ``write_if_match``
-a PUT with ``If-Match: <etag>`` (compare-and-swap; ``capture.lease`` builds the single-writer
+a PUT with ``If-Match: <etag>`` (compare-and-swap; ``capture.store.lease`` builds the single-writer
 lease on it). pyarrow's S3 filesystem makes no conditional requests, so it is used only for the
 lake's reads (``arrow``), never for a publishing write.
 
@@ -59,7 +59,7 @@ from botocore.exceptions import (
 )
 from botocore.exceptions import ConnectionError as BotocoreConnectionError
 
-from cdc_platform.capture.storage import FileInfo, FileStore, StoreUnavailableError, _checked
+from cdc_platform.capture.store.storage import FileInfo, FileStore, StoreUnavailableError, _checked
 
 __all__ = ["ObjectStoreError", "ObjectStoreUnavailableError", "S3FileStore", "S3Options",
            "credentials_source", "parse_s3_url"]

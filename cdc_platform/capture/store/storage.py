@@ -8,11 +8,11 @@ same files by URL (``uri``).
 
 Besides, a compare-and-swap pair: ``read_versioned`` gives a file's content with a version
 token (an S3 ETag, a content hash locally) and ``write_if_match`` replaces the file only if it
-is still that version; ``capture.lease`` builds the single-writer lease on it and
+is still that version; ``capture.store.lease`` builds the single-writer lease on it and
 ``write_exclusively``, so that it works alike on every store that has them.
 
 Implementations: ``LocalFileStore`` (local paths and ``file://`` URLs: temporary file, fsync,
-rename), ``S3FileStore`` (``s3://`` and ``s3a://`` URLs, in ``capture.s3store``: boto3,
+rename), ``S3FileStore`` (``s3://`` and ``s3a://`` URLs, in ``capture.store.s3store``: boto3,
 conditional PUTs); the engine's ``LandingZone`` writes through either and ``ArrowFileStore`` (any other URL pyarrow
 opens: reads and listings for the lake; a put is atomic there, but an exclusive put needs a
 conditional request pyarrow does not make, so it is refused).
@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 if TYPE_CHECKING:
-    from cdc_platform.capture.s3store import S3Options
+    from cdc_platform.capture.store.s3store import S3Options
 
 # Spark (Hadoop) scheme -> pyarrow scheme, and back, for object stores.
 _ARROW_SCHEME = {"s3a": "s3", "s3n": "s3"}
@@ -536,7 +536,7 @@ def open_store(url: str, *, s3: S3Options | None = None,
         absolute = os.path.abspath(os.path.expanduser(local)).rstrip("/") or "/"
         return LocalFileStore(Path(absolute))
     if scheme in ("s3", "s3a", "s3n"):
-        from cdc_platform.capture.s3store import S3FileStore
+        from cdc_platform.capture.store.s3store import S3FileStore
 
         return S3FileStore.from_url(url, s3, setting=setting)
     arrow_scheme = _ARROW_SCHEME.get(scheme, scheme)

@@ -38,7 +38,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cdc_platform.capture.storage import FileStore, StoreUnavailableError
+from cdc_platform.capture.store.storage import FileStore, StoreUnavailableError
 
 __all__ = ["Lease", "LeaseRecord"]
 
