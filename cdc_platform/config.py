@@ -373,7 +373,7 @@ class S3Settings(_Section):
     )
 
     def options(self) -> S3Options:
-        """The options ``capture.store.storage.open_store(url, s3=...)`` takes."""
+        """The options ``capture.store.open_store(url, s3=...)`` takes."""
         from cdc_platform.capture.store.s3store import S3Options
 
         return S3Options(**self.model_dump())

@@ -56,6 +56,7 @@ from cdc_platform.capture.snapshot.protocol import (
 )
 from cdc_platform.capture.source import SourceSession, TableSelector, missing_table
 from cdc_platform.capture.store.s3store import S3Options
+from cdc_platform.capture.store.storage import is_s3_url
 from cdc_platform.lake.arrow_load import target_rows
 from cdc_platform.lake.arrow_merge import upkeep_without_spark
 from cdc_platform.lake.changelog import TableChangelog
@@ -119,8 +120,7 @@ class ApplierOptions:
             merge_interval_seconds=lake.merge_interval_seconds,
             merge_parallelism=lake.merge_parallelism or (
                 MERGE_THREADS_OBJECT_STORAGE if any(
-                    url.split("://", 1)[0].lower() in ("s3", "s3a", "s3n")
-                    for url in (settings.landing_zone.url, settings.warehouse.url))
+                    is_s3_url(url) for url in (settings.landing_zone.url, settings.warehouse.url))
                 else MERGE_THREADS_LOCAL),
             reconcile_every_merges=lake.reconcile_every_merges,
             reconcile_interval_seconds=lake.reconcile_interval_minutes * 60,

@@ -86,7 +86,7 @@ from cdc_platform.capture.landing_contract import (
     hi_column,
 )
 from cdc_platform.capture.schema import TableSchema
-from cdc_platform.capture.store.storage import open_store
+from cdc_platform.capture.store import open_store
 from cdc_platform.lake.changelog import BatchPlan, TableChangelog
 from cdc_platform.lake.columns import spark_type
 from cdc_platform.lake.fold import arrow_fold_latest, same_as_previous

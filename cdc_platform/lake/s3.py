@@ -8,7 +8,7 @@ Two clients read and write S3 in a lake session, each with its own jars:
   same SDK.
 * Hadoop's ``S3AFileSystem`` (``hadoop-aws``, AWS SDK v1) for Spark's own reads of
   ``s3a://`` URLs: the landing zone's changelog segments and chunk files
-  (``storage.open_store`` turns ``s3://`` into ``s3a://`` for Spark), set as
+  (``capture.store.open_store`` turns ``s3://`` into ``s3a://`` for Spark), set as
   ``spark.hadoop.fs.s3a.*`` (``s3a_conf``).
 
 The jars are not in pyspark: ``scripts/bootstrap.sh`` extracts a checksum-pinned set into
@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-S3_SCHEMES = frozenset({"s3", "s3a", "s3n"})
+from cdc_platform.capture.store.storage import is_s3_url
+
 S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
 S3A_FILESYSTEM = "org.apache.hadoop.fs.s3a.S3AFileSystem"
 # Environment first (explicit keys, as the platform's other clients take them), then the SDK's
@@ -49,11 +50,6 @@ S3A_CREDENTIALS_PROVIDERS = ("com.amazonaws.auth.EnvironmentVariableCredentialsP
                              "com.amazonaws.auth.DefaultAWSCredentialsProviderChain")
 DEFAULT_REGION = "us-east-1"
 JARS_ENV = "CDC_PLATFORM_S3_JARS"
-
-
-def is_s3_url(url: str | None) -> bool:
-    """True for an object-store URL the S3 clients serve (``s3://``, ``s3a://``, ``s3n://``)."""
-    return bool(url) and urlparse(str(url)).scheme.lower() in S3_SCHEMES
 
 
 def warehouse_on_s3(warehouse: str | None) -> bool:

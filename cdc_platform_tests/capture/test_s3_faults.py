@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cdc_platform.capture.landing.zone import ENGINE_LEASE_FILE, LandingReader
-from cdc_platform.capture.store.storage import open_store
+from cdc_platform.capture.store import open_store
 from cdc_platform.devservices.mariadb import gtid_position_covers
 from cdc_platform.devservices.seaweedfs import SeaweedFS
 from cdc_platform_tests import s3_fixtures

@@ -29,9 +29,9 @@ from cdc_platform.capture.landing.zone import (
     column_renames_parts,
 )
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
+from cdc_platform.capture.store import open_store
 from cdc_platform.capture.store.lease import Lease
 from cdc_platform.capture.store.s3store import ObjectStoreError
-from cdc_platform.capture.store.storage import open_store
 from cdc_platform_tests import s3_fixtures
 from cdc_platform_tests.s3_fixtures import s3_options
 

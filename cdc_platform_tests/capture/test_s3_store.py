@@ -15,9 +15,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from cdc_platform.capture.store import open_store
 from cdc_platform.capture.store.lease import Lease, LeaseRecord
 from cdc_platform.capture.store.s3store import ObjectStoreError, S3FileStore
-from cdc_platform.capture.store.storage import FileStore, LocalFileStore, open_store
+from cdc_platform.capture.store.storage import FileStore, LocalFileStore
 from cdc_platform.config import S3Settings
 from cdc_platform.devservices.seaweedfs import SeaweedFS
 from cdc_platform_tests import s3_fixtures

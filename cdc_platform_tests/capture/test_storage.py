@@ -14,7 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from cdc_platform.capture.landing.zone import Checkpoint, LandingReader, LandingZone
-from cdc_platform.capture.store.storage import ArrowFileStore, FileStore, LocalFileStore, open_store
+from cdc_platform.capture.store import open_store
+from cdc_platform.capture.store.storage import ArrowFileStore, FileStore, LocalFileStore
 
 
 def test_plain_relative_and_file_urls_resolve_to_the_same_local_directory(tmp_path, monkeypatch):

@@ -5,7 +5,7 @@ OAuth2 client credentials, with the S3 keys). A Spark session built by
 ``lake.spark.build_spark_session`` with ``lake.s3.s3_session_conf`` creates an Iceberg table
 through that catalog (``Lake`` registers it; ``S3FileIO`` writes the files to the bucket),
 inserts, MERGEs and reads back; it reads, through ``s3a://``, Parquet files the landing zone's
-store (``capture.store.storage.open_store``) put in another bucket; pyiceberg reads the table through the same catalog and sees the same rows.
+store (``capture.store.open_store``) put in another bucket; pyiceberg reads the table through the same catalog and sees the same rows.
 
 The S3 jars are static settings of a JVM, and the suite's other lake tests start theirs first
 in this process, so the Spark part runs in a child interpreter of its own (one session for the
@@ -29,14 +29,14 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
+from cdc_platform.capture.store import open_store
 from cdc_platform.capture.store.s3store import S3Options
-from cdc_platform.capture.store.storage import open_store
+from cdc_platform.capture.store.storage import is_s3_url
 from cdc_platform.devservices.seaweedfs import SeaweedFS
 from cdc_platform.lake.iceberg import catalog_properties
 from cdc_platform.lake.s3 import (
     S3_FILE_IO,
     S3Endpoint,
-    is_s3_url,
     s3_jars,
     s3_session_conf,
     s3a_conf,

@@ -398,7 +398,7 @@ def landing_layout_problems(settings: Any) -> list[str]:
     """
     import pyarrow.parquet as pq
 
-    from cdc_platform.capture.store.storage import open_store
+    from cdc_platform.capture.store import open_store
 
     store = open_store(settings.landing_zone.url, s3=settings.s3.options(),
                        setting="landing_zone.url")

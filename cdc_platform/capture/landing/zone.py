@@ -36,6 +36,7 @@ from cdc_platform.capture.events import EngineError
 from cdc_platform.capture.landing_contract import DICTIONARY_COLUMNS
 from cdc_platform.capture.names import name_of_path_component, path_component
 from cdc_platform.capture.schema import TableSchema
+from cdc_platform.capture.store import open_store
 from cdc_platform.capture.store.lease import Lease, process_holder
 from cdc_platform.capture.store.storage import (
     ArrowFileStore,
@@ -44,7 +45,6 @@ from cdc_platform.capture.store.storage import (
     StoreUnavailableError,
     fsync_directory,
     make_durable,
-    open_store,
     write_atomically,
 )
 

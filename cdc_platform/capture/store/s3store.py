@@ -59,7 +59,13 @@ from botocore.exceptions import (
 )
 from botocore.exceptions import ConnectionError as BotocoreConnectionError
 
-from cdc_platform.capture.store.storage import FileInfo, FileStore, StoreUnavailableError, _checked
+from cdc_platform.capture.store.storage import (
+    S3_SCHEMES,
+    FileInfo,
+    FileStore,
+    StoreUnavailableError,
+    _checked,
+)
 
 __all__ = ["ObjectStoreError", "ObjectStoreUnavailableError", "S3FileStore", "S3Options",
            "credentials_source", "parse_s3_url"]
@@ -117,7 +123,7 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     """``(bucket, prefix)`` of ``s3://bucket/prefix`` / ``s3a://...`` (prefix without slashes
     at either end)."""
     parsed = urlparse(url)
-    if parsed.scheme.lower() not in ("s3", "s3a", "s3n") or not parsed.netloc:
+    if parsed.scheme.lower() not in S3_SCHEMES or not parsed.netloc:
         raise ValueError(f"{url!r} is not an s3://bucket/prefix URL")
     return parsed.netloc, parsed.path.strip("/")
 

@@ -34,18 +34,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from stat import S_ISDIR
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-if TYPE_CHECKING:
-    from cdc_platform.capture.store.s3store import S3Options
-
 # Spark (Hadoop) scheme -> pyarrow scheme, and back, for object stores.
-_ARROW_SCHEME = {"s3a": "s3", "s3n": "s3"}
-_SPARK_SCHEME = {"s3": "s3a"}
 
 
 def _checked(parts: tuple[str, ...], below: str) -> tuple[str, ...]:
@@ -65,6 +60,15 @@ class StoreUnavailableError(Exception):
     """The store did not answer for as long as its requests are retried (an object store
     away, restarting or throttling); nothing is known about the request's effect beyond
     what the store could check."""
+
+
+#: The URL schemes of S3 (boto3's and pyarrow's ``s3``, Hadoop's ``s3a`` and old ``s3n``).
+S3_SCHEMES = frozenset({"s3", "s3a", "s3n"})
+
+
+def is_s3_url(url: str | None) -> bool:
+    """True for an object-store URL the S3 clients serve (``s3://``, ``s3a://``, ``s3n://``)."""
+    return bool(url) and urlparse(str(url)).scheme.lower() in S3_SCHEMES
 
 
 @dataclass(frozen=True)
@@ -517,30 +521,3 @@ class ArrowFileStore(FileStore):
             f"{self.uri_of(*parts)}: streaming writes to this storage backend are not "
             "supported yet")
         yield  # pragma: no cover
-
-
-def open_store(url: str, *, s3: S3Options | None = None,
-               setting: str = "storage URL") -> FileStore:
-    """The store of a landing-zone or warehouse URL: a path (relative ones made absolute
-    against the current directory, so Spark executors and the driver agree), ``file://``,
-    ``s3://bucket/prefix`` or ``s3a://...`` (an ``S3FileStore``: endpoint, region and
-    addressing from ``s3``, the config's ``s3`` section; credentials from the AWS environment),
-    or another object-store URL pyarrow opens. ``setting`` names the config key the URL came
-    from, for the errors (``landing_zone.url``)."""
-    parsed = urlparse(url)
-    scheme = parsed.scheme.lower()
-    if scheme in ("", "file"):
-        local = parsed.path if scheme == "file" else url
-        if scheme == "file" and parsed.netloc not in ("", "localhost"):
-            raise ValueError(f"URL {url!r}: file:// URLs must not name a host")
-        absolute = os.path.abspath(os.path.expanduser(local)).rstrip("/") or "/"
-        return LocalFileStore(Path(absolute))
-    if scheme in ("s3", "s3a", "s3n"):
-        from cdc_platform.capture.store.s3store import S3FileStore
-
-        return S3FileStore.from_url(url, s3, setting=setting)
-    arrow_scheme = _ARROW_SCHEME.get(scheme, scheme)
-    spark_scheme = _SPARK_SCHEME.get(scheme, scheme)
-    rest = url.split("://", 1)[1].rstrip("/")
-    fs, path = pafs.FileSystem.from_uri(f"{arrow_scheme}://{rest}")
-    return ArrowFileStore(fs, path.rstrip("/"), f"{spark_scheme}://{rest}")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cdc_platform.capture.names import valid_name
-from cdc_platform.capture.store.storage import open_store
+from cdc_platform.capture.store import open_store
 from cdc_platform.lake.s3 import catalog_s3_properties, warehouse_on_s3
 
 ICEBERG_VERSION = "1.10.2"

@@ -8,7 +8,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from cdc_platform.capture.store.storage import open_store
+from cdc_platform.capture.store import open_store
 from cdc_platform.lake.iceberg.catalog import SPARK_CATALOG, UNICODE_CATALOGS, catalog_properties
 from cdc_platform.lake.iceberg.table import LakeTable
 from cdc_platform.lake.s3 import S3Endpoint, check_warehouse, warehouse_on_s3
