@@ -206,8 +206,9 @@ def test_a_million_rows_load_then_upkeep_and_the_applier_on_the_cluster(
         assert meta["written_by"] == "pyarrow", meta  # the initial load stayed in the driver
         check = checks[0].event.dagster_event.event_specific_data
         assert check.passed, check.metadata
-        # the reconcile of the million rows ran on both workers' executors
-        assert len(after_load) == 2 and all(after_load.values()), after_load
+        # the reconcile of the million rows ran on the cluster's executors (in 2 tasks, one
+        # stage after the other: both may land on one executor)
+        assert len(after_load) == 2 and sum(after_load.values()) > 0, after_load
 
         upkeep = subprocess.run([DAGSTER, "job", "execute", "-m", "cdc_platform.definitions",
                                  "-j", "lake_maintenance"], env=run_env, capture_output=True,
@@ -241,6 +242,7 @@ def test_a_million_rows_load_then_upkeep_and_the_applier_on_the_cluster(
         assert code == 0, log.read_text()[-4000:]
         total = {worker: sum(_finished_tasks(d) for d in dirs)
                  for worker, dirs in _executor_dirs(cluster).items()}
-    # the applier's session (its own application) ran tasks on the cluster too
+    # the applier's session (its own application) ran tasks on the cluster too (that a
+    # MERGE's stages spread over both workers: test_materialise_targets_merges_...)
     assert sum(total.values()) > sum(after_load.values()), (after_load, total)
     assert env.reconcile(spark, "events").ok
