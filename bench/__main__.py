@@ -96,7 +96,7 @@ from cdc_platform.capture.engine import EngineOptions
 from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.source import TableSelector
-from cdc_platform.capture.store.s3store import S3Options
+from cdc_platform.config import S3Settings
 from cdc_platform.devservices.mariadb import MariaDBServer, gtid_position_covers
 
 
@@ -178,7 +178,7 @@ def _timed(command: list[str]) -> float:
     return time.perf_counter() - started
 
 
-def _engine(server: MariaDBServer, landing: Path | str, s3: S3Options | None = None
+def _engine(server: MariaDBServer, landing: Path | str, s3: S3Settings | None = None
             ) -> tuple[int, float, int]:
     """The capture engine in a fresh process until caught up: (records, seconds, peak RSS).
     ``landing``: a directory, or an s3:// URL with its ``s3`` options."""
@@ -397,7 +397,7 @@ class _EngineProcess:
 
     def __init__(self, server: MariaDBServer, landing: LandingZone,
                  options: EngineOptions | int, landing_url: str | None = None,
-                 s3: S3Options | None = None) -> None:
+                 s3: S3Settings | None = None) -> None:
         if isinstance(options, int):  # a server id: the snapshot benchmark's engine
             options = EngineOptions(
                 server_name=landing.server_name, flavour="mariadb", server_id=options,
@@ -504,7 +504,7 @@ class _WriteLoad:
 
 
 def _snapshot_once(server: MariaDBServer, landing_dir: Path | str, server_id: int,
-                   load_rate: float | None, s3: S3Options | None = None
+                   load_rate: float | None, s3: S3Settings | None = None
                    ) -> tuple[Any, _WriteLoad | None, int]:
     """One snapshot of the table by the real reader and engine, with the default chunk size;
     under a concurrent write load when ``load_rate`` is given. Also the engine's peak RSS.

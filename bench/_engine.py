@@ -9,7 +9,7 @@ from typing import Any
 
 from cdc_platform.capture.engine import CaptureEngine, EngineOptions
 from cdc_platform.capture.landing.zone import LandingZone
-from cdc_platform.capture.store.s3store import S3Options
+from cdc_platform.config import S3Settings
 
 
 def rss_bytes(field: str = "VmHWM", pid: int | str = "self") -> int:
@@ -26,7 +26,7 @@ def rss_bytes(field: str = "VmHWM", pid: int | str = "self") -> int:
 
 
 def run_engine(options: EngineOptions, landing_url: str, server_name: str, stop: Any,
-               results: Any = None, s3: S3Options | None = None) -> None:
+               results: Any = None, s3: S3Settings | None = None) -> None:
     """Run an engine until ``stop`` is set; put (records, peak RSS) in ``results``. ``s3``:
     the options of an s3:// landing URL (credentials from the inherited AWS environment)."""
     engine = CaptureEngine(options, LandingZone(landing_url, server_name, s3=s3))
@@ -36,7 +36,7 @@ def run_engine(options: EngineOptions, landing_url: str, server_name: str, stop:
 
 
 def engine_peak_rss(options: EngineOptions, landing_url: str, server_name: str,
-                    results: Any, s3: S3Options | None = None) -> None:
+                    results: Any, s3: S3Settings | None = None) -> None:
     """Run an engine until caught up, in this (fresh) process; put (records, seconds, RSS
     before the run, peak RSS) in ``results``, RSS in bytes (VmHWM: the process's peak)."""
     engine = CaptureEngine(options, LandingZone(landing_url, server_name, s3=s3))

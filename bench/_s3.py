@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cdc_platform.capture.store.s3store import S3Options
+from cdc_platform.config import S3Settings
 from cdc_platform.demo.object_storage import REST_CATALOG_PROPERTIES
 from cdc_platform.devservices.seaweedfs import SeaweedFS
 
@@ -29,10 +29,10 @@ class BenchS3:
 
     server: SeaweedFS
 
-    def options(self) -> S3Options:
+    def options(self) -> S3Settings:
         """The config's ``s3`` section as the stores take it."""
-        return S3Options(endpoint_url=self.server.endpoint_url, region=self.server.region,
-                         path_style=True)
+        return S3Settings(endpoint_url=self.server.endpoint_url, region=self.server.region,
+                          path_style=True)
 
     def landing_url(self, name: str) -> str:
         """``s3://<name>/landing`` in a bucket of its own (created here)."""

@@ -12,7 +12,7 @@ import os
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
+from typing import Any, Literal, get_args, get_origin
 from urllib.parse import urlparse
 
 import yaml
@@ -25,9 +25,6 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-
-if TYPE_CHECKING:
-    from cdc_platform.capture.store.s3store import S3Options
 
 CONFIG_ENV = "CDC_PLATFORM_CONFIG"
 DEMO_CONFIG = Path(__file__).parent / "demo" / "demo.yaml"
@@ -371,12 +368,6 @@ class S3Settings(_Section):
         "The engine's lease is never renewed past its expiry: it rides out outages of about "
         "half its 60 s lease.",
     )
-
-    def options(self) -> S3Options:
-        """The options ``capture.store.open_store(url, s3=...)`` takes."""
-        from cdc_platform.capture.store.s3store import S3Options
-
-        return S3Options(**self.model_dump())
 
 
 class LakeSettings(_Section):

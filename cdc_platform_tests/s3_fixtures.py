@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cdc_platform.capture.store.s3store import S3Options
+from cdc_platform.config import S3Settings
 from cdc_platform.devservices.seaweedfs import SeaweedFS
 
 __all__ = ["s3_env", "s3_options", "s3_url", "seaweedfs"]
@@ -47,11 +47,11 @@ def s3_env(seaweedfs: SeaweedFS, monkeypatch: pytest.MonkeyPatch) -> dict[str, s
     return env
 
 
-def s3_options(server: SeaweedFS, **overrides: object) -> S3Options:
+def s3_options(server: SeaweedFS, **overrides: object) -> S3Settings:
     """The config's ``s3`` section for ``server`` (path-style, as self-hosted servers want)."""
     values: dict[str, object] = {"endpoint_url": server.endpoint_url, "region": server.region,
                                  "path_style": True, **overrides}
-    return S3Options(**values)  # type: ignore[arg-type]
+    return S3Settings(**values)  # type: ignore[arg-type]
 
 
 @pytest.fixture

@@ -458,7 +458,7 @@ def _print_summary(servers: dict[str, MariaDBServer], env: dict[str, str],
     for server_name, (database, tables) in ((INVENTORY_SOURCE, INVENTORY_TABLES),
                                             (BILLING_SOURCE, BILLING_TABLES)):
         landing = LandingReader.open(deployment.landing_zone.url, server_name,
-                                     s3=deployment.s3.options())
+                                     s3=deployment.s3)
         checkpoint = landing.read_checkpoint()
         positions.append(f"{server_name} {checkpoint.gtid if checkpoint else '-'}")
         catalog_rows = (_catalog_rows(s3, server_name, database, tables) if s3 is not None

@@ -55,8 +55,8 @@ from cdc_platform.capture.snapshot.protocol import (
     read_session_state,
 )
 from cdc_platform.capture.source import SourceSession, TableSelector, missing_table
-from cdc_platform.capture.store.s3store import S3Options
 from cdc_platform.capture.store.storage import is_s3_url
+from cdc_platform.config import S3Settings
 from cdc_platform.lake.arrow_load import target_rows
 from cdc_platform.lake.arrow_merge import upkeep_without_spark
 from cdc_platform.lake.changelog import TableChangelog
@@ -103,7 +103,7 @@ class ApplierOptions:
     retention_seconds: float = 3600.0
     sweep_interval_seconds: float = 60.0
     first_load_wait_seconds: float = 30.0
-    s3: S3Options | None = None  # the config's s3 options (a landing zone at an S3 URL)
+    s3: S3Settings | None = None  # the config's s3 options (a landing zone at an S3 URL)
 
     @staticmethod
     def from_settings(settings: Any) -> ApplierOptions:
@@ -133,7 +133,7 @@ class ApplierOptions:
             min_snapshots_to_keep=settings.warehouse.min_snapshots_to_keep,
             retention_seconds=settings.landing_zone.retention_hours * 3600,
             first_load_wait_seconds=lake.freshness_seconds / 2,
-            s3=settings.s3.options(),
+            s3=settings.s3,
         )
 
 

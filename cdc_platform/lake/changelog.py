@@ -42,7 +42,7 @@ from cdc_platform.capture.landing_contract import (
 )
 from cdc_platform.capture.names import table_id
 from cdc_platform.capture.schema import TableSchema
-from cdc_platform.capture.store.s3store import S3Options
+from cdc_platform.config import S3Settings
 from cdc_platform.lake.columns import (
     CHANGELOG_META,
     col,
@@ -104,7 +104,7 @@ class TableChangelog:
 
     @classmethod
     def open(cls, landing_url: str, server_name: str, database: str, table: str, *,
-             s3: S3Options | None = None) -> TableChangelog:
+             s3: S3Settings | None = None) -> TableChangelog:
         """``s3``: the config's ``s3`` options, for a landing zone at an S3 URL."""
         return cls(LandingReader.open(landing_url, server_name, s3=s3), database, table)
 
@@ -301,7 +301,7 @@ class TableChangelog:
         return pa.concat_tables(tables) if tables else target.empty_table()
 
 
-def read_checkpoint(landing_url: str, server_name: str, *, s3: S3Options | None = None
+def read_checkpoint(landing_url: str, server_name: str, *, s3: S3Settings | None = None
                     ) -> Checkpoint | None:
     """The engine's checkpoint, or None before its first one (``LandingReader``: the one
     parser of ``checkpoint.json``)."""

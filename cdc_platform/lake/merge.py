@@ -58,7 +58,7 @@ from cdc_platform.capture.landing_contract import (
     hi_column,
 )
 from cdc_platform.capture.schema import TableSchema
-from cdc_platform.capture.store.s3store import S3Options
+from cdc_platform.config import S3Settings
 from cdc_platform.lake.arrow_merge import Merged, materialise_without_spark
 from cdc_platform.lake.changelog import TableChangelog
 from cdc_platform.lake.columns import col, table_struct
@@ -178,7 +178,7 @@ def materialise(
     database: str,
     table: str,
     catalog: Any = None,
-    s3: S3Options | None = None,
+    s3: S3Settings | None = None,
     spark_free: bool = True,
     changelog: TableChangelog | None = None,
 ) -> MergeResult:

@@ -96,7 +96,7 @@ class S3Endpoint:
     @classmethod
     def of(cls, s3: Any = None) -> S3Endpoint:
         """The endpoint of anything with ``endpoint_url``, ``region`` and ``path_style``
-        attributes (the config's ``s3`` section, ``capture.store.s3store.S3Options``, an
+        attributes (the config's ``s3`` section, ``capture.store.s3store.S3Settings``, an
         ``S3Endpoint``), or of the environment alone for None."""
         if isinstance(s3, S3Endpoint):
             return s3
@@ -198,15 +198,16 @@ def check_warehouse(properties: dict[str, str]) -> None:
     warehouse; a warehouse on S3 is a bucket the credentials may use. Other catalogs (JDBC,
     Hive, Glue) and local warehouses are not checked here. Before any Spark statement, whose
     failures are Java stack traces."""
-    from cdc_platform.capture.store.s3store import S3FileStore, S3Options
+    from cdc_platform.capture.store.s3store import S3FileStore
+    from cdc_platform.config import S3Settings
 
     warehouse = properties.get("warehouse", "")
     if properties.get("type") == "rest":
         _check_rest_catalog(properties)
     if is_s3_url(warehouse):
-        options = S3Options(endpoint_url=properties.get("s3.endpoint", ""),
-                            region=properties.get("client.region", ""),
-                            path_style=properties.get("s3.path-style-access") == "true")
+        options = S3Settings(endpoint_url=properties.get("s3.endpoint", ""),
+                             region=properties.get("client.region", ""),
+                             path_style=properties.get("s3.path-style-access") == "true")
         S3FileStore.from_url(warehouse, options, setting="warehouse.url").check()
 
 

@@ -176,7 +176,7 @@ def _engine_child() -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     landing = LandingZone(settings.landing_zone.url, settings.source.server_name,
-                          s3=settings.s3.options(), scratch=Path(job["scratch"]),
+                          s3=settings.s3, scratch=Path(job["scratch"]),
                           lease_ttl_seconds=job["lease_ttl"])
     try:
         CaptureEngine(EngineOptions.from_settings(settings), landing).run(

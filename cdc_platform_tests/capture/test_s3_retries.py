@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 
 import pyarrow as pa
 import pytest
@@ -21,7 +20,8 @@ from moto.server import ThreadedMotoServer
 
 from cdc_platform.capture.start_errors import describe_start_error
 from cdc_platform.capture.store.lease import Lease
-from cdc_platform.capture.store.s3store import ObjectStoreUnavailableError, S3FileStore, S3Options
+from cdc_platform.capture.store.s3store import ObjectStoreUnavailableError, S3FileStore
+from cdc_platform.config import S3Settings
 from cdc_platform.devservices.ports import free_port
 
 
@@ -60,8 +60,8 @@ def store(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch,
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
     bucket = f"retries-{request.node.name.replace('_', '-')[:40].lower()}"
-    options = S3Options(endpoint_url=moto_endpoint, region="us-east-1", path_style=True,
-                        max_attempts=getattr(request, "param", 5))
+    options = S3Settings(endpoint_url=moto_endpoint, region="us-east-1", path_style=True,
+                         max_attempts=getattr(request, "param", 5))
     store = S3FileStore(bucket, "zone", options, setting="landing_zone.url")
     store.client.create_bucket(Bucket=bucket)
     return store
@@ -187,7 +187,7 @@ def test_an_outage_beyond_botocores_attempts_is_ridden_out(store: S3FileStore):
 @pytest.mark.parametrize("store", [1], indirect=True)
 def test_an_outage_beyond_retry_seconds_is_one_line_naming_the_endpoint_and_setting(
         store: S3FileStore):
-    store = S3FileStore(store.bucket, "zone", replace(store.options, retry_seconds=2.0),
+    store = S3FileStore(store.bucket, "zone", store.options.model_copy(update={"retry_seconds": 2.0}),
                         setting="landing_zone.url")
     _outage(store, "PutObject", 60.0)
     started = time.monotonic()
@@ -232,7 +232,7 @@ def test_a_conditional_put_retried_across_an_outage_whose_first_attempt_landed_i
 def test_a_lease_renewal_gives_up_before_the_lease_expires(store: S3FileStore):
     """The server is away for longer than the lease lives: the renewal stops retrying before
     the lease's expiry (loudly), and the holder never believes it holds the lease past it."""
-    store = S3FileStore(store.bucket, "zone", replace(store.options, retry_seconds=120.0))
+    store = S3FileStore(store.bucket, "zone", store.options.model_copy(update={"retry_seconds": 120.0}))
     lease = Lease(store, "engine.lease")
     ttl = 12.0
     assert lease.acquire("engine-1", ttl)

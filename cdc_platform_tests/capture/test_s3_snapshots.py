@@ -254,7 +254,7 @@ def test_stale_markers_and_column_renames_on_s3(env: S3CdcEnv) -> None:
     checkpoint = env.landing.read_checkpoint()
     assert checkpoint is not None
     changelog = TableChangelog.open(env.settings.landing_zone.url, env.server_name, env.db,
-                                    "items", s3=env.settings.s3.options())
+                                    "items", s3=env.settings.s3)
     renames = changelog.column_renames(checkpoint.next_pos)
     assert renames, renames
     assert not Path(env.root / "landing").exists()  # nothing written locally

@@ -270,7 +270,7 @@ def test_an_unreadable_lease_object_counts_as_expired(store: FileStore):
 
 def test_s3_urls_open_an_s3_store_that_spark_and_pyarrow_read(seaweedfs: SeaweedFS, s3_url: str):
     bucket = s3_url.removeprefix("s3://").split("/")[0]
-    options = S3Settings(endpoint_url=seaweedfs.endpoint_url, path_style=True).options()
+    options = S3Settings(endpoint_url=seaweedfs.endpoint_url, path_style=True)
     store = open_store(s3_url, s3=options)
     assert isinstance(store, S3FileStore) and store.local_root is None
     assert store.uri == f"s3a://{bucket}/landing"

@@ -121,7 +121,7 @@ def test_the_landing_zone_is_writable_with_the_environments_credentials_only(
     with zone.engine_lock():  # the engine's start: the lease and the store's check
         zone.write_checkpoint(Checkpoint(server_name, "mariadb", gtid="0-1-7", next_pos=3))
     reader = LandingReader.open(demo_env.landing_zone.url, server_name,
-                                s3=demo_env.s3.options())
+                                s3=demo_env.s3)
     assert reader.read_checkpoint() == Checkpoint(server_name, "mariadb", gtid="0-1-7",
                                                   next_pos=3)
     assert server.client().list_objects_v2(Bucket=object_storage.LANDING_BUCKET,
@@ -129,7 +129,7 @@ def test_the_landing_zone_is_writable_with_the_environments_credentials_only(
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-servers")
     with pytest.raises(ObjectStoreError, match="landing_zone.url"):
         LandingReader.open(demo_env.landing_zone.url, server_name,
-                           s3=demo_env.s3.options()).read_checkpoint()
+                           s3=demo_env.s3).read_checkpoint()
 
 
 @pytest.mark.integration

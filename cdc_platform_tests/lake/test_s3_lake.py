@@ -30,8 +30,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from cdc_platform.capture.store import open_store
-from cdc_platform.capture.store.s3store import S3Options
 from cdc_platform.capture.store.storage import is_s3_url
+from cdc_platform.config import S3Settings
 from cdc_platform.devservices.seaweedfs import SeaweedFS
 from cdc_platform.lake.iceberg import catalog_properties
 from cdc_platform.lake.s3 import (
@@ -168,7 +168,7 @@ def spark_report(seaweedfs: SeaweedFS) -> dict[str, Any]:
     with pytest.MonkeyPatch.context() as env:
         for name, value in seaweedfs.client_env().items():
             env.setenv(name, value)
-        store = open_store(f"s3://{LANDING_BUCKET}/changelog/inventory/orders", s3=S3Options(
+        store = open_store(f"s3://{LANDING_BUCKET}/changelog/inventory/orders", s3=S3Settings(
             endpoint_url=seaweedfs.endpoint_url, region=REGION, path_style=True),
             setting="landing_zone.url")
         for number, rows in enumerate(LANDING_ROWS):

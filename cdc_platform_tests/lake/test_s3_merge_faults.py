@@ -29,7 +29,7 @@ import pytest
 
 from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
-from cdc_platform.capture.store.s3store import S3Options
+from cdc_platform.config import S3Settings
 from cdc_platform.devservices.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.integration
@@ -56,8 +56,8 @@ def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
         server.stop()
 
 
-def _options(server: SeaweedFS) -> S3Options:
-    return S3Options(endpoint_url=server.endpoint_url, region=REGION, path_style=True)
+def _options(server: SeaweedFS) -> S3Settings:
+    return S3Settings(endpoint_url=server.endpoint_url, region=REGION, path_style=True)
 
 
 # ---- the Spark child --------------------------------------------------------------------------
@@ -79,8 +79,8 @@ def _merge_child() -> None:
     catalog = CatalogSettings(type="rest", uri=job["catalog_uri"], properties={
         "rest.auth.type": "sigv4", "rest.signing-name": "s3tables",
         "rest.signing-region": REGION})
-    s3 = S3Options(endpoint_url=job["endpoint"], region=REGION, path_style=True,
-                   max_attempts=3)
+    s3 = S3Settings(endpoint_url=job["endpoint"], region=REGION, path_style=True,
+                    max_attempts=3)
     print("READY", flush=True)
     for line in sys.stdin:
         command = line.strip()

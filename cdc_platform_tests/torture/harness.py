@@ -219,7 +219,7 @@ def materialise_and_compare(spark: Any, settings: Any, primary: MariaDBServer,
             try:
                 materialise(spark, settings.landing_zone.url, settings.warehouse.url,
                             settings.source.server_name, None, database, table,
-                            catalog=settings.warehouse.catalog, s3=settings.s3.options())
+                            catalog=settings.warehouse.catalog, s3=settings.s3)
                 rows = target_rows(spark, settings, database, table)
             except Exception as error:  # noqa: BLE001 - reported as the table's verdict
                 verdict = TableVerdict(f"{database}.{table}")
@@ -400,7 +400,7 @@ def landing_layout_problems(settings: Any) -> list[str]:
 
     from cdc_platform.capture.store import open_store
 
-    store = open_store(settings.landing_zone.url, s3=settings.s3.options(),
+    store = open_store(settings.landing_zone.url, s3=settings.s3,
                        setting="landing_zone.url")
     problems: list[str] = []
     tables_by_dir: dict[tuple[str, ...], set[str]] = {}

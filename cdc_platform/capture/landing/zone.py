@@ -49,8 +49,7 @@ from cdc_platform.capture.store.storage import (
 )
 
 if TYPE_CHECKING:
-    from cdc_platform.capture.store.s3store import S3Options
-    from cdc_platform.config import Settings
+    from cdc_platform.config import S3Settings, Settings
 
 # ---- the layout (docs/landing-zone.md), one definition for the engine and the lake ---------------
 
@@ -485,7 +484,7 @@ class LandingReader:
         self.server_name = server_name
 
     @staticmethod
-    def open(url: str, server_name: str, *, s3: S3Options | None = None) -> LandingReader:
+    def open(url: str, server_name: str, *, s3: S3Settings | None = None) -> LandingReader:
         """The reader of ``server_name``'s folder at a landing-zone URL (local or not; ``s3``:
         the config's ``s3`` options for an S3 URL)."""
         return LandingReader(open_store(url, s3=s3, setting="landing_zone.url"), server_name)
@@ -585,7 +584,7 @@ class LandingZone(LandingReader):
     tools that look at a local zone's files and raise on object storage.
     """
 
-    def __init__(self, url: str | FileStore, server_name: str, *, s3: S3Options | None = None,
+    def __init__(self, url: str | FileStore, server_name: str, *, s3: S3Settings | None = None,
                  scratch: Path | None = None,
                  lease_ttl_seconds: float = ENGINE_LEASE_TTL_SECONDS) -> None:
         store = url if isinstance(url, FileStore) else open_store(
@@ -640,7 +639,7 @@ class LandingZone(LandingReader):
     def from_settings(settings: Settings, server_name: str | None = None) -> LandingZone:
         """The zone at ``landing_zone.url``, with the config's ``s3`` options for S3 URLs."""
         return LandingZone(settings.landing_zone.url, server_name or settings.source.server_name,
-                           s3=settings.s3.options())
+                           s3=settings.s3)
 
     @property
     def is_local(self) -> bool:

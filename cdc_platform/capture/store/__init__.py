@@ -23,14 +23,14 @@ from cdc_platform.capture.store.storage import (
 )
 
 if TYPE_CHECKING:
-    from cdc_platform.capture.store.s3store import S3Options
+    from cdc_platform.config import S3Settings
 
 #: How pyarrow and Spark name the object-store schemes a URL may use.
 _ARROW_SCHEME = {"s3a": "s3", "s3n": "s3"}
 _SPARK_SCHEME = {"s3": "s3a"}
 
 
-def open_store(url: str, *, s3: S3Options | None = None,
+def open_store(url: str, *, s3: S3Settings | None = None,
                setting: str = "storage URL") -> FileStore:
     """The store of a landing-zone or warehouse URL: a path (relative ones made absolute
     against the current directory, so Spark executors and the driver agree), ``file://``,

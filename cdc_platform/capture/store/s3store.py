@@ -9,7 +9,7 @@ lease on it). pyarrow's S3 filesystem makes no conditional requests, so it is us
 lake's reads (``arrow``), never for a publishing write.
 
 Where things come from: the endpoint, region and addressing style from the config's ``s3``
-section (``S3Options``); the credentials only from the standard AWS chain (environment,
+section (``config.S3Settings``); the credentials only from the standard AWS chain (environment,
 profile, web identity as IRSA sets it, instance metadata), never from the config file.
 Throttling (503 SlowDown), 5xx answers, timeouts and refused connections are retried twice
 over: by botocore within one request (``retry_mode``, ``max_attempts``: blips of a few seconds),
@@ -39,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 from urllib.parse import urlparse
 
 import boto3
@@ -66,8 +66,9 @@ from cdc_platform.capture.store.storage import (
     StoreUnavailableError,
     _checked,
 )
+from cdc_platform.config import S3Settings
 
-__all__ = ["ObjectStoreError", "ObjectStoreUnavailableError", "S3FileStore", "S3Options",
+__all__ = ["ObjectStoreError", "ObjectStoreUnavailableError", "S3FileStore",
            "credentials_source", "parse_s3_url"]
 
 DEFAULT_REGION = "us-east-1"
@@ -105,20 +106,6 @@ class ObjectStoreUnavailableError(ObjectStoreError, StoreUnavailableError):
     and the setting. Nothing about the deployment is wrong: a later start goes on."""
 
 
-@dataclass(frozen=True)
-class S3Options:
-    """How to reach S3 (the config's ``s3`` section); credentials are not here on purpose."""
-
-    endpoint_url: str = ""
-    region: str = ""
-    path_style: bool = False
-    retry_mode: Literal["standard", "adaptive"] = "standard"
-    max_attempts: int = 10
-    connect_timeout_seconds: float = 10.0
-    read_timeout_seconds: float = 60.0
-    retry_seconds: float = 120.0
-
-
 def parse_s3_url(url: str) -> tuple[str, str]:
     """``(bucket, prefix)`` of ``s3://bucket/prefix`` / ``s3a://...`` (prefix without slashes
     at either end)."""
@@ -133,7 +120,7 @@ class _Connection:
     """The boto3 client and pyarrow filesystem shared by a store and its children (boto3
     clients are thread-safe; a session is not, so each connection makes its own)."""
 
-    options: S3Options
+    options: S3Settings
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     _session: Any = field(default=None, repr=False)
     _client: Any = field(default=None, repr=False)
@@ -235,17 +222,17 @@ class S3FileStore(FileStore):
     say which setting to fix. Nothing is requested until the first operation (or ``check``).
     """
 
-    def __init__(self, bucket: str, prefix: str = "", options: S3Options | None = None, *,
+    def __init__(self, bucket: str, prefix: str = "", options: S3Settings | None = None, *,
                  setting: str = "storage URL", _connection: _Connection | None = None,
                  _deadline: Deadline | None = None) -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.setting = setting
-        self._connection = _connection or _Connection(options or S3Options())
+        self._connection = _connection or _Connection(options or S3Settings())
         self._deadline = _deadline  # (time.monotonic(), or a callable of it; ``within``)
 
     @classmethod
-    def from_url(cls, url: str, options: S3Options | None = None, *,
+    def from_url(cls, url: str, options: S3Settings | None = None, *,
                  setting: str = "storage URL") -> S3FileStore:
         bucket, prefix = parse_s3_url(url)
         return cls(bucket, prefix, options, setting=setting)
@@ -254,7 +241,7 @@ class S3FileStore(FileStore):
         return f"S3FileStore({self.uri!r})"
 
     @property
-    def options(self) -> S3Options:
+    def options(self) -> S3Settings:
         return self._connection.options
 
     @property

@@ -286,7 +286,7 @@ def judge_targets(instance: dg.DagsterInstance, settings: Settings,
     footers of the tables with pending segments read ``FOOTER_READERS`` at a time (on object
     storage a request each)."""
     server = settings.source.server_name
-    landing = LandingReader.open(settings.landing_zone.url, server, s3=settings.s3.options())
+    landing = LandingReader.open(settings.landing_zone.url, server, s3=settings.s3)
     survey = landing.survey()
     checkpoint = survey.checkpoint
     limit = settings.lake.freshness_seconds

@@ -142,7 +142,7 @@ class _Targets:
                 result = materialise(
                     self.spark, self.settings.landing_zone.url, self.settings.warehouse.url,
                     self.server, schema, schema.database, schema.table,
-                    catalog=self.settings.warehouse.catalog, s3=self.settings.s3.options())
+                    catalog=self.settings.warehouse.catalog, s3=self.settings.s3)
                 break
             except Exception as error:
                 if attempt == MATERIALISE_ATTEMPTS:

@@ -82,7 +82,7 @@ def checkpoint_headroom(settings: Settings) -> tuple[Checkpoint | None, BinlogHe
     session; never raises: what cannot be read is an UNKNOWN headroom naming it)."""
     try:
         checkpoint = LandingReader.open(settings.landing_zone.url, settings.source.server_name,
-                                        s3=settings.s3.options()).read_checkpoint()
+                                        s3=settings.s3).read_checkpoint()
     except (OSError, ValueError) as error:
         return None, BinlogHeadroom(HeadroomStatus.UNKNOWN,
                                     reason=f"the checkpoint cannot be read: {error}")
