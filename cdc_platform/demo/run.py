@@ -36,7 +36,7 @@ import yaml
 from cdc_platform.capture.landing.zone import LandingReader, changelog_parts
 from cdc_platform.capture.landing_contract import TS_MS
 from cdc_platform.config import CONFIG_ENV, Settings
-from cdc_platform.demo.sources import DEMO_SOURCES
+from cdc_platform.devservices.demo_sources import DEMO_SOURCES
 from cdc_platform.devservices.kafka import TansuBroker
 from cdc_platform.devservices.mariadb import MariaDBServer
 from cdc_platform.devservices.seaweedfs import SeaweedFS

@@ -1,5 +1,5 @@
 """``python -m cdc_platform.devservices up|down|status``: detached MariaDB servers, one per
-source of the embedded demo config (``demo.sources.DEMO_SOURCES``), and a Tansu broker
+source of the embedded demo config (``devservices.demo_sources.DEMO_SOURCES``), and a Tansu broker
 (``up --s3``: and a SeaweedFS S3 server, in ``<base-dir>/seaweedfs``).
 
 ``up`` starts (or reuses) the services in the background and prints shell ``export`` lines on
@@ -19,8 +19,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from cdc_platform.demo.sources import DEMO_SOURCES
 from cdc_platform.devservices._process import DevServiceError, ManagedService, terminate_pid
+from cdc_platform.devservices.demo_sources import DEMO_SOURCES
 from cdc_platform.devservices.kafka import TansuBroker
 from cdc_platform.devservices.mariadb import MariaDBServer
 from cdc_platform.devservices.seaweedfs import SeaweedFS

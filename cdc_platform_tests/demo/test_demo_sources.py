@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from cdc_platform.config import CONFIG_ENV, load_settings
-from cdc_platform.demo.sources import DEMO_SOURCES
+from cdc_platform.devservices.demo_sources import DEMO_SOURCES
 
 
 def test_each_demo_source_reads_its_own_servers_variables(

@@ -1,4 +1,4 @@
-"""The sources of the embedded demo config (``demo.yaml``) and the variables it reads for each.
+"""The sources of the embedded demo config (``demo/demo.yaml``) and the variables it reads for each.
 
 One definition for ``make demo`` / ``make ui`` (``demo.run``) and for
 ``python -m cdc_platform.devservices up``, which both start a private MariaDB server per source
