@@ -25,6 +25,11 @@ FORBIDDEN = {
     "capture": ("cdc_platform.lake", "cdc_platform.defs", "cdc_platform.definitions",
                 "dagster", "pyspark"),
     "lake": ("cdc_platform.defs", "cdc_platform.definitions", "dagster"),
+    # the ground floor: the settings schema, and the private services of the demo and tests
+    "config": ("cdc_platform.capture", "cdc_platform.lake", "cdc_platform.defs",
+               "cdc_platform.definitions", "cdc_platform.demo", "cdc_platform.devservices"),
+    "devservices": ("cdc_platform.capture", "cdc_platform.lake", "cdc_platform.defs",
+                    "cdc_platform.definitions", "cdc_platform.demo"),
 }
 # The contract's modules, and the project modules each may import at run time.
 CONTRACT = {
