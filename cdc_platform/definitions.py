@@ -32,7 +32,7 @@ from cdc_platform.defs.signals import definitions as signals_defs
 from cdc_platform.defs.snapshots import definitions as snapshots_defs
 from cdc_platform.defs.snapshots import sensors as snapshots_sensors
 from cdc_platform.defs.streaming import definitions as streaming_defs
-from cdc_platform.lake.spark import DEFAULT_CONF, merge_conf, prepare_python_workers, settings_conf
+from cdc_platform.lake.spark import deployment_conf, prepare_python_workers
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +66,8 @@ def _one_line(error: BaseException) -> str:
 def spark_config(config: Settings) -> dict[str, str]:
     """The Dagster steps' Spark session: the lake's defaults, the S3 jars and settings when the
     landing zone or the warehouse is on S3, then the config's own ``spark.conf``."""
-    return merge_conf(DEFAULT_CONF, {
-        "spark.master": config.spark.master,
-        "spark.app.name": config.spark.app_name,
-        "spark.sql.warehouse.dir": f"{tempfile.gettempdir()}/cdc-spark-warehouse",
-    }, settings_conf(config))
+    return deployment_conf(config, **{
+        "spark.sql.warehouse.dir": f"{tempfile.gettempdir()}/cdc-spark-warehouse"})
 
 
 class LakeSparkResource(LazyPySparkResource):

@@ -161,11 +161,10 @@ def s3a_conf(s3: Any = None) -> dict[str, str]:
 
 
 def s3_session_conf(s3: Any = None) -> dict[str, str]:
-    """The static settings of a session that reads or writes S3: the Iceberg runtime and the
-    S3 jars on ``spark.jars``, and ``s3a_conf``."""
-    from cdc_platform.lake.iceberg.catalog import iceberg_jar
-
-    return {"spark.jars": ",".join([iceberg_jar(), *s3_jars()]), **s3a_conf(s3)}
+    """The static settings of a session that reads or writes S3: the S3 jars on
+    ``spark.jars``, and ``s3a_conf``. (The Iceberg runtime is every lake session's:
+    ``lake.spark.DEFAULT_CONF``, which ``merge_conf`` joins these jars to.)"""
+    return {"spark.jars": ",".join(s3_jars()), **s3a_conf(s3)}
 
 
 def settings_use_s3(settings: Any) -> bool:

@@ -128,6 +128,17 @@ def settings_conf(settings: Any) -> dict[str, str]:
                       dict(settings.spark.conf))
 
 
+def deployment_conf(settings: Any, **settings_first: str) -> dict[str, str]:
+    """The whole configuration of a deployment's Spark session, for the sessions a library
+    starts from a conf (the Dagster steps' resource, dbt's): ``DEFAULT_CONF``, the config's
+    master and application name, ``settings_first`` (keys with dots, given as a mapping:
+    ``**{"spark.sql.warehouse.dir": ...}``), then ``settings_conf``, so the config's own
+    ``spark.conf`` has the last word."""
+    return merge_conf(DEFAULT_CONF, {"spark.master": settings.spark.master,
+                                     "spark.app.name": settings.spark.app_name},
+                      settings_first, settings_conf(settings))
+
+
 def cluster_conf(master: str) -> dict[str, str]:
     """With a cluster master, what executors need from the driver: this ``cdc_platform`` as a
     zip in ``spark.submit.pyFiles`` (PySpark sends it to every executor and puts it first on

@@ -41,7 +41,7 @@ from cdc_platform.defs.streaming import definitions as streaming_defs
 from cdc_platform.defs.streaming.runner import STOP_GRACE_SECONDS
 from cdc_platform.lake.iceberg import catalog_properties, iceberg_jar
 from cdc_platform.lake.s3 import JARS_ENV, S3_FILE_IO
-from cdc_platform.lake.spark import settings_conf
+from cdc_platform.lake.spark import deployment_conf
 
 ROOT = Path(__file__).resolve().parents[2]
 HELM = ROOT / "helm"
@@ -285,7 +285,7 @@ def test_the_s3_layouts_sessions_take_the_images_s3_jars(layout, env, tmp_path, 
     for name in names:
         (image_jars / name).touch()
     monkeypatch.setenv(JARS_ENV, str(image_jars))
-    conf = settings_conf(_settings_with_values_env(env))
+    conf = deployment_conf(_settings_with_values_env(env))
     on_session = {Path(jar).name for jar in conf["spark.jars"].split(",")}
     assert names <= on_session and Path(iceberg_jar()).name in on_session
     assert conf["spark.hadoop.fs.s3a.endpoint.region"] == env["AWS_REGION"]["value"]

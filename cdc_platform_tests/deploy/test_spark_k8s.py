@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from cdc_platform.config import is_cluster_master
-from cdc_platform.lake.spark import DEFAULT_CONF, merge_conf, settings_conf
+from cdc_platform.lake.spark import deployment_conf
 from cdc_platform_tests.deploy.test_helm_values import (
     HELM,
     POD_FIELDS,
@@ -60,11 +60,9 @@ def env(deployment: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def run_pod_conf(env: dict[str, dict[str, Any]]) -> dict[str, str]:
-    """The Spark settings a run pod's session starts with: ``build_spark_session``'s defaults,
-    then ``settings_conf`` of the config the pod loads, and its master."""
-    settings = _settings_with_values_env(env)
-    return {**merge_conf(DEFAULT_CONF, settings_conf(settings)),
-            "spark.master": settings.spark.master, "spark.app.name": settings.spark.app_name}
+    """The Spark settings a run pod's session starts with (``deployment_conf`` of the config
+    the pod loads, as the Dagster resource's and dbt's sessions take it)."""
+    return deployment_conf(_settings_with_values_env(env))
 
 
 def _rbac() -> list[dict[str, Any]]:

@@ -43,7 +43,7 @@ from cdc_platform.lake.s3 import (
     settings_s3_conf,
     warehouse_on_s3,
 )
-from cdc_platform.lake.spark import merge_conf, settings_conf
+from cdc_platform.lake.spark import deployment_conf, merge_conf
 
 REGION = "us-east-1"
 TABLE_BUCKET = "lake"
@@ -108,7 +108,8 @@ def test_session_conf_only_for_s3_deployments() -> None:
     def settings(landing: str, warehouse: str, **spark_conf: str) -> Any:
         return SimpleNamespace(landing_zone=SimpleNamespace(url=landing),
                                warehouse=SimpleNamespace(url=warehouse),
-                               spark=SimpleNamespace(master="local[2]", conf=spark_conf),
+                               spark=SimpleNamespace(master="local[2]", app_name="t",
+                                                     conf=spark_conf),
                                s3=SimpleNamespace(endpoint_url="http://seaweed:8333",
                                                   region="us-east-1", path_style=True))
 
@@ -117,7 +118,8 @@ def test_session_conf_only_for_s3_deployments() -> None:
     assert settings_s3_conf(polaris) == {}
     polaris.warehouse.catalog = SimpleNamespace(type="rest", properties={"io-impl": S3_FILE_IO})
     assert settings_s3_conf(polaris)["spark.jars"]
-    conf = settings_conf(settings("s3://landing/lz", "/tmp/wh", **{"spark.jars": "/x/jdbc.jar"}))
+    conf = deployment_conf(settings("s3://landing/lz", "/tmp/wh",
+                                    **{"spark.jars": "/x/jdbc.jar"}))
     jars = conf["spark.jars"].split(",")
     assert jars[-1] == "/x/jdbc.jar" and set(s3_jars()) <= set(jars)
     assert any(Path(jar).name.startswith("iceberg-spark-runtime") for jar in jars)

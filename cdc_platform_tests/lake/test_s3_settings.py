@@ -13,7 +13,7 @@ from cdc_platform.definitions import spark_config
 from cdc_platform.defs.dbt.project import spark_conf as dbt_spark_conf
 from cdc_platform.lake.iceberg.catalog import iceberg_jar
 from cdc_platform.lake.s3 import S3Endpoint, s3_jars, s3a_conf
-from cdc_platform.lake.spark import settings_conf
+from cdc_platform.lake.spark import deployment_conf, settings_conf
 
 ENDPOINT = "http://127.0.0.1:18333"
 
@@ -38,7 +38,7 @@ def _jars(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_session_on_s3_gets_the_jars_and_the_sections_endpoint():
     settings = _settings("s3://landing/cdc", "s3://lake/warehouse",
                          {"spark.jars": "/opt/jdbc.jar", "spark.executor.memory": "2g"})
-    for conf in (settings_conf(settings), spark_config(settings), dbt_spark_conf(settings)):
+    for conf in (deployment_conf(settings), spark_config(settings), dbt_spark_conf(settings)):
         jars = conf["spark.jars"].split(",")
         assert iceberg_jar() in jars and set(s3_jars()) <= set(jars)
         assert "/opt/jdbc.jar" in jars  # (a user's jar adds to them)

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.config import Settings, settings
 from cdc_platform.lake.iceberg import SPARK_CATALOG, catalog_properties, namespace_name
-from cdc_platform.lake.spark import DEFAULT_CONF, merge_conf, settings_conf
+from cdc_platform.lake.spark import deployment_conf
 
 if TYPE_CHECKING:  # (dagster_dbt costs some 1.8 s of imports: only where dbt is used)
     from dagster_dbt import DbtCliResource, DbtProject
@@ -185,14 +185,13 @@ def spark_conf(settings: Settings) -> dict[str, str]:
     catalog = settings.warehouse.catalog
     prefix = f"spark.sql.catalog.{catalog.name}"
     properties = catalog_properties(settings.warehouse.url, catalog, settings.s3)
-    return merge_conf(DEFAULT_CONF, {
-        "spark.master": settings.spark.master,
+    return deployment_conf(settings, **{
         "spark.app.name": f"{settings.spark.app_name}_dbt",
         "spark.sql.warehouse.dir": f"{tempfile.gettempdir()}/cdc-dbt-spark-warehouse",
         prefix: SPARK_CATALOG,
         **{f"{prefix}.{key}": value for key, value in properties.items()},
         "spark.sql.defaultCatalog": catalog.name,
-    }, settings_conf(settings))
+    })
 
 
 def run_vars(settings: Settings, database: str) -> dict[str, Any]:
