@@ -1,7 +1,7 @@
 """Column renames in the lake, from a landing zone written by hand (no engine): older segments
 are read under the new names, the Iceberg column is renamed (its data files keep their values),
 and a renamed key column stays the key. The engine side and the real server are in
-cdc_platform_tests/capture/test_column_renames.py."""
+cdc_platform_tests/capture/ddl/test_column_renames.py."""
 
 from __future__ import annotations
 

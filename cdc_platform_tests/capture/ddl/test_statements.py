@@ -13,7 +13,7 @@ from cdc_platform.capture.ddl.parse import TableDdl, parse_table_ddl
 from cdc_platform.capture.ddl.stale import stale_after_statement, stale_tables
 from cdc_platform.capture.ddl.statement_dml import StatementDml, parse_statement_dml
 from cdc_platform.capture.ddl.statements import DatabaseDrop, Unclassified, classify_statement
-from cdc_platform_tests.capture.test_stale import CASES, SCHEMAS
+from cdc_platform_tests.capture.ddl.test_stale import CASES, SCHEMAS
 
 # Every prefix the server accepts before a statement, as DBAs, online schema tools, dump and
 # migration tools write them ({} is the statement).

@@ -32,7 +32,7 @@ from cdc_platform.capture.binlog import rowcodec
 from cdc_platform.capture.binlog.stream import _keep_text_bytes, schema_from_table_map
 from cdc_platform.capture.schema import ColumnSpec, ColumnValueError, TableSchema
 from cdc_platform.capture.values import converter_for
-from cdc_platform_tests.capture.test_rowcodec import (
+from cdc_platform_tests.capture.binlog.test_rowcodec import (
     _ROW,
     _ROWS_EVENT_TYPES,
     _master_status,
