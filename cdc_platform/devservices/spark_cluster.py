@@ -46,6 +46,7 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -686,8 +687,13 @@ class SparkCluster:
         master's worker id: every worker the master lists (0 when none ran there), and
         ``"unknown"`` for executors of a worker the master no longer lists. The driver updates
         these counts asynchronously: a job's last tasks can appear a moment after it ends."""
+        return self._tasks_by_worker(self.executors(spark))
+
+    def _tasks_by_worker(self, executors: Iterable[ExecutorPlacement]) -> dict[str, int]:
+        """The tasks of ``executors`` summed by worker: every worker the master lists, and
+        ``"unknown"`` for a worker it no longer lists."""
         counts = {worker.id: 0 for worker in self.workers()}
-        for executor in self.executors(spark):
+        for executor in executors:
             key = executor.worker_id or _UNKNOWN_WORKER
             counts[key] = counts.get(key, 0) + executor.total_tasks
         return counts
@@ -718,13 +724,10 @@ class SparkCluster:
                     f"ended applications in {self.event_log_dir} after {timeout:.0f} s; its "
                     f"log: {self.history.log_file}")
             time.sleep(0.5)
-        counts = {worker.id: 0 for worker in self.workers()}
-        for app in apps:
+        return len(apps), self._tasks_by_worker(
+            executor for app in apps
             for executor in self._placements(self.history.api_url, str(app["id"]),
-                                             "the history server's status API"):
-                key = executor.worker_id or _UNKNOWN_WORKER
-                counts[key] = counts.get(key, 0) + executor.total_tasks
-        return len(apps), counts
+                                             "the history server's status API"))
 
     # ---- faults --------------------------------------------------------------------------
 

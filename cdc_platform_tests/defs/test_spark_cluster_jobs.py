@@ -55,6 +55,12 @@ def _finished_tasks(directory: Path) -> int:
     return stderr.read_text(errors="replace").count("Finished task") if stderr.exists() else 0
 
 
+def _finished_tasks_per_worker(cluster: SparkCluster) -> dict[str, int]:
+    """Tasks each worker's executors logged as finished, by worker folder."""
+    return {worker: sum(_finished_tasks(d) for d in dirs)
+            for worker, dirs in _executor_dirs(cluster).items()}
+
+
 def test_a_local_landing_zone_with_a_cluster_master_is_refused_in_one_line(
         cdc_env: CdcEnv) -> None:
     data = cdc_env.settings_dict()
@@ -99,10 +105,10 @@ def test_materialise_targets_merges_and_reconciles_on_the_clusters_executors(
         assert done.returncode == 0, output[-4000:]
         assert "RUN_SUCCESS" in output
         executors = _executor_dirs(cluster)
+        tasks = _finished_tasks_per_worker(cluster)
 
     # The work left the driver: both workers' executors finished tasks, and each executor got
     # the package the driver shipped (spark.submit.pyFiles), whatever it has installed.
-    tasks = {worker: sum(_finished_tasks(d) for d in dirs) for worker, dirs in executors.items()}
     assert len(tasks) == 2 and all(count > 0 for count in tasks.values()), tasks
     shipped = {worker: [p.name for d in dirs for p in d.glob("cdc_platform-*.zip")]
                for worker, dirs in executors.items()}
@@ -192,8 +198,7 @@ def test_a_million_rows_load_then_upkeep_and_the_applier_on_the_cluster(
         loaded = subprocess.run(MATERIALISE, env=run_env, capture_output=True, text=True,
                                 timeout=1200)
         assert loaded.returncode == 0, (loaded.stdout + loaded.stderr)[-4000:]
-        after_load = {worker: sum(_finished_tasks(d) for d in dirs)
-                      for worker, dirs in _executor_dirs(cluster).items()}
+        after_load = _finished_tasks_per_worker(cluster)
         with dg.DagsterInstance.from_config(str(home)) as instance:
             record = instance.get_latest_materialization_event(
                 dg.AssetKey([env.server_name, env.db, "events"]))
@@ -240,8 +245,7 @@ def test_a_million_rows_load_then_upkeep_and_the_applier_on_the_cluster(
                 applier.terminate()
                 code = applier.wait(120)
         assert code == 0, log.read_text()[-4000:]
-        total = {worker: sum(_finished_tasks(d) for d in dirs)
-                 for worker, dirs in _executor_dirs(cluster).items()}
+        total = _finished_tasks_per_worker(cluster)
     # the applier's session (its own application) ran tasks on the cluster too (that a
     # MERGE's stages spread over both workers: test_materialise_targets_merges_...)
     assert sum(total.values()) > sum(after_load.values()), (after_load, total)
