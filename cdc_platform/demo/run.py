@@ -22,6 +22,7 @@ Spark standalone cluster of two workers (``demo.cluster``).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 import shutil
 import signal
@@ -118,8 +119,7 @@ def _environment(servers: tuple[MariaDBServer, ...], broker: TansuBroker,
         if cluster is not None:
             from cdc_platform.demo.cluster import spark_section
 
-            def spark(section: dict[str, Any]) -> dict[str, Any]:
-                return spark_section(section, cluster)
+            spark = functools.partial(spark_section, cluster=cluster)
         env[CONFIG_ENV] = str(object_storage.write_config(DEMO_DIR / "config.yaml",
                                                           DEMO_CONFIG_PATH, s3, spark))
     return env
@@ -313,7 +313,8 @@ def _run_demo(supervisor: ProcessSupervisor, orders: int, workload_seconds: floa
     try:
         supervisor.start_service(broker)
         seaweedfs = _start_seaweedfs(supervisor) if s3 else None
-        cluster = _start_spark_cluster(supervisor, seaweedfs) if spark_cluster else None
+        cluster = (_start_spark_cluster(supervisor, seaweedfs)
+                   if spark_cluster and seaweedfs is not None else None)  # (it implies s3)
         env = _environment((server, billing), broker, seaweedfs, cluster)
         from cdc_platform.defs.signals.sensors import sensor_name
 
@@ -421,16 +422,14 @@ def _start_seaweedfs(supervisor: ProcessSupervisor) -> SeaweedFS:
     return server
 
 
-def _start_spark_cluster(supervisor: ProcessSupervisor, s3: SeaweedFS | None
-                         ) -> SparkCluster:
+def _start_spark_cluster(supervisor: ProcessSupervisor, s3: SeaweedFS) -> SparkCluster:
     """The Spark cluster of ``--spark-cluster``, stopped with the demo. Its workers (and so
     their executors) get the demo's environment, S3 credentials included, as a real cluster's
     nodes have theirs."""
     from cdc_platform.demo import object_storage
     from cdc_platform.demo.cluster import demo_cluster
 
-    cluster = demo_cluster(DEMO_DIR / "spark",
-                           object_storage.environment(s3) if s3 is not None else {})
+    cluster = demo_cluster(DEMO_DIR / "spark", object_storage.environment(s3))
     _say(f"starting a private Spark standalone cluster in {cluster.base_dir}: a master and "
          f"{cluster.worker_count} workers of {cluster.worker_cores} core each (pyspark's own "
          "launcher); every Spark session of the runs is a driver using its executors")
