@@ -194,7 +194,7 @@ def test_spark_builds_executor_pods_of_the_platform_image_and_account(executor_p
 def lone_master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A standalone master with no worker: the only executor a driver of it gets is the one
     a test starts itself."""
-    from cdc_platform.devservices.spark_cluster import SparkMaster
+    from cdc_platform.devservices.spark_daemons import SparkMaster
 
     with SparkMaster(tmp_path_factory.mktemp("lone-master")) as master:
         yield master
