@@ -54,11 +54,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from cdc_platform.devservices._process import DevServiceError, pid_alive, terminate_pid
 from cdc_platform.devservices.spark_daemons import (
+    SparkDaemon,
     SparkHistoryServer,
     SparkMaster,
     SparkWorker,
-    _get_json,
-    _SparkDaemon,
+    get_json,
 )
 
 if TYPE_CHECKING:
@@ -170,7 +170,7 @@ class SparkCluster:
         return self.base_dir / "events"
 
     @property
-    def services(self) -> list[_SparkDaemon]:
+    def services(self) -> list[SparkDaemon]:
         """Its daemons: the master, the workers and (once started) the history server."""
         return [self.master, *self.worker_daemons,
                 *([self.history] if self.history.pid is not None else [])]
@@ -356,7 +356,7 @@ class SparkCluster:
         driver's or the history server's) lists them, placed on the workers."""
         url = f"{api_url}/applications/{urllib.parse.quote(app_id)}/allexecutors"
         try:
-            summaries = _get_json(url, timeout=30)
+            summaries = get_json(url, timeout=30)
         except (OSError, ValueError) as exc:
             raise DevServiceError(f"{api} failed at {url}: {exc}") from exc
         worker_of_ui = {urllib.parse.urlsplit(w.webui_url).netloc: w.id for w in self.workers()}
@@ -470,7 +470,7 @@ class SparkCluster:
             f"no running worker of this cluster has id {worker!r}; workers(): "
             f"{[info.id for info in self.workers()]}")
 
-    def _start_daemon(self, daemon: _SparkDaemon, *, reuse: bool, detach: bool) -> None:
+    def _start_daemon(self, daemon: SparkDaemon, *, reuse: bool, detach: bool) -> None:
         if isinstance(daemon, SparkWorker):
             daemon.master_url = self.master.master_url
             daemon.master_webui_url = self.master.webui_url

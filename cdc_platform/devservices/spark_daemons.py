@@ -48,7 +48,7 @@ def spark_home() -> Path:
     return home
 
 
-def _get_json(url: str, timeout: float = 5.0) -> Any:
+def get_json(url: str, timeout: float = 5.0) -> Any:
     with urllib.request.urlopen(url, timeout=timeout) as answer:
         return json.load(answer)
 
@@ -70,7 +70,7 @@ def _executor_pids(work_dir: Path) -> list[int]:
 
 
 @dataclass(eq=False)
-class _SparkDaemon(ManagedService):
+class SparkDaemon(ManagedService):
     """What the master and a worker share: ``spark-class <main class>`` with RPC port ``port``
     and a web UI port picked beside it, its settings in ``spark-daemon.conf`` (whose path in the
     argv also identifies the process), its output in ``<role>.out``."""
@@ -184,7 +184,7 @@ class _SparkDaemon(ManagedService):
 
 
 @dataclass(eq=False)
-class SparkMaster(_SparkDaemon):
+class SparkMaster(SparkDaemon):
     """A standalone master on ``host:port``; ready when its ``/json/`` status is ALIVE."""
 
     display_name = "Spark standalone master"
@@ -204,7 +204,7 @@ class SparkMaster(_SparkDaemon):
         if self.webui_port is None:
             return None
         try:
-            answer = _get_json(f"http://{self.host}:{self.webui_port}/json/")
+            answer = get_json(f"http://{self.host}:{self.webui_port}/json/")
         except (OSError, ValueError):
             return None
         return answer if isinstance(answer, dict) else None
@@ -220,7 +220,7 @@ class SparkMaster(_SparkDaemon):
 
 
 @dataclass(eq=False)
-class SparkWorker(_SparkDaemon):
+class SparkWorker(SparkDaemon):
     """A standalone worker of ``cores`` cores and ``memory`` for executors, registered with the
     master at ``master_url``; ready when the master lists it ALIVE (it can get executors)."""
 
@@ -261,7 +261,7 @@ class SparkWorker(_SparkDaemon):
     def _is_ready(self) -> bool:
         """Registered: the master lists a worker at this host and RPC port as ALIVE."""
         try:
-            status = _get_json(f"{self.master_webui_url}/json/")
+            status = get_json(f"{self.master_webui_url}/json/")
         except (OSError, ValueError):
             return False
         return any(worker.get("host") == self.host and worker.get("port") == self.port
@@ -281,7 +281,7 @@ class SparkWorker(_SparkDaemon):
 
 
 @dataclass(eq=False)
-class SparkHistoryServer(_SparkDaemon):
+class SparkHistoryServer(SparkDaemon):
     """Spark's history server on the event logs in ``log_dir``: the status API of applications
     that have ended (``/api/v1/applications/<app>/allexecutors``: each executor's tasks and
     log URLs), read after the drivers (Dagster runs, each a process of its own) are gone.
@@ -303,7 +303,7 @@ class SparkHistoryServer(_SparkDaemon):
 
     def applications(self) -> list[dict[str, Any]]:
         """The applications it has read from the event logs (newest first)."""
-        answer = _get_json(f"{self.api_url}/applications", timeout=30)
+        answer = get_json(f"{self.api_url}/applications", timeout=30)
         return answer if isinstance(answer, list) else []
 
     def _settings(self) -> dict[str, str]:
