@@ -40,6 +40,15 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def default_of(section: type[BaseModel], name: str) -> Any:
+    """The default of setting ``name`` of ``section`` as this schema declares it.
+
+    The option types that code builds without a config file (the engine's, the applier's: in
+    tests, the bench, embedding) take their defaults from here, so each default is written once
+    and a changed default changes every caller."""
+    return section.model_fields[name].get_default(call_default_factory=True)
+
+
 class SourceSettings(_Section):
     """The MySQL 8 / MariaDB read replica to capture from."""
 

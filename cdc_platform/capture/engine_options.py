@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cdc_platform.capture.source import TableSelector, selector_from_settings
+from cdc_platform.config import CaptureSettings, ReconnectSettings, default_of
 
 if TYPE_CHECKING:
     from cdc_platform.capture.landing.segment_buffer import Landed
@@ -44,18 +45,21 @@ class EngineOptions:
     server_id: int
     connection_settings: dict[str, Any]
     selector: TableSelector = field(default_factory=TableSelector)
-    heartbeat_seconds: float = 5.0
-    flush_interval_seconds: float = 1.0
-    flush_max_rows: int = 50_000
-    flush_max_segments_per_second: int = 100
-    initial_backoff_seconds: float = 0.5
-    max_backoff_seconds: float = 30.0
-    max_reconnect_attempts: int = 0
-    initial_position: str = "earliest"
-    transaction_memory_bytes: int = 64 * 1024 * 1024
+    # Defaults: the settings schema's (config.py), so that options built without a config
+    # file behave as a config that leaves the keys out.
+    heartbeat_seconds: float = default_of(CaptureSettings, "heartbeat_interval_seconds")
+    flush_interval_seconds: float = default_of(CaptureSettings, "flush_interval_seconds")
+    flush_max_rows: int = default_of(CaptureSettings, "flush_max_rows")
+    flush_max_segments_per_second: int = default_of(CaptureSettings,
+                                                    "flush_max_segments_per_second")
+    initial_backoff_seconds: float = default_of(ReconnectSettings, "initial_backoff_seconds")
+    max_backoff_seconds: float = default_of(ReconnectSettings, "max_backoff_seconds")
+    max_reconnect_attempts: int = default_of(ReconnectSettings, "max_attempts")
+    initial_position: str = default_of(CaptureSettings, "initial_position")
+    transaction_memory_bytes: int = default_of(CaptureSettings, "transaction_memory_bytes")
     # capture.snapshot_mode: initial | when_needed | never (docs/snapshots.md, "Automatic
     # snapshots"): which tables get history markers, and whether a purged binlog is recovered.
-    snapshot_mode: str = "initial"
+    snapshot_mode: str = default_of(CaptureSettings, "snapshot_mode")
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EngineOptions:

@@ -10,6 +10,7 @@ from cdc_platform.capture.engine_options import (
     HEARTBEAT_MAX_SECONDS,
     EngineOptions,
 )
+from cdc_platform.config import parse_settings
 
 
 def _options(**overrides: float) -> EngineOptions:
@@ -48,3 +49,17 @@ def test_few_tables_flush_every_interval_and_a_thousand_at_most_every_ten_second
     assert options.flush_wait(0) == options.flush_wait(100) == 1.0
     assert options.flush_wait(400) == 4.0
     assert options.flush_wait(1000) == options.flush_wait(50_000) == 10.0
+
+
+def test_options_built_without_a_config_have_the_defaults_of_a_config_that_omits_the_keys(
+) -> None:
+    """The defaults are the settings schema's: options built in code (tests, the bench) run
+    the engine as a config file leaving those keys out does."""
+    settings = parse_settings({
+        "source": {"flavour": "mariadb", "host": "db", "user": "u", "server_id": 7,
+                   "server_name": "shop"},
+        "landing_zone": {"url": "/l"}, "warehouse": {"url": "/w"}})
+    from_config = EngineOptions.from_settings(settings)
+    in_code = EngineOptions(from_config.server_name, from_config.flavour, from_config.server_id,
+                            from_config.connection_settings, selector=from_config.selector)
+    assert in_code == from_config
