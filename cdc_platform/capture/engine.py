@@ -29,7 +29,8 @@ from collections.abc import Callable
 from typing import Any
 
 from cdc_platform.capture import names
-from cdc_platform.capture.binlog.stream import BinlogStream, learn_server_collations
+from cdc_platform.capture.binlog.columns import learn_server_collations
+from cdc_platform.capture.binlog.stream import BinlogStream
 from cdc_platform.capture.changes.row_images import (
     Record,
     block_memory,

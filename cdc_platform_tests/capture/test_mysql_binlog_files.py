@@ -20,7 +20,7 @@ import pytest
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.row_event import PartialUpdateRowsEvent, TableMapEvent
 
-from cdc_platform.capture.binlog import stream as stream_module
+from cdc_platform.capture.binlog import table_maps
 from cdc_platform.capture.binlog.decoding import (
     GTID_TAGGED_LOG_EVENT,
     TaggedGtid,
@@ -476,15 +476,15 @@ def test_a_table_map_decoded_again_from_the_cache_gives_the_same_events(monkeypa
     """The adapter keeps decoded table maps by their bytes (``TABLE_MAPS``): a file read again
     with every map cached gives the same schemas, rows and stops as read cold, and its maps
     come from the cache (the same ``Table`` objects and schemas, no new entries)."""
-    monkeypatch.setattr(stream_module, "TABLE_MAPS", stream_module.TableMapCache(16_384))
+    monkeypatch.setattr(table_maps, "TABLE_MAPS", table_maps.TableMapCache(16_384))
     cold = _decoded(monkeypatch, name)
-    cached = dict(stream_module.TABLE_MAPS.entries)
+    cached = dict(table_maps.TABLE_MAPS.entries)
     tables = {id(entry.parts["table_obj"]) for entry in cached.values()}
     schemas = {id(entry.schema) for entry in cached.values()}
     warm = _decoded(monkeypatch, name)
     assert warm == cold
-    assert stream_module.TABLE_MAPS.entries.keys() == cached.keys()
-    entries = stream_module.TABLE_MAPS.entries.values()
+    assert table_maps.TABLE_MAPS.entries.keys() == cached.keys()
+    entries = table_maps.TABLE_MAPS.entries.values()
     assert {id(e.parts["table_obj"]) for e in entries} == tables
     assert {id(e.schema) for e in entries} == schemas
     if any(isinstance(e, TableMap) for e in cold):
@@ -496,16 +496,16 @@ def test_a_table_map_decoded_again_from_the_cache_gives_the_same_events(monkeypa
 def test_the_table_map_cache_is_bounded_by_the_columns_it_holds(monkeypatch):
     """vector.binlog maps ``foo`` (2 columns) and ``bar`` (4): room for 5 columns holds one
     map at a time (a map weighs its columns and one), and a map larger than the room none."""
-    monkeypatch.setattr(stream_module, "TABLE_MAPS", stream_module.TableMapCache(5))
+    monkeypatch.setattr(table_maps, "TABLE_MAPS", table_maps.TableMapCache(5))
     events = _decoded(monkeypatch, "vector.binlog")
     assert len({e.schema.table for e in events if isinstance(e, TableMap)}) == 2
-    cache = stream_module.TABLE_MAPS
+    cache = table_maps.TABLE_MAPS
     assert len(cache.entries) == 1 and cache.columns <= 5
     assert cache.columns == sum(e.weight for e in cache.entries.values())
-    monkeypatch.setattr(stream_module, "TABLE_MAPS", stream_module.TableMapCache(2))
+    monkeypatch.setattr(table_maps, "TABLE_MAPS", table_maps.TableMapCache(2))
     again = _decoded(monkeypatch, "vector.binlog")
     assert again == events  # (decoded each time, the same)
-    assert stream_module.TABLE_MAPS.entries == {} and stream_module.TABLE_MAPS.columns == 0
+    assert table_maps.TABLE_MAPS.entries == {} and table_maps.TABLE_MAPS.columns == 0
 
 
 def test_the_same_table_map_under_a_new_table_id_maps_its_rows(monkeypatch):
@@ -520,7 +520,7 @@ def test_the_same_table_map_under_a_new_table_id_maps_its_rows(monkeypatch):
                 (19, table_map_body(table_id, "shop", "things", _SHOP_COLUMNS)),
                 (30, write_rows_body(table_id, 4, _shop_rows(gno * 10))), (16, xid_body(gno))):
             binlog.events.append(binlog.event(event_type, body, 1_700_000_000))
-    monkeypatch.setattr(stream_module, "TABLE_MAPS", stream_module.TableMapCache(16_384))
+    monkeypatch.setattr(table_maps, "TABLE_MAPS", table_maps.TableMapCache(16_384))
     stream, _ = _stream(monkeypatch, binlog)
     try:
         events = _events(stream)
@@ -530,4 +530,4 @@ def test_the_same_table_map_under_a_new_table_id_maps_its_rows(monkeypatch):
     rows = [e for e in events if isinstance(e, Rows)]
     assert [(e.table_id, len(e.rows if not e.columnar else e.rows.images[0][0]))
             for e in rows] == [(200, 2), (201, 2), (200, 2)]
-    assert len(stream_module.TABLE_MAPS.entries) == 2
+    assert len(table_maps.TABLE_MAPS.entries) == 2

@@ -339,12 +339,12 @@ def test_a_collation_mysql_replication_does_not_list_is_learnt_from_the_server(
     the library forgets latin1_german2_ci, and its column still lands exact latin1 text."""
     from pymysqlreplication.constants import CHARSET
 
-    from cdc_platform.capture.binlog import stream as binlog
+    from cdc_platform.capture.binlog import columns
 
     known = CHARSET.charsets._by_id["mariadb"]  # noqa: SLF001 - the library's only table
     forgotten = next(i for i, c in known.items() if c.collation == "latin1_german2_ci")
     monkeypatch.delitem(known, forgotten)
-    monkeypatch.delitem(binlog._COLLATION_CHARSETS, "latin1_german2_ci")
+    monkeypatch.delitem(columns._COLLATION_CHARSETS, "latin1_german2_ci")
     cdc_env.execute("CREATE TABLE g (id INT PRIMARY KEY, v VARCHAR(20) CHARACTER SET latin1 "
                     "COLLATE latin1_german2_ci)",
                     "INSERT INTO g VALUES (1, UNHEX('E4F6FC81'))")

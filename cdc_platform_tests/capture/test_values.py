@@ -227,13 +227,13 @@ def test_the_binlog_adapter_installs_its_decoders_into_mysql_replication():
     from pymysqlreplication import json_binary
     from pymysqlreplication.row_event import RowsEvent, TableMapEvent
 
-    from cdc_platform.capture.binlog import stream as binlog
+    from cdc_platform.capture.binlog import patches
 
     assert RowsEvent.charset_to_encoding("cp1252") == "cdc-platform-keeps-bytes"
     assert RowsEvent.charset_to_encoding("utf8") == "utf8"
-    assert TableMapEvent._read_type_values is binlog._type_values_as_bytes
-    assert json_binary.parse_opaque is binlog._json_opaque
-    assert binlog._json_opaque(bytes([12, 8]) + _PACKED_DATETIME.to_bytes(8, "little")) == \
+    assert TableMapEvent._read_type_values is patches._type_values_as_bytes
+    assert json_binary.parse_opaque is patches._json_opaque
+    assert patches._json_opaque(bytes([12, 8]) + _PACKED_DATETIME.to_bytes(8, "little")) == \
         "2024-02-29 13:05:09.000123"
 
 
@@ -242,7 +242,7 @@ def test_column_specs_from_table_maps_record_charsets_and_member_names():
 
     from pymysqlreplication.constants import FIELD_TYPE as BINLOG_TYPE
 
-    from cdc_platform.capture.binlog.stream import column_from_binlog
+    from cdc_platform.capture.binlog.columns import column_from_binlog
 
     def column(ftype, **attrs):
         return SimpleNamespace(type=ftype, name="c", **attrs)

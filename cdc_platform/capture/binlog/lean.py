@@ -11,7 +11,7 @@ with ``struct`` from the packet itself and returns the project events the adapte
 * MariaDB GTID events without XA flags; MySQL GTID events (the untagged form);
 * XID events; QUERY events whose status variables the library walks to the end of their
   block (the statement and database it would read, the same text);
-* table maps already decoded once (``stream.TABLE_MAPS``, keyed by the same bytes), whose
+* table maps already decoded once (``table_maps.TABLE_MAPS``, keyed by the same bytes), whose
   schema was built (``CachedTableMap.schema``) or whose table is not captured;
 * WRITE/UPDATE/DELETE rows events (v1 and v2, no extra row data) below the columnar size,
   of a known table map, with full row images the native decoder reads (``RowsDecoders``).
@@ -80,7 +80,7 @@ class LeanDecoder:
 
     ``wanted`` and ``decoders`` are the adapter's; ``table_schemas`` its map of table id ->
     the schema of the table map last seen, which table maps decoded here update as the
-    adapter does; ``table_maps`` the cache of decoded table maps (``stream.TABLE_MAPS``);
+    adapter does; ``table_maps`` the cache of decoded table maps (``table_maps.TABLE_MAPS``);
     rows events from ``columnar_min_bytes`` on are the library's (the adapter decodes them
     column-wise). ``sync`` takes the reader's state after each event the library decoded
     (a FORMAT_DESCRIPTION changes the post-header lengths, a ROTATE the table-id map)."""

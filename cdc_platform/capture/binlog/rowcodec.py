@@ -5,7 +5,7 @@ most of the engine's time. mysql-replication still reads the protocol (packets, 
 the rows event's header and columns-present bitmaps); for a table map whose every column is
 of a kind the extension decodes, the rest of the event (the row images) is read here and
 decoded by the extension into tuples in table-map column order, equal in type and value to
-what the library returns for the column as ``capture/binlog/stream.py`` patches it.
+what the library returns for the column as ``capture/binlog/patches.py`` patches it.
 
 Anything else is left to the library, event by event: a column kind not decoded natively
 (JSON, GEOMETRY, the old DATETIME/TIMESTAMP/TIME formats, an unknown type), a text column

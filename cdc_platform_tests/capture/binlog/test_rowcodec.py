@@ -26,8 +26,8 @@ from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import TableMapEvent, UpdateRowsEvent
 
 from cdc_platform.capture.binlog import decoding as binlog_decoding
+from cdc_platform.capture.binlog import patches as _patches  # noqa: F401 - installs them
 from cdc_platform.capture.binlog import rowcodec
-from cdc_platform.capture.binlog import stream as _binlog  # noqa: F401 - installs the library patches
 from cdc_platform_tests.capture.test_type_matrix import LAX_MODE, _cells
 
 pytestmark = pytest.mark.skipif(not rowcodec.available(), reason="native decoder not built")

@@ -29,7 +29,8 @@ from pymysqlreplication.constants import FIELD_TYPE
 from pymysqlreplication.row_event import TableMapEvent, UpdateRowsEvent
 
 from cdc_platform.capture.binlog import rowcodec
-from cdc_platform.capture.binlog.stream import _keep_text_bytes, schema_from_table_map
+from cdc_platform.capture.binlog.columns import schema_from_table_map
+from cdc_platform.capture.binlog.patches import _keep_text_bytes
 from cdc_platform.capture.schema import ColumnSpec, ColumnValueError, TableSchema
 from cdc_platform.capture.values import converter_for
 from cdc_platform_tests.capture.binlog.test_rowcodec import (

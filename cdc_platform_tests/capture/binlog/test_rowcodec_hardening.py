@@ -36,9 +36,9 @@ from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import PartialUpdateRowsEvent, TableMapEvent
 
 from cdc_platform.capture.binlog import decoding as binlog_decoding
+from cdc_platform.capture.binlog import patches as _patches  # noqa: F401 - installs them
 from cdc_platform.capture.binlog import rowcodec
-from cdc_platform.capture.binlog import stream as _binlog  # noqa: F401 - installs the library patches
-from cdc_platform.capture.binlog.stream import schema_from_table_map
+from cdc_platform.capture.binlog.columns import schema_from_table_map
 from cdc_platform.capture.events import UnsupportedEvent
 from cdc_platform_tests.capture.mysql_binlog_files import read_binlog
 from cdc_platform_tests.capture.test_mysql_binlog_files import _library_events
