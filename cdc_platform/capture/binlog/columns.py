@@ -83,7 +83,7 @@ def column_from_binlog(column: Any) -> ColumnSpec:
     """ColumnSpec from a mysql-replication table-map column (needs binlog_row_metadata=FULL).
 
     Text columns record their charset when it is not UTF-8: their values arrive as bytes
-    (:func:`_keep_text_bytes`) for ``capture.values`` to decode as the server converts them.
+    (``patches._keep_text_bytes``) for ``capture.values`` to decode as the server converts them.
     """
     ftype = column.type
     name = column.name

@@ -1,7 +1,18 @@
 """The changes cdc_platform makes to mysql-replication's classes, installed once, on import, for
-every stream of this process (the library has no hooks for them). Each function's docstring
-says why it exists; ``test_patches`` fails when an upgrade of the library moves what they
-replace. Event types the library does not know are taught to it in ``decoding.py``.
+every stream of this process (the library has no hooks for them; ``stream.py`` imports this
+module). Each replacement's docstring says why it exists:
+
+* text stays bytes for ``capture.values`` (``_keep_text_bytes``), ENUM/SET member names too
+  (``_type_values_as_bytes``); JSON opaque scalars as MySQL prints them (``_json_opaque``);
+  an invalid date lands NULL (``_invalid_date_as_none``);
+* a DECIMAL reader's unread byte goes back where it came from (``_unread_first``);
+* ``Table`` built without a dict per column (``_table_init``);
+* table maps read by their declared lengths, and cached (``table_maps.table_map_init``),
+  with VECTOR's charset (``table_maps.is_character_column``);
+* a tagged GTID set to resume from (``_DumpGtidSet``).
+
+``test_patches`` fails when an upgrade of the library moves what they replace. Event types
+the library does not know are taught to it in ``decoding.py``.
 """
 
 from __future__ import annotations
@@ -15,7 +26,7 @@ from pymysqlreplication.row_event import RowsEvent, TableMapEvent
 from pymysqlreplication.table import Table
 from pymysqlreplication.util.bytes import decode_decimal
 
-from cdc_platform.capture.binlog.table_maps import _is_character_column, _table_map_init
+from cdc_platform.capture.binlog.table_maps import is_character_column, table_map_init
 from cdc_platform.capture.charsets import UTF8_CHARSETS
 from cdc_platform.capture.gtid import MysqlGtidSet, encode_mysql_gtid_set
 from cdc_platform.capture.values import json_opaque_text
@@ -111,9 +122,6 @@ class _DumpGtidSet:
         return self._encoded
 
 
-binlogstream.GtidSet = _DumpGtidSet
-
-
 # Installed once, for every stream of this process (the library has no hooks for these).
 Table.__init__ = _table_init
 BinLogPacketWrapper.unread = _unread_first
@@ -121,6 +129,7 @@ RowsEvent._RowsEvent__read_date = _invalid_date_as_none(RowsEvent._RowsEvent__re
 RowsEvent._RowsEvent__read_datetime = _invalid_date_as_none(RowsEvent._RowsEvent__read_datetime)
 RowsEvent.charset_to_encoding = staticmethod(_keep_text_bytes)
 TableMapEvent._read_type_values = _type_values_as_bytes  # noqa: SLF001
-TableMapEvent.__init__ = _table_map_init
-TableMapEvent._is_character_column = staticmethod(_is_character_column)  # noqa: SLF001
+TableMapEvent.__init__ = table_map_init
+TableMapEvent._is_character_column = staticmethod(is_character_column)  # noqa: SLF001
 json_binary.parse_opaque = _json_opaque
+binlogstream.GtidSet = _DumpGtidSet

@@ -2,7 +2,7 @@
 
 Table maps are decoded for every table of the server, captured or not (the library parses
 each before the adapter can tell), so a table map the library cannot parse must not stop
-the capture of other tables: ``_table_map_init`` reads the column metadata and the optional
+the capture of other tables: ``table_map_init`` reads the column metadata and the optional
 metadata by their declared lengths, so a column type or optional-metadata field that is new
 to the library (MySQL 9's VECTOR and its dimensionality field, say) is skipped by its size,
 and anything it cannot decode is kept in ``undecodable`` for the adapter to stop on when,
@@ -148,7 +148,7 @@ def _vector_columns(event: TableMapEvent) -> None:
 _library_is_character_column = TableMapEvent._is_character_column
 
 
-def _is_character_column(column_type: int, dbms: str = "mysql") -> bool:
+def is_character_column(column_type: int, dbms: str = "mysql") -> bool:
     """The library's test, and VECTOR: MySQL lists a charset (binary) for each VECTOR column
     in the table map's charset metadata, so without it every text column after a VECTOR
     column took its neighbour's charset (a TEXT column decoded as binary, silently)."""
@@ -209,7 +209,7 @@ _DECODED_PARTS = ("table_id", "flags", "schema_length", "schema", "table_length"
                   "undecodable", "unknown_metadata")
 
 
-def _table_map_init(self: TableMapEvent, from_packet: Any, event_size: int, table_map: Any,
+def table_map_init(self: TableMapEvent, from_packet: Any, event_size: int, table_map: Any,
                     ctl_connection: Any, **kwargs: Any) -> None:
     """TableMapEvent.__init__ that reads every part of the event by its declared length, and
     takes a map already decoded from ``TABLE_MAPS`` (``cached``: its entry there).
@@ -252,7 +252,7 @@ def _table_map_init(self: TableMapEvent, from_packet: Any, event_size: int, tabl
 
 
 def _decode_table_map(self: TableMapEvent, table_map: Any, private: dict[str, Any]) -> None:
-    """The table map's parts from ``self.packet`` (see ``_table_map_init``)."""
+    """The table map's parts from ``self.packet`` (see ``table_map_init``)."""
     self.undecodable = ""
     self.unknown_metadata = {}
     self.table_id = self._read_table_id()
