@@ -84,6 +84,7 @@ from cdc_platform.capture.source import SourceDisconnected, is_retriable
 
 log = logging.getLogger(__name__)
 
+
 def _library_rows(event: RowsEvent, update: bool, gtid: str) -> list[Any]:
     """The rows of an event the native decoder left to mysql-replication (its dicts by column
     name) in the native decoder's shape: tuples in the table map's column order, an update's
