@@ -42,7 +42,7 @@ _INFORMATION_SCHEMA_KINDS = {
     # from BINARY(n): they land as their n bytes (SELECTs read them with CAST ... AS BINARY(n)).
     "inet4": "binary", "inet6": "binary", "uuid": "binary",
     # MySQL 9's VECTOR: its float32 values as bytes, as the binlog carries it
-    # (capture.binlog.stream.column_from_binlog), so chunks and the stream agree on its kind.
+    # (capture.binlog.columns.column_from_binlog), so chunks and the stream agree on its kind.
     "vector": "binary",
 }
 _FIXED_BINARY_LENGTHS = {"inet4": 4, "inet6": 16, "uuid": 16}
