@@ -221,51 +221,6 @@ def test_a_partial_json_update_is_a_loud_column_error():
         convert(JsonDiff(JsonDiffOperation.Replace, b"$.a", b"1"))
 
 
-def test_the_binlog_adapter_installs_its_decoders_into_mysql_replication():
-    """The adapter's fixes live in mysql-replication's internals: an upgrade that renames them
-    must fail here, not silently decode text and JSON the old way."""
-    from pymysqlreplication import json_binary
-    from pymysqlreplication.row_event import RowsEvent, TableMapEvent
-
-    from cdc_platform.capture.binlog import patches
-
-    assert RowsEvent.charset_to_encoding("cp1252") == "cdc-platform-keeps-bytes"
-    assert RowsEvent.charset_to_encoding("utf8") == "utf8"
-    assert TableMapEvent._read_type_values is patches._type_values_as_bytes
-    assert json_binary.parse_opaque is patches._json_opaque
-    assert patches._json_opaque(bytes([12, 8]) + _PACKED_DATETIME.to_bytes(8, "little")) == \
-        "2024-02-29 13:05:09.000123"
-
-
-def test_column_specs_from_table_maps_record_charsets_and_member_names():
-    from types import SimpleNamespace
-
-    from pymysqlreplication.constants import FIELD_TYPE as BINLOG_TYPE
-
-    from cdc_platform.capture.binlog.columns import column_from_binlog
-
-    def column(ftype, **attrs):
-        return SimpleNamespace(type=ftype, name="c", **attrs)
-
-    latin1 = column(BINLOG_TYPE.VARCHAR, character_set_name="cp1252",
-                    collation_name="latin1_swedish_ci")
-    assert column_from_binlog(latin1) == ColumnSpec("c", "string", charset="latin1")
-    utf8 = column(BINLOG_TYPE.VARCHAR, character_set_name="utf8",
-                  collation_name="utf8mb4_unicode_ci")
-    assert column_from_binlog(utf8) == ColumnSpec("c", "string")
-    enum = column(BINLOG_TYPE.ENUM, character_set_name="cp1252",
-                  collation_name="latin1_swedish_ci", enum_values=["", b"\xe9", b"b"])
-    assert column_from_binlog(enum) == ColumnSpec("c", "enum", values=("é", "b"),
-                                                  charset="latin1")
-    emoji = column(BINLOG_TYPE.SET, character_set_name="utf8",
-                   collation_name="utf8mb4_bin", set_values=["😀".encode(), b"b"])
-    assert column_from_binlog(emoji).values == ("?", "b")  # as information_schema shows it
-    assert column_from_binlog(column(BINLOG_TYPE.YEAR)) == ColumnSpec("c", "year")
-    unknown = column(BINLOG_TYPE.VARCHAR, character_set_name="utf8", collation_name=None)
-    with pytest.raises(ValueError, match="collation id is not known"):
-        column_from_binlog(unknown)
-
-
 @pytest.mark.parametrize("from_binlog", [True, False])
 def test_a_decimal_of_more_digits_than_decimal128_holds_is_refused_not_wrapped(from_binlog):
     """pyarrow turns a 39-digit Decimal into a wrong value (modulo 2**128) instead of refusing

@@ -1,6 +1,6 @@
 """Binlog events the library does not decode: compressed bodies, MySQL transaction payloads
-(built here from real event bytes: MySQL cannot run on this machine), and the loud stop on
-every event type the adapter does not know."""
+(built here from real event bytes: MySQL cannot run on this machine), MariaDB XA GTIDs, tagged
+GTIDs (``binlog/decoding.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from types import SimpleNamespace
 import pymysql.protocol
 import pytest
 import zstandard
-from pymysqlreplication.event import NotImplementedEvent
 from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import TableMapEvent, WriteRowsEvent
 
@@ -23,19 +22,14 @@ from cdc_platform.capture.binlog.decoding import (
     inflate,
     payload_events,
 )
-from cdc_platform.capture.binlog.rowcodec import RowsDecoders
-from cdc_platform.capture.binlog.stream import BinlogStream, TableMapError, _library_rows
 from cdc_platform.capture.events import (
-    EngineError,
-    Heartbeat,
     Rows,
     TableMap,
     UnsupportedEvent,
     Xid,
 )
 from cdc_platform.capture.flavours import flavour_of
-from cdc_platform.capture.schema import column_from_information_schema
-from cdc_platform_tests.capture.mysql_binlog_files import BuiltColumn, lenenc, table_map_body
+from cdc_platform_tests.capture.binlog.test_stream import _stream
 
 
 def test_inflate_reads_mariadb_compressed_bodies_and_refuses_damaged_ones():
@@ -47,45 +41,6 @@ def test_inflate_reads_mariadb_compressed_bodies_and_refuses_damaged_ones():
         inflate(bytes(damaged), "test")
     with pytest.raises(UnsupportedEvent, match="not a MariaDB compressed body"):
         inflate(b"\x01abc", "test")
-
-
-def _stream() -> BinlogStream:
-    stream = BinlogStream.__new__(BinlogStream)
-    stream._flavour = flavour_of("mysql")
-    stream._wanted = lambda database, table: True
-    stream._gtid = "3e11fa47-71ca-11e1-9e33-c80aa9429562:23"
-    stream._decoders = RowsDecoders()
-    stream._table_schemas = {}
-    return stream
-
-
-def _not_implemented(event_type: int) -> NotImplementedEvent:
-    event = NotImplementedEvent.__new__(NotImplementedEvent)
-    event.event_type = event_type
-    return event
-
-
-@pytest.mark.parametrize("event_type, name", [
-    (0x1A, "INCIDENT_EVENT"), (0x22, "ANONYMOUS_GTID_LOG_EVENT"), (0xAC, "UNKNOWN_EVENT"),
-    (0x0B, "DELETE_FILE_EVENT"),
-])
-def test_an_event_the_adapter_does_not_know_is_a_loud_stop(event_type, name):
-    with pytest.raises(UnsupportedEvent) as raised:
-        list(_stream()._convert(_not_implemented(event_type)))
-    message = str(raised.value)
-    assert name in message and "c80aa9429562:23" in message and "Fix:" in message
-
-
-@pytest.mark.parametrize("event_type", sorted(binlog_decoding.IGNORABLE_EVENT_TYPES))
-def test_known_ignorable_events_are_dropped(event_type):
-    assert list(_stream()._convert(_not_implemented(event_type))) == []
-
-
-def test_mysql_heartbeat_v2_is_a_heartbeat():
-    assert list(_stream()._convert(_not_implemented(0x29))) == [Heartbeat()]
-
-
-# -- MySQL TRANSACTION_PAYLOAD_EVENT ----------------------------------------------------------
 
 
 def _packed(value: int) -> bytes:
@@ -164,41 +119,6 @@ def test_a_transaction_payload_yields_its_rows(mariadb, compression):
     assert isinstance(converted[2], Xid)
 
 
-def _library_event(rows: list[dict], present: int = 0b111) -> SimpleNamespace:
-    """A rows event as mysql-replication decodes it: dicts by the table map's column names
-    (``present``: the columns-present bitmap of its row images)."""
-    columns = [SimpleNamespace(name=name) for name in ("id", "note", "n")]
-    return SimpleNamespace(schema="shop", table="t", columns=columns, rows=rows,
-                           columns_present_bitmap=bytes([0b111]),
-                           columns_present_bitmap2=bytes([present]))
-
-
-def test_rows_the_library_decodes_are_tuples_in_table_map_order():
-    """The native decoder's row shape, whoever decoded the rows: the engine has one."""
-    inserted = _library_event([{"values": {"n": 3, "id": 1, "note": "a"}}])
-    assert _library_rows(inserted, False, "0-1-5") == [(1, "a", 3)]
-    updated = _library_event([{"before_values": {"id": 1, "note": "a", "n": 3},
-                               "after_values": {"id": 2, "note": None, "n": 3}}])
-    assert _library_rows(updated, True, "0-1-5") == [((1, "a", 3), (2, None, 3))]
-
-
-def test_a_library_row_without_a_table_map_column_is_a_loud_stop():
-    partial = _library_event([{"values": {"id": 1, "n": 3}}])
-    with pytest.raises(EngineError, match=r"table shop\.t: binlog row lacks column 'note' at "
-                                          r"GTID 0-1-5; is binlog_row_image FULL\?"):
-        _library_rows(partial, False, "0-1-5")
-
-
-def test_a_partial_row_image_the_library_decodes_is_a_loud_stop():
-    """binlog_row_image=MINIMAL set in a session: the library gives absent columns as None."""
-    minimal = _library_event([{"before_values": {"id": 1, "note": "a", "n": 3},
-                               "after_values": {"id": 1, "note": None, "n": 4}}],
-                             present=0b101)
-    with pytest.raises(EngineError, match=r"table shop\.t: binlog row lacks column 'note' at "
-                                          r"GTID 0-1-5; is binlog_row_image FULL\?"):
-        _library_rows(minimal, True, "0-1-5")
-
-
 def test_payload_events_come_one_at_a_time_from_a_stream():
     raw = b"".join(_fake_event(n) for n in range(5))
     body = _payload_body(raw, zstandard.ZstdCompressor().compress(raw))
@@ -274,143 +194,6 @@ def test_registration_adds_event_types_and_replaces_none_the_library_maps():
     assert event_map[TRANSACTION_PAYLOAD_EVENT] is TransactionPayloadEvent
     assert event_map[binlog_decoding.QUERY_COMPRESSED_EVENT] is (
         binlog_decoding.CompressedQueryEvent)
-
-
-def test_an_undecodable_table_map_column_is_a_loud_stop_naming_the_gtid(monkeypatch):
-    """A charset or ENUM member the adapter cannot decode (ValueError) stops like an
-    unsupported type (NotImplementedError): with the table, the GTID and the fix."""
-    from cdc_platform.capture.binlog import stream as binlog
-    from cdc_platform.capture.binlog.stream import TableMapError
-
-    def undecodable(event):
-        try:
-            raise ValueError("column c: unknown collation 999")
-        except ValueError as error:
-            raise ValueError(f"table {event.schema}.{event.table}: {error}") from error
-
-    monkeypatch.setattr(binlog, "schema_from_table_map", undecodable)
-    event = SimpleNamespace(schema="db", table="t")
-    with pytest.raises(TableMapError, match=r"table db\.t at GTID .*c80aa9429562:23: column c: "
-                                            r"unknown collation 999; exclude the column"):
-        _stream()._table_schema(event)
-
-
-def test_a_statement_whose_default_database_is_not_utf8_is_a_loud_stop():
-    """The default database decides which tables a DDL or statement names: a name that does
-    not decode is never guessed at (no replacement characters)."""
-    from pymysqlreplication.event import QueryEvent
-
-    from cdc_platform.capture.events import Query
-
-    event = QueryEvent.__new__(QueryEvent)
-    event.schema, event.query, event.timestamp = b"shop", "TRUNCATE t", 7
-    assert list(_stream()._convert(event)) == [Query("TRUNCATE t", "shop", 7)]
-    event.schema = b"sh\xffop"
-    with pytest.raises(UnsupportedEvent, match=r"GTID .*c80aa9429562:23: its default database"):
-        list(_stream()._convert(event))
-
-
-# -- table maps the library does not know all of (MySQL 9 and later) ---------------------------
-
-
-def _mysql_table_map(body: bytes) -> TableMapEvent:
-    """A TABLE_MAP_EVENT parsed as the stream parses it (no checksum; a MySQL 8.0 source)."""
-    raw = struct.pack("<IBIIIH", 1700000000, 0x13, 1, 19 + len(body), 0, 0) + body
-    ctl = SimpleNamespace(_get_dbms=lambda: "mysql", charset="utf8mb4")
-    wrapper = BinLogPacketWrapper(
-        pymysql.protocol.MysqlPacket(b"\x00" + raw, "utf8"), {}, ctl, (8, 0, 40), False,
-        binlog_decoding.ALLOWED_EVENTS, None, None, None, None, False, False, False, True,
-        False, False, None)
-    return wrapper.event
-
-
-def _field(field_type: int, value: bytes) -> bytes:
-    return bytes([field_type]) + lenenc(len(value)) + value
-
-
-_ID = BuiltColumn("id", 3)
-_NAME = BuiltColumn("name", 15, (40).to_bytes(2, "little"), collation=255)
-
-
-def test_an_optional_metadata_field_the_library_does_not_know_is_skipped_by_its_length():
-    """(mysql-replication raised ValueError: 99 is not a valid MetadataFieldType, and read
-    every later field from the wrong place)"""
-    event = _mysql_table_map(table_map_body(
-        5, "shop", "t", [_ID, _NAME], extra_optional=_field(99, b"\x01\x02\x03")))
-    assert event.unknown_metadata == {99: b"\x01\x02\x03"} and not event.undecodable
-    [table_map] = _stream()._convert(event)
-    assert [(c.name, c.kind) for c in table_map.schema.columns] == [("id", "int"),
-                                                                     ("name", "string")]
-    assert table_map.schema.primary_key == ("id",)
-
-
-def test_a_column_type_the_library_does_not_know_stops_only_a_captured_table():
-    """One column of an unknown type: its metadata is what the block has left over, so the
-    columns after it and the optional metadata still decode; its values cannot."""
-    event = _mysql_table_map(table_map_body(
-        5, "shop", "t", [_ID, BuiltColumn("v", 243, b"\x07\x07"), _NAME]))
-    assert [c.name for c in event.columns] == ["id", "v", "name"]
-    assert event.columns[2].max_length == 40 and event.columns[2].collation_name
-    stream = _stream()
-    stream._wanted = lambda database, table: False
-    assert list(stream._convert(event)) == []
-    with pytest.raises(TableMapError) as raised:
-        list(_stream()._convert(event))
-    message = str(raised.value)
-    assert message.startswith("table shop.t at GTID 3e11fa47-71ca-11e1-9e33-c80aa9429562:23: "
-                              "column 'v' has binlog column type 243")
-    assert "exclude the table (capture.tables)" in message
-
-
-@pytest.mark.parametrize("case", ["two unknown types", "metadata cut short",
-                                  "optional metadata cut short"])
-def test_a_table_map_that_does_not_decode_stops_only_a_captured_table(case):
-    columns = [_ID, BuiltColumn("v", 243, b"\x07"), BuiltColumn("w", 244, b"\x07"), _NAME]
-    body = table_map_body(5, "shop", "t", columns if case == "two unknown types"
-                          else [_ID, _NAME])
-    if case == "metadata cut short":  # (VARCHAR's 2 bytes of metadata declared as 1)
-        body = body.replace(b"\x02\x28\x00", b"\x01\x28", 1)
-    elif case == "optional metadata cut short":
-        body = body[:-2]
-    event = _mysql_table_map(body)
-    assert event.undecodable and event.table == "t"
-    stream = _stream()
-    stream._wanted = lambda database, table: False
-    assert list(stream._convert(event)) == []
-    with pytest.raises(TableMapError, match=r"^table shop\.t at GTID .*:23: (its column "
-                                            r"metadata|its table map does not decode).*"
-                                            r"exclude the table"):
-        list(_stream()._convert(event))
-
-
-def test_vector_columns_decode_as_binary_with_their_dimensions():
-    """(MySQL lists a charset, binary, for each VECTOR column: the text column between them
-    keeps its own)"""
-    columns = [_ID, BuiltColumn("v", 242, b"\x04", collation=63), _NAME,
-               BuiltColumn("w", 242, b"\x04", collation=63)]
-    event = _mysql_table_map(table_map_body(5, "shop", "t", columns,
-                                            extra_optional=_field(13, b"\x03\x7f")))
-    assert not event.undecodable and event.columns[2].collation_name == "utf8mb4_0900_ai_ci"
-    assert [getattr(c, "vector_dimensions", None) for c in event.columns] == [None, 3, None, 127]
-    [table_map] = _stream()._convert(event)
-    assert [c.kind for c in table_map.schema.columns] == ["int", "binary", "string", "binary"]
-    # A snapshot's chunks describe the column from information_schema: the same spec, or
-    # every chunk of the table would be rejected as read with other columns.
-    vector = {"COLUMN_NAME": "v", "DATA_TYPE": "vector", "COLUMN_TYPE": "vector(3)",
-              "CHARACTER_SET_NAME": None, "CHARACTER_OCTET_LENGTH": 12}
-    assert column_from_information_schema(vector) == table_map.schema.columns[1]
-
-
-def test_a_table_map_without_column_names_names_binlog_row_metadata():
-    body = table_map_body(5, "shop", "t", [_ID, _NAME])
-    names = _field(4, lenenc(2) + b"id" + lenenc(4) + b"name")
-    event = _mysql_table_map(body.replace(names, b""))
-    with pytest.raises(TableMapError) as raised:
-        list(_stream()._convert(event))
-    message = str(raised.value)
-    assert "table shop.t at GTID 3e11fa47-71ca-11e1-9e33-c80aa9429562:23" in message
-    assert "binlog_row_metadata=MINIMAL" in message and "binlog_row_metadata=FULL" in message
-    assert "collation" not in message
 
 
 # -- tagged GTIDs (MySQL 8.3+) -----------------------------------------------------------------
