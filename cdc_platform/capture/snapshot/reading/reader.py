@@ -163,6 +163,75 @@ class _SharedCheckpoints:
 _SHARED_CHECKPOINTS = _SharedCheckpoints()
 
 
+class ReplicaConnection:
+    """The reader's sessions on the source (a replica, usually) and its retries.
+
+    Two sessions, each opened on first use (not before the engine's ack): chunks (watermarks
+    and SELECTs) are read over mysqlclient, raw into Arrow (see ``native``); everything else
+    over PyMySQL. ``native_chunks`` False: chunks over PyMySQL too. A read that fails on a
+    dropped connection is tried again on new sessions, with backoff."""
+
+    def __init__(self, connection_settings: dict[str, Any], native_chunks: bool) -> None:
+        self.connection_settings = connection_settings
+        self._source = SourceSession(connection_settings)
+        self.native_chunks = native_chunks and native.available()
+        self._native_conn: Any = None
+
+    def connection(self) -> pymysql.Connection:
+        """The read-only source session, opened on first use (not before the engine's ack)."""
+        return self._source.connection()
+
+    def chunk_connection(self, where: str, log: Any) -> Any:
+        """The session chunks are read on: mysqlclient's, opened on first use; PyMySQL's
+        when the connection settings have no mysqlclient form (logged once)."""
+        if not self.native_chunks:
+            return self.connection()
+        if self._native_conn is None:
+            if native.native_settings(self.connection_settings) is None:
+                log.warning(f"{where}: the source connection settings "
+                            f"({', '.join(sorted(self.connection_settings))}) have no "
+                            "mysqlclient form; reading chunks with PyMySQL (slower)")
+                self.native_chunks = False
+                return self.connection()
+            self._native_conn = native.connect(self.connection_settings)
+        return self._native_conn
+
+    def reconnect(self) -> None:
+        """Close both sessions: the next read connects again."""
+        self._source.close()
+        if self._native_conn is not None:
+            with contextlib.suppress(Exception):  # broken anyway
+                self._native_conn.close()
+        self._native_conn = None  # the next attempt connects again
+
+    def read(self, what: str, action: Callable[[pymysql.Connection], Any], *, where: str,
+             log: Any, reload_schema: Callable[[], Any], chunks: bool = False) -> Any:
+        """Run a read (on the chunk session with ``chunks``), reconnecting with backoff when
+        the connection drops; ``reload_schema`` once when the table lost a selected column
+        (a DDL). ``what`` and ``where`` name the read and the snapshot in errors and logs."""
+        schema_reloaded = False
+        for attempt in range(1, _READ_ATTEMPTS + 1):
+            try:
+                return action(self.chunk_connection(where, log) if chunks else self.connection())
+            except SQL_ERRORS as error:
+                code = error.args[0] if error.args else None
+                if code == _ER_BAD_FIELD and not schema_reloaded:
+                    schema_reloaded = True
+                    log.info(f"{where}: {what} failed ({error}); the table changed, "
+                             "re-reading its schema")
+                    reload_schema()
+                    continue
+                if not is_retriable(error) or attempt == _READ_ATTEMPTS:
+                    raise SnapshotError(f"{where}: {what} failed: {error}; check that "
+                                        "the source is reachable, then materialise the "
+                                        "snapshot again") from error
+                log.warning(f"{where}: {what} failed ({error}); reconnecting "
+                            f"(attempt {attempt} of {_READ_ATTEMPTS})")
+                time.sleep(min(5.0, 0.2 * 2 ** attempt))
+                self.reconnect()
+        raise AssertionError("unreachable")
+
+
 class SnapshotReader:
     """Reads one table in chunks for the engine to commit (docs/snapshots.md).
 
@@ -232,11 +301,7 @@ class SnapshotReader:
         # The newest signal that steered this run's session (its own, or a later pause,
         # resume or stop): request.json keeps it, so a replayed signal stays a no-op.
         self._steering = signal
-        self._source = SourceSession(connection_settings)
-        # Chunks (watermarks and SELECTs) are read over mysqlclient, raw into Arrow (see
-        # ``native``); everything else over PyMySQL. False: chunks over PyMySQL too.
-        self.native_chunks = native_chunks and native.available()
-        self._native_conn: Any = None
+        self._replica = ReplicaConnection(connection_settings, native_chunks)
         self._table: ChunkedTable | None = None
         self._checkpoint_stamp: str | None = None
         self._checkpoint: Checkpoint | None = None
@@ -301,26 +366,7 @@ class SnapshotReader:
                 self._writer.shutdown(wait=True)  # chunk files being written are finished
         finally:
             self._lock.release()
-            self._reconnect()
-
-    def _connection(self) -> pymysql.Connection:
-        """The read-only source session, opened on first use (not before the engine's ack)."""
-        return self._source.connection()
-
-    def _chunk_connection(self) -> Any:
-        """The session chunks are read on: mysqlclient's, opened on first use; PyMySQL's
-        when the connection settings have no mysqlclient form (logged once)."""
-        if not self.native_chunks:
-            return self._connection()
-        if self._native_conn is None:
-            if native.native_settings(self.connection_settings) is None:
-                self.log.warning(f"{self._where()}: the source connection settings "
-                                 f"({', '.join(sorted(self.connection_settings))}) have no "
-                                 "mysqlclient form; reading chunks with PyMySQL (slower)")
-                self.native_chunks = False
-                return self._connection()
-            self._native_conn = native.connect(self.connection_settings)
-        return self._native_conn
+            self._replica.reconnect()
 
     def _check_source(self) -> None:
         """The source's settings make watermarks exact (GTIDs, ROW/FULL binlog, and on a
@@ -382,39 +428,12 @@ class SnapshotReader:
                 left.session_id == self.session_id) else None)
         return self._left[1]
 
-    def _reconnect(self) -> None:
-        self._source.close()
-        if self._native_conn is not None:
-            with contextlib.suppress(Exception):  # broken anyway
-                self._native_conn.close()
-        self._native_conn = None  # the next attempt connects again
-
     def _with_connection(self, what: str, action: Callable[[pymysql.Connection], Any],
                          chunks: bool = False) -> Any:
-        """Run a read (on the chunk session with ``chunks``), reconnecting with backoff when
-        the connection drops; re-read the schema once when the table lost a selected column
-        (a DDL)."""
-        schema_reloaded = False
-        for attempt in range(1, _READ_ATTEMPTS + 1):
-            try:
-                return action(self._chunk_connection() if chunks else self._connection())
-            except SQL_ERRORS as error:
-                code = error.args[0] if error.args else None
-                if code == _ER_BAD_FIELD and not schema_reloaded:
-                    schema_reloaded = True
-                    self.log.info(f"{self._where()}: {what} failed ({error}); the table changed, "
-                                  "re-reading its schema")
-                    self.reload_schema()
-                    continue
-                if not is_retriable(error) or attempt == _READ_ATTEMPTS:
-                    raise SnapshotError(f"{self._where()}: {what} failed: {error}; check that "
-                                        "the source is reachable, then materialise the "
-                                        "snapshot again") from error
-                self.log.warning(f"{self._where()}: {what} failed ({error}); reconnecting "
-                                 f"(attempt {attempt} of {_READ_ATTEMPTS})")
-                time.sleep(min(5.0, 0.2 * 2 ** attempt))
-                self._reconnect()
-        raise AssertionError("unreachable")
+        """``action`` on the replica (``ReplicaConnection.read``: reconnects with backoff, and
+        re-reads the schema once when the table lost a selected column)."""
+        return self._replica.read(what, action, where=self._where(), log=self.log,
+                                  reload_schema=self.reload_schema, chunks=chunks)
 
     def reload_schema(self) -> bool:
         """Re-read the table's schema (after exclusions); True when its columns changed.
@@ -423,7 +442,7 @@ class SnapshotReader:
         the new ones. A changed chunk key is not supported: it fails the snapshot.
         """
         assert self._table is not None
-        conn = self._connection()
+        conn = self._replica.connection()
         try:
             current = source_sql.read_table_schema(conn, self.schema.database, self.schema.table)
         except LookupError:
