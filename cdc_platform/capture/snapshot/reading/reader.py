@@ -24,6 +24,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import pymysql
@@ -157,6 +158,54 @@ class _SharedCheckpoints:
 _SHARED_CHECKPOINTS = _SharedCheckpoints()
 
 
+@dataclass
+class ReadRun:
+    """One run of a reader: its session's ranges still to read, its chunks written and not
+    yet decided, its counters, and the writer thread its chunk files are written in.
+
+    Made by ``SnapshotReader.run`` for each run; ``record`` is what ``reader.state`` keeps of
+    it, from which a later reader resumes the session if this one dies."""
+
+    stop_event: threading.Event
+    on_progress: Callable[[SnapshotProgress], None] | None
+    started: float
+    base_session_id: str
+    writer: concurrent.futures.ThreadPoolExecutor
+    todo: collections.deque[KeyRange] = field(default_factory=collections.deque)
+    pending: dict[int, WrittenChunk] = field(default_factory=dict)
+    held: tuple[Chunk, KeyRange] | None = None
+    next_seq: int = 0
+    rows: int = 0
+    chunks: int = 0
+    rejected: int = 0
+    reselected: int = 0
+    start_gtid: str = ""
+    end_gtid: str = ""
+    last_key: list[Any] | None = None
+    maximum_key: list[str] | None = None
+    final_seq: int | None = None
+    state: ReaderState = ReaderState.WAITING
+    engine_rows: int | None = None
+    restarts: int = 0
+    restart_requested: bool = False
+    writes: collections.deque[concurrent.futures.Future[ChunkManifest]] = field(
+        default_factory=collections.deque)
+
+    def record(self) -> dict[str, Any]:
+        """``reader.state``: the ranges still to read and the chunks written (see
+        ``SnapshotReader._resume_session``)."""
+        return {
+            "todo": [encode_range(x) for x in self.todo],
+            "pending": {str(w.seq): {"range": encode_range(w.range), "rows": w.rows,
+                                     "complete": w.complete, "after_gtid": w.after_gtid}
+                        for w in self.pending.values()},
+            "held": None if self.held is None else encode_range(self.held[1]),
+            "next_seq": self.next_seq, "rows": self.rows, "chunks": self.chunks,
+            "rejected": self.rejected, "start_gtid": self.start_gtid,
+            "end_gtid": self.end_gtid,
+        }
+
+
 class SnapshotReader:
     """Reads one table in chunks for the engine to commit (docs/snapshots.md).
 
@@ -228,6 +277,7 @@ class SnapshotReader:
         self._steering = signal
         self._replica = ReplicaConnection(connection_settings, native_chunks)
         self._table: ChunkedTable | None = None
+        self._run: ReadRun  # (each run's own: made by ``_begin_run``)
         self._checkpoint_stamp: str | None = None
         self._checkpoint: Checkpoint | None = None
         self._checkpoint_changed_at = time.monotonic()
@@ -288,7 +338,7 @@ class SnapshotReader:
             try:
                 return self._run_session()
             finally:
-                self._writer.shutdown(wait=True)  # chunk files being written are finished
+                self._run.writer.shutdown(wait=True)  # chunk files being written are finished
         finally:
             self._lock.release()
             self._replica.reconnect()
@@ -400,26 +450,9 @@ class SnapshotReader:
                    on_progress: Callable[[SnapshotProgress], None] | None,
                    started: float) -> None:
         """The state of one run: the session's ranges, chunks and counters."""
-        self._stop_event = stop_event
-        self._on_progress = on_progress
-        self._started = started
-        self._todo: collections.deque[KeyRange] = collections.deque()
-        self._pending: dict[int, WrittenChunk] = {}
-        self._held: tuple[Chunk, KeyRange] | None = None
-        self._next_seq = 0
-        self._rows = self._chunks = self._rejected = self._reselected = 0
-        self._start_gtid = self._end_gtid = ""
-        self._last_key: list[Any] | None = None
-        self._maximum_key: list[str] | None = None
-        self._final_seq: int | None = None
-        self._state = ReaderState.WAITING
-        self._engine_rows: int | None = None
-        self._restarts = 0
-        self._restart_requested = False
-        self._base_session_id = self.session_id
-        self._writer = concurrent.futures.ThreadPoolExecutor(1, "snapshot-chunk-writer")
-        self._writes: collections.deque[concurrent.futures.Future[ChunkManifest]] = \
-            collections.deque()
+        self._run = ReadRun(
+            stop_event, on_progress, started, base_session_id=self.session_id,
+            writer=concurrent.futures.ThreadPoolExecutor(1, "snapshot-chunk-writer"))
 
     @property
     def _chunked(self) -> ChunkedTable:
@@ -427,23 +460,25 @@ class SnapshotReader:
         return self._table
 
     def _result(self, status: SnapshotStatus) -> SnapshotResult:
+        run = self._run
         return SnapshotResult(
             table_id=self.table_id, session_id=self.session_id, status=status,
-            rows=self._rows, chunks=self._chunks, rejected=self._rejected,
-            reselected=self._reselected, duration_seconds=time.monotonic() - self._started,
-            start_gtid=self._start_gtid, end_gtid=self._end_gtid, rows_emitted=self._engine_rows,
-            restarts=self._restarts)
+            rows=run.rows, chunks=run.chunks, rejected=run.rejected,
+            reselected=run.reselected, duration_seconds=time.monotonic() - run.started,
+            start_gtid=run.start_gtid, end_gtid=run.end_gtid, rows_emitted=run.engine_rows,
+            restarts=run.restarts)
 
     def _progress(self) -> None:
-        if self._on_progress is not None:
-            self._on_progress(SnapshotProgress(
-                self.table_id, self.session_id, self._state, self._rows, self._chunks,
-                len(self._pending) + (self._held is not None), self._rejected, self._reselected,
-                self._last_key, time.monotonic() - self._started, self._maximum_key))
+        run = self._run
+        if run.on_progress is not None:
+            run.on_progress(SnapshotProgress(
+                self.table_id, self.session_id, run.state, run.rows, run.chunks,
+                len(run.pending) + (run.held is not None), run.rejected, run.reselected,
+                run.last_key, time.monotonic() - run.started, run.maximum_key))
 
     def _stopped(self, why: str) -> SnapshotResult:
-        self.log.info(f"{self._where()}: stopped ({why}) after {self._chunks} committed "
-                        f"chunks, {self._rows} rows; committed chunks stay applied")
+        self.log.info(f"{self._where()}: stopped ({why}) after {self._run.chunks} committed "
+                        f"chunks, {self._run.rows} rows; committed chunks stay applied")
         return self._result(SnapshotStatus.STOPPED)
 
     # -- phases ----------------------------------------------------------------------------
@@ -478,7 +513,7 @@ class SnapshotReader:
                                  f"run's signal {self.signal.id if self.signal else '-'}; nothing "
                                  "was read")
         if self._lock.held and self.adopt_open_session and self._resume_session():
-            self._state = ReaderState.OPEN
+            self._run.state = ReaderState.OPEN
             self._progress()
         else:
             stopped = self._open_session()
@@ -512,19 +547,19 @@ class SnapshotReader:
     def _open_session(self, restart: bool = False) -> SnapshotResult | None:
         """Request a session (a new one after a restart, paused if the run was paused), wait
         for the engine's acknowledgement, read the maximum key; a result if it was stopped."""
-        paused = self._state == ReaderState.PAUSED
+        paused = self._run.state == ReaderState.PAUSED
         if restart:
             self._check_writes(wait=True)  # the old session's files, before it is removed
             current = read_request(self.landing, self.schema.database, self.schema.table)
             if current is not None and (current.session_id == NO_SESSION or (
                     current.session_id == self.session_id and current.action == Action.STOP)):
                 return self._stopped("a stop request while the session restarted")
-            self._restarts += 1
-            self.session_id = f"{self._base_session_id}-r{self._restarts}"
-            self._todo.clear()
-            self._pending.clear()
-            self._held = self._final_seq = None
-            self._next_seq = self._rows = self._chunks = 0
+            self._run.restarts += 1
+            self.session_id = f"{self._run.base_session_id}-r{self._run.restarts}"
+            self._run.todo.clear()
+            self._run.pending.clear()
+            self._run.held = self._run.final_seq = None
+            self._run.next_seq = self._run.rows = self._run.chunks = 0
             self._with_connection("re-reading the table's schema", lambda _c: self.reload_schema())
         if not self._lock.held and self._replaces_a_stopped_session():
             # Its reader ends on seeing the stop: let it see the stop (and end as stopped, not
@@ -538,15 +573,15 @@ class SnapshotReader:
         self.log.info(f"{self._where()}: requested (chunk key {key}, "
                       f"chunk size {self.chunk_size}"
                       + (f", condition {self.condition!r}" if self.condition else "")
-                      + (f"; restart {self._restarts}" if restart else "") + ")")
+                      + (f"; restart {self._run.restarts}" if restart else "") + ")")
         if not self._wait_for_acknowledgement():
             return self._stopped("stop requested before the engine acknowledged the session")
         self._remove_other_sessions()
         max_key = self._with_connection("reading the maximum key",
                                         lambda conn: read_max_key(conn, self._chunked))
-        self._todo.append(KeyRange(None, max_key, True))
-        self._maximum_key = None if max_key is None else [str(v) for v in max_key]
-        self._state = ReaderState.PAUSED if paused else ReaderState.OPEN
+        self._run.todo.append(KeyRange(None, max_key, True))
+        self._run.maximum_key = None if max_key is None else [str(v) for v in max_key]
+        self._run.state = ReaderState.PAUSED if paused else ReaderState.OPEN
         self._progress()
         return None
 
@@ -579,33 +614,35 @@ class SnapshotReader:
         if not isinstance(saved, dict):
             return False
         self.session_id = request.session_id
-        self._base_session_id = self.session_id.rsplit("-r", 1)[0] if re.fullmatch(
+        self._run.base_session_id = self.session_id.rsplit("-r", 1)[0] if re.fullmatch(
             r".*-r\d+", self.session_id) else self.session_id
-        self._todo = collections.deque(decode_range(d) for d in saved["todo"])
+        self._run.todo = collections.deque(decode_range(d) for d in saved["todo"])
         files = self.landing.store.list_names(*chunk_parts(
             self.schema.database, self.schema.table, self.session_id))
         for seq_text, data in sorted(saved["pending"].items(), key=lambda i: int(i[0])):
             written = WrittenChunk(int(seq_text), decode_range(data["range"]), int(data["rows"]),
                                    bool(data["complete"]), str(data["after_gtid"]))
             if manifest_name(written.seq) in files:
-                self._pending[written.seq] = written
+                self._run.pending[written.seq] = written
                 if written.complete:
-                    self._final_seq = written.seq
+                    self._run.final_seq = written.seq
             else:  # died before publishing it: read it again first
-                self._todo.appendleft(written.range)
+                self._run.todo.appendleft(written.range)
         if saved.get("held") is not None:
-            self._todo.append(decode_range(saved["held"]))
+            self._run.todo.append(decode_range(saved["held"]))
         # (past every chunk file, even a rows file without its manifest: seqs are written
         # once, exclusively, and reader.state is not fsynced)
         written_seqs = [int(stem) for stem in (name.partition(".")[0] for name in files)
                         if stem.isdigit()]
-        self._next_seq = max([int(saved["next_seq"]), *(seq + 1 for seq in written_seqs)])
-        self._rows, self._chunks = int(saved["rows"]), int(saved["chunks"])
-        self._rejected = self._reselected = int(saved["rejected"])
-        self._start_gtid, self._end_gtid = str(saved["start_gtid"]), str(saved["end_gtid"])
+        self._run.next_seq = max([int(saved["next_seq"]), *(seq + 1 for seq in written_seqs)])
+        self._run.rows, self._run.chunks = int(saved["rows"]), int(saved["chunks"])
+        self._run.rejected = self._run.reselected = int(saved["rejected"])
+        self._run.start_gtid = str(saved["start_gtid"])
+        self._run.end_gtid = str(saved["end_gtid"])
         self.log.info(f"{self._where()}: resuming the session of a reader that stopped: "
-                      f"{self._chunks} chunks ({self._rows} rows) committed, {len(self._pending)} "
-                      f"waiting for the engine, {len(self._todo)} ranges still to read")
+                      f"{self._run.chunks} chunks ({self._run.rows} rows) committed, "
+                      f"{len(self._run.pending)} waiting for the engine, {len(self._run.todo)} "
+                      "ranges still to read")
         return True
 
     def _replaces_a_stopped_session(self) -> bool:
@@ -631,29 +668,19 @@ class SnapshotReader:
     def _save(self) -> None:
         """Record the ranges still to read and the chunks written, before publishing a chunk
         and after the engine decided some (see ``_resume_session``)."""
-        data = {
-            "todo": [encode_range(x) for x in self._todo],
-            "pending": {str(w.seq): {"range": encode_range(w.range), "rows": w.rows,
-                                     "complete": w.complete, "after_gtid": w.after_gtid}
-                        for w in self._pending.values()},
-            "held": None if self._held is None else encode_range(self._held[1]),
-            "next_seq": self._next_seq, "rows": self._rows, "chunks": self._chunks,
-            "rejected": self._rejected, "start_gtid": self._start_gtid,
-            "end_gtid": self._end_gtid,
-        }
         # Not fsynced: a stale or lost reader.state after a machine crash only means ranges
         # read again (chunks are idempotent upserts); the engine's checkpoint is the record.
         self._lock.check()
         self.landing.store.write_atomically(
             *progress_parts(self.schema.database, self.schema.table, self.session_id),
-            data=json.dumps(data).encode(), durable=False)
+            data=json.dumps(self._run.record()).encode(), durable=False)
 
     def _wait_for_acknowledgement(self) -> bool:
         deadline = time.monotonic() + self.ack_timeout_seconds
         while True:
-            if self._state == ReaderState.WAITING:
+            if self._run.state == ReaderState.WAITING:
                 self._progress()  # (how long it has waited: the run's progress lines say)
-            if self._stop_event.is_set():
+            if self._run.stop_event.is_set():
                 self._request(Action.STOP)
                 return False
             request = read_request(self.landing, self.schema.database, self.schema.table)
@@ -693,13 +720,13 @@ class SnapshotReader:
         """Read, publish and follow the engine until the session ends; None when the engine
         ended it for a restart."""
         while True:
-            if self._stop_event.is_set():
+            if self._run.stop_event.is_set():
                 self._request(Action.STOP)
                 return self._stopped("stop requested")
             self._check_writes()
             outcome = self._absorb_engine_state()
-            if outcome is not None or self._restart_requested:
-                self._restart_requested = False
+            if outcome is not None or self._run.restart_requested:
+                self._run.restart_requested = False
                 return outcome
             request = read_request(self.landing, self.schema.database, self.schema.table)
             if request is not None and request.session_id == NO_SESSION:
@@ -717,34 +744,34 @@ class SnapshotReader:
                 return outcome if outcome is not None else self._stopped("a stop request")
             # (no readable request: keep the state; read_request logged why)
             paused = request.action == Action.PAUSE if request is not None else \
-                self._state == ReaderState.PAUSED
-            if paused != (self._state == ReaderState.PAUSED):
-                self._state = ReaderState.PAUSED if paused else ReaderState.OPEN
+                self._run.state == ReaderState.PAUSED
+            if paused != (self._run.state == ReaderState.PAUSED):
+                self._run.state = ReaderState.PAUSED if paused else ReaderState.OPEN
                 self.log.info(f"{self._where()}: {'paused' if paused else 'resumed'}")
                 self._progress()
             if paused:
                 time.sleep(self.poll_seconds)
                 continue
-            if self._todo and len(self._pending) < self.max_pending:
+            if self._run.todo and len(self._run.pending) < self.max_pending:
                 self._read_next()
                 continue
-            if self._held is not None and not self._pending and not self._todo:
-                chunk, rng = self._held
-                self._held = None
+            if self._run.held is not None and not self._run.pending and not self._run.todo:
+                chunk, rng = self._run.held
+                self._run.held = None
                 self._publish(chunk, rng, complete=True)
                 continue
             self._check_stall()
             time.sleep(min(self.poll_seconds, self._commit_poll_seconds))
 
     def _read_next(self) -> None:
-        chunk, rng = self._read_range(self._todo.popleft())
+        chunk, rng = self._read_range(self._run.todo.popleft())
         if not chunk.complete:
-            self._todo.appendleft(KeyRange(chunk.resume_key, rng.high, rng.last))
+            self._run.todo.appendleft(KeyRange(chunk.resume_key, rng.high, rng.last))
         final = chunk.complete and rng.last
-        if final and (self._pending or self._todo):
+        if final and (self._run.pending or self._run.todo):
             # The engine ends the session when the complete chunk commits: publish it only
             # once every earlier chunk is committed, or a rejected one could never be re-read.
-            self._held = (chunk, rng)
+            self._run.held = (chunk, rng)
             self._save()
             return
         self._publish(chunk, rng, complete=final)
@@ -772,7 +799,7 @@ class SnapshotReader:
                     complete=True), rng
             rng = KeyRange(rng.after, found, rng.last)
         chunk = self._with_connection(
-            f"reading chunk {self._next_seq} (keys after {rng.after!r})",
+            f"reading chunk {self._run.next_seq} (keys after {rng.after!r})",
             # (cast to landing form in the writer thread, while the next chunk is read)
             lambda conn: read_chunk(conn, self.flavour, self._chunked, self.chunk_size, rng.after,
                                     rng.high, self.chunk_max_bytes, self._row_bytes,
@@ -785,23 +812,23 @@ class SnapshotReader:
     def _publish(self, chunk: Chunk, rng: KeyRange, complete: bool) -> None:
         """Record the chunk as written, then write its files in the background: encoding and
         fsyncs overlap the next chunk's SELECT (one writer thread keeps manifests in order)."""
-        seq = self._next_seq
-        self._next_seq += 1
+        seq = self._run.next_seq
+        self._run.next_seq += 1
         written_range = KeyRange(rng.after, chunk.resume_key if not chunk.complete else rng.high,
                                  complete)
-        self._pending[seq] = WrittenChunk(seq, written_range, len(chunk.rows), complete,
+        self._run.pending[seq] = WrittenChunk(seq, written_range, len(chunk.rows), complete,
                                           str(chunk.after))
         self._save()  # first: a reader that dies now reads this range again when resumed
         # One chunk being written while the next is read: a writer slower than the reader
         # must not make the reader hold many chunks (memory is bounded by chunk_max_bytes).
         self._check_writes(wait_until=1)
-        self._writes.append(self._writer.submit(self._write_chunk, chunk, seq, complete))
+        self._run.writes.append(self._run.writer.submit(self._write_chunk, chunk, seq, complete))
         if complete:
-            self._final_seq = seq
-        if not self._start_gtid:
-            self._start_gtid = str(chunk.low_watermark)
+            self._run.final_seq = seq
+        if not self._run.start_gtid:
+            self._run.start_gtid = str(chunk.low_watermark)
         key_columns = [chunk.table.schema.column(n) for n in chunk.table.key.columns]
-        self._last_key = encode_key(chunk.range_high, key_columns)
+        self._run.last_key = encode_key(chunk.range_high, key_columns)
         self._progress()
 
     def _write_chunk(self, chunk: Chunk, seq: int, complete: bool) -> ChunkManifest:
@@ -812,15 +839,15 @@ class SnapshotReader:
     def _check_writes(self, wait: bool = False, wait_until: int | None = None) -> None:
         """Raise the first failed chunk write; with ``wait``, wait for all of them first, with
         ``wait_until``, until no more than that many are being written."""
-        while self._writes and (wait or self._writes[0].done() or (
-                wait_until is not None and len(self._writes) > wait_until)):
-            self._writes.popleft().result()
+        while self._run.writes and (wait or self._run.writes[0].done() or (
+                wait_until is not None and len(self._run.writes) > wait_until)):
+            self._run.writes.popleft().result()
 
     def _absorb_engine_state(self) -> SnapshotResult | None:
         """Apply what the engine decided since the last look; a result when the run ends."""
         state = self._engine_session()
         if state is None or state.session_id != self.session_id:
-            if state is not None and self._state != ReaderState.WAITING:
+            if state is not None and self._run.state != ReaderState.WAITING:
                 raise SnapshotError(f"{self._where()}: replaced by session "
                                     f"{state.session_id} (another snapshot of the table "
                                     "started); this one ends")
@@ -829,30 +856,30 @@ class SnapshotReader:
         rejected = {int(s): str(reason) for s, reason in state.rejected.items()}
         changed = False
         reread: list[KeyRange] = []
-        for seq in sorted(self._pending):
-            written = self._pending[seq]
+        for seq in sorted(self._run.pending):
+            written = self._run.pending[seq]
             if seq in committed:
-                del self._pending[seq]
-                self._chunks += 1
-                self._rows += written.rows
-                self._end_gtid = written.after_gtid
+                del self._run.pending[seq]
+                self._run.chunks += 1
+                self._run.rows += written.rows
+                self._run.end_gtid = written.after_gtid
                 changed = True
             elif seq in rejected:
-                del self._pending[seq]
-                self._rejected += 1
-                self._reselected += 1
+                del self._run.pending[seq]
+                self._run.rejected += 1
+                self._run.reselected += 1
                 self.log.info(f"{self._where()}: chunk {seq} rejected ({rejected[seq]}); reading "
                               "its range again")
                 reread.append(written.range)
                 if written.complete:
-                    self._final_seq = None
+                    self._run.final_seq = None
                 changed = True
         if reread:
             # A rejection may be a schema change (the engine compares fingerprints): read the
             # columns again before reading the ranges again, in key order, before new ranges.
             self._with_connection("re-reading the table's schema", lambda _c: self.reload_schema())
-            self._todo.extendleft(reversed(reread))
-        self._engine_rows = state.rows
+            self._run.todo.extendleft(reversed(reread))
+        self._run.engine_rows = state.rows
         if changed:
             self._save()
             self._progress()
@@ -860,7 +887,7 @@ class SnapshotReader:
             self.log.info(f"{self._where()}: the capture engine ended the session for a restart "
                           f"({state.reason}): the table is read again in a new session, "
                           "so rows the DDL changed without row events reach the target")
-            self._restart_requested = True
+            self._run.restart_requested = True
             return None
         if state.state == SessionState.STOPPED:
             if state.reason:  # the engine gave up on the session: an error, not a stop
@@ -869,13 +896,13 @@ class SnapshotReader:
                                     "each rejection), then snapshot the table again")
             return self._stopped("the engine stopped the session")
         # (done without our final chunk: a resumed reader's predecessor published it unrecorded)
-        if (self._final_seq is not None and self._final_seq in committed) or (
+        if (self._run.final_seq is not None and self._run.final_seq in committed) or (
                 state.state == SessionState.DONE):
             if state.state != SessionState.DONE:
                 raise SnapshotError(f"{self._where()}: the engine committed the complete chunk "
-                                    f"{self._final_seq} but reports state "
+                                    f"{self._run.final_seq} but reports state "
                                     f"{str(state.state)!r}, not 'done'")
-            self._state = ReaderState.DONE
+            self._run.state = ReaderState.DONE
             self._progress()
             self._check_writes(wait=True)  # nothing recreates the directory removed next
             if not self.keep_chunks:
@@ -890,12 +917,12 @@ class SnapshotReader:
 
     def _check_stall(self) -> None:
         """Chunks wait, and the engine has not written a checkpoint for too long: it is down."""
-        if not self._pending:
+        if not self._run.pending:
             return
         quiet = time.monotonic() - self._checkpoint_changed_at
         if quiet < self.stall_timeout_seconds:
             return
-        waiting = ", ".join(str(s) for s in sorted(self._pending))
+        waiting = ", ".join(str(s) for s in sorted(self._run.pending))
         raise EngineStalledError(
             f"no capture engine is streaming {self.landing.server_name}: start the stream_changes "
             f"job (chunks {waiting} of {self.table_id}, session {self.session_id}, waited "
