@@ -157,6 +157,54 @@ class _SharedCheckpoints:
 _SHARED_CHECKPOINTS = _SharedCheckpoints()
 
 
+class EngineView:
+    """The capture engine's record of one table's session, as a reader polls it.
+
+    The checkpoint is re-parsed only when the file changed (its store's stamp: a stat
+    locally, a HEAD on object storage); ``changed_at`` is when it last changed, which tells
+    a stalled engine."""
+
+    def __init__(self, landing: LandingZone, table_id: str) -> None:
+        self.landing = landing
+        self.table_id = table_id
+        self._checkpoint_stamp: str | None = None
+        self._checkpoint: Checkpoint | None = None
+        self.changed_at = time.monotonic()
+        # ended_sessions.json's record of this session, as of the checkpoint stamp it was
+        # looked at for (``session``).
+        self._left: tuple[str | None, SnapshotSession | None] = ("", None)
+
+    def checkpoint(self) -> Checkpoint | None:
+        """The engine's checkpoint, re-parsed only when the file changed (its store's stamp:
+        a stat locally, a HEAD on object storage)."""
+        stamp = self.landing.store.stamp(CHECKPOINT_FILE)
+        if stamp is None:
+            return None
+        if stamp != self._checkpoint_stamp:
+            self._checkpoint_stamp = stamp
+            self.changed_at = time.monotonic()
+            try:
+                self._checkpoint = _SHARED_CHECKPOINTS.read(self.landing, stamp)
+            except ValueError:
+                self._checkpoint_stamp = None  # caught mid-replace on a non-POSIX filesystem
+        return self._checkpoint
+
+    def session(self, session_id: str) -> SnapshotSession | None:
+        """The engine's record of the table's session: the checkpoint's, else (an ended
+        session leaves the checkpoint some seconds after it ended) the record of
+        ``session_id`` in ``ended_sessions.json``, which is looked at again only when the
+        checkpoint changed (the engine writes it before the checkpoint that lacks the
+        session)."""
+        state = read_session_state(self.checkpoint(), self.table_id)
+        if state is not None:
+            return state
+        if self._left[0] != self._checkpoint_stamp:
+            left = read_ended_sessions(self.landing).get(self.table_id)
+            self._left = (self._checkpoint_stamp, left if left is not None and (
+                left.session_id == session_id) else None)
+        return self._left[1]
+
+
 class SnapshotReader:
     """Reads one table in chunks for the engine to commit (docs/snapshots.md).
 
@@ -229,12 +277,7 @@ class SnapshotReader:
         self._replica = ReplicaConnection(connection_settings, native_chunks)
         self._table: ChunkedTable | None = None
         self._run: ReadRun  # (each run's own: made by ``_begin_run``)
-        self._checkpoint_stamp: str | None = None
-        self._checkpoint: Checkpoint | None = None
-        self._checkpoint_changed_at = time.monotonic()
-        # ended_sessions.json's record of this session, as of the checkpoint stamp it was
-        # looked at for (``_engine_session``).
-        self._left: tuple[str | None, SnapshotSession | None] = ("", None)
+        self._engine = EngineView(landing, schema.table_id)
         self._lock = ReaderLock(landing, schema.database, schema.table)
         # How often the loop looks for the engine's decisions while it can only wait: a look
         # is a stat locally, a request on object storage.
@@ -324,35 +367,6 @@ class SnapshotReader:
         write_request(self.landing, self.schema.database, self.schema.table, SnapshotRequest(
             self.session_id, action, self._table.key.columns, self.condition, self.chunk_size,
             signal=self._steering))
-
-    def _poll_checkpoint(self) -> Checkpoint | None:
-        """The engine's checkpoint, re-parsed only when the file changed (its store's stamp:
-        a stat locally, a HEAD on object storage)."""
-        stamp = self.landing.store.stamp(CHECKPOINT_FILE)
-        if stamp is None:
-            return None
-        if stamp != self._checkpoint_stamp:
-            self._checkpoint_stamp = stamp
-            self._checkpoint_changed_at = time.monotonic()
-            try:
-                self._checkpoint = _SHARED_CHECKPOINTS.read(self.landing, stamp)
-            except ValueError:
-                self._checkpoint_stamp = None  # caught mid-replace on a non-POSIX filesystem
-        return self._checkpoint
-
-    def _engine_session(self) -> SnapshotSession | None:
-        """The engine's record of the table's session: the checkpoint's, else (an ended
-        session leaves the checkpoint some seconds after it ended) this session's record in
-        ``ended_sessions.json``, which is looked at again only when the checkpoint changed
-        (the engine writes it before the checkpoint that lacks the session)."""
-        state = read_session_state(self._poll_checkpoint(), self.table_id)
-        if state is not None:
-            return state
-        if self._left[0] != self._checkpoint_stamp:
-            left = read_ended_sessions(self.landing).get(self.table_id)
-            self._left = (self._checkpoint_stamp, left if left is not None and (
-                left.session_id == self.session_id) else None)
-        return self._left[1]
 
     def _with_connection(self, what: str, action: Callable[[pymysql.Connection], Any],
                          chunks: bool = False) -> Any:
@@ -549,7 +563,7 @@ class SnapshotReader:
         request = read_request(self.landing, self.schema.database, self.schema.table)
         if request is None or request.action == Action.STOP:
             return False
-        state = read_session_state(self._poll_checkpoint(), self.table_id)
+        state = read_session_state(self._engine.checkpoint(), self.table_id)
         if state is None or state.session_id != request.session_id or not state.tracked:
             return False
         if request.chunk_key != self._chunked.key.columns or request.condition != self.condition:
@@ -641,7 +655,7 @@ class SnapshotReader:
                 if request.session_id == NO_SESSION:
                     self._stop_for(request)
                 return False
-            state = self._engine_session()
+            state = self._engine.session(self.session_id)
             if state is not None and state.session_id == self.session_id:
                 self.log.info(f"{self._where()}: acknowledged by the capture engine at GTID "
                               f"{state.opening or '(start)'}, changelog position "
@@ -796,7 +810,7 @@ class SnapshotReader:
 
     def _absorb_engine_state(self) -> SnapshotResult | None:
         """Apply what the engine decided since the last look; a result when the run ends."""
-        state = self._engine_session()
+        state = self._engine.session(self.session_id)
         if state is None or state.session_id != self.session_id:
             if state is not None and self._run.state != ReaderState.WAITING:
                 raise SnapshotError(f"{self._where()}: replaced by session "
@@ -870,7 +884,7 @@ class SnapshotReader:
         """Chunks wait, and the engine has not written a checkpoint for too long: it is down."""
         if not self._run.pending:
             return
-        quiet = time.monotonic() - self._checkpoint_changed_at
+        quiet = time.monotonic() - self._engine.changed_at
         if quiet < self.stall_timeout_seconds:
             return
         waiting = ", ".join(str(s) for s in sorted(self._run.pending))
