@@ -31,7 +31,7 @@ from cdc_platform.capture.snapshot.errors import SnapshotError
 from cdc_platform.capture.snapshot.protocol import ReaderLock, reader_alive
 from cdc_platform.capture.store.storage import FileStore, LocalFileStore
 from cdc_platform_tests import s3_fixtures
-from cdc_platform_tests.capture.snapshot.test_reader import (
+from cdc_platform_tests.capture.snapshot.reading.live_engine import (
     _items,
     _wait_until,
     invisible,

@@ -26,7 +26,7 @@ from cdc_platform.capture.ddl.stale_markers import (
 )
 from cdc_platform.capture.events import EngineError
 from cdc_platform.devservices.mariadb import MariaDBServer
-from cdc_platform_tests.capture.snapshot.test_reader import invisible, streaming
+from cdc_platform_tests.capture.snapshot.reading.live_engine import invisible, streaming
 from cdc_platform_tests.conftest import CdcEnv
 
 _ITEMS = "(id INT PRIMARY KEY, name VARCHAR(40), price DECIMAL(10,2))"

@@ -12,7 +12,7 @@ import dagster as dg
 import pytest
 
 from cdc_platform.capture.ddl.stale_markers import read_markers, resolve_markers, target_staleness
-from cdc_platform_tests.capture.snapshot.test_reader import (
+from cdc_platform_tests.capture.snapshot.reading.live_engine import (
     finish_and_reconcile,
     snapshot_reader,
     streaming,

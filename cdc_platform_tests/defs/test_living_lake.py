@@ -20,7 +20,7 @@ import pytest
 
 from cdc_platform.defs.lake.applier import APPLIER_TAG, CHILD_PID_TAG, PID_TAG, REASON_TAG
 from cdc_platform.defs.signals.sensors import SNAPSHOT_TABLE_TAG
-from cdc_platform_tests.capture.snapshot.test_reader import EngineThread
+from cdc_platform_tests.capture.snapshot.reading.live_engine import EngineThread
 from cdc_platform_tests.conftest import CdcEnv
 from cdc_platform_tests.defs.test_signal_runs import Writes, daemon, wait_for
 from cdc_platform_tests.lake.test_applier_process import parent_of

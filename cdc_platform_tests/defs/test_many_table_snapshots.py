@@ -23,7 +23,7 @@ from cdc_platform.definitions import build_definitions
 from cdc_platform.defs.snapshots.definitions import snapshot_op_name
 from cdc_platform.defs.snapshots.sensors import ATTEMPT_TAG
 from cdc_platform.demo.run import create_dagster_storage
-from cdc_platform_tests.capture.snapshot.test_reader import EngineThread
+from cdc_platform_tests.capture.snapshot.reading.live_engine import EngineThread
 from cdc_platform_tests.conftest import CdcEnv
 from cdc_platform_tests.defs.test_automatic_snapshots import Sensor
 from cdc_platform_tests.defs.test_snapshot_assets import snapshot_status, streaming

@@ -30,7 +30,10 @@ from cdc_platform.defs.lake.applier import PID_TAG
 from cdc_platform.defs.signals.sensors import SNAPSHOT_TABLE_TAG, sensor_name
 from cdc_platform.defs.snapshots.definitions import run_session_prefix
 from cdc_platform.demo.run import create_dagster_storage
-from cdc_platform_tests.capture.snapshot.test_reader import EngineThread, finish_and_reconcile
+from cdc_platform_tests.capture.snapshot.reading.live_engine import (
+    EngineThread,
+    finish_and_reconcile,
+)
 from cdc_platform_tests.conftest import CdcEnv
 from cdc_platform_tests.defs.test_snapshot_assets import snapshot_status
 

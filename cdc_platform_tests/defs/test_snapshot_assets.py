@@ -19,7 +19,7 @@ from cdc_platform.capture.snapshot import protocol
 from cdc_platform.definitions import build_definitions
 from cdc_platform.defs.snapshots.definitions import snapshot_op_name
 from cdc_platform.demo.run import create_dagster_storage
-from cdc_platform_tests.capture.snapshot.test_reader import EngineThread
+from cdc_platform_tests.capture.snapshot.reading.live_engine import EngineThread
 from cdc_platform_tests.conftest import CdcEnv
 
 

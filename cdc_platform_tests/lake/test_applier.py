@@ -34,7 +34,7 @@ from cdc_platform.lake.applier import (
     first_load_waits,
     same_position,
 )
-from cdc_platform_tests.capture.snapshot.test_reader import streaming
+from cdc_platform_tests.capture.snapshot.reading.live_engine import streaming
 from cdc_platform_tests.conftest import CdcEnv
 
 

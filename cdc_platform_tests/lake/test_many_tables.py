@@ -21,7 +21,7 @@ from cdc_platform.lake import applier as applier_module
 from cdc_platform.lake.applier import Applied, Failed
 from cdc_platform.lake.arrow_load import local_hadoop_catalog
 from cdc_platform.lake.iceberg import namespace_name, table_name
-from cdc_platform_tests.capture.snapshot.test_reader import streaming
+from cdc_platform_tests.capture.snapshot.reading.live_engine import streaming
 from cdc_platform_tests.conftest import CdcEnv
 from cdc_platform_tests.lake.test_applier import Running, _options, _wait
 

@@ -247,7 +247,7 @@ def test_a_change_that_rewrites_values_is_marked_and_the_re_snapshot_makes_it_ex
         cdc_env: CdcEnv, spark: Any) -> None:
     """CHANGE to a new name and a shorter type (sql_mode '' truncates instead of failing): the
     marker stays, the values stay under the new name meanwhile, the snapshot fixes them."""
-    from cdc_platform_tests.capture.snapshot.test_reader import (
+    from cdc_platform_tests.capture.snapshot.reading.live_engine import (
         finish_and_reconcile,
         snapshot_reader,
         streaming,

@@ -756,7 +756,7 @@ def _half_done(landing: LandingZone, db: str, table: str, pid: int) -> bool:
 @pytest.mark.cdc_config(capture={"flush_interval_seconds": 0.05})
 def test_sweeps_killed_at_random_moments_never_cost_the_lake_or_the_engine_a_record(
         cdc_env: Any, spark: Any) -> None:
-    from cdc_platform_tests.capture.snapshot.test_reader import snapshot_reader
+    from cdc_platform_tests.capture.snapshot.reading.live_engine import snapshot_reader
 
     env = cdc_env
     env.execute("CREATE TABLE items (id INT PRIMARY KEY, name VARCHAR(40))",

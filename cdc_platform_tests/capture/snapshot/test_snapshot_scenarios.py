@@ -32,7 +32,7 @@ from cdc_platform.capture.snapshot.reading.progress import (
     SnapshotProgress,
     SnapshotResult,
 )
-from cdc_platform_tests.capture.snapshot.test_reader import (
+from cdc_platform_tests.capture.snapshot.reading.live_engine import (
     EngineThread,
     _engine_session,
     _engine_state,
