@@ -34,7 +34,7 @@ from cdc_platform.capture.engine import EngineError
 from cdc_platform.capture.schema import landing_arrays
 from cdc_platform.capture.snapshot.chunks import ChunkedTable, ChunkKey
 from cdc_platform.capture.values import canonical_value
-from cdc_platform_tests.capture.snapshot.chunk_reading import read_table_in_chunks
+from cdc_platform_tests.capture.snapshot.reading.chunk_reading import read_table_in_chunks
 from cdc_platform_tests.conftest import CdcEnv
 
 # sql_mode of the writes: zero and invalid dates, and invalid ENUM values, are storable.

@@ -32,7 +32,7 @@ from cdc_platform.capture.snapshot.reading.keyset import (
     with_row_bound,
 )
 from cdc_platform.capture.source import connect, read_table_schema
-from cdc_platform_tests.capture.snapshot.chunk_reading import read_table_in_chunks
+from cdc_platform_tests.capture.snapshot.reading.chunk_reading import read_table_in_chunks
 
 ABC = TableSchema("shop", "t", (ColumnSpec("a", "int"), ColumnSpec("b", "int"),
                                 ColumnSpec("c", "string"), ColumnSpec("v", "float")))

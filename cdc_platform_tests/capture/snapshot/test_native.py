@@ -29,7 +29,7 @@ from cdc_platform.capture.snapshot.reading.keyset import (
 )
 from cdc_platform.capture.source import connect, is_retriable, read_table_schema
 from cdc_platform.capture.start_errors import describe_start_error
-from cdc_platform_tests.capture.snapshot.chunk_reading import read_table_in_chunks
+from cdc_platform_tests.capture.snapshot.reading.chunk_reading import read_table_in_chunks
 from cdc_platform_tests.torture import cells
 
 DB = "native_types"
