@@ -8,7 +8,12 @@ and rejected chunks in ``checkpoint.json`` under ``"snapshots"``. Deciding what 
 is the engine's job (``commit_rule``); the reader only reads, waits and re-reads rejected ranges.
 
 The files are ``protocol``'s; pause/resume/stop from outside a run are ``actions``; the run's
-progress, result and ``reader.state`` are ``progress``. :class:`SnapshotReader` owns the run.
+progress, result and ``reader.state`` are ``progress``. :class:`SnapshotReader` owns the run:
+how it opens, adopts or replaces its session is ``opening``'s (which it inherits), the run's
+state is a ``run_state.ReadRun``, the engine's decisions reach it through
+``engine_view.EngineView`` and its reads reach the source through
+``connection.ReplicaConnection``; what is here is the loop of reading, publishing and
+following the engine.
 
 Pure Python, no Dagster: ``defs/snapshots`` runs it in a thread and relays its log.
 """
