@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow.parquet as pq
 
@@ -21,7 +21,9 @@ from cdc_platform.capture.snapshot.protocol import (
 )
 from cdc_platform.capture.snapshot.reading.reader import SnapshotReader
 from cdc_platform.capture.source import selector_from_settings
-from cdc_platform_tests.conftest import CdcEnv
+
+if TYPE_CHECKING:  # (a helper module, not a test: it does not import the conftest)
+    from cdc_platform_tests.conftest import CdcEnv
 
 
 def _wait_until(condition: Callable[[], bool], timeout: float = 90.0) -> None:
