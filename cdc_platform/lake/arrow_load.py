@@ -35,9 +35,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeGuard
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyiceberg.exceptions import (
     CommitFailedException,
     NoSuchTableError,
@@ -67,29 +65,18 @@ from pyiceberg.types import (
 )
 from pyspark.sql import types as spark_types
 
-from cdc_platform.capture.keys import Key, key_order, range_ordered
 from cdc_platform.capture.landing.zone import Checkpoint
 from cdc_platform.capture.landing_contract import (
     CREATE,
-    DELETE,
-    HI_OPEN,
-    INSTRUCTION_OPS,
-    LO_OPEN,
-    OP,
     POS,
-    ROW_OPS,
     SNAPSHOT_ROW,
-    SWEEP,
-    THRESHOLD,
-    TS_MS,
     UPDATE,
-    hi_column,
 )
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.store import open_store
 from cdc_platform.lake.changelog import BatchPlan, TableChangelog
 from cdc_platform.lake.columns import spark_type
-from cdc_platform.lake.fold import arrow_fold_latest, same_as_previous
+from cdc_platform.lake.fold import _count
 from cdc_platform.lake.iceberg import row_delta
 from cdc_platform.lake.iceberg.catalog import namespace_name, quote, table_name
 from cdc_platform.lake.iceberg.commit import ConcurrentCommitError
@@ -108,7 +95,6 @@ from cdc_platform.lake.iceberg.snapshots import (
     Snapshot,
     marked_ancestor,
 )
-from cdc_platform.lake.range_assertions import Instruction, Interval, intervals
 
 log = logging.getLogger(__name__)
 
@@ -442,121 +428,6 @@ def fits(table: Table, schema: TableSchema, wanted: Schema, renames: Sequence[An
         return False
     have = [(f.name, f.field_type) for f in table.schema().fields]
     return have == [(f.name, f.field_type) for f in wanted.fields]
-
-
-def _count(batch: pa.Table, schema: TableSchema, snapshot_columns: bool, table_id: str
-           ) -> tuple[pa.Table, pa.ChunkedArray, dict[str, int]] | None:
-    """The batch's row records folded (each key's newest: ``fold.arrow_fold_latest``), which
-    of them become rows, and ``fold.spark_stats``'s counts; None when a record is not one
-    this path reads exactly (an unknown op, an instruction without the snapshot columns or
-    with bad fields: the Spark path refuses those with its error)."""
-    ops = batch.column(OP)
-    known = pc.is_in(ops, value_set=pa.array(ROW_OPS + INSTRUCTION_OPS))
-    if ops.null_count or not pc.all(known).as_py():
-        return None
-    is_instruction = pc.is_in(ops, value_set=pa.array(INSTRUCTION_OPS))
-    instructions_found = pc.any(is_instruction).as_py()
-    if instructions_found and not snapshot_columns:
-        return None
-    keys = list(schema.primary_key)
-    rows = batch.filter(pc.invert(is_instruction)) if instructions_found else batch
-    if any(pa.types.is_floating(rows.schema.field(k).type) for k in keys):
-        return None  # (Spark groups -0.0 with 0.0 and NaN with NaN: its path folds them)
-    # The keys sorted once (lexicographic, NULL first: keys.key_order): a repeat is a
-    # neighbour, and the range assertions' intervals are runs (asserted_away).
-    order = pc.sort_indices(rows, sort_keys=[(k, "ascending", "at_start") for k in keys])
-    ordered = rows.select(keys).take(order)
-    if same_as_previous(ordered).any():  # a key with several records: its newest counts
-        rows = arrow_fold_latest(rows, keys)
-        order = pc.sort_indices(rows, sort_keys=[(k, "ascending", "at_start") for k in keys])
-        ordered = rows.select(keys).take(order)
-    counts = {op: pc.sum(pc.equal(rows.column(OP), op)).as_py() or 0 for op in ROW_OPS}
-    counts["records"] = batch.num_rows
-    counts["max_pos"] = int(pc.max(batch.column(POS)).as_py())
-    counts["newest_ms"] = int(pc.max(batch.column(TS_MS)).as_py() or 0)
-    counts["oldest_ms"] = int(pc.min(batch.column(TS_MS)).as_py() or 0)
-    removed = np.zeros(rows.num_rows, dtype=bool)
-    if instructions_found:
-        found = instructions_of(batch.filter(is_instruction), schema)
-        if found is None:
-            return None
-        cut = intervals(found)
-        if any(verdict is not None for _, verdict in cut):
-            log.info("%s: applying %d range assertions/sweeps", table_id, len(found))
-            removed = asserted_away(rows, order, ordered, cut)
-    live = pc.not_equal(rows.column(OP), DELETE)
-    kept = pc.and_(live, pa.array(~removed))
-    counts["asserted"] = int(np.count_nonzero(
-        removed & np.asarray(live.to_numpy(zero_copy_only=False), dtype=bool)))
-    return rows, kept, counts
-
-
-def instructions_of(records: pa.Table, schema: TableSchema) -> list[Instruction] | None:
-    """``merge._collect_instructions`` in Arrow: the ``a``/``s`` records as instructions with
-    their bounds as Python values (compared only with the batch's own keys read the same
-    way); None for any record the Spark path would refuse (it says why)."""
-    keys = list(schema.primary_key)
-    instructions = []
-    for record in records.to_pylist():
-        pos, threshold = record[POS], record[THRESHOLD]
-        if threshold is None or threshold > pos:
-            return None
-        if record[OP] == SWEEP:
-            instructions.append(Instruction(pos, threshold, None, None))
-            continue
-        if record[LO_OPEN] is None or record[HI_OPEN] is None:
-            return None
-        low: Key | None = None if record[LO_OPEN] else tuple(record[k] for k in keys)
-        high: Key | None = None if record[HI_OPEN] else tuple(record[hi_column(k)]
-                                                              for k in keys)
-        instructions.append(Instruction(pos, threshold, low, high))
-    ranged = any(i.low is not None or i.high is not None for i in instructions)
-    if ranged and not all(range_ordered(schema.column(k)) for k in keys):
-        return None  # (text keys take sweeps only: the Spark path refuses their assertions)
-    return instructions
-
-
-def asserted_away(rows: pa.Table, order: pa.Array, ordered: pa.Table,
-                   cut: Sequence[Interval]) -> np.ndarray:
-    """For each row record (one per key, so each key's latest record): whether a range
-    assertion or sweep deletes its key (``range_assertions.tombstone_position`` not None:
-    its interval has a verdict whose threshold is above the record's position).
-
-    ``ordered``: the keys sorted by ``order`` (lexicographic, NULL first: ``keys.key_order``,
-    which Arrow's order of the range-ordered types is); each interval's end is found by
-    bisection, so the cost is that sort, not a comparison per key and interval."""
-    count = rows.num_rows
-    thresholds = np.full(count, np.iinfo(np.int64).min, dtype=np.int64)
-    if len(cut) == 1:
-        verdict = cut[0][1]
-        if verdict is not None:
-            thresholds[:] = verdict[0]
-        return rows.column(POS).to_numpy() < thresholds
-    columns = ordered.columns
-
-    def order_at(index: int) -> tuple:
-        return key_order(tuple(column[index].as_py() for column in columns))
-
-    start = 0
-    for upper, verdict in cut:
-        if upper is None:
-            end = count
-        else:
-            bound, low, high = key_order(upper), start, count
-            while low < high:  # the first sorted key above ``upper``
-                middle = (low + high) // 2
-                if order_at(middle) <= bound:
-                    low = middle + 1
-                else:
-                    high = middle
-            end = low
-        if verdict is not None:
-            thresholds[start:end] = verdict[0]
-        start = end
-    positions = rows.column(POS).take(order).to_numpy()
-    removed = np.zeros(count, dtype=bool)
-    removed[order.to_numpy()] = positions < thresholds
-    return removed
 
 
 def project(rows: pa.Table, schema: Schema) -> pa.Table:

@@ -12,7 +12,7 @@ consumed mark (``iceberg.row_delta``). Into an empty target it is the initial lo
 Same rule as the MERGE (``lake.merge``), so the same table: per key the newest record of the
 batch (``fold.arrow_fold_latest``); a record not newer than the row it matches is ignored; a
 delete deletes; range assertions and sweeps delete the live keys they judge
-(``range_assertions``, as ``arrow_load`` judges them), keys in the batch and in the table
+(``range_assertions``, as ``verdicts.asserted_away`` judges them), keys in the batch and in the table
 alike. The mark is read from the table and the snapshot is published only if main has not
 moved since (compare-and-swap); a lost race is ConcurrentCommitError, and ``materialise``
 runs again from the new snapshot.
@@ -51,12 +51,10 @@ from cdc_platform.capture.landing_contract import (
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.lake.arrow_load import (
     Loaded,
-    asserted_away,
     create_empty,
     fits,
     iceberg_schema,
     identifier_of,
-    instructions_of,
     key_columns,
     lake_catalog,
     live_rows,
@@ -87,6 +85,7 @@ from cdc_platform.lake.iceberg.rest import LakeRestCatalog
 from cdc_platform.lake.iceberg.row_delta import commit, write_position_deletes, write_rows
 from cdc_platform.lake.iceberg.snapshots import CONSUMED_GTID, CONSUMED_POS, Snapshot
 from cdc_platform.lake.range_assertions import intervals
+from cdc_platform.lake.verdicts import asserted_away, instructions_of
 
 log = logging.getLogger(__name__)
 

@@ -30,6 +30,8 @@ from cdc_platform.capture.landing_contract import (
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.lake.changelog import BatchPlan, TableChangelog
 from cdc_platform.lake.columns import col
+from cdc_platform.lake.range_assertions import intervals
+from cdc_platform.lake.verdicts import asserted_away, instructions_of
 
 log = logging.getLogger(__name__)
 
@@ -242,6 +244,53 @@ def arrow_stats(records: pa.Table, keys: list[str], instructions: bool
         "deleted": int(np.count_nonzero(row & existed & ~exists)),
     }
     return counts
+
+
+def _count(batch: pa.Table, schema: TableSchema, snapshot_columns: bool, table_id: str
+           ) -> tuple[pa.Table, pa.ChunkedArray, dict[str, int]] | None:
+    """The batch's row records folded (each key's newest: ``fold.arrow_fold_latest``), which
+    of them become rows, and ``fold.spark_stats``'s counts; None when a record is not one
+    this path reads exactly (an unknown op, an instruction without the snapshot columns or
+    with bad fields: the Spark path refuses those with its error)."""
+    ops = batch.column(OP)
+    known = pc.is_in(ops, value_set=pa.array(ROW_OPS + INSTRUCTION_OPS))
+    if ops.null_count or not pc.all(known).as_py():
+        return None
+    is_instruction = pc.is_in(ops, value_set=pa.array(INSTRUCTION_OPS))
+    instructions_found = pc.any(is_instruction).as_py()
+    if instructions_found and not snapshot_columns:
+        return None
+    keys = list(schema.primary_key)
+    rows = batch.filter(pc.invert(is_instruction)) if instructions_found else batch
+    if any(pa.types.is_floating(rows.schema.field(k).type) for k in keys):
+        return None  # (Spark groups -0.0 with 0.0 and NaN with NaN: its path folds them)
+    # The keys sorted once (lexicographic, NULL first: keys.key_order): a repeat is a
+    # neighbour, and the range assertions' intervals are runs (asserted_away).
+    order = pc.sort_indices(rows, sort_keys=[(k, "ascending", "at_start") for k in keys])
+    ordered = rows.select(keys).take(order)
+    if same_as_previous(ordered).any():  # a key with several records: its newest counts
+        rows = arrow_fold_latest(rows, keys)
+        order = pc.sort_indices(rows, sort_keys=[(k, "ascending", "at_start") for k in keys])
+        ordered = rows.select(keys).take(order)
+    counts = {op: pc.sum(pc.equal(rows.column(OP), op)).as_py() or 0 for op in ROW_OPS}
+    counts["records"] = batch.num_rows
+    counts["max_pos"] = int(pc.max(batch.column(POS)).as_py())
+    counts["newest_ms"] = int(pc.max(batch.column(TS_MS)).as_py() or 0)
+    counts["oldest_ms"] = int(pc.min(batch.column(TS_MS)).as_py() or 0)
+    removed = np.zeros(rows.num_rows, dtype=bool)
+    if instructions_found:
+        found = instructions_of(batch.filter(is_instruction), schema)
+        if found is None:
+            return None
+        cut = intervals(found)
+        if any(verdict is not None for _, verdict in cut):
+            log.info("%s: applying %d range assertions/sweeps", table_id, len(found))
+            removed = asserted_away(rows, order, ordered, cut)
+    live = pc.not_equal(rows.column(OP), DELETE)
+    kept = pc.and_(live, pa.array(~removed))
+    counts["asserted"] = int(np.count_nonzero(
+        removed & np.asarray(live.to_numpy(zero_copy_only=False), dtype=bool)))
+    return rows, kept, counts
 
 
 def _unique_rows(rows: DataFrame) -> DataFrame:

@@ -1,7 +1,7 @@
 """The interval algebra of range assertions and sweeps: which keys an instruction judges, and
 by which threshold. Pure functions of the instructions (no Spark), so they are property-tested
-against a key-by-key model (cdc_platform_tests/lake/test_range_assertions.py); ``lake.merge``
-renders their result as Spark column expressions.
+against a key-by-key model (cdc_platform_tests/lake/test_range_assertions.py); ``lake.verdicts``
+applies their result, in Spark and in Arrow.
 
 A range assertion (``a``) at position P with threshold T over ``(low, high]`` says: a key in
 that range whose latest record is below T does not exist at P; a sweep (``s``) says the same of
@@ -106,7 +106,7 @@ class Split:
 def verdict_tree(cut: Sequence[Interval]) -> Split | Verdict | None:
     """A balanced tree of ``key <= upper`` tests over the intervals, so a key is judged
     with about log2(intervals) comparisons however many instructions the batch holds
-    (``lake.merge`` renders it as nested ``CASE WHEN``)."""
+    (``lake.verdicts`` renders it as nested ``CASE WHEN``)."""
 
     def build(lo: int, hi: int) -> Split | Verdict | None:
         if lo == hi:

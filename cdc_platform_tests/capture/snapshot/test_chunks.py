@@ -100,7 +100,7 @@ def test_range_assertions_follow_the_landed_type_as_the_lake_does(column: Column
     """Range assertions only for keys the lake accepts them on (it refuses text keys: a DECIMAL
     above 38 digits lands as text, whatever its kind)."""
     pytest.importorskip("pyspark")
-    from cdc_platform.lake.merge import unordered_key_columns
+    from cdc_platform.lake.verdicts import unordered_key_columns
 
     assert range_ordered(column) is ordered
     schema = TableSchema("shop", "t", (column, ColumnSpec("v", "int")), ("k",))
