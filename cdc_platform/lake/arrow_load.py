@@ -76,7 +76,7 @@ from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.store import open_store
 from cdc_platform.lake.changelog import BatchPlan, TableChangelog
 from cdc_platform.lake.columns import spark_type
-from cdc_platform.lake.fold import _count
+from cdc_platform.lake.fold import arrow_fold_for_append
 from cdc_platform.lake.iceberg import row_delta
 from cdc_platform.lake.iceberg.catalog import namespace_name, quote, table_name
 from cdc_platform.lake.iceberg.commit import ConcurrentCommitError
@@ -262,7 +262,7 @@ def load_into_empty(changelog: TableChangelog, lake: LocalHadoopCatalog | LakeRe
     batch = read_exactly(changelog, plan, after_pos, before_pos)
     if batch is None:
         return None
-    counted = _count(batch, schema, plan.snapshot_columns, changelog.table_id)
+    counted = arrow_fold_for_append(batch, schema, plan.snapshot_columns, changelog.table_id)
     if counted is None:
         return None
     rows, kept, counts = counted

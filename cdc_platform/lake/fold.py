@@ -3,8 +3,9 @@
 Spark's fold (``fold``, ``fold_latest``) runs inside the MERGE's plan; the counts come from
 pyarrow (``arrow_stats``, one read of the keys, position, op and commit time of each record)
 or, where Arrow would group keys otherwise or the batch is too large, from Spark's job
-(``stats``). Each rule is written once per engine, side by side, and the two are
-property-tested against each other (``test_fold_counts``).
+(``spark_stats``). Each rule is written once per engine, side by side, and the two are
+property-tested against each other (``test_fold_counts``). An append into an empty target
+without Spark folds, counts and judges its batch in one pass (``arrow_fold_for_append``).
 """
 
 from __future__ import annotations
@@ -246,10 +247,12 @@ def arrow_stats(records: pa.Table, keys: list[str], instructions: bool
     return counts
 
 
-def _count(batch: pa.Table, schema: TableSchema, snapshot_columns: bool, table_id: str
-           ) -> tuple[pa.Table, pa.ChunkedArray, dict[str, int]] | None:
-    """The batch's row records folded (each key's newest: ``fold.arrow_fold_latest``), which
-    of them become rows, and ``fold.spark_stats``'s counts; None when a record is not one
+def arrow_fold_for_append(batch: pa.Table, schema: TableSchema, snapshot_columns: bool,
+                          table_id: str
+                          ) -> tuple[pa.Table, pa.ChunkedArray, dict[str, int]] | None:
+    """For an append into an empty target (``lake.arrow_load``): the batch's row records
+    folded (each key's newest: ``arrow_fold_latest``), which of them become rows (not deletes,
+    not judged away: ``verdicts.asserted_away``), and ``spark_stats``'s counts; None when a record is not one
     this path reads exactly (an unknown op, an instruction without the snapshot columns or
     with bad fields: the Spark path refuses those with its error)."""
     ops = batch.column(OP)

@@ -5,7 +5,7 @@ its append, in Arrow for the merges and loads without Spark.
 threshold (its interval algebra). This module holds what each engine needs to apply those
 verdicts, side by side so the two implementations of each rule sit together: reading the
 batch's ``a``/``s`` records as instructions (``_collect_instructions`` by a Spark job,
-``instructions_of`` by pyarrow), and judging keys (``_tombstones`` and ``_not_asserted_away``
+``instructions_of`` by pyarrow), and judging keys (``tombstones`` and ``not_asserted_away``
 as Spark column expressions, ``asserted_away`` over Arrow's sorted keys). ``lake.merge``
 orchestrates the Spark side; ``lake.arrow_merge`` and ``lake.fold`` the Arrow one.
 """
@@ -98,9 +98,9 @@ def _verdicts(table_id: str, batch: DataFrame, schema: TableSchema) -> _Verdicts
                      _span_filter(covered_spans(cut, MAX_FILTER_SPANS), keys, key_types))
 
 
-def _not_asserted_away(table_id: str, batch: DataFrame, schema: TableSchema) -> Column | None:
+def not_asserted_away(table_id: str, batch: DataFrame, schema: TableSchema) -> Column | None:
     """For a batch into an empty table, folded to one record per key: the condition its rows
-    meet unless a range assertion or sweep deletes their key (the rule of ``_tombstones``,
+    meet unless a range assertion or sweep deletes their key (the rule of ``tombstones``,
     where each key's latest record is its own row), or None when no instruction deletes
     anything. Never NULL (``_key_le``)."""
     verdicts = _verdicts(table_id, batch, schema)
@@ -112,14 +112,14 @@ def _not_asserted_away(table_id: str, batch: DataFrame, schema: TableSchema) -> 
     return ~away
 
 
-def _tombstones(
+def tombstones(
     table_id: str, batch: DataFrame, folded: DataFrame, state: DataFrame, schema: TableSchema,
 ) -> DataFrame | None:
     """The deletes the batch's range assertions and sweeps call for, or None if none can.
 
     ``folded`` holds the batch's row records, one per key (newest), and ``state`` the table's
     rows (keys and ``__cdc_pos``) as of the snapshot the batch applies to (an empty table:
-    ``_not_asserted_away``). A key live after the batch whose latest position is below the
+    ``not_asserted_away``). A key live after the batch whose latest position is below the
     highest threshold of the instructions covering it gets a tombstone at that instruction's
     position (never below the threshold, so above the key's latest record).
     """
