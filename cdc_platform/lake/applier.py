@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from pyspark.sql import SparkSession
 
@@ -234,8 +234,6 @@ FIRST_LOAD_POLL_SECONDS = 0.25
 # platform starting (no table recorded yet, snapshots landing) is busy with other work.
 SPARK_IDLE_START_SECONDS = 30.0
 MAX_RETRY_SECONDS = 300.0
-# On stop, a sweep still running is waited for this long (then left: it is kill -9 safe).
-SWEEP_STOP_WAIT_SECONDS = 10.0
 # Compactions and snapshot expiries without Spark a pass runs at most: tables created and
 # merged together cross their thresholds in the same pass (a hundred at once held a pass for
 # 36 s); the others wait for their next merge.
@@ -328,9 +326,6 @@ class Applier:
         self._spark_lock = threading.Lock()  # (merge threads may ask for the session at once)
         self._upkeep_lock = threading.Lock()
         self._pass_upkeeps = 0  # (compactions and expiries without Spark in this pass)
-        self._last_sweep = time.monotonic()
-        self._sweeping: threading.Thread | None = None  # (the landing zone's sweep, if running)
-        self._swept: list[retention.RetentionReport | BaseException] = []  # (to report)
         # The newest survey of the landing zone: a merge starts from it, taken again within a
         # pass once it is ``poll_seconds`` old (``_survey_for_merge``).
         self._survey_lock = threading.Lock()
@@ -339,6 +334,7 @@ class Applier:
         self._survey_seconds = 0.0  # (what the last one took)
         self._landing = LandingReader.open(options.landing_url, options.server_name,
                                            s3=options.s3)
+        self._landing_sweep = LandingSweep(options, self._landing)
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -407,8 +403,7 @@ class Applier:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
                 self._pool = None
-            if self._sweeping is not None:  # (safe to stop at any point: it is kill -9 safe)
-                self._sweeping.join(SWEEP_STOP_WAIT_SECONDS)
+            self._landing_sweep.stop()
 
     def _until_next_cycle(self, started: float) -> float:
         """Seconds until the next pass: ``poll_seconds`` after this one started, or sooner when
@@ -461,10 +456,9 @@ class Applier:
         self._idle_since = None if self._pass_pending else (self._idle_since or now)
         if self._idle_since is not None and now - self._idle_since >= SPARK_IDLE_START_SECONDS:
             self._start_spark_in_background()
-        if self.sweep_landing_zone and (
-                self._swept or
-                time.monotonic() - self._last_sweep >= self.options.sweep_interval_seconds):
-            self._sweep_in_background(tables)
+        if self.sweep_landing_zone and self._landing_sweep.due():
+            for swept in self._landing_sweep.in_background(tables, self.states):
+                self.emit(swept)
 
     def tables(self) -> list[TableSchema]:
         """The captured tables with a key, as the engine recorded them (new tables join as
@@ -780,20 +774,64 @@ class Applier:
                                 self.options.reconcile_range_rows,
                                 self.options.reconcile_sample_keys)
 
+    def _sweep(self, tables: list[TableSchema]) -> None:
+        """Sweep the landing zone now (``capture.landing.retention``)."""
+        swept = self._landing_sweep.now(tables, self.states)
+        if swept is not None:
+            self.emit(swept)
+
+
+class _Mark(Protocol):
+    """What a sweep reads of a table's state in the applier (``_TableState``)."""
+
+    known: bool  # consumed_pos was read from the target
+    consumed_pos: int | None
+
+
+# On stop, a sweep still running is waited for this long (then left: it is kill -9 safe).
+SWEEP_STOP_WAIT_SECONDS = 10.0
+
+
+class LandingSweep:
+    """The applier's sweeps of the landing zone: what every target has consumed, once older
+    than the retention, goes (``capture.landing.retention``). A sweep reads and compacts
+    every small consumed segment: with a thousand tables, tens of thousands of files a
+    minute, seconds to a minute of work during which no table would be merged, so the loop
+    runs it in a thread of its own (``in_background``) and reports it when done."""
+
+    def __init__(self, options: ApplierOptions, landing: LandingReader) -> None:
+        self.options = options
+        self._landing = landing
+        self._last_sweep = time.monotonic()
+        self._sweeping: threading.Thread | None = None  # (the landing zone's sweep, if running)
+        self._swept: list[retention.RetentionReport | BaseException] = []  # (to report)
+
+    def due(self) -> bool:
+        """Whether a sweep finished (to report) or ``sweep_interval_seconds`` have passed
+        since the last one started."""
+        return bool(self._swept) or (
+            time.monotonic() - self._last_sweep >= self.options.sweep_interval_seconds)
+
+    def stop(self) -> None:
+        """Wait a little for a sweep still running (safe to stop at any point: it is kill -9
+        safe)."""
+        if self._sweeping is not None:
+            self._sweeping.join(SWEEP_STOP_WAIT_SECONDS)
+
     def _sweep_landing_zone(self, consumed: Mapping[str, int | None], unread: list[str]
                             ) -> retention.RetentionReport:
         landing = LandingZone(self.options.landing_url, self.options.server_name,
                               s3=self.options.s3)
         return retention.sweep(landing, consumed, unread, self.options.retention_seconds)
 
-    def _sweep_inputs(self, tables: list[TableSchema]
-                      ) -> tuple[dict[str, int | None], list[str]] | None:
+    def _inputs(self, tables: list[TableSchema], states: Mapping[str, _Mark]
+                ) -> tuple[dict[str, int | None], list[str]] | None:
         """Every target's consumed mark and the tables no target reads, for a sweep; None
         while a target has not been read yet (wait for its first pass)."""
         keyed = {s.table_id for s in tables}
         consumed = {}
         for schema in tables:
-            state = self.states[schema.table_id]
+            state = states[schema.table_id]
             if not state.known:
                 return None
             consumed[schema.table_id] = state.consumed_pos
@@ -801,42 +839,43 @@ class Applier:
         # target is not maintained; widened again, the table is snapshotted, as any table that
         # becomes captured holding rows): its segments go once older than the retention.
         selector = self.options.selector
-        unread = [t for t in self.states if t not in keyed] + [
+        unread = [t for t in states if t not in keyed] + [
             names.table_id(database, table) for database, table in self._landing.changelog_tables()
             if not selector.captures(database, table)]
         return consumed, unread
 
-    def _sweep(self, tables: list[TableSchema]) -> None:
-        """Sweep the landing zone now (``capture.landing.retention``)."""
+    def now(self, tables: list[TableSchema], states: Mapping[str, _Mark]) -> Swept | None:
+        """Sweep the landing zone now, in this thread; what it did, or None (nothing to
+        sweep by yet, or it failed: logged)."""
         self._last_sweep = time.monotonic()
-        inputs = self._sweep_inputs(tables)
+        inputs = self._inputs(tables, states)
         if inputs is None:
-            return
+            return None
         try:
             report = self._sweep_landing_zone(*inputs)
         except Exception as error:  # noqa: BLE001 - retention waits for the next sweep
             log.warning("applier: landing-zone retention failed: %s", error)
-            return
-        self.emit(Swept(report))
+            return None
+        return Swept(report)
 
-    def _sweep_in_background(self, tables: list[TableSchema]) -> None:
-        """Start a sweep in a thread of its own, unless one still runs; report finished ones.
-        A sweep reads and compacts every small consumed segment: with a thousand tables, tens
-        of thousands of files a minute, seconds to a minute of work during which no table
-        would be merged. (Safe beside merges: it touches only segments below every target's
-        mark, and one sweep runs at a time: ``retention.sweep``'s lock.)"""
+    def in_background(self, tables: list[TableSchema], states: Mapping[str, _Mark]
+                      ) -> list[Swept]:
+        """Start a sweep in a thread of its own, unless one still runs; return the finished
+        ones. (Safe beside merges: it touches only segments below every target's mark, and
+        one sweep runs at a time: ``retention.sweep``'s lock.)"""
+        finished = []
         while self._swept:
             outcome = self._swept.pop(0)
             if isinstance(outcome, BaseException):
                 log.warning("applier: landing-zone retention failed: %s", outcome)
             else:
-                self.emit(Swept(outcome))
+                finished.append(Swept(outcome))
         if self._sweeping is not None and self._sweeping.is_alive():
-            return
+            return finished
         self._last_sweep = time.monotonic()
-        inputs = self._sweep_inputs(tables)
+        inputs = self._inputs(tables, states)
         if inputs is None:
-            return
+            return finished
 
         def sweep() -> None:
             try:
@@ -846,6 +885,7 @@ class Applier:
 
         self._sweeping = threading.Thread(target=sweep, name="applier-retention", daemon=True)
         self._sweeping.start()
+        return finished
 
 
 def reconcile_target(spark: SparkSession, target: LakeTable, connection: Mapping[str, Any],
