@@ -3,7 +3,7 @@
 
 ``python -m bench.profile_applier [--rate 2000] [--seconds 60] [--top 30]``: the e2e bench's
 table and writers (``bench.lake_e2e``), the engine as ``python -m cdc_platform stream``, and
-``cdc_platform.lake.applier.Applier`` with the same config as ``python -m cdc_platform apply``
+``cdc_platform.lake.applier.loop.Applier`` with the same config as ``python -m cdc_platform apply``
 would build it. After a warm-up merge (not profiled), prints each merge's records and seconds,
 the Spark SQL statements the applier ran by kind (count, total and mean seconds: a statement
 that writes runs when ``spark.sql`` is called), the Spark actions (``collect``, ``first``,
@@ -122,7 +122,8 @@ def main() -> int:
         profile_initial_load(args.initial_load_rows, args.top)
         return 0
     from cdc_platform.config import load_settings
-    from cdc_platform.lake.applier import Applier, ApplierOptions
+    from cdc_platform.lake.applier.loop import Applier
+    from cdc_platform.lake.applier.options import ApplierOptions
     from cdc_platform.lake.spark import build_spark_session
 
     with tempfile.TemporaryDirectory(prefix="cdc-prof-") as tmp:
@@ -193,7 +194,7 @@ def main() -> int:
 
 def _report(events: list[Any], elapsed: float, timings: _Timings, profile: cProfile.Profile,
             top: int) -> None:
-    from cdc_platform.lake.applier import Applied
+    from cdc_platform.lake.applier.events import Applied
 
     merges = [e.result for e in events if isinstance(e, Applied)]
     others = [type(e).__name__ for e in events if not isinstance(e, Applied)]
@@ -217,7 +218,8 @@ def _report(events: list[Any], elapsed: float, timings: _Timings, profile: cProf
 
 def profile_initial_load(rows: int, top: int) -> None:
     from cdc_platform.config import load_settings
-    from cdc_platform.lake.applier import Applier, ApplierOptions
+    from cdc_platform.lake.applier.loop import Applier
+    from cdc_platform.lake.applier.options import ApplierOptions
     from cdc_platform.lake.spark import build_spark_session
 
     with tempfile.TemporaryDirectory(prefix="cdc-prof-") as tmp:

@@ -67,8 +67,8 @@ def _apply(args: argparse.Namespace) -> int:
     """The applier in the foreground (the ``apply_changes`` job runs the same loop): keeps
     every target merged with the changelog until stopped."""
     from cdc_platform.config import load_settings
-    from cdc_platform.lake.applier import Applied
-    from cdc_platform.lake.applier_process import build_applier
+    from cdc_platform.lake.applier.events import Applied
+    from cdc_platform.lake.applier.process import build_applier
 
     settings = load_settings(args.config).for_source(args.source)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")

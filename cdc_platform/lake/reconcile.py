@@ -22,7 +22,7 @@ import logging
 import pickle
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,10 +37,18 @@ from pyspark.sql import types as T
 from cdc_platform.capture.keys import Key, KeyOrder, key_order
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.watermark import WatermarkError, read_with_watermarks
-from cdc_platform.capture.source import connect, quote_identifier, server_flavour
+from cdc_platform.capture.source import (
+    SourceSession,
+    TableSelector,
+    connect,
+    missing_table,
+    quote_identifier,
+    server_flavour,
+)
 from cdc_platform.capture.values import canonical_value, converter_for, row_hash, select_expression
+from cdc_platform.lake.iceberg.table import LakeTable
 
-__all__ = ["ReconcileError", "ReconcileResult", "reconcile_table"]
+__all__ = ["ReconcileError", "ReconcileResult", "reconcile_table", "reconcile_target"]
 
 log = logging.getLogger(__name__)
 
@@ -494,3 +502,23 @@ def reconcile_table(
         result.ranges, result.missing, result.extra, result.different, result.duration_seconds,
     )
     return result
+
+
+def reconcile_target(spark: SparkSession, target: LakeTable, connection: Mapping[str, Any],
+                     selector: TableSelector, schema: TableSchema, range_rows: int,
+                     sample_keys: int) -> tuple[ReconcileResult, str | None]:
+    """Compare a target's current snapshot with its source table (shaped by the capture
+    filters as the stream shapes it). Returns the result and the target's consumed GTID.
+    Raises LookupError when the target has no snapshot yet, or the source no such table."""
+    with SourceSession(dict(connection), selector) as source:
+        current = source.read_schema(schema.database, schema.table)
+    if current is None:
+        raise LookupError(f"{missing_table(schema.table_id)}: nothing to compare "
+                          f"{target.identifier} with")
+    snapshot, marked = target.base_and_mark()
+    if snapshot is None:
+        raise LookupError(f"{target.identifier} has no snapshot yet: materialise it first")
+    result = reconcile_table(spark, target.read(snapshot_id=snapshot.snapshot_id),
+                             dict(connection), current, range_rows=range_rows,
+                             sample_keys=sample_keys)
+    return result, marked.consumed_gtid if marked else None

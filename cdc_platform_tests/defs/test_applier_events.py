@@ -9,7 +9,7 @@ import dagster as dg
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.defs.lake.applier import MERGE_LINES, LogLine, _events_to_dagster
 from cdc_platform.defs.lake.definitions import target_key
-from cdc_platform.lake.applier import Applied, Waiting
+from cdc_platform.lake.applier.events import Applied, Waiting
 from cdc_platform.lake.iceberg.snapshots import Snapshot
 from cdc_platform.lake.merge import MergeResult
 from cdc_platform_tests.conftest import CdcEnv

@@ -20,20 +20,18 @@ from typing import Any
 import pytest
 
 from cdc_platform.capture.landing.zone import SNAPSHOTS_CHECKPOINT_KEY
-from cdc_platform.lake import applier as applier_module
-from cdc_platform.lake.applier import (
+from cdc_platform.lake.applier import loop as applier_module
+from cdc_platform.lake.applier.decisions import compaction_reason, first_load_waits, same_position
+from cdc_platform.lake.applier.events import (
     Applied,
-    Applier,
-    ApplierOptions,
     Failed,
     Maintained,
     Reconciled,
     Swept,
     Waiting,
-    compaction_reason,
-    first_load_waits,
-    same_position,
 )
+from cdc_platform.lake.applier.loop import Applier
+from cdc_platform.lake.applier.options import ApplierOptions
 from cdc_platform_tests.capture.snapshot.reading.live_engine import streaming
 from cdc_platform_tests.conftest import CdcEnv
 

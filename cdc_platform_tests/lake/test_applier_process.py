@@ -1,4 +1,4 @@
-"""The applier in a child process (``lake.applier_process``), as the ``apply_changes`` run
+"""The applier in a child process (``lake.applier.process``), as the ``apply_changes`` run
 uses it: its merges reach the parent as events, it stops after the merge in progress when
 asked, and a loop that fails fails the parent with the child's error."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from cdc_platform.config import parse_settings
-from cdc_platform.lake.applier import Applied
-from cdc_platform.lake.applier_process import ApplierFailed, ApplierProcess
+from cdc_platform.lake.applier.events import Applied
+from cdc_platform.lake.applier.process import ApplierFailed, ApplierProcess
 from cdc_platform_tests.conftest import CdcEnv
 
 

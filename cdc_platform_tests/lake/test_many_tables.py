@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from cdc_platform.lake import applier as applier_module
-from cdc_platform.lake.applier import Applied, Failed
+from cdc_platform.lake.applier import loop as applier_module
+from cdc_platform.lake.applier.events import Applied, Failed
 from cdc_platform.lake.arrow_load import local_hadoop_catalog
 from cdc_platform.lake.iceberg import namespace_name, table_name
 from cdc_platform_tests.capture.snapshot.reading.live_engine import streaming

@@ -1,8 +1,8 @@
 """The living lake in Dagster: the long-running ``apply_changes`` job, the sensor that keeps it
 running, and each target's ``fresh`` check (``lake.freshness_seconds``).
 
-- ``apply_changes`` runs ``lake.applier.Applier`` in a child process of its one step
-  (``lake.applier_process``), with one Spark session there; each merge is recorded as a
+- ``apply_changes`` runs ``lake.applier.loop.Applier`` in a child process of its one step
+  (``lake.applier.process``), with one Spark session there; each merge is recorded as a
   materialisation of the target asset (with the newest source commit applied and the lag to
   the Iceberg commit), each compaction as an observation, each reconcile as a result of the
   target's ``reconcile`` check, each landing-zone sweep as an observation of the changelog.
@@ -40,7 +40,7 @@ from cdc_platform.lake import freshness
 JOB_NAME = "apply_changes"
 APPLIER_TAG = "cdc_platform/applier"
 PID_TAG = "cdc_platform/applier_pid"
-# The pid of the process the run merges in (``lake.applier_process``).
+# The pid of the process the run merges in (``lake.applier.process``).
 CHILD_PID_TAG = "cdc_platform/applier_child_pid"
 HOST_TAG = "cdc_platform/applier_host"
 REASON_TAG = "cdc_platform/launched_because"
@@ -80,7 +80,7 @@ def _events_to_dagster(settings: Settings, events: list[Any]) -> Iterable[Any]:
     """Dagster events (and ``LogLine``s) for a batch of applier events: the stale markers are
     read once for the batch's merges, and a batch of many merges is one log line (a thousand
     tables merging every few seconds would be a log line each)."""
-    from cdc_platform.lake.applier import Applied
+    from cdc_platform.lake.applier.events import Applied
 
     applied = [e for e in events if isinstance(e, Applied)]
     stale = stalenesses(settings, [(e.schema, e.result.consumed_pos) for e in applied]) \
@@ -108,7 +108,7 @@ def _merges_line(applied: list[Any]) -> str:
 
 def _event_to_dagster(settings: Settings, event: Any, stale: dict[str, str | None],
                       line: bool) -> Iterable[Any]:
-    from cdc_platform.lake.applier import (
+    from cdc_platform.lake.applier.events import (
         Applied,
         Failed,
         Maintained,
@@ -179,13 +179,13 @@ def build_job(settings: Settings) -> dg.JobDefinition:
         "landing-zone retention on their own cadence (docs/iceberg.md, 'The applier').",
     )
     def apply_landed_changes(context: dg.OpExecutionContext, config: ApplyConfig) -> None:
-        from cdc_platform.lake.applier_process import ApplierProcess
+        from cdc_platform.lake.applier.process import ApplierProcess
 
         child = ApplierProcess(settings)
         pending: list[Any] = []  # (events the child sent, recorded from the step's thread)
 
         def merge(stop: threading.Event) -> None:
-            # The merges run in a process of their own (``lake.applier_process``: recording
+            # The merges run in a process of their own (``lake.applier.process``: recording
             # a thousand tables' materialisations shared this interpreter with them, and
             # halved their pace); this thread passes its events on until asked to stop.
             child.start()

@@ -12,7 +12,7 @@ The contract:
 
 * the child builds its applier from the settings exactly as ``python -m cdc_platform apply``
   does (``build_applier``);
-* each event (``lake.applier.Event``) reaches the parent in order, with the child's counters
+* each event (``lake.applier.events.Event``) reaches the parent in order, with the child's counters
   once a second; a loop that fails sends its error's text before the child exits;
 * SIGTERM to the child asks it to stop after the merge in progress (``stop``; SIGINT, a
   terminal's Ctrl-C to the whole process group, is the run's to handle); a stop the parent did
@@ -38,7 +38,9 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from cdc_platform.config import Settings
-from cdc_platform.lake.applier import Applier, ApplierOptions, Event
+from cdc_platform.lake.applier.events import Event
+from cdc_platform.lake.applier.loop import Applier
+from cdc_platform.lake.applier.options import ApplierOptions
 
 _PR_SET_PDEATHSIG = 1
 #: How often the child sends its counters (merges, passes, tables).

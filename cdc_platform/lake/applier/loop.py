@@ -39,24 +39,24 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from pyspark.sql import SparkSession
 
-from cdc_platform.capture import names
-from cdc_platform.capture import source as source_sql
-from cdc_platform.capture.gtid import parse_position
-from cdc_platform.capture.landing import retention
-from cdc_platform.capture.landing.zone import Checkpoint, LandingReader, LandingZone, Survey
+from cdc_platform.capture.landing.zone import Checkpoint, LandingReader, Survey
 from cdc_platform.capture.schema import TableSchema
-from cdc_platform.capture.snapshot.protocol import (
-    SessionState,
-    SnapshotSession,
-    read_session_state,
+from cdc_platform.capture.snapshot.protocol import read_session_state
+from cdc_platform.lake.applier.decisions import compaction_reason, first_load_waits, same_position
+from cdc_platform.lake.applier.events import (
+    Applied,
+    Event,
+    Failed,
+    Maintained,
+    Reconciled,
+    Waiting,
 )
-from cdc_platform.capture.source import SourceSession, TableSelector, missing_table
-from cdc_platform.capture.store.storage import is_s3_url
-from cdc_platform.config import S3Settings
+from cdc_platform.lake.applier.options import ApplierOptions
+from cdc_platform.lake.applier.sweep import LandingSweep
 from cdc_platform.lake.arrow_load import target_rows
 from cdc_platform.lake.arrow_merge import upkeep_without_spark
 from cdc_platform.lake.changelog import TableChangelog
@@ -64,135 +64,11 @@ from cdc_platform.lake.iceberg.lake import Lake
 from cdc_platform.lake.iceberg.maintenance import ORPHAN_MIN_AGE
 from cdc_platform.lake.iceberg.table import LakeTable
 from cdc_platform.lake.merge import MergeResult, materialise
-from cdc_platform.lake.reconcile import ReconcileResult, reconcile_table
+from cdc_platform.lake.reconcile import ReconcileResult, reconcile_target
 from cdc_platform.lake.spark import ensure_lake_conf
 from cdc_platform.lake.warmup import warm_up
 
 log = logging.getLogger(__name__)
-
-
-# lake.merge_parallelism 0: merges at once on local storage, and on object storage (where a
-# merge mostly waits on a dozen requests).
-MERGE_THREADS_LOCAL = 4
-MERGE_THREADS_OBJECT_STORAGE = 16
-
-
-@dataclass(frozen=True)
-class ApplierOptions:
-    """What the applier needs from the config (``from_settings``)."""
-
-    server_name: str
-    flavour: str
-    landing_url: str
-    warehouse_url: str
-    catalog: Any
-    connection: Mapping[str, Any]
-    selector: TableSelector
-    poll_seconds: float = 2.0
-    merge_interval_seconds: float = 5.0
-    merge_parallelism: int = 4
-    reconcile_every_merges: int = 0
-    reconcile_interval_seconds: float = 3600.0
-    reconcile_range_rows: int = 10_000
-    reconcile_sample_keys: int = 10
-    compact_min_files: int = 64
-    compact_delete_ratio: float = 0.2
-    max_snapshots: int = 1000
-    snapshot_retention_hours: float = 72.0
-    min_snapshots_to_keep: int = 10
-    retention_seconds: float = 3600.0
-    sweep_interval_seconds: float = 60.0
-    first_load_wait_seconds: float = 30.0
-    s3: S3Settings | None = None  # the config's s3 options (a landing zone at an S3 URL)
-
-    @staticmethod
-    def from_settings(settings: Any) -> ApplierOptions:
-        lake = settings.lake
-        return ApplierOptions(
-            server_name=settings.source.server_name,
-            flavour=settings.source.flavour,
-            landing_url=settings.landing_zone.url,
-            warehouse_url=settings.warehouse.url,
-            catalog=settings.warehouse.catalog,
-            connection=settings.source.connection_settings(),
-            selector=source_sql.selector_from_settings(settings),
-            poll_seconds=lake.poll_seconds,
-            merge_interval_seconds=lake.merge_interval_seconds,
-            merge_parallelism=lake.merge_parallelism or (
-                MERGE_THREADS_OBJECT_STORAGE if any(
-                    is_s3_url(url) for url in (settings.landing_zone.url, settings.warehouse.url))
-                else MERGE_THREADS_LOCAL),
-            reconcile_every_merges=lake.reconcile_every_merges,
-            reconcile_interval_seconds=lake.reconcile_interval_minutes * 60,
-            reconcile_range_rows=settings.reconcile.range_rows,
-            reconcile_sample_keys=settings.reconcile.sample_keys,
-            compact_min_files=lake.compact_min_files,
-            compact_delete_ratio=lake.compact_delete_ratio,
-            max_snapshots=lake.max_snapshots,
-            snapshot_retention_hours=settings.warehouse.snapshot_retention_hours,
-            min_snapshots_to_keep=settings.warehouse.min_snapshots_to_keep,
-            retention_seconds=settings.landing_zone.retention_hours * 3600,
-            first_load_wait_seconds=lake.freshness_seconds / 2,
-            s3=settings.s3,
-        )
-
-
-# ---- what the applier did -------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Applied:
-    schema: TableSchema
-    result: MergeResult
-
-    def describe(self) -> str:
-        result = self.result
-        lag = f", lag {result.lag_seconds:.1f} s" if result.lag_seconds is not None else ""
-        wait = (f", oldest change waited {result.wait_seconds:.1f} s"
-                if result.wait_seconds is not None else "")
-        return (f"{self.schema.table_id}: {result.records_read} records "
-                f"{'appended' if result.appended else 'merged'} in "
-                f"{result.duration_seconds:.2f} s{lag}{wait}"
-                f"{'' if result.spark else ' (without Spark)'}")
-
-
-@dataclass(frozen=True)
-class Failed:
-    schema: TableSchema
-    error: str
-    attempts: int  # consecutive failed merges of the table
-
-
-@dataclass(frozen=True)
-class Waiting:
-    """An empty target holds its merge back for its table's running snapshot (once per
-    session): the UI says why the target has no rows yet."""
-
-    schema: TableSchema
-    session_id: str
-    seconds: float  # how long it waits at most from the session's start
-
-
-@dataclass(frozen=True)
-class Maintained:
-    schema: TableSchema
-    reason: str
-    report: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class Reconciled:
-    schema: TableSchema
-    result: ReconcileResult
-    target_gtid: str | None
-    conclusive: bool  # the source was read at the target's position (a difference is real)
-
-
-@dataclass(frozen=True)
-class Swept:
-    report: retention.RetentionReport
-
-
-Event = Applied | Failed | Maintained | Reconciled | Swept
 
 
 @dataclass
@@ -249,54 +125,6 @@ PASS_LINE_TABLES = 10
 # are removed this often, the first time ORPHAN_FIRST_SECONDS after the applier starts.
 ORPHAN_INTERVAL_SECONDS = 24 * 3600.0
 ORPHAN_FIRST_SECONDS = 3600.0
-
-
-def compaction_reason(metadata: Mapping[str, Any], min_files: int,
-                      delete_ratio: float | None) -> str | None:
-    """Why a table with this snapshot metadata (``Snapshot.metadata``) needs compacting, or
-    None: too many data and delete files, or too large a share of deleted rows (not judged
-    when ``delete_ratio`` is None)."""
-    files = int(metadata.get("data_files", 0)) + int(metadata.get("delete_files", 0))
-    if files >= min_files:
-        return f"{files} data and delete files (threshold {min_files})"
-    records = int(metadata.get("records", 0))
-    deleted = int(metadata.get("position_deletes", 0))
-    if delete_ratio is not None and records and deleted and deleted / records >= delete_ratio:
-        return (f"{deleted} of {records} records deleted ({deleted / records:.0%}, threshold "
-                f"{delete_ratio:.0%})")
-    return None
-
-
-def first_load_waits(session: SnapshotSession | None, loaded: bool, now: datetime,
-                     wait_seconds: float) -> bool:
-    """Whether a target's merge waits for the table's snapshot: the target has no rows yet
-    and the snapshot session opened less than ``wait_seconds`` ago and is still reading.
-
-    Chunks land as the snapshot reads them; merged as they come, the first part is an append
-    and every later part a MERGE into the rows before it (a 1M-row load: 557k appended in
-    6.7 s, then 443k merged in 10.1 s). Waiting a while makes a snapshot that ends in time
-    one append; one that does not is merged as before, so the wait is bounded (half the
-    freshness promise by default) and a paused or stalled snapshot holds nothing back."""
-    if loaded or session is None or session.state is not SessionState.OPEN:
-        return False
-    try:
-        opened = datetime.fromisoformat(session.started_at)
-    except ValueError:
-        return False
-    if opened.tzinfo is None:
-        opened = opened.replace(tzinfo=UTC)
-    return (now - opened).total_seconds() < wait_seconds
-
-
-def same_position(flavour: str, left: str | None, right: str | None) -> bool:
-    """Whether two GTID positions of the source are the same set."""
-    if not left or not right:
-        return False
-    try:
-        a, b = parse_position(flavour, left), parse_position(flavour, right)
-        return a.issuperset(b) and b.issuperset(a)
-    except ValueError:
-        return left.strip() == right.strip()
 
 
 class Applier:
@@ -779,130 +607,3 @@ class Applier:
         swept = self._landing_sweep.now(tables, self.states)
         if swept is not None:
             self.emit(swept)
-
-
-class _Mark(Protocol):
-    """What a sweep reads of a table's state in the applier (``_TableState``)."""
-
-    known: bool  # consumed_pos was read from the target
-    consumed_pos: int | None
-
-
-# On stop, a sweep still running is waited for this long (then left: it is kill -9 safe).
-SWEEP_STOP_WAIT_SECONDS = 10.0
-
-
-class LandingSweep:
-    """The applier's sweeps of the landing zone: what every target has consumed, once older
-    than the retention, goes (``capture.landing.retention``). A sweep reads and compacts
-    every small consumed segment: with a thousand tables, tens of thousands of files a
-    minute, seconds to a minute of work during which no table would be merged, so the loop
-    runs it in a thread of its own (``in_background``) and reports it when done."""
-
-    def __init__(self, options: ApplierOptions, landing: LandingReader) -> None:
-        self.options = options
-        self._landing = landing
-        self._last_sweep = time.monotonic()
-        self._sweeping: threading.Thread | None = None  # (the landing zone's sweep, if running)
-        self._swept: list[retention.RetentionReport | BaseException] = []  # (to report)
-
-    def due(self) -> bool:
-        """Whether a sweep finished (to report) or ``sweep_interval_seconds`` have passed
-        since the last one started."""
-        return bool(self._swept) or (
-            time.monotonic() - self._last_sweep >= self.options.sweep_interval_seconds)
-
-    def stop(self) -> None:
-        """Wait a little for a sweep still running (safe to stop at any point: it is kill -9
-        safe)."""
-        if self._sweeping is not None:
-            self._sweeping.join(SWEEP_STOP_WAIT_SECONDS)
-
-    def _sweep_landing_zone(self, consumed: Mapping[str, int | None], unread: list[str]
-                            ) -> retention.RetentionReport:
-        landing = LandingZone(self.options.landing_url, self.options.server_name,
-                              s3=self.options.s3)
-        return retention.sweep(landing, consumed, unread, self.options.retention_seconds)
-
-    def _inputs(self, tables: list[TableSchema], states: Mapping[str, _Mark]
-                ) -> tuple[dict[str, int | None], list[str]] | None:
-        """Every target's consumed mark and the tables no target reads, for a sweep; None
-        while a target has not been read yet (wait for its first pass)."""
-        keyed = {s.table_id for s in tables}
-        consumed = {}
-        for schema in tables:
-            state = states[schema.table_id]
-            if not state.known:
-                return None
-            consumed[schema.table_id] = state.consumed_pos
-        # No target reads a keyless table, nor one the capture filters no longer name (its
-        # target is not maintained; widened again, the table is snapshotted, as any table that
-        # becomes captured holding rows): its segments go once older than the retention.
-        selector = self.options.selector
-        unread = [t for t in states if t not in keyed] + [
-            names.table_id(database, table) for database, table in self._landing.changelog_tables()
-            if not selector.captures(database, table)]
-        return consumed, unread
-
-    def now(self, tables: list[TableSchema], states: Mapping[str, _Mark]) -> Swept | None:
-        """Sweep the landing zone now, in this thread; what it did, or None (nothing to
-        sweep by yet, or it failed: logged)."""
-        self._last_sweep = time.monotonic()
-        inputs = self._inputs(tables, states)
-        if inputs is None:
-            return None
-        try:
-            report = self._sweep_landing_zone(*inputs)
-        except Exception as error:  # noqa: BLE001 - retention waits for the next sweep
-            log.warning("applier: landing-zone retention failed: %s", error)
-            return None
-        return Swept(report)
-
-    def in_background(self, tables: list[TableSchema], states: Mapping[str, _Mark]
-                      ) -> list[Swept]:
-        """Start a sweep in a thread of its own, unless one still runs; return the finished
-        ones. (Safe beside merges: it touches only segments below every target's mark, and
-        one sweep runs at a time: ``retention.sweep``'s lock.)"""
-        finished = []
-        while self._swept:
-            outcome = self._swept.pop(0)
-            if isinstance(outcome, BaseException):
-                log.warning("applier: landing-zone retention failed: %s", outcome)
-            else:
-                finished.append(Swept(outcome))
-        if self._sweeping is not None and self._sweeping.is_alive():
-            return finished
-        self._last_sweep = time.monotonic()
-        inputs = self._inputs(tables, states)
-        if inputs is None:
-            return finished
-
-        def sweep() -> None:
-            try:
-                self._swept.append(self._sweep_landing_zone(*inputs))
-            except Exception as error:  # noqa: BLE001 - reported by the next pass
-                self._swept.append(error)
-
-        self._sweeping = threading.Thread(target=sweep, name="applier-retention", daemon=True)
-        self._sweeping.start()
-        return finished
-
-
-def reconcile_target(spark: SparkSession, target: LakeTable, connection: Mapping[str, Any],
-                     selector: TableSelector, schema: TableSchema, range_rows: int,
-                     sample_keys: int) -> tuple[ReconcileResult, str | None]:
-    """Compare a target's current snapshot with its source table (shaped by the capture
-    filters as the stream shapes it). Returns the result and the target's consumed GTID.
-    Raises LookupError when the target has no snapshot yet, or the source no such table."""
-    with SourceSession(dict(connection), selector) as source:
-        current = source.read_schema(schema.database, schema.table)
-    if current is None:
-        raise LookupError(f"{missing_table(schema.table_id)}: nothing to compare "
-                          f"{target.identifier} with")
-    snapshot, marked = target.base_and_mark()
-    if snapshot is None:
-        raise LookupError(f"{target.identifier} has no snapshot yet: materialise it first")
-    result = reconcile_table(spark, target.read(snapshot_id=snapshot.snapshot_id),
-                             dict(connection), current, range_rows=range_rows,
-                             sample_keys=sample_keys)
-    return result, marked.consumed_gtid if marked else None
