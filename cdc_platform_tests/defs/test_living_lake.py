@@ -23,7 +23,7 @@ from cdc_platform.defs.signals.sensors import SNAPSHOT_TABLE_TAG
 from cdc_platform_tests.capture.snapshot.reading.live_engine import EngineThread
 from cdc_platform_tests.conftest import CdcEnv
 from cdc_platform_tests.defs.test_signal_runs import Writes, daemon, wait_for
-from cdc_platform_tests.lake.test_applier_process import parent_of
+from cdc_platform_tests.lake.applier.test_process import parent_of
 
 
 def _applier_runs(instance: dg.DagsterInstance, env: CdcEnv) -> list[dg.DagsterRun]:

@@ -23,9 +23,9 @@ from cdc_platform.lake.arrow_load import local_hadoop_catalog
 from cdc_platform.lake.iceberg import namespace_name, table_name
 from cdc_platform_tests.capture.snapshot.reading.live_engine import streaming
 from cdc_platform_tests.conftest import CdcEnv
-from cdc_platform_tests.lake.test_applier import Running, _options, _wait
+from cdc_platform_tests.lake.applier.test_loop import Running, _options, _wait
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TABLES = 60
 
 
