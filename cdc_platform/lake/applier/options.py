@@ -13,7 +13,14 @@ from typing import Any
 from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.source import TableSelector
 from cdc_platform.capture.store.storage import is_s3_url
-from cdc_platform.config import S3Settings
+from cdc_platform.config import (
+    LakeSettings,
+    LandingZoneSettings,
+    ReconcileSettings,
+    S3Settings,
+    WarehouseSettings,
+    default_of,
+)
 
 # lake.merge_parallelism 0: merges at once on local storage, and on object storage (where a
 # merge mostly waits on a dozen requests).
@@ -32,21 +39,25 @@ class ApplierOptions:
     catalog: Any
     connection: Mapping[str, Any]
     selector: TableSelector
-    poll_seconds: float = 2.0
-    merge_interval_seconds: float = 5.0
-    merge_parallelism: int = 4
-    reconcile_every_merges: int = 0
-    reconcile_interval_seconds: float = 3600.0
-    reconcile_range_rows: int = 10_000
-    reconcile_sample_keys: int = 10
-    compact_min_files: int = 64
-    compact_delete_ratio: float = 0.2
-    max_snapshots: int = 1000
-    snapshot_retention_hours: float = 72.0
-    min_snapshots_to_keep: int = 10
-    retention_seconds: float = 3600.0
-    sweep_interval_seconds: float = 60.0
-    first_load_wait_seconds: float = 30.0
+    # Defaults: the settings schema's (config.py), converted as ``from_settings`` converts
+    # them, so that options built without a config file behave as a config that leaves the
+    # keys out (merge_parallelism: what its 0 means on local storage).
+    poll_seconds: float = default_of(LakeSettings, "poll_seconds")
+    merge_interval_seconds: float = default_of(LakeSettings, "merge_interval_seconds")
+    merge_parallelism: int = MERGE_THREADS_LOCAL
+    reconcile_every_merges: int = default_of(LakeSettings, "reconcile_every_merges")
+    reconcile_interval_seconds: float = default_of(LakeSettings,
+                                                   "reconcile_interval_minutes") * 60
+    reconcile_range_rows: int = default_of(ReconcileSettings, "range_rows")
+    reconcile_sample_keys: int = default_of(ReconcileSettings, "sample_keys")
+    compact_min_files: int = default_of(LakeSettings, "compact_min_files")
+    compact_delete_ratio: float = default_of(LakeSettings, "compact_delete_ratio")
+    max_snapshots: int = default_of(LakeSettings, "max_snapshots")
+    snapshot_retention_hours: float = default_of(WarehouseSettings, "snapshot_retention_hours")
+    min_snapshots_to_keep: int = default_of(WarehouseSettings, "min_snapshots_to_keep")
+    retention_seconds: float = default_of(LandingZoneSettings, "retention_hours") * 3600
+    sweep_interval_seconds: float = 60.0  # (no setting: how often the landing zone is swept)
+    first_load_wait_seconds: float = default_of(LakeSettings, "freshness_seconds") / 2
     s3: S3Settings | None = None  # the config's s3 options (a landing zone at an S3 URL)
 
     @staticmethod
