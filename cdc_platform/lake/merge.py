@@ -12,7 +12,8 @@ Snapshot records (docs/landing-zone.md, "Snapshot records"): range assertions (`
 sweeps (``s``) never become rows. The keys they delete (live keys in their range whose latest
 record position is below their threshold, judged on the table as of the snapshot the batch
 applies to plus the batch itself) become deletes at the instruction's position in the same
-MERGE. Only segments carrying the snapshot columns may hold them.
+MERGE (``lake.verdicts``, which judges them in Spark here and in Arrow for the merges without
+Spark). Only segments carrying the snapshot columns may hold them.
 
 Every target row keeps ``__cdc_pos``, the position of the record that wrote it: the range
 assertions judge by it, and a MERGE never lets an older record overwrite a newer row.
