@@ -103,9 +103,12 @@ class LandingSweep:
 
     def in_background(self, tables: list[TableSchema], states: Mapping[str, _Mark]
                       ) -> list[Swept]:
-        """Start a sweep in a thread of its own, unless one still runs; return the finished
-        ones. (Safe beside merges: it touches only segments below every target's mark, and
-        one sweep runs at a time: ``retention.sweep``'s lock.)"""
+        """Start a sweep in a thread of its own, unless one still runs or the last started
+        less than ``sweep_interval_seconds`` ago; return the finished ones. (Reporting a
+        finished sweep once started the next at once: every pass swept, each listing the
+        whole landing zone, a request a table on object storage.) Safe beside merges: it
+        touches only segments below every target's mark, and one sweep runs at a time
+        (``retention.sweep``'s lock)."""
         finished = []
         while self._swept:
             outcome = self._swept.pop(0)
@@ -115,6 +118,8 @@ class LandingSweep:
                 finished.append(Swept(outcome))
         if self._sweeping is not None and self._sweeping.is_alive():
             return finished
+        if time.monotonic() - self._last_sweep < self.options.sweep_interval_seconds:
+            return finished  # (a pass that only reports a finished sweep starts none)
         self._last_sweep = time.monotonic()
         inputs = self._inputs(tables, states)
         if inputs is None:
