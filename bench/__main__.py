@@ -266,6 +266,7 @@ def bench_lake_merge(sizes: list[int], batch: int, work: Path, repeats: int = 3)
     from datetime import datetime
 
     from cdc_platform.lake.iceberg import Lake
+    from cdc_platform.lake.iceberg.maintenance import maintain
     from cdc_platform.lake.merge import materialise
     from cdc_platform.lake.spark import build_spark_session
 
@@ -305,7 +306,7 @@ def bench_lake_merge(sizes: list[int], batch: int, work: Path, repeats: int = 3)
         timings[size] = sorted(merges)[len(merges) // 2]
         table = Lake(spark, warehouse).table("bench", "bench", "orders")
         started = time.perf_counter()
-        report = table.maintain(older_than=datetime.now(), retain_last=1)
+        report = maintain(table, older_than=datetime.now(), retain_last=1)
         maintenance = time.perf_counter() - started
         if size == warm_up:
             continue

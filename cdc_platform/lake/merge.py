@@ -6,7 +6,7 @@ snapshot and before the checkpoint's ``next_pos``, fold them to one record per k
 upsert (``r`` chunk rows included). The MERGE is one snapshot, merge-on-read (position delete
 files, so its cost follows the batch, not the table), and carries the new consumed mark in its
 summary; it is published only if the table has not moved since the mark was read
-(``iceberg.LakeTable.commit_merge``), and retried from the new snapshot otherwise.
+(``iceberg.commit.commit_merge``), and retried from the new snapshot otherwise.
 
 Snapshot records (docs/landing-zone.md, "Snapshot records"): range assertions (``a``) and
 sweeps (``s``) never become rows. The keys they delete (live keys in their range whose latest
@@ -50,8 +50,9 @@ from cdc_platform.lake.changelog import TableChangelog
 from cdc_platform.lake.columns import col
 from cdc_platform.lake.fold import INSTRUCTION, arrow_counts, fold, fold_latest
 from cdc_platform.lake.iceberg.catalog import quote
-from cdc_platform.lake.iceberg.commit import ConcurrentCommitError
+from cdc_platform.lake.iceberg.commit import ConcurrentCommitError, commit_merge
 from cdc_platform.lake.iceberg.lake import Lake
+from cdc_platform.lake.iceberg.schema import drop_columns, prepare
 from cdc_platform.lake.iceberg.snapshots import CONSUMED_GTID, CONSUMED_POS, Snapshot
 from cdc_platform.lake.iceberg.table import LakeTable
 from cdc_platform.lake.spark import ensure_lake_conf
@@ -285,8 +286,8 @@ def _materialise_once(
         return unchanged()
     newest = plan.newest
     batch = changelog.frame(spark, plan, after_pos, before_pos, snapshot_columns=True)
-    base, schema_changed = target.prepare(newest, renames, base=base, through=before_pos - 1,
-                                          consumed_pos=after_pos)
+    base, schema_changed = prepare(target, newest, renames, base=base, through=before_pos - 1,
+                                   consumed_pos=after_pos)
 
     # Not persisted: building Spark's cache of a folded batch costs several times computing
     # it (1M snapshot rows: 5.8 s against 0.7 s), and each use below computes it again from
@@ -335,8 +336,8 @@ def _materialise_once(
     statement = (partial(append_statement, rebalance=sorted_rows) if appended
                  else merge_statement)
     try:
-        snapshot = target.commit_merge(
-            base, lambda name: statement(name, view, newest), properties)
+        snapshot = commit_merge(
+            target, base, lambda name: statement(name, view, newest), properties)
     finally:
         spark.catalog.dropTempView(view)
         if victims is not None:
@@ -435,7 +436,7 @@ def _drop_columns_dropped_at_source(changelog: TableChangelog, target: LakeTable
         if columns and not changelog.segments(record.position, before_pos):
             gone.update(columns)
     if gone:
-        target.drop_columns(sorted(gone))
+        drop_columns(target, sorted(gone))
     return bool(gone)
 
 

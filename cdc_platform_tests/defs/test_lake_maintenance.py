@@ -16,6 +16,7 @@ from cdc_platform.config import Settings, parse_settings
 from cdc_platform.defs.lake import maintenance
 from cdc_platform.defs.lake.definitions import target_key
 from cdc_platform.lake.iceberg import BRANCH_PREFIX, Lake, LakeTable, branch_name
+from cdc_platform.lake.iceberg.maintenance import maintain
 from cdc_platform.lake.merge import MergeResult
 from cdc_platform_tests.lake.helpers import SERVER, Landing, materialise_table, rows_of, schema
 
@@ -48,7 +49,7 @@ def test_maintenance_expires_old_snapshots_and_keeps_rows_and_mark(spark, landin
     materialised = {s.snapshot_id for s in target.snapshots()}
     time.sleep(0.05)
 
-    report = target.maintain(older_than=datetime.now(), retain_last=1)
+    report = maintain(target, older_than=datetime.now(), retain_last=1)
 
     assert report["rewritten_data_files_count"] == 2
     assert report["added_data_files_count"] == 1
@@ -81,7 +82,7 @@ def test_maintenance_keeps_every_snapshot_newer_than_the_retention(spark, landin
     target = table(spark, warehouse)
     kept = {s.snapshot_id for s in target.snapshots()}
 
-    report = target.maintain(older_than=datetime.now() - timedelta(hours=1), retain_last=1)
+    report = maintain(target, older_than=datetime.now() - timedelta(hours=1), retain_last=1)
 
     assert report["expired_snapshots"] == report["deleted_data_files_count"] == 0
     assert report["rewritten_data_files_count"] == 2
@@ -92,10 +93,10 @@ def test_maintenance_keeps_every_snapshot_newer_than_the_retention(spark, landin
 def test_maintenance_of_a_compacted_table_changes_nothing(spark, landing, warehouse):
     two_batches(spark, landing, warehouse)
     target = table(spark, warehouse)
-    target.maintain(older_than=datetime.now(), retain_last=1)
+    maintain(target, older_than=datetime.now(), retain_last=1)
     current = target.current()
 
-    again = target.maintain(older_than=datetime.now(), retain_last=1)
+    again = maintain(target, older_than=datetime.now(), retain_last=1)
 
     assert again["rewritten_data_files_count"] == again["rewritten_delete_files_count"] == 0
     assert target.current() == current
@@ -106,13 +107,13 @@ def test_expiry_keeps_the_newest_marked_snapshot_behind_unmarked_ones(spark, lan
     the mark with the snapshots behind it."""
     second = two_batches(spark, landing, warehouse)
     target = table(spark, warehouse)
-    target.maintain(older_than=datetime.now(), retain_last=1)  # nothing left to compact after
+    maintain(target, older_than=datetime.now(), retain_last=1)  # nothing left to compact after
     spark.sql(f"CALL `{target.lake.catalog}`.system.rewrite_data_files(table => "
               f"'{target.namespace}.{target.name}', options => map('rewrite-all', 'true'))")
     by_hand = target.current()
     assert by_hand is not None and by_hand.consumed_pos is None
 
-    target.maintain(older_than=datetime.now(), retain_last=1)
+    maintain(target, older_than=datetime.now(), retain_last=1)
 
     history = target.history()
     assert history[0] == by_hand
@@ -127,7 +128,7 @@ def test_stale_private_branches_are_dropped_and_live_ones_kept(spark, landing, w
     for branch in (crashed, live):
         spark.sql(f"ALTER TABLE {target.identifier} CREATE BRANCH `{branch}`")
 
-    report = target.maintain(older_than=datetime.now(), retain_last=1)
+    report = maintain(target, older_than=datetime.now(), retain_last=1)
 
     refs = {row.name for row in spark.sql(
         f"SELECT name FROM {target.metadata_table('refs')}").collect()}

@@ -12,6 +12,7 @@ import pytest
 from cdc_platform.capture.schema import ColumnSpec
 from cdc_platform.lake.changelog import TableChangelog
 from cdc_platform.lake.iceberg import RENAMED_THROUGH_PROPERTY, SchemaEvolutionError
+from cdc_platform.lake.iceberg.schema import evolve
 from cdc_platform.lake.merge import materialise
 from cdc_platform_tests.lake.helpers import (
     SERVER,
@@ -89,7 +90,7 @@ def test_a_swap_of_columns_of_different_types(spark, landing, warehouse):
     # not swap the columns back
     records = TableChangelog.open(landing.url, SERVER, "shop", "pair").column_renames(
         landing.next_pos)
-    target_table(spark, warehouse, swapped).evolve(swapped, records)
+    evolve(target_table(spark, warehouse, swapped), swapped, records)
     materialise_table(spark, landing, warehouse, swapped)
     rows = _rows(spark, warehouse, swapped)
     assert rows == {1: {"id": 1, "b": "x", "a": 11}, 2: {"id": 2, "b": "a2", "a": 20},
@@ -196,7 +197,7 @@ def test_several_column_changes_are_one_metadata_commit(spark, landing, warehous
         landing.next_pos)
     before = _metadata_commits(table)
 
-    assert table.evolve(v2, records)
+    assert evolve(table, v2, records)
 
     assert _metadata_commits(table) == before + 1
     assert table.property(RENAMED_THROUGH_PROPERTY) == str(records[-1].position)

@@ -18,7 +18,9 @@ from typing import Any
 
 import pytest
 
-from cdc_platform.lake.iceberg import ConcurrentCommitError, Lake, LakeTable
+from cdc_platform.lake import merge
+from cdc_platform.lake.iceberg import ConcurrentCommitError, Lake
+from cdc_platform.lake.iceberg.commit import commit_merge
 from cdc_platform.lake.iceberg.hadoop import LocalHadoopCatalog
 from cdc_platform.lake.merge import COMMIT_ATTEMPTS
 from cdc_platform_tests.lake.helpers import (
@@ -47,7 +49,7 @@ def test_a_commit_landing_between_the_mark_and_the_publication_makes_the_loser_r
     first = materialise_table(spark, landing, warehouse, S)
     changelog.write([("u", r(1, "loser's batch")), ("c", r(3, "c"))])  # 3, 4
     table = target_table(spark, warehouse, S)
-    real_commit = LakeTable.commit_merge
+    real_commit = commit_merge
     calls: list[str] = []
     seen: dict[str, Any] = {}
 
@@ -58,18 +60,18 @@ def test_a_commit_landing_between_the_mark_and_the_publication_makes_the_loser_r
         seen["winner"] = materialise_table(spark, landing, warehouse, S, spark_free=False)
         changelog.write([("u", r(1, "after"))])
 
-    def commit_merge(self, base, merge_sql, properties, prepare=None):
+    def racing_commit(target, base, merge_sql, properties, prepare=None):
         calls.append(properties["cdc.consumed-pos"])
         if len(calls) == 1:
             try:
-                return real_commit(self, base, merge_sql, properties,
+                return real_commit(target, base, merge_sql, properties,
                                    another_writer_publishes_first)
             except ConcurrentCommitError:
                 seen["after_loss"] = (table.current(), rows_of(table.read()))
                 raise
-        return real_commit(self, base, merge_sql, properties, prepare)
+        return real_commit(target, base, merge_sql, properties, prepare)
 
-    monkeypatch.setattr(LakeTable, "commit_merge", commit_merge)
+    monkeypatch.setattr(merge, "commit_merge", racing_commit)
     result = materialise_table(spark, landing, warehouse, S, spark_free=False)
     monkeypatch.undo()
 
@@ -152,13 +154,13 @@ def test_a_writer_that_loses_every_attempt_raises_and_publishes_nothing(
     materialise_table(spark, landing, warehouse, S)
     changelog.write([("u", r(1, "loser"))])
     table = target_table(spark, warehouse, S)
-    real_commit = LakeTable.commit_merge
+    real_commit = commit_merge
     depth = threading.local()
     winners = []
 
-    def commit_merge(self, base, merge_sql, properties, prepare=None):
+    def racing_commit(target, base, merge_sql, properties, prepare=None):
         if getattr(depth, "inside", False):
-            return real_commit(self, base, merge_sql, properties, prepare)
+            return real_commit(target, base, merge_sql, properties, prepare)
 
         def interfere(branch: str) -> None:
             depth.inside = True
@@ -170,9 +172,9 @@ def test_a_writer_that_loses_every_attempt_raises_and_publishes_nothing(
             finally:
                 depth.inside = False
 
-        return real_commit(self, base, merge_sql, properties, interfere)
+        return real_commit(target, base, merge_sql, properties, interfere)
 
-    monkeypatch.setattr(LakeTable, "commit_merge", commit_merge)
+    monkeypatch.setattr(merge, "commit_merge", racing_commit)
     with pytest.raises(ConcurrentCommitError, match="another materialisation committed"):
         materialise_table(spark, landing, warehouse, S, spark_free=False)
     monkeypatch.undo()

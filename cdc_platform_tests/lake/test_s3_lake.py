@@ -34,6 +34,7 @@ from cdc_platform.capture.store.storage import is_s3_url
 from cdc_platform.config import S3Settings
 from cdc_platform.devservices.seaweedfs import SeaweedFS
 from cdc_platform.lake.iceberg import catalog_properties
+from cdc_platform.lake.iceberg.maintenance import remove_orphans
 from cdc_platform.lake.s3 import (
     S3_FILE_IO,
     S3Endpoint,
@@ -242,7 +243,7 @@ def _spark_child() -> None:
         stream = io.newOutputFile(orphan).createOrOverwrite()
         stream.write(bytearray(b"PAR1 not committed"))
         stream.close()
-        removed = target.remove_orphans(datetime.now(UTC) + timedelta(minutes=1))
+        removed = remove_orphans(target, datetime.now(UTC) + timedelta(minutes=1))
         orphans = {"orphan": orphan, "removed": removed["deleted_orphan_files"],
                    "exists_after": bool(io.newInputFile(orphan).exists()),
                    "rows_after": [row.asDict() for row in

@@ -28,6 +28,7 @@ from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.snapshot.chunks import Chunk, ChunkedTable, ChunkKey
 from cdc_platform.capture.snapshot.commit_rule import Commit, Touch, decide_chunk_commit
 from cdc_platform.lake.iceberg import LakeTable
+from cdc_platform.lake.iceberg.maintenance import maintain
 from cdc_platform.lake.merge import MergeResult
 from cdc_platform_tests.lake.helpers import (
     Landing,
@@ -281,7 +282,7 @@ def test_asserted_deletes_are_applied_by_compaction(spark, landing, warehouse):
     assert result.snapshot.metadata()["position_deletes"] == 4  # 1, 3, 4 and the old 2
     check_counts(spark, warehouse, result)
     table = target(spark, warehouse)
-    table.maintain(datetime.now() + timedelta(hours=1), retain_last=1)
+    maintain(table, datetime.now() + timedelta(hours=1), retain_last=1)
     compacted = table.current()
     assert compacted.metadata()["position_deletes"] == 0 and compacted.rows == 6
     assert compacted.consumed_pos == result.consumed_pos

@@ -30,6 +30,7 @@ from pyspark.sql.types import (
 
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.lake.iceberg import Lake, LakeTable
+from cdc_platform.lake.iceberg.maintenance import maintain
 from cdc_platform.lake.merge import materialise
 from cdc_platform_tests.lake.helpers import SERVER, Landing
 from cdc_platform_tests.lake.third_party import (
@@ -174,7 +175,7 @@ def test_every_type_round_trips_through_merge_update_and_compaction(spark, tmp_p
     assert updated.snapshot.metadata()["position_deletes"] == 1
     check(ROWS)
 
-    report = table.maintain(datetime.now() + timedelta(hours=1), retain_last=1)
+    report = maintain(table, datetime.now() + timedelta(hours=1), retain_last=1)
     assert report["rewritten_data_files_count"] > 0
     assert table.current().metadata()["position_deletes"] == 0
     check(ROWS)

@@ -5,7 +5,7 @@ A rename changes no value, but the binlog carries it only as statement text: the
 before it hold the column under its old name, the ones after under the new name. Read by name,
 the lake would see the old column dropped and a new one added (NULL in every older row). So the
 engine records each ALTER's renames of a captured table, durably, before its checkpoint passes
-the DDL, and the lake (``lake.changelog``, ``lake.iceberg.LakeTable.evolve``) renames the
+the DDL, and the lake (``lake.changelog``, ``lake.iceberg.schema.evolve``) renames the
 older segments' columns and the Iceberg column (which keeps its field id, so its data files
 keep their values).
 

@@ -4,7 +4,7 @@
 A merge-on-read table gathers a delete file and a small data file per materialisation, and a
 snapshot per materialisation: reads slow down and storage grows until something rewrites and
 expires them. The job ``lake_maintenance`` does that with Iceberg's own actions
-(``LakeTable.maintain``), one table after another in one op and one Spark session: one table's
+(``iceberg.maintenance.maintain``), one table after another in one op and one Spark session: one table's
 failure leaves the others maintained and fails the op at the end naming it (one op per table
 made a thousand ops at every code-location load). The schedule runs it on
 ``warehouse.maintenance_cron`` once turned on (it starts stopped: compaction rewrites data,
@@ -24,7 +24,7 @@ from cdc_platform.config import Settings
 from cdc_platform.defs.lake.definitions import target_key
 from cdc_platform.defs.names import scoped_name
 from cdc_platform.lake.iceberg import Lake
-from cdc_platform.lake.iceberg.maintenance import ORPHAN_MIN_AGE
+from cdc_platform.lake.iceberg.maintenance import ORPHAN_MIN_AGE, maintain, remove_orphans
 from cdc_platform.lake.spark import ensure_lake_conf
 
 JOB_NAME = "lake_maintenance"
@@ -40,8 +40,8 @@ def _maintain(settings: Settings, spark: Any, schema: TableSchema
     if not target.exists():
         return {}, {"table": target.identifier, "exists": False}
     older_than = datetime.now() - timedelta(hours=warehouse.snapshot_retention_hours)
-    report = target.maintain(older_than, warehouse.min_snapshots_to_keep)
-    report.update(target.remove_orphans(datetime.now(UTC) - ORPHAN_MIN_AGE))
+    report = maintain(target, older_than, warehouse.min_snapshots_to_keep)
+    report.update(remove_orphans(target, datetime.now(UTC) - ORPHAN_MIN_AGE))
     current = target.current()
     marked = target.mark_of(target.history())
     return report, {

@@ -61,7 +61,7 @@ from cdc_platform.lake.arrow_load import target_rows
 from cdc_platform.lake.arrow_merge import upkeep_without_spark
 from cdc_platform.lake.changelog import TableChangelog
 from cdc_platform.lake.iceberg.lake import Lake
-from cdc_platform.lake.iceberg.maintenance import ORPHAN_MIN_AGE
+from cdc_platform.lake.iceberg.maintenance import ORPHAN_MIN_AGE, maintain, remove_orphans
 from cdc_platform.lake.iceberg.table import LakeTable
 from cdc_platform.lake.merge import MergeResult, materialise
 from cdc_platform.lake.reconcile import ReconcileResult, reconcile_target
@@ -506,7 +506,7 @@ class Applier:
     def _maybe_compact(self, schema: TableSchema, state: _TableState,
                        metadata: Mapping[str, Any], reason: str | None = None) -> None:
         """Compact the table past the file or delete thresholds, and expire its oldest
-        snapshots past ``max_snapshots`` (``LakeTable.maintain`` does both, mark kept), with
+        snapshots past ``max_snapshots`` (``maintenance.maintain`` does both, mark kept), with
         Spark's actions; not when this pass compacted or reconciled already (the next merge
         judges again). ``reason``: compact for it (a table too large to compact without
         Spark, ``_upkeep_without_spark``)."""
@@ -535,7 +535,7 @@ class Applier:
         self._housekept = True
         target = self._target(schema)
         try:
-            report = target.maintain(older_than, options.min_snapshots_to_keep)
+            report = maintain(target, older_than, options.min_snapshots_to_keep)
         except Exception as error:  # noqa: BLE001 - a conflicting merge wins; retried later
             log.warning("applier: compacting %s failed (%s); tried again after a later merge",
                         schema.table_id, str(error).splitlines()[0] if str(error) else error)
@@ -549,7 +549,7 @@ class Applier:
         """Every ``ORPHAN_INTERVAL_SECONDS``, after a merge or an idle pass (a table that
         always has new records is never idle), as the pass's one heavy task (when another took
         the pass, in a later one): delete the target's files that nothing references and that
-        are older than ``ORPHAN_MIN_AGE`` (``LakeTable.remove_orphans``), so the files of
+        are older than ``ORPHAN_MIN_AGE`` (``maintenance.remove_orphans``), so the files of
         writers that died or lost a race do not accumulate in the warehouse."""
         if self._housekept or state.consumed_pos is None or \
                 time.monotonic() - state.orphans_checked < ORPHAN_INTERVAL_SECONDS:
@@ -557,7 +557,7 @@ class Applier:
         self._housekept = True
         state.orphans_checked = time.monotonic()
         try:
-            report = self._target(schema).remove_orphans(datetime.now(UTC) - ORPHAN_MIN_AGE)
+            report = remove_orphans(self._target(schema), datetime.now(UTC) - ORPHAN_MIN_AGE)
         except Exception as error:  # noqa: BLE001 - tried again at the next interval
             log.warning("applier: removing orphan files of %s failed (%s); tried again in "
                         "%.0f h", schema.table_id,

@@ -24,7 +24,11 @@ from pyspark.sql.types import (
 from cdc_platform.capture.ddl.column_renames import ColumnRenames, column_mapping
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.lake.columns import user_struct
-from cdc_platform.lake.iceberg.properties import PRIMARY_KEY_PROPERTY, RENAMED_THROUGH_PROPERTY
+from cdc_platform.lake.iceberg.properties import (
+    PRIMARY_KEY_PROPERTY,
+    RENAMED_THROUGH_PROPERTY,
+    SOURCE_TABLE_PROPERTY,
+)
 
 if TYPE_CHECKING:
     from cdc_platform.lake.iceberg.snapshots import Snapshot
@@ -37,8 +41,9 @@ class SchemaEvolutionError(RuntimeError):
     """The source's new schema has a change Iceberg cannot make in place."""
 
 
-def prepare(table: LakeTable, schema: TableSchema, renames: Sequence[ColumnRenames],
-            base: Snapshot | None, through: int, consumed_pos: int | None) -> tuple[Snapshot, bool]:
+def prepare(table: LakeTable, schema: TableSchema, renames: Sequence[ColumnRenames] = (), *,
+            base: Snapshot | None, through: int, consumed_pos: int | None = None
+            ) -> tuple[Snapshot, bool]:
     """Make the table ready to take a batch written in ``schema``, before anything is read
     from it: the key checked, the table created if it is not there (``base`` None) and its
     columns evolved to ``schema``'s. Returns the snapshot the batch applies to and whether
@@ -57,10 +62,17 @@ def prepare(table: LakeTable, schema: TableSchema, renames: Sequence[ColumnRenam
         created = table.current()
         assert created is not None
         return created, changed
-    table.record_source()
+    record_source(table)
     pending = pending_renames(table, renames, consumed_pos)
     check_primary_key(table, schema, pending)
     return base, evolve(table, schema, pending)
+
+
+def record_source(table: LakeTable) -> None:
+    """Give a target made before the source properties existed its ``cdc.source-*``."""
+    if table.property(SOURCE_TABLE_PROPERTY) is None:
+        with table.writing():
+            commit_metadata(table, {}, table.source_properties())
 
 
 def check_key_columns(table_id: str, schema: TableSchema) -> None:

@@ -6,38 +6,39 @@ delete files, so a batch costs what the batch touches, not the table's size). Ev
 the platform names a table by (server, database, table) and goes through ``Lake`` and
 ``LakeTable``; every target records its source's real names as table properties
 (``cdc.source-*``).
+
+What is done to a table is a function of its own module that takes a ``LakeTable``: committing
+(``commit.commit_merge``), schema evolution (``schema.prepare``, ``schema.evolve``,
+``schema.drop_columns``) and maintenance (``maintenance.maintain``,
+``maintenance.remove_orphans``). This module imports none of them: they call the table, never
+the other way round.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from cdc_platform.capture.ddl.column_renames import ColumnRenames
 from cdc_platform.capture.landing_contract import POS
 from cdc_platform.capture.names import table_id
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.lake.columns import user_struct
 from cdc_platform.lake.iceberg.catalog import namespace_name, quote, sql_string, table_name
-from cdc_platform.lake.iceberg.commit import commit_merge
 from cdc_platform.lake.iceberg.locks import spark_commits, table_lock
-from cdc_platform.lake.iceberg.maintenance import maintain, remove_orphans
 from cdc_platform.lake.iceberg.properties import (
     PRIMARY_KEY_PROPERTY,
     RENAMED_THROUGH_PROPERTY,
-    SOURCE_TABLE_PROPERTY,
     TABLE_PROPERTIES,
     source_properties,
     target_comment,
     target_properties,
 )
-from cdc_platform.lake.iceberg.schema import commit_metadata, drop_columns, evolve, prepare
 from cdc_platform.lake.iceberg.snapshots import Snapshot, mark_of, snapshot_from_java
 
 if TYPE_CHECKING:
@@ -47,7 +48,8 @@ if TYPE_CHECKING:
 
 
 class LakeTable:
-    """One target table: create, evolve, read (now or at a snapshot), commit a MERGE."""
+    """One target table: its names and properties, create and drop, its snapshots, and reads
+    (now or at a snapshot)."""
 
     def __init__(self, lake: Lake, server_name: str, database: str, table: str) -> None:
         self.lake = lake
@@ -69,12 +71,6 @@ class LakeTable:
                 f"{quote(self.lake.catalog)}.{quote(self.namespace)}.{quote(name)}"))
 
         return ascii_name if not exists(self.name) and exists(ascii_name) else self.name
-
-    def record_source(self) -> None:
-        """Give a target made before the source properties existed its ``cdc.source-*``."""
-        if self.property(SOURCE_TABLE_PROPERTY) is None:
-            with self.writing():
-                commit_metadata(self, {}, self.source_properties())
 
     def source_properties(self) -> dict[str, str]:
         """The table properties that name the source table by its real names."""
@@ -141,14 +137,6 @@ class LakeTable:
                 empty = self.spark.createDataFrame([], self.spark.table(self.identifier).schema)
                 empty.writeTo(self.identifier).append()
 
-    def prepare(self, schema: TableSchema, renames: Sequence[ColumnRenames] = (), *,
-                base: Snapshot | None, through: int, consumed_pos: int | None = None
-                ) -> tuple[Snapshot, bool]:
-        """Ready the table for a batch in ``schema``: key checked, table created, columns
-        evolved in one commit (``schema.prepare``). Returns (the batch's base snapshot,
-        whether the columns changed)."""
-        return prepare(self, schema, renames, base, through, consumed_pos)
-
     def property(self, key: str) -> str | None:
         """A table property's value, or None when the table does not have it."""
         value = self.java_table().properties().get(key)
@@ -164,14 +152,6 @@ class LakeTable:
         (a table made before renames were followed)."""
         value = self.property(RENAMED_THROUGH_PROPERTY)
         return int(value) if value not in (None, "") else None
-
-    def evolve(self, schema: TableSchema, renames: Sequence[ColumnRenames] = ()) -> bool:
-        """Bring the table's columns to ``schema``'s (``schema.evolve``)."""
-        return evolve(self, schema, renames)
-
-    def drop_columns(self, columns: Sequence[str]) -> None:
-        """Drop columns the source dropped (``schema.drop_columns``)."""
-        drop_columns(self, columns)
 
     def drop(self) -> None:
         self.lake.sql(f"DROP TABLE IF EXISTS {self.identifier} PURGE")
@@ -262,27 +242,3 @@ class LakeTable:
         else:  # VERSION AS OF reads with the snapshot's schema
             df = self.spark.sql(f"SELECT * FROM {self.identifier} VERSION AS OF {int(snapshot_id)}")
         return df if with_position else df.drop(POS)
-
-    # -- committing ---------------------------------------------------------------------------
-
-    def commit_merge(
-        self,
-        base: Snapshot,
-        merge_sql: Callable[[str], str],
-        properties: Mapping[str, str],
-        prepare: Callable[[str], None] | None = None,
-    ) -> Snapshot:
-        """One MERGE as one snapshot on main, only if main is still at ``base``
-        (``commit.commit_merge``: compare-and-swap through a private branch)."""
-        return commit_merge(self, base, merge_sql, properties, prepare)
-
-    # -- maintenance --------------------------------------------------------------------------
-
-    def maintain(self, older_than: datetime, retain_last: int) -> dict[str, Any]:
-        """Compaction and snapshot expiry keeping the mark (``maintenance.maintain``)."""
-        return maintain(self, older_than, retain_last)
-
-    def remove_orphans(self, older_than: datetime) -> dict[str, Any]:
-        """Delete unreferenced files written before ``older_than``
-        (``maintenance.remove_orphans``)."""
-        return remove_orphans(self, older_than)
