@@ -265,7 +265,7 @@ def bench_lake_merge(sizes: list[int], batch: int, work: Path, repeats: int = 3)
     each size; then the table's maintenance (compaction and snapshot expiry), timed apart."""
     from datetime import datetime
 
-    from cdc_platform.lake.iceberg import Lake
+    from cdc_platform.lake.iceberg import Lake, LakeTable
     from cdc_platform.lake.iceberg.maintenance import maintain
     from cdc_platform.lake.merge import materialise
     from cdc_platform.lake.spark import build_spark_session
@@ -304,7 +304,7 @@ def bench_lake_merge(sizes: list[int], batch: int, work: Path, repeats: int = 3)
                                  "orders")
             merges.append(time.perf_counter() - started)
         timings[size] = sorted(merges)[len(merges) // 2]
-        table = Lake(spark, warehouse).table("bench", "bench", "orders")
+        table = LakeTable(Lake(spark, warehouse), "bench", "bench", "orders")
         started = time.perf_counter()
         report = maintain(table, older_than=datetime.now(), retain_last=1)
         maintenance = time.perf_counter() - started

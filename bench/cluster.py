@@ -71,7 +71,7 @@ def _drive(config: Path, step: str, spark_free: bool, cluster_dir: str) -> dict[
     """In a driver process: one step on the config's master, timed after a warm-up."""
     from cdc_platform.capture.source import SourceSession, selector_from_settings
     from cdc_platform.config import load_settings
-    from cdc_platform.lake.iceberg import Lake
+    from cdc_platform.lake.iceberg import Lake, LakeTable
     from cdc_platform.lake.merge import materialise
     from cdc_platform.lake.reconcile import reconcile_table
     from cdc_platform.lake.spark import build_spark_session, settings_conf
@@ -92,7 +92,7 @@ def _drive(config: Path, step: str, spark_free: bool, cluster_dir: str) -> dict[
         connection = settings.source.connection_settings()
         with SourceSession(connection, selector_from_settings(settings)) as source:
             schema = source.read_schema(DATABASE, TABLE)
-        target = Lake.from_settings(spark, settings).table(SERVER_NAME, DATABASE, TABLE).read()
+        target = LakeTable(Lake.from_settings(spark, settings), SERVER_NAME, DATABASE, TABLE).read()
         checked = reconcile_table(spark, target, connection, schema)
         detail = {"rows": checked.source_rows, "ok": checked.ok}
     seconds = time.monotonic() - started

@@ -159,9 +159,9 @@ class CdcEnv:
 
     def target(self, spark: Any, table: str) -> Any:
         """The table's ``lake.iceberg.LakeTable``."""
-        from cdc_platform.lake.iceberg import Lake
+        from cdc_platform.lake.iceberg import Lake, LakeTable
 
-        return Lake.from_settings(spark, self.settings).table(self.server_name, self.db, table)
+        return LakeTable(Lake.from_settings(spark, self.settings), self.server_name, self.db, table)
 
     def reconcile(self, spark: Any, table: str) -> Any:
         from cdc_platform.capture.source import SourceSession

@@ -190,8 +190,8 @@ def materialise(
             if merged is None and target is None:
                 session = spark if isinstance(spark, SparkSession) else spark()
                 ensure_lake_conf(session)
-                target = Lake(session, warehouse_url, catalog).table(server_name, database,
-                                                                     table)
+                target = LakeTable(Lake(session, warehouse_url, catalog), server_name, database,
+                                   table)
                 if not isinstance(spark, SparkSession):
                     # (getting the session may have waited seconds for its start: the
                     # applier's, in the background; a snapshot that landed meanwhile into

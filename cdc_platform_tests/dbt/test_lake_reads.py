@@ -141,7 +141,7 @@ def test_dbt_builds_a_model_on_every_lake_table(built):
 def test_the_model_has_the_lake_tables_schema_and_rows(built, spark, index):
     assert built["result"].returncode == 0, built["result"].stdout[-4000:]
     table_schema: TableSchema = built["tables"][index]
-    lake_table: LakeTable = built["lake"].table(SERVER, DB, table_schema.table)
+    lake_table: LakeTable = LakeTable(built["lake"], SERVER, DB, table_schema.table)
     expected = lake_table.read(with_position=True)
     model = spark.table(_model(built, index))
     assert [(f.name, f.dataType) for f in model.schema.fields] == [
@@ -152,15 +152,15 @@ def test_the_model_has_the_lake_tables_schema_and_rows(built, spark, index):
 def test_the_lake_tables_read_as_the_source_left_them(built):
     """The comparison above is not vacuous: the lake tables hold the merged rows."""
     lake: Lake = built["lake"]
-    orders = {r.id: r for r in lake.table(SERVER, DB, "orders").read().collect()}
+    orders = {r.id: r for r in LakeTable(lake, SERVER, DB, "orders").read().collect()}
     assert set(orders) == set(range(1, 21)) - {2, 4}
     assert (orders[1].name, orders[1].email, orders[3].name, orders[5].email) == (
         "n1c", "a@x", "again", None)
-    odd = lake.table(SERVER, DB, ODD.table).read().collect()
+    odd = LakeTable(lake, SERVER, DB, ODD.table).read().collect()
     assert sorted((r.tenant, r.id, r["a.b c`d"]) for r in odd) == [
         ("x", Decimal(1), 1.5), ("y", Decimal(2**64 - 1), 3.0)]
     assert table_name(ODD.table) != ODD.table  # the source identifier had to be the lake's
-    assert lake.table(SERVER, DB, "empty").read().count() == 0
+    assert LakeTable(lake, SERVER, DB, "empty").read().count() == 0
 
 
 def test_the_sources_namespace_is_the_lakes(built):

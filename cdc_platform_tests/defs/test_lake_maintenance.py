@@ -28,7 +28,7 @@ def r(id_: int, name: str, amount: str) -> dict[str, Any]:
 
 
 def table(spark: SparkSession, warehouse: str) -> LakeTable:
-    return Lake(spark, warehouse).table(SERVER, S.database, S.table)
+    return LakeTable(Lake(spark, warehouse), SERVER, S.database, S.table)
 
 
 def two_batches(spark: SparkSession, landing: Landing, warehouse: str) -> MergeResult:
@@ -179,7 +179,7 @@ def test_lake_maintenance_job_maintains_every_table_and_reports_it(spark, landin
                for m in logs)
     assert not never_observed
     assert not table(spark, warehouse).lake.spark.catalog.tableExists(
-        Lake(spark, warehouse).table(SERVER, "shop", "customers").identifier)
+        LakeTable(Lake(spark, warehouse), SERVER, "shop", "customers").identifier)
 
     schedule = defs.resolve_schedule_def(maintenance.SCHEDULE_NAME)
     assert schedule.cron_schedule == "15 4 * * 0"

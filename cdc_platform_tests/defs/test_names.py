@@ -20,7 +20,7 @@ import cdc_platform
 from cdc_platform.capture.names import table_id
 from cdc_platform.capture.source import quote_identifier as q
 from cdc_platform.definitions import build_definitions
-from cdc_platform.lake.iceberg import Lake, namespace_name
+from cdc_platform.lake.iceberg import Lake, LakeTable, namespace_name
 from cdc_platform.lake.merge import materialise
 from cdc_platform_tests.conftest import CdcEnv
 
@@ -145,7 +145,7 @@ def test_awkward_database_table_and_column_names_stream_materialise_and_reconcil
     result = materialise(spark, s.landing_zone.url, s.warehouse.url, env.server_name, None,
                          AWKWARD_DB, AWKWARD_TABLE)
     assert result.rows == 4
-    target = Lake.from_settings(spark, s).table(env.server_name, AWKWARD_DB, AWKWARD_TABLE)
+    target = LakeTable(Lake.from_settings(spark, s), env.server_name, AWKWARD_DB, AWKWARD_TABLE)
     rows = sorted((r.asDict() for r in target.read().collect()), key=lambda r: r["id.part"])
     assert [(r["id.part"], r["na`me"], r["with space"], r["ü"]) for r in rows] == [
         (1, "n1", 10, "ü1"), (2, "n2", -1, "ü2"), (4, "n4", 40, "ü4"), (5, "n5", 50, "ü5")]
@@ -169,7 +169,7 @@ def _reconcile(env: CdcEnv, spark):
     with source_sql.source_connection(connection) as conn:
         schema = source_sql.read_table_schema(conn, AWKWARD_DB, AWKWARD_TABLE)
     schema = selector_from_settings(s).shape(schema)
-    target = Lake.from_settings(spark, s).table(env.server_name, AWKWARD_DB, AWKWARD_TABLE)
+    target = LakeTable(Lake.from_settings(spark, s), env.server_name, AWKWARD_DB, AWKWARD_TABLE)
     return reconcile_table(spark, target.read(), connection, schema, range_rows=2)
 
 
@@ -204,8 +204,8 @@ def test_materialise_targets_runs_from_another_directory_without_spark_variables
     assert "RUN_SUCCESS" in output and "ModuleNotFoundError" not in output
     assert "ASSET_CHECK_EVALUATION" in output, output[-8000:]
     s = env.settings
-    current = Lake.from_settings(spark, s).table(env.server_name, AWKWARD_DB,
-                                                 AWKWARD_TABLE).current()
+    current = LakeTable(Lake.from_settings(spark, s), env.server_name, AWKWARD_DB,
+                        AWKWARD_TABLE).current()
     assert current is not None and current.rows == 2
     assert os.listdir(elsewhere) == []
 

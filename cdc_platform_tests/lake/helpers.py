@@ -148,7 +148,7 @@ def materialise_table(spark: Any, landing: Landing, warehouse: str, table_schema
 
 def target_table(spark: Any, warehouse: str, table_schema: TableSchema) -> LakeTable:
     """The Iceberg table a test landing zone's table materialises into (default catalog)."""
-    return Lake(spark, warehouse).table(SERVER, table_schema.database, table_schema.table)
+    return LakeTable(Lake(spark, warehouse), SERVER, table_schema.database, table_schema.table)
 
 
 class Changelog:

@@ -17,7 +17,7 @@ import pytest
 from cdc_platform.lake import arrow_load
 from cdc_platform.lake.arrow_merge import materialise_without_spark
 from cdc_platform.lake.changelog import TableChangelog
-from cdc_platform.lake.iceberg import ConcurrentCommitError, Lake
+from cdc_platform.lake.iceberg import ConcurrentCommitError, Lake, LakeTable
 from cdc_platform.lake.iceberg.hadoop import VERSION_HINT, LocalHadoopCatalog
 from cdc_platform.lake.merge import materialise
 from cdc_platform_tests.lake.helpers import (
@@ -56,7 +56,7 @@ def test_the_created_table_is_the_table_spark_creates(spark, tmp_path: Path):
         result = materialise(spark, landing.url, warehouse, SERVER, SCHEMA, "types",
                              "all_types", spark_free=path == "arrow")
         assert spark_free(result) == (path == "arrow")
-        table = Lake(spark, warehouse).table(SERVER, "types", "all_types")
+        table = LakeTable(Lake(spark, warehouse), SERVER, "types", "all_types")
         made[path] = metadata(table)
         assert rows_of(table.read()).keys() == {row["id"] for row in ROWS}
     arrow, by_spark = made["arrow"], made["spark"]

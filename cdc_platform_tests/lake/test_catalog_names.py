@@ -14,6 +14,7 @@ from cdc_platform.lake.iceberg import (
     SOURCE_SERVER_PROPERTY,
     SOURCE_TABLE_PROPERTY,
     Lake,
+    LakeTable,
     catalog_name,
     quote,
 )
@@ -44,7 +45,7 @@ def test_a_target_has_its_real_name_and_records_its_source(spark, landing, wareh
     items = schema("ünï")
     landing.segment(items, [("c", {"id": 1, "name": "a", "amount": Decimal("1.00")})])
     materialise_table(spark, landing, warehouse, items)
-    table = Lake(spark, warehouse).table(SERVER, items.database, "ünï")
+    table = LakeTable(Lake(spark, warehouse), SERVER, items.database, "ünï")
     assert table.name == "ünï" and table.exists()
     assert table.read().count() == 1
     assert (table.property(SOURCE_SERVER_PROPERTY), table.property(SOURCE_DATABASE_PROPERTY),
@@ -54,9 +55,9 @@ def test_a_target_has_its_real_name_and_records_its_source(spark, landing, wareh
 def test_a_target_made_under_the_ascii_name_before_keeps_it(spark, warehouse):
     lake = Lake(spark, warehouse)
     legacy = catalog_name("ïtems")
-    namespace = lake.table(SERVER, "db", "x").namespace
+    namespace = LakeTable(lake, SERVER, "db", "x").namespace
     lake.sql(f"CREATE NAMESPACE IF NOT EXISTS {quote(lake.catalog)}.{quote(namespace)}")
     lake.sql(f"CREATE TABLE {quote(lake.catalog)}.{quote(namespace)}.{quote(legacy)} (id int) "
              "USING iceberg")
-    assert lake.table(SERVER, "db", "ïtems").name == legacy
-    assert lake.table(SERVER, "db", "ötems").name == "ötems"
+    assert LakeTable(lake, SERVER, "db", "ïtems").name == legacy
+    assert LakeTable(lake, SERVER, "db", "ötems").name == "ötems"

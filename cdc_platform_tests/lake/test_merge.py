@@ -316,7 +316,7 @@ def test_type_widening_is_schema_evolution(spark, landing, warehouse):
 def test_int_to_bigint_widens_in_place(spark, warehouse):
     """Landing types have no 32-bit int, but a table made by an older release or another
     engine may: ``evolve`` promotes it to bigint with Iceberg's ALTER COLUMN."""
-    table = Lake(spark, warehouse).table(SERVER, "shop", "legacy")
+    table = LakeTable(Lake(spark, warehouse), SERVER, "shop", "legacy")
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {quote(table.lake.catalog)}."
               f"{quote(table.namespace)}")
     spark.sql(f"CREATE TABLE {table.identifier} (id bigint, n int, __cdc_pos bigint) "

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = r"""
 import json, sys, time
 from pathlib import Path
-from cdc_platform.lake.iceberg import Lake
+from cdc_platform.lake.iceberg import Lake, LakeTable
 from cdc_platform.lake.merge import materialise
 from cdc_platform.lake.spark import build_spark_session
 
@@ -49,7 +49,7 @@ def wait_for(name):
 (barrier / f"{table}.started").touch()
 wait_for(f"{other}.started")  # both sessions are up before either works
 result = materialise(spark, landing, warehouse, "demo", None, "shop", table)
-rows = Lake(spark, warehouse).table("demo", "shop", table).read().count()
+rows = LakeTable(Lake(spark, warehouse), "demo", "shop", table).read().count()
 (barrier / f"{table}.done").touch()
 wait_for(f"{other}.done")  # and both stay up until both are done
 print(json.dumps({"committed": result.committed, "rows": result.rows, "count": rows}))

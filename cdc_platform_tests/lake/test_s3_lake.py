@@ -203,7 +203,7 @@ def _spark_child() -> None:
     Prints ``REPORT <json>``; runs in a fresh interpreter (see the module's docstring).
     """
     from cdc_platform.config import CatalogSettings
-    from cdc_platform.lake.iceberg import Lake
+    from cdc_platform.lake.iceberg import Lake, LakeTable
     from cdc_platform.lake.spark import build_spark_session
 
     job = json.loads(os.environ[CHILD_ENV])
@@ -237,7 +237,7 @@ def _spark_child() -> None:
                    .orderBy("id", "op").collect()]
         # A crashed writer's file in the table's data: removed through S3FileIO's listing,
         # the live files kept (older_than ahead of now: S3 object times cannot be set back)
-        target = lake.table("s3", "inventory", TABLE)
+        target = LakeTable(lake, "s3", "inventory", TABLE)
         io = target.java_table().io()
         orphan = f"{str(target.java_table().location()).rstrip('/')}/data/crashed-writer.parquet"
         stream = io.newOutputFile(orphan).createOrOverwrite()

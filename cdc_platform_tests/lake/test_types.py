@@ -148,7 +148,7 @@ def test_every_type_round_trips_through_merge_update_and_compaction(spark, tmp_p
     or by Spark; the same values either way, then through Spark's MERGEs and compaction."""
     landing = Landing(tmp_path / "landing")
     warehouse = str(tmp_path / "warehouse")
-    table = Lake(spark, warehouse).table(SERVER, "types", "all_types")
+    table = LakeTable(Lake(spark, warehouse), SERVER, "types", "all_types")
 
     def run():
         return materialise(spark, landing.url, warehouse, SERVER, SCHEMA, "types", "all_types",

@@ -191,10 +191,10 @@ def run_statements(server: MariaDBServer, statements: tuple[Any, ...] | list[Any
 
 def target_rows(spark: Any, settings: Any, database: str, table: str
                 ) -> list[dict[str, Any]] | None:
-    from cdc_platform.lake.iceberg import Lake
+    from cdc_platform.lake.iceberg import Lake, LakeTable
 
-    target = Lake.from_settings(spark, settings).table(settings.source.server_name, database,
-                                                       table)
+    target = LakeTable(Lake.from_settings(spark, settings), settings.source.server_name, database,
+                       table)
     if STORAGE.s3 is not None:
         return STORAGE.catalog_rows(target.namespace, target.name)
     if target.current() is None:

@@ -22,7 +22,7 @@ from cdc_platform.config import Settings
 from cdc_platform.defs.names import scoped_name, source_resource_key, subsettable_assets
 from cdc_platform.defs.snapshots.definitions import snapshot_key
 from cdc_platform.defs.streaming.runner import changelog_key
-from cdc_platform.lake.iceberg import Lake
+from cdc_platform.lake.iceberg import Lake, LakeTable
 from cdc_platform.lake.merge import materialise
 from cdc_platform.lake.reconcile import reconcile_table
 
@@ -166,8 +166,8 @@ class _Targets:
         })
 
     def _not_stale(self, schema: TableSchema) -> dg.AssetCheckResult:
-        target = Lake.from_settings(self.spark, self.settings).table(
-            self.server, schema.database, schema.table)
+        target = LakeTable(Lake.from_settings(self.spark, self.settings),
+                           self.server, schema.database, schema.table)
         _, marked = target.base_and_mark()
         reason = staleness(self.settings, schema, marked.consumed_pos if marked else None)
         return dg.AssetCheckResult(
@@ -188,8 +188,8 @@ class _Targets:
                 severity=dg.AssetCheckSeverity.ERROR,
                 description=f"{missing_table(schema.table_id)}: nothing to compare its "
                             "target with")
-        target = Lake.from_settings(self.spark, settings).table(
-            self.server, schema.database, schema.table)
+        target = LakeTable(Lake.from_settings(self.spark, settings),
+                           self.server, schema.database, schema.table)
         snapshot, marked = target.base_and_mark()
         if snapshot is None:
             return dg.AssetCheckResult(

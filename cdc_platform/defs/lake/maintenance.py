@@ -23,7 +23,7 @@ from cdc_platform.capture.schema import TableSchema
 from cdc_platform.config import Settings
 from cdc_platform.defs.lake.definitions import target_key
 from cdc_platform.defs.names import scoped_name
-from cdc_platform.lake.iceberg import Lake
+from cdc_platform.lake.iceberg import Lake, LakeTable
 from cdc_platform.lake.iceberg.maintenance import ORPHAN_MIN_AGE, maintain, remove_orphans
 from cdc_platform.lake.spark import ensure_lake_conf
 
@@ -36,7 +36,7 @@ def _maintain(settings: Settings, spark: Any, schema: TableSchema
     """Maintain one table's Iceberg table: what its actions did, and its observation's
     metadata (nothing to do before the table exists)."""
     server, warehouse = settings.source.server_name, settings.warehouse
-    target = Lake.from_settings(spark, settings).table(server, schema.database, schema.table)
+    target = LakeTable(Lake.from_settings(spark, settings), server, schema.database, schema.table)
     if not target.exists():
         return {}, {"table": target.identifier, "exists": False}
     older_than = datetime.now() - timedelta(hours=warehouse.snapshot_retention_hours)

@@ -316,8 +316,8 @@ class Applier:
                    for first, last, _ in names)
 
     def _target(self, schema: TableSchema) -> LakeTable:
-        return Lake(self.spark, self.options.warehouse_url, self.options.catalog).table(
-            self.options.server_name, schema.database, schema.table)
+        return LakeTable(Lake(self.spark, self.options.warehouse_url, self.options.catalog),
+                         self.options.server_name, schema.database, schema.table)
 
     def _due(self, schema: TableSchema, checkpoint: Checkpoint, survey: Survey) -> bool:
         """Whether the table is merged in this pass; a table with nothing new gets its

@@ -1,4 +1,6 @@
-"""The lake's catalog in one Spark session: where every ``LakeTable`` is reached from."""
+"""The lake's catalog in one Spark session: where every ``LakeTable`` is reached from
+(``LakeTable(lake, server, database, table)``; this module knows nothing of tables, so a table
+depends on its catalog and not the other way round)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,6 @@ from pyspark.sql import DataFrame, SparkSession
 
 from cdc_platform.capture.store import open_store
 from cdc_platform.lake.iceberg.catalog import SPARK_CATALOG, UNICODE_CATALOGS, catalog_properties
-from cdc_platform.lake.iceberg.table import LakeTable
 from cdc_platform.lake.s3 import S3Endpoint, check_warehouse, warehouse_on_s3
 
 _register_lock = threading.Lock()
@@ -79,9 +80,6 @@ class Lake:
     def from_settings(cls, spark: SparkSession, settings: Any) -> Lake:
         """The lake of a ``config.Settings`` (its warehouse and catalog)."""
         return cls(spark, settings.warehouse.url, settings.warehouse.catalog)
-
-    def table(self, server_name: str, database: str, table: str) -> LakeTable:
-        return LakeTable(self, server_name, database, table)
 
     def sql(self, statement: str) -> DataFrame:
         return self.spark.sql(statement)

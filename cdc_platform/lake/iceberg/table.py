@@ -20,7 +20,7 @@ import contextlib
 import json
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
@@ -30,6 +30,7 @@ from cdc_platform.capture.names import table_id
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.lake.columns import user_struct
 from cdc_platform.lake.iceberg.catalog import namespace_name, quote, sql_string, table_name
+from cdc_platform.lake.iceberg.lake import Lake
 from cdc_platform.lake.iceberg.locks import spark_commits, table_lock
 from cdc_platform.lake.iceberg.properties import (
     PRIMARY_KEY_PROPERTY,
@@ -40,11 +41,6 @@ from cdc_platform.lake.iceberg.properties import (
     target_properties,
 )
 from cdc_platform.lake.iceberg.snapshots import Snapshot, mark_of, snapshot_from_java
-
-if TYPE_CHECKING:
-    from cdc_platform.lake.iceberg.lake import Lake
-
-
 
 
 class LakeTable:
