@@ -265,8 +265,9 @@ def bench_lake_merge(sizes: list[int], batch: int, work: Path, repeats: int = 3)
     each size; then the table's maintenance (compaction and snapshot expiry), timed apart."""
     from datetime import datetime
 
-    from cdc_platform.lake.iceberg import Lake, LakeTable
+    from cdc_platform.lake.iceberg.lake import Lake
     from cdc_platform.lake.iceberg.maintenance import maintain
+    from cdc_platform.lake.iceberg.table import LakeTable
     from cdc_platform.lake.merge import materialise
     from cdc_platform.lake.spark import build_spark_session
 

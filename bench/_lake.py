@@ -17,7 +17,8 @@ import yaml
 
 from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.devservices.mariadb import MariaDBServer
-from cdc_platform.lake.iceberg import CONSUMED_GTID, namespace_name, table_name
+from cdc_platform.lake.iceberg.catalog import namespace_name, table_name
+from cdc_platform.lake.iceberg.snapshots import CONSUMED_GTID
 
 SOURCE_PASSWORD_ENV = "CDC_BENCH_SOURCE_PASSWORD"
 

@@ -71,7 +71,8 @@ def _drive(config: Path, step: str, spark_free: bool, cluster_dir: str) -> dict[
     """In a driver process: one step on the config's master, timed after a warm-up."""
     from cdc_platform.capture.source import SourceSession, selector_from_settings
     from cdc_platform.config import load_settings
-    from cdc_platform.lake.iceberg import Lake, LakeTable
+    from cdc_platform.lake.iceberg.lake import Lake
+    from cdc_platform.lake.iceberg.table import LakeTable
     from cdc_platform.lake.merge import materialise
     from cdc_platform.lake.reconcile import reconcile_table
     from cdc_platform.lake.spark import build_spark_session, settings_conf

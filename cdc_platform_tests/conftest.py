@@ -158,8 +158,9 @@ class CdcEnv:
         return [r.asDict() for r in df.orderBy(order_by).collect()]
 
     def target(self, spark: Any, table: str) -> Any:
-        """The table's ``lake.iceberg.LakeTable``."""
-        from cdc_platform.lake.iceberg import Lake, LakeTable
+        """The table's ``lake.iceberg.table.LakeTable``."""
+        from cdc_platform.lake.iceberg.lake import Lake
+        from cdc_platform.lake.iceberg.table import LakeTable
 
         return LakeTable(Lake.from_settings(spark, self.settings), self.server_name, self.db, table)
 

@@ -3,9 +3,9 @@
 Two clients read and write S3 in a lake session, each with its own jars:
 
 * Iceberg's ``S3FileIO`` (AWS SDK v2) for the tables' data and metadata files, configured as
-  properties of the Iceberg catalog (``catalog_s3_properties``; ``iceberg.catalog_properties``
-  adds them when the warehouse is an ``s3://`` URL). The REST catalog's SigV4 signer uses the
-  same SDK.
+  properties of the Iceberg catalog (``catalog_s3_properties``;
+  ``iceberg.catalog.catalog_properties`` adds them when the warehouse is an ``s3://`` URL). The
+  REST catalog's SigV4 signer uses the same SDK.
 * Hadoop's ``S3AFileSystem`` (``hadoop-aws``, AWS SDK v1) for Spark's own reads of
   ``s3a://`` URLs: the landing zone's changelog segments and chunk files
   (``capture.store.open_store`` turns ``s3://`` into ``s3a://`` for Spark), set as
@@ -192,7 +192,7 @@ _CHECK_TIMEOUT_SECONDS = 10.0
 def check_warehouse(properties: dict[str, str]) -> None:
     """Raise ``ObjectStoreError`` with one line naming the setting to fix (``warehouse.url``,
     ``warehouse.catalog.uri``, ``warehouse.catalog.properties``, ``s3.*``) unless the lake's
-    catalog (its Spark properties, ``iceberg.catalog_properties``) can be used: a REST
+    catalog (its Spark properties, ``iceberg.catalog.catalog_properties``) can be used: a REST
     catalog answers at its URI, accepts this environment's credentials and serves the
     warehouse; a warehouse on S3 is a bucket the credentials may use. Other catalogs (JDBC,
     Hive, Glue) and local warehouses are not checked here. Before any Spark statement, whose

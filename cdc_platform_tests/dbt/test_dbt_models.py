@@ -21,7 +21,8 @@ from cdc_platform.defs.dbt import definitions as dbt_defs
 from cdc_platform.defs.dbt import project as dbt_project
 from cdc_platform.demo.inventory import create_schema, load_initial_data
 from cdc_platform.devservices.mariadb import MariaDBServer
-from cdc_platform.lake.iceberg import SPARK_CATALOG, Lake, catalog_properties, quote
+from cdc_platform.lake.iceberg.catalog import SPARK_CATALOG, catalog_properties, quote
+from cdc_platform.lake.iceberg.lake import Lake
 from cdc_platform.lake.merge import materialise
 from cdc_platform_tests.conftest import CdcEnv
 

@@ -24,7 +24,9 @@ import yaml
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.config import Settings, parse_settings
 from cdc_platform.defs.dbt import project as dbt_project
-from cdc_platform.lake.iceberg import Lake, LakeTable, namespace_name, quote, table_name
+from cdc_platform.lake.iceberg.catalog import namespace_name, quote, table_name
+from cdc_platform.lake.iceberg.lake import Lake
+from cdc_platform.lake.iceberg.table import LakeTable
 from cdc_platform.lake.merge import materialise
 from cdc_platform_tests.lake.helpers import SERVER, Landing, schema
 

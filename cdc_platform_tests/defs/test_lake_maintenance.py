@@ -15,8 +15,10 @@ from pyspark.sql import SparkSession
 from cdc_platform.config import Settings, parse_settings
 from cdc_platform.defs.lake import maintenance
 from cdc_platform.defs.lake.definitions import target_key
-from cdc_platform.lake.iceberg import BRANCH_PREFIX, Lake, LakeTable, branch_name
+from cdc_platform.lake.iceberg.commit import BRANCH_PREFIX, branch_name
+from cdc_platform.lake.iceberg.lake import Lake
 from cdc_platform.lake.iceberg.maintenance import maintain
+from cdc_platform.lake.iceberg.table import LakeTable
 from cdc_platform.lake.merge import MergeResult
 from cdc_platform_tests.lake.helpers import SERVER, Landing, materialise_table, rows_of, schema
 

@@ -20,7 +20,9 @@ import cdc_platform
 from cdc_platform.capture.names import table_id
 from cdc_platform.capture.source import quote_identifier as q
 from cdc_platform.definitions import build_definitions
-from cdc_platform.lake.iceberg import Lake, LakeTable, namespace_name
+from cdc_platform.lake.iceberg.catalog import namespace_name
+from cdc_platform.lake.iceberg.lake import Lake
+from cdc_platform.lake.iceberg.table import LakeTable
 from cdc_platform.lake.merge import materialise
 from cdc_platform_tests.conftest import CdcEnv
 

@@ -39,7 +39,7 @@ from cdc_platform.config import CONFIG_ENV, ConfigError, parse_settings
 from cdc_platform.defs.dbt import project as dbt_project
 from cdc_platform.defs.streaming import definitions as streaming_defs
 from cdc_platform.defs.streaming.runner import STOP_GRACE_SECONDS
-from cdc_platform.lake.iceberg import catalog_properties, iceberg_jar
+from cdc_platform.lake.iceberg.catalog import catalog_properties, iceberg_jar
 from cdc_platform.lake.s3 import JARS_ENV, S3_FILE_IO
 from cdc_platform.lake.spark import deployment_conf
 

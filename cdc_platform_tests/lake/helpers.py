@@ -24,7 +24,8 @@ from cdc_platform.capture.landing.zone import (
 )
 from cdc_platform.capture.landing_contract import snapshot_arrow_fields
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
-from cdc_platform.lake.iceberg import Lake, LakeTable
+from cdc_platform.lake.iceberg.lake import Lake
+from cdc_platform.lake.iceberg.table import LakeTable
 
 SERVER = "demo"
 

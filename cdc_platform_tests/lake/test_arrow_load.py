@@ -17,8 +17,10 @@ import pytest
 from cdc_platform.lake import arrow_load
 from cdc_platform.lake.arrow_merge import materialise_without_spark
 from cdc_platform.lake.changelog import TableChangelog
-from cdc_platform.lake.iceberg import ConcurrentCommitError, Lake, LakeTable
+from cdc_platform.lake.iceberg.commit import ConcurrentCommitError
 from cdc_platform.lake.iceberg.hadoop import VERSION_HINT, LocalHadoopCatalog
+from cdc_platform.lake.iceberg.lake import Lake
+from cdc_platform.lake.iceberg.table import LakeTable
 from cdc_platform.lake.merge import materialise
 from cdc_platform_tests.lake.helpers import (
     SERVER,

@@ -9,15 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdc_platform.lake.iceberg import (
+from cdc_platform.lake.iceberg.catalog import catalog_name, quote
+from cdc_platform.lake.iceberg.lake import Lake
+from cdc_platform.lake.iceberg.properties import (
     SOURCE_DATABASE_PROPERTY,
     SOURCE_SERVER_PROPERTY,
     SOURCE_TABLE_PROPERTY,
-    Lake,
-    LakeTable,
-    catalog_name,
-    quote,
 )
+from cdc_platform.lake.iceberg.table import LakeTable
 from cdc_platform_tests.lake.helpers import SERVER, materialise_table, schema
 
 

@@ -11,8 +11,8 @@ import pytest
 
 from cdc_platform.capture.schema import ColumnSpec
 from cdc_platform.lake.changelog import TableChangelog
-from cdc_platform.lake.iceberg import RENAMED_THROUGH_PROPERTY, SchemaEvolutionError
-from cdc_platform.lake.iceberg.schema import evolve
+from cdc_platform.lake.iceberg.properties import RENAMED_THROUGH_PROPERTY
+from cdc_platform.lake.iceberg.schema import SchemaEvolutionError, evolve
 from cdc_platform.lake.merge import materialise
 from cdc_platform_tests.lake.helpers import (
     SERVER,

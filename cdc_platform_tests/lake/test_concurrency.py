@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from cdc_platform.lake import merge
-from cdc_platform.lake.iceberg import ConcurrentCommitError, Lake
-from cdc_platform.lake.iceberg.commit import commit_merge
+from cdc_platform.lake.iceberg.commit import ConcurrentCommitError, commit_merge
 from cdc_platform.lake.iceberg.hadoop import LocalHadoopCatalog
+from cdc_platform.lake.iceberg.lake import Lake
 from cdc_platform.lake.merge import COMMIT_ATTEMPTS
 from cdc_platform_tests.lake.helpers import (
     Changelog,

@@ -15,17 +15,13 @@ from pyspark.sql.types import DecimalType, DoubleType, LongType, StringType
 
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.lake import fold, merge
-from cdc_platform.lake.iceberg import (
-    CONSUMED_GTID,
-    CONSUMED_POS,
-    Lake,
-    LakeTable,
-    SchemaEvolutionError,
-    quote,
-)
+from cdc_platform.lake.iceberg.catalog import quote
 from cdc_platform.lake.iceberg.hadoop import LocalHadoopCatalog
+from cdc_platform.lake.iceberg.lake import Lake
 from cdc_platform.lake.iceberg.maintenance import maintain
-from cdc_platform.lake.iceberg.schema import evolve
+from cdc_platform.lake.iceberg.schema import SchemaEvolutionError, evolve
+from cdc_platform.lake.iceberg.snapshots import CONSUMED_GTID, CONSUMED_POS
+from cdc_platform.lake.iceberg.table import LakeTable
 from cdc_platform.lake.merge import MergeResult, materialise
 from cdc_platform_tests.lake.helpers import (
     SERVER,

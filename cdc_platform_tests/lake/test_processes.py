@@ -31,7 +31,8 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = r"""
 import json, sys, time
 from pathlib import Path
-from cdc_platform.lake.iceberg import Lake, LakeTable
+from cdc_platform.lake.iceberg.lake import Lake
+from cdc_platform.lake.iceberg.table import LakeTable
 from cdc_platform.lake.merge import materialise
 from cdc_platform.lake.spark import build_spark_session
 
@@ -60,7 +61,7 @@ spark.stop()
 RACER = r"""
 import json, sys, time
 from pathlib import Path
-from cdc_platform.lake.iceberg import ConcurrentCommitError
+from cdc_platform.lake.iceberg.commit import ConcurrentCommitError
 from cdc_platform.lake.merge import materialise
 from cdc_platform.lake.spark import build_spark_session
 

@@ -33,7 +33,7 @@ from cdc_platform.capture.store import open_store
 from cdc_platform.capture.store.storage import is_s3_url
 from cdc_platform.config import S3Settings
 from cdc_platform.devservices.seaweedfs import SeaweedFS
-from cdc_platform.lake.iceberg import catalog_properties
+from cdc_platform.lake.iceberg.catalog import catalog_properties
 from cdc_platform.lake.iceberg.maintenance import remove_orphans
 from cdc_platform.lake.s3 import (
     S3_FILE_IO,
@@ -203,7 +203,8 @@ def _spark_child() -> None:
     Prints ``REPORT <json>``; runs in a fresh interpreter (see the module's docstring).
     """
     from cdc_platform.config import CatalogSettings
-    from cdc_platform.lake.iceberg import Lake, LakeTable
+    from cdc_platform.lake.iceberg.lake import Lake
+    from cdc_platform.lake.iceberg.table import LakeTable
     from cdc_platform.lake.spark import build_spark_session
 
     job = json.loads(os.environ[CHILD_ENV])

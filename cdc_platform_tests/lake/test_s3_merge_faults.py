@@ -67,7 +67,8 @@ def _merge_child() -> None:
     """Merges the table on each ``merge`` line of stdin, answering ``MERGED <json>`` or
     ``FAILED <first line of the error>``; ``rows`` answers the table's rows; EOF ends it."""
     from cdc_platform.config import CatalogSettings
-    from cdc_platform.lake.iceberg import Lake, LakeTable
+    from cdc_platform.lake.iceberg.lake import Lake
+    from cdc_platform.lake.iceberg.table import LakeTable
     from cdc_platform.lake.merge import materialise
     from cdc_platform.lake.s3 import S3Endpoint, s3_session_conf
     from cdc_platform.lake.spark import build_spark_session
@@ -204,7 +205,7 @@ def _pyiceberg_rows(server: SeaweedFS) -> list[list[Any]]:
     """The table as any Iceberg reader sees it through the REST catalog."""
     from pyiceberg.catalog import load_catalog
 
-    from cdc_platform.lake.iceberg import namespace_name, table_name
+    from cdc_platform.lake.iceberg.catalog import namespace_name, table_name
 
     catalog = load_catalog("seaweedfs", **{
         "type": "rest", "uri": server.catalog_uri, "warehouse": f"s3://{TABLE_BUCKET}",

@@ -27,8 +27,8 @@ from cdc_platform.capture.landing_contract import HI_OPEN, LO_OPEN, THRESHOLD, h
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.snapshot.chunks import Chunk, ChunkedTable, ChunkKey
 from cdc_platform.capture.snapshot.commit_rule import Commit, Touch, decide_chunk_commit
-from cdc_platform.lake.iceberg import LakeTable
 from cdc_platform.lake.iceberg.maintenance import maintain
+from cdc_platform.lake.iceberg.table import LakeTable
 from cdc_platform.lake.merge import MergeResult
 from cdc_platform_tests.lake.helpers import (
     Landing,

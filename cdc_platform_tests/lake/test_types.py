@@ -29,8 +29,9 @@ from pyspark.sql.types import (
 )
 
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
-from cdc_platform.lake.iceberg import Lake, LakeTable
+from cdc_platform.lake.iceberg.lake import Lake
 from cdc_platform.lake.iceberg.maintenance import maintain
+from cdc_platform.lake.iceberg.table import LakeTable
 from cdc_platform.lake.merge import materialise
 from cdc_platform_tests.lake.helpers import SERVER, Landing
 from cdc_platform_tests.lake.third_party import (

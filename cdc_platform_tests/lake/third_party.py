@@ -20,7 +20,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import TimestampType
 
 from cdc_platform.capture.landing_contract import POS
-from cdc_platform.lake.iceberg import LakeTable
+from cdc_platform.lake.iceberg.table import LakeTable
 
 
 def table_location(lake_table: LakeTable) -> Path:

@@ -191,7 +191,8 @@ def run_statements(server: MariaDBServer, statements: tuple[Any, ...] | list[Any
 
 def target_rows(spark: Any, settings: Any, database: str, table: str
                 ) -> list[dict[str, Any]] | None:
-    from cdc_platform.lake.iceberg import Lake, LakeTable
+    from cdc_platform.lake.iceberg.lake import Lake
+    from cdc_platform.lake.iceberg.table import LakeTable
 
     target = LakeTable(Lake.from_settings(spark, settings), settings.source.server_name, database,
                        table)

@@ -20,7 +20,7 @@ from cdc_platform.capture.schema import TableSchema
 from cdc_platform.config import Settings
 from cdc_platform.defs.dbt import project as dbt_project
 from cdc_platform.defs.names import scoped_name
-from cdc_platform.lake.iceberg import namespace_name
+from cdc_platform.lake.iceberg.catalog import namespace_name
 
 JOB_NAME = "build_dbt_models"
 

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.config import Settings, settings
-from cdc_platform.lake.iceberg import SPARK_CATALOG, catalog_properties, namespace_name
+from cdc_platform.lake.iceberg.catalog import SPARK_CATALOG, catalog_properties, namespace_name
 from cdc_platform.lake.spark import deployment_conf
 
 if TYPE_CHECKING:  # (dagster_dbt costs some 1.8 s of imports: only where dbt is used)
@@ -177,8 +177,9 @@ def prepare(project: DbtProject, server_name: str, database: str,
 def spark_conf(settings: Settings) -> dict[str, str]:
     """dbt's Spark session: the lake's settings and its Iceberg catalog, as the default catalog.
 
-    The catalog gets the configured name and properties (``lake.iceberg.catalog_properties``, as
-    ``Lake`` registers it in the platform's sessions). It is the session's default catalog
+    The catalog gets the configured name and properties
+    (``lake.iceberg.catalog.catalog_properties``, as ``Lake`` registers it in the platform's
+    sessions). It is the session's default catalog
     because dbt-spark names relations ``schema.table``: the sources' namespace
     ``<server>_<db>`` and the models' ``<server>_analytics`` then resolve in it.
     """

@@ -22,7 +22,8 @@ from cdc_platform.config import Settings
 from cdc_platform.defs.names import scoped_name, source_resource_key, subsettable_assets
 from cdc_platform.defs.snapshots.definitions import snapshot_key
 from cdc_platform.defs.streaming.runner import changelog_key
-from cdc_platform.lake.iceberg import Lake, LakeTable
+from cdc_platform.lake.iceberg.lake import Lake
+from cdc_platform.lake.iceberg.table import LakeTable
 from cdc_platform.lake.merge import materialise
 from cdc_platform.lake.reconcile import reconcile_table
 
