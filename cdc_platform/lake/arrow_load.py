@@ -25,14 +25,12 @@ whose settings ``iceberg.rest`` translates.
 
 from __future__ import annotations
 
-import getpass
 import json
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, TypeGuard
 
 import pyarrow as pa
@@ -47,53 +45,43 @@ from pyiceberg.exceptions import (
 from pyiceberg.io import pyarrow as _pyiceberg_writer  # noqa: F401
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table, Transaction
-from pyiceberg.table.snapshots import Snapshot as IcebergSnapshot
-from pyiceberg.types import (
-    BinaryType,
-    BooleanType,
-    DateType,
-    DecimalType,
-    DoubleType,
-    FloatType,
-    IcebergType,
-    IntegerType,
-    LongType,
-    NestedField,
-    StringType,
-    TimestampType,
-    TimestamptzType,
-)
-from pyspark.sql import types as spark_types
 
 from cdc_platform.capture.landing.zone import Checkpoint
 from cdc_platform.capture.landing_contract import (
     CREATE,
-    POS,
     SNAPSHOT_ROW,
     UPDATE,
 )
 from cdc_platform.capture.schema import TableSchema
-from cdc_platform.capture.store import open_store
 from cdc_platform.lake.changelog import BatchPlan, TableChangelog
-from cdc_platform.lake.columns import spark_type
 from cdc_platform.lake.fold import arrow_fold_for_append
 from cdc_platform.lake.iceberg import row_delta
-from cdc_platform.lake.iceberg.catalog import namespace_name, quote, table_name
+from cdc_platform.lake.iceberg.catalog import quote
 from cdc_platform.lake.iceberg.commit import ConcurrentCommitError
 from cdc_platform.lake.iceberg.hadoop import LocalHadoopCatalog
 from cdc_platform.lake.iceberg.properties import (
     PRIMARY_KEY_PROPERTY,
     RENAMED_THROUGH_PROPERTY,
     SOURCE_TABLE_PROPERTY,
-    target_comment,
-    target_properties,
 )
-from cdc_platform.lake.iceberg.rest import LakeRestCatalog, rest_catalog
+from cdc_platform.lake.iceberg.pyiceberg_catalog import (
+    identifier_of,
+    lake_catalog,
+    target_location,
+)
+from cdc_platform.lake.iceberg.pyiceberg_schema import (
+    iceberg_schema,
+    iceberg_type,
+    table_properties,
+)
+from cdc_platform.lake.iceberg.rest import LakeRestCatalog
 from cdc_platform.lake.iceberg.snapshots import (
     CONSUMED_GTID,
     CONSUMED_POS,
     Snapshot,
-    marked_ancestor,
+    live_rows,
+    marked_snapshot,
+    snapshot_of,
 )
 
 log = logging.getLogger(__name__)
@@ -109,99 +97,6 @@ MAX_BATCH_BYTES = 512 << 20
 WRITE_FILES = max(1, min(os.cpu_count() or 1, 8))
 MIN_ROWS_PER_FILE = 100_000
 TARGET_FILE_SIZE = "write.target-file-size-bytes"
-
-# Spark's types as Iceberg's Spark catalog converts them (``SparkSchemaUtil.convert``): the
-# table this path creates has the columns a Spark CREATE TABLE of ``columns.user_struct`` has.
-_ICEBERG_TYPES: dict[type[spark_types.DataType], Callable[[], IcebergType]] = {
-    spark_types.LongType: LongType,
-    spark_types.IntegerType: IntegerType,
-    spark_types.FloatType: FloatType,
-    spark_types.DoubleType: DoubleType,
-    spark_types.DateType: DateType,
-    spark_types.TimestampType: TimestamptzType,
-    spark_types.TimestampNTZType: TimestampType,
-    spark_types.StringType: StringType,
-    spark_types.BinaryType: BinaryType,
-    spark_types.BooleanType: BooleanType,
-}
-
-
-def iceberg_type(arrow_type: pa.DataType) -> IcebergType:
-    """The Iceberg type of a column landing as ``arrow_type``: the type Spark's CREATE TABLE
-    gives the Spark type it reads as (``columns.spark_type``)."""
-    data_type = spark_type(arrow_type)
-    if isinstance(data_type, spark_types.DecimalType):
-        return DecimalType(data_type.precision, data_type.scale)
-    return _ICEBERG_TYPES[type(data_type)]()
-
-
-def iceberg_schema(schema: TableSchema) -> Schema:
-    """A target's schema as Spark creates it (``LakeTable.create``): the user columns, then
-    ``__cdc_pos``, all optional, ids in order."""
-    fields = [(c.name, iceberg_type(c.arrow_type())) for c in schema.columns]
-    fields.append((POS, LongType()))
-    return Schema(*[NestedField(i, name, field_type, required=False)
-                    for i, (name, field_type) in enumerate(fields, start=1)])
-
-
-def table_properties(server_name: str, schema: TableSchema, renamed_through: int
-                     ) -> dict[str, str]:
-    """The properties ``LakeTable.create`` / ``ensure_created`` give a target through Spark
-    (Spark adds ``owner``; the COMMENT is the ``comment`` property)."""
-    return {
-        **target_properties(server_name, schema.database, schema.table, schema.primary_key,
-                            renamed_through),
-        "comment": target_comment(server_name, schema.database, schema.table),
-        **({"owner": owner} if (owner := _user()) else {}),
-    }
-
-
-def _user() -> str | None:
-    """The user Spark names a table's owner (``SPARK_USER``, else the login name); None in a
-    container whose user id has no name (``getpass`` raises there)."""
-    try:
-        return os.environ.get("SPARK_USER") or getpass.getuser()
-    except (KeyError, OSError):
-        return None
-
-
-def local_hadoop_catalog(warehouse_url: str, catalog: Any = None) -> LocalHadoopCatalog | None:
-    """The warehouse as this path commits to it, or None (another catalog: Spark's path)."""
-    if getattr(catalog, "type", "hadoop") != "hadoop" or getattr(catalog, "properties", None):
-        return None
-    try:
-        store = open_store(warehouse_url)
-    except (ValueError, OSError):
-        return None
-    root = store.local_root
-    if root is None:
-        return None
-    key = (getattr(catalog, "name", "lake"), str(root), store.uri)
-    if key not in _hadoop_catalogs:  # (one per warehouse: it keeps each table's metadata)
-        _hadoop_catalogs[key] = LocalHadoopCatalog(key[0], root, store.uri)
-    return _hadoop_catalogs[key]
-
-
-_hadoop_catalogs: dict[tuple[str, str, str], LocalHadoopCatalog] = {}
-
-
-def lake_catalog(warehouse_url: str, catalog: Any = None, s3: Any = None
-                 ) -> LocalHadoopCatalog | LakeRestCatalog | None:
-    """The lake's catalog as this path commits through it (a Hadoop catalog on a local
-    warehouse, or a REST catalog: ``iceberg.rest``), or None: Spark's path."""
-    return local_hadoop_catalog(warehouse_url, catalog) or rest_catalog(warehouse_url,
-                                                                        catalog, s3)
-
-
-def identifier_of(lake: LocalHadoopCatalog | LakeRestCatalog, server_name: str, database: str,
-                table: str) -> tuple[str, str] | None:
-    """The target's identifier as Spark's ``LakeTable`` names it, or None for a Unicode name
-    in a Hadoop catalog (``LakeTable`` decides between it and an older ASCII one)."""
-    name = table_name(table)
-    if isinstance(lake, LocalHadoopCatalog) and table_name(table, unicode_names=True) != name:
-        return None
-    return namespace_name(server_name, database), name
-
 
 @dataclass(frozen=True)
 class Loaded:
@@ -332,17 +227,6 @@ def read_exactly(changelog: TableChangelog, plan: BatchPlan, after_pos: int | No
         return None
 
 
-def target_location(lake: LocalHadoopCatalog | LakeRestCatalog, identifier: tuple[str, str]
-                    ) -> str | None:
-    """Where a new target goes (its namespace made first): the Hadoop layout's directory on
-    a local warehouse; None where a catalog service places it."""
-    if isinstance(lake, LocalHadoopCatalog):
-        (lake.root / identifier[0]).mkdir(parents=True, exist_ok=True)
-        return lake.location(identifier)
-    lake.create_namespace_if_not_exists(identifier[0])
-    return None
-
-
 def create_empty(changelog: TableChangelog, lake: LocalHadoopCatalog | LakeRestCatalog,
                  identifier: tuple[str, str], table: Table | None, server_name: str,
                  schema: TableSchema) -> Table | None:
@@ -386,30 +270,6 @@ def _append(transaction: Transaction, data: pa.Table, properties: dict[str, str]
     transaction.append(data, snapshot_properties=properties)
     if split:
         transaction.remove_properties(TARGET_FILE_SIZE)
-
-
-def snapshot_of(snapshot: IcebergSnapshot) -> Snapshot:
-    """The platform's view of a pyiceberg snapshot (``snapshots.snapshot_from_java``'s)."""
-    summary = {str(k): str(v) for k, v in
-               (snapshot.summary.model_dump() if snapshot.summary is not None else {}).items()}
-    return Snapshot(
-        snapshot_id=snapshot.snapshot_id,
-        parent_id=snapshot.parent_snapshot_id,
-        committed_at=datetime.fromtimestamp(snapshot.timestamp_ms / 1000, UTC),
-        operation=summary.get("operation", ""),
-        summary=summary,
-    )
-
-
-def live_rows(snapshot: IcebergSnapshot) -> int:
-    return snapshot_of(snapshot).rows
-
-
-def marked_snapshot(table: Table) -> Snapshot | None:
-    """The newest snapshot of main's ancestry carrying a consumed mark, as the platform
-    reports snapshots (``snapshots.marked_ancestor``)."""
-    marked, _ = marked_ancestor(table)
-    return snapshot_of(marked) if marked is not None else None
 
 
 def fits(table: Table, schema: TableSchema, wanted: Schema, renames: Sequence[Any],

@@ -53,17 +53,11 @@ from cdc_platform.lake.arrow_load import (
     Loaded,
     create_empty,
     fits,
-    iceberg_schema,
-    identifier_of,
     key_columns,
-    lake_catalog,
-    live_rows,
     load_into_empty,
-    marked_snapshot,
     project,
     read_exactly,
     readable,
-    snapshot_of,
 )
 from cdc_platform.lake.changelog import TableChangelog
 from cdc_platform.lake.fold import arrow_fold_latest, arrow_stats
@@ -81,9 +75,18 @@ from cdc_platform.lake.iceberg.live_files import (
     remember_rows,
 )
 from cdc_platform.lake.iceberg.locks import table_lock
+from cdc_platform.lake.iceberg.pyiceberg_catalog import identifier_of, lake_catalog
+from cdc_platform.lake.iceberg.pyiceberg_schema import iceberg_schema
 from cdc_platform.lake.iceberg.rest import LakeRestCatalog
 from cdc_platform.lake.iceberg.row_delta import commit, write_position_deletes, write_rows
-from cdc_platform.lake.iceberg.snapshots import CONSUMED_GTID, CONSUMED_POS, Snapshot
+from cdc_platform.lake.iceberg.snapshots import (
+    CONSUMED_GTID,
+    CONSUMED_POS,
+    Snapshot,
+    live_rows,
+    marked_snapshot,
+    snapshot_of,
+)
 from cdc_platform.lake.range_assertions import intervals
 from cdc_platform.lake.verdicts import asserted_away, instructions_of
 

@@ -18,7 +18,7 @@ from cdc_platform.lake import arrow_load
 from cdc_platform.lake.arrow_merge import materialise_without_spark
 from cdc_platform.lake.changelog import TableChangelog
 from cdc_platform.lake.iceberg.commit import ConcurrentCommitError
-from cdc_platform.lake.iceberg.hadoop import VERSION_HINT, LocalHadoopCatalog
+from cdc_platform.lake.iceberg.hadoop import VERSION_HINT, LocalHadoopCatalog, local_hadoop_catalog
 from cdc_platform.lake.iceberg.lake import Lake
 from cdc_platform.lake.iceberg.table import LakeTable
 from cdc_platform.lake.merge import materialise
@@ -226,7 +226,7 @@ def test_two_appenders_racing_on_an_empty_table_one_wins_the_other_merges(
     landing.segment(S, [("u", r(i, "later")) for i in range(0, 20, 2)])  # (folds: Spark)
     landing.checkpoint(next_pos=21)  # the first batch only, for the racers
     changelog = TableChangelog.open(landing.url, SERVER, "shop", "orders")
-    hadoop = arrow_load.local_hadoop_catalog(warehouse)
+    hadoop = local_hadoop_catalog(warehouse)
     assert hadoop is not None
     both_ready = threading.Barrier(2, timeout=60)
     real_commit = LocalHadoopCatalog.commit_table

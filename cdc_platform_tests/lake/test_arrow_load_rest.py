@@ -21,8 +21,10 @@ from cdc_platform.devservices.seaweedfs import SeaweedFS
 from cdc_platform.lake import arrow_load
 from cdc_platform.lake.arrow_merge import materialise_without_spark
 from cdc_platform.lake.changelog import TableChangelog
+from cdc_platform.lake.iceberg.pyiceberg_catalog import lake_catalog
+from cdc_platform.lake.iceberg.pyiceberg_schema import iceberg_schema, table_properties
 from cdc_platform.lake.iceberg.rest import LakeRestCatalog, pyiceberg_properties
-from cdc_platform.lake.iceberg.snapshots import CONSUMED_POS
+from cdc_platform.lake.iceberg.snapshots import CONSUMED_POS, snapshot_of
 from cdc_platform_tests import s3_fixtures
 from cdc_platform_tests.lake.helpers import SERVER, Landing, schema
 from cdc_platform_tests.lake.test_arrow_load import race_twice
@@ -86,7 +88,7 @@ def test_an_initial_load_is_appended_through_the_rest_catalog_without_spark(
     assert sorted(rows.column("id").to_pylist()) == list(range(50))
     snapshot = table.current_snapshot()
     assert snapshot is not None
-    summary = arrow_load.snapshot_of(snapshot).summary
+    summary = snapshot_of(snapshot).summary
     assert summary[CONSUMED_POS] == "51"
     assert "spark.app.id" not in summary  # (Spark's commits carry their app)
     assert table.properties["cdc.primary-key"] == '["id"]'
@@ -115,14 +117,14 @@ def test_two_appenders_racing_through_the_rest_catalog_one_wins(
     landing = Landing(tmp_path / "landing", server)
     landing.segment(S, [("c", r(i)) for i in range(20)])
     changelog = TableChangelog.open(landing.url, server, "shop", "orders")
-    lake = arrow_load.lake_catalog(rest["warehouse"], rest["catalog"], rest["s3"])
+    lake = lake_catalog(rest["warehouse"], rest["catalog"], rest["s3"])
     assert isinstance(lake, LakeRestCatalog)
     # (SeaweedFS accepts a second creation of a table, where catalog services refuse it:
     # the race run here is the one on the table's main branch, which it does refuse)
     lake.create_namespace_if_not_exists(f"{server}_shop")
-    wanted = arrow_load.iceberg_schema(S)
+    wanted = iceberg_schema(S)
     empty = lake.create_table((f"{server}_shop", "orders"), wanted,
-                              properties=arrow_load.table_properties(server, S, 0))
+                              properties=table_properties(server, S, 0))
     empty.append(wanted.as_arrow().empty_table())
     both_ready = threading.Barrier(2, timeout=60)
     real_commit = LakeRestCatalog.commit_table
@@ -157,7 +159,7 @@ def test_a_rest_catalog_that_does_not_answer_leaves_the_load_to_spark(
     landing = Landing(tmp_path / "landing")
     landing.segment(S, [("c", r(i)) for i in range(3)])
     changelog = TableChangelog.open(landing.url, SERVER, "shop", "orders")
-    assert arrow_load.lake_catalog(str(tmp_path / "warehouse"), catalog) is None
+    assert lake_catalog(str(tmp_path / "warehouse"), catalog) is None
     assert materialise_without_spark(changelog, str(tmp_path / "warehouse"), catalog,
                                      SERVER) is None
     assert arrow_load.target_rows(str(tmp_path / "warehouse"), catalog, SERVER, "shop",

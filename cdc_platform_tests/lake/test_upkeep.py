@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from cdc_platform.lake.arrow_load import local_hadoop_catalog
 from cdc_platform.lake.iceberg.commit import ConcurrentCommitError
+from cdc_platform.lake.iceberg.hadoop import local_hadoop_catalog
 from cdc_platform.lake.iceberg.live_files import entries
 from cdc_platform.lake.iceberg.upkeep import compact, expire
 from cdc_platform_tests.lake.helpers import (

@@ -47,6 +47,7 @@ from pyiceberg.table.update import (
     update_table_metadata,
 )
 
+from cdc_platform.capture.store import open_store
 from cdc_platform.lake.iceberg.commit import ConcurrentCommitError
 
 if TYPE_CHECKING:
@@ -306,3 +307,23 @@ def _write_version_hint(directory: Path, version: int) -> None:
         os.replace(temporary, directory / VERSION_HINT)
     except OSError:
         temporary.unlink(missing_ok=True)
+
+
+def local_hadoop_catalog(warehouse_url: str, catalog: Any = None) -> LocalHadoopCatalog | None:
+    """The warehouse as this path commits to it, or None (another catalog: Spark's path)."""
+    if getattr(catalog, "type", "hadoop") != "hadoop" or getattr(catalog, "properties", None):
+        return None
+    try:
+        store = open_store(warehouse_url)
+    except (ValueError, OSError):
+        return None
+    root = store.local_root
+    if root is None:
+        return None
+    key = (getattr(catalog, "name", "lake"), str(root), store.uri)
+    if key not in _hadoop_catalogs:  # (one per warehouse: it keeps each table's metadata)
+        _hadoop_catalogs[key] = LocalHadoopCatalog(key[0], root, store.uri)
+    return _hadoop_catalogs[key]
+
+
+_hadoop_catalogs: dict[tuple[str, str, str], LocalHadoopCatalog] = {}

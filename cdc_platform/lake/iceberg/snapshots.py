@@ -109,3 +109,27 @@ def marked_ancestor(table: Table) -> tuple[IcebergSnapshot | None, int]:
         if has_mark(snapshot.summary or {}):
             return snapshot, depth
     return None, 0
+
+
+def snapshot_of(snapshot: IcebergSnapshot) -> Snapshot:
+    """The platform's view of a pyiceberg snapshot (``snapshots.snapshot_from_java``'s)."""
+    summary = {str(k): str(v) for k, v in
+               (snapshot.summary.model_dump() if snapshot.summary is not None else {}).items()}
+    return Snapshot(
+        snapshot_id=snapshot.snapshot_id,
+        parent_id=snapshot.parent_snapshot_id,
+        committed_at=datetime.fromtimestamp(snapshot.timestamp_ms / 1000, UTC),
+        operation=summary.get("operation", ""),
+        summary=summary,
+    )
+
+
+def live_rows(snapshot: IcebergSnapshot) -> int:
+    return snapshot_of(snapshot).rows
+
+
+def marked_snapshot(table: Table) -> Snapshot | None:
+    """The newest snapshot of main's ancestry carrying a consumed mark, as the platform
+    reports snapshots (``snapshots.marked_ancestor``)."""
+    marked, _ = marked_ancestor(table)
+    return snapshot_of(marked) if marked is not None else None

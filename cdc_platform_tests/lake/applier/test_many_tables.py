@@ -19,8 +19,8 @@ import pytest
 
 from cdc_platform.lake.applier import loop as applier_module
 from cdc_platform.lake.applier.events import Applied, Failed
-from cdc_platform.lake.arrow_load import local_hadoop_catalog
 from cdc_platform.lake.iceberg.catalog import namespace_name, table_name
+from cdc_platform.lake.iceberg.hadoop import local_hadoop_catalog
 from cdc_platform_tests.capture.snapshot.reading.live_engine import streaming
 from cdc_platform_tests.conftest import CdcEnv
 from cdc_platform_tests.lake.applier.test_loop import Running, _options, _wait
