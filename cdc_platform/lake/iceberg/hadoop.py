@@ -310,7 +310,8 @@ def _write_version_hint(directory: Path, version: int) -> None:
 
 
 def local_hadoop_catalog(warehouse_url: str, catalog: Any = None) -> LocalHadoopCatalog | None:
-    """The warehouse as this path commits to it, or None (another catalog: Spark's path)."""
+    """The warehouse as a writer without Spark commits to it, or None (another catalog:
+    Spark's path)."""
     if getattr(catalog, "type", "hadoop") != "hadoop" or getattr(catalog, "properties", None):
         return None
     try:

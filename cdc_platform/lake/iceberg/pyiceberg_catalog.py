@@ -16,8 +16,8 @@ from cdc_platform.lake.iceberg.rest import LakeRestCatalog, rest_catalog
 
 def lake_catalog(warehouse_url: str, catalog: Any = None, s3: Any = None
                  ) -> LocalHadoopCatalog | LakeRestCatalog | None:
-    """The lake's catalog as this path commits through it (a Hadoop catalog on a local
-    warehouse, or a REST catalog: ``iceberg.rest``), or None: Spark's path."""
+    """The lake's catalog as a writer without Spark commits through it (a Hadoop catalog on a
+    local warehouse, or a REST catalog: ``iceberg.rest``), or None: Spark's path."""
     return local_hadoop_catalog(warehouse_url, catalog) or rest_catalog(warehouse_url,
                                                                         catalog, s3)
 

@@ -36,7 +36,7 @@ from cdc_platform.lake.columns import spark_type
 from cdc_platform.lake.iceberg.properties import target_comment, target_properties
 
 # Spark's types as Iceberg's Spark catalog converts them (``SparkSchemaUtil.convert``): the
-# table this path creates has the columns a Spark CREATE TABLE of ``columns.user_struct`` has.
+# table made without Spark has the columns a Spark CREATE TABLE of ``columns.user_struct`` has.
 _ICEBERG_TYPES: dict[type[spark_types.DataType], Callable[[], IcebergType]] = {
     spark_types.LongType: LongType,
     spark_types.IntegerType: IntegerType,
