@@ -18,6 +18,7 @@ from cdc_platform.defs.lake.definitions import target_key
 from cdc_platform.lake.iceberg.commit import BRANCH_PREFIX, branch_name
 from cdc_platform.lake.iceberg.lake import Lake
 from cdc_platform.lake.iceberg.maintenance import maintain
+from cdc_platform.lake.iceberg.snapshots import mark_of
 from cdc_platform.lake.iceberg.table import LakeTable
 from cdc_platform.lake.merge import MergeResult
 from cdc_platform_tests.lake.helpers import SERVER, Landing, materialise_table, rows_of, schema
@@ -63,7 +64,7 @@ def test_maintenance_expires_old_snapshots_and_keeps_rows_and_mark(spark, landin
     assert report["deleted_data_files_count"] == 2
     assert not materialised & {s.snapshot_id for s in target.snapshots()}
     history = target.history()
-    mark = target.mark_of(history)
+    mark = mark_of(history)
     assert mark is not None and mark.snapshot_id == history[0].snapshot_id
     assert (mark.consumed_pos, mark.consumed_gtid) == (second.consumed_pos, second.consumed_gtid)
     assert history[0].count("total-delete-files") == 0
@@ -89,7 +90,7 @@ def test_maintenance_keeps_every_snapshot_newer_than_the_retention(spark, landin
     assert report["expired_snapshots"] == report["deleted_data_files_count"] == 0
     assert report["rewritten_data_files_count"] == 2
     assert kept < {s.snapshot_id for s in target.snapshots()}
-    assert target.mark_of(target.history()).consumed_pos == second.consumed_pos
+    assert mark_of(target.history()).consumed_pos == second.consumed_pos
 
 
 def test_maintenance_of_a_compacted_table_changes_nothing(spark, landing, warehouse):
@@ -119,7 +120,7 @@ def test_expiry_keeps_the_newest_marked_snapshot_behind_unmarked_ones(spark, lan
 
     history = target.history()
     assert history[0] == by_hand
-    mark = target.mark_of(history)
+    mark = mark_of(history)
     assert mark is not None and mark.consumed_pos == second.consumed_pos
 
 

@@ -20,7 +20,7 @@ from cdc_platform.lake.iceberg.hadoop import LocalHadoopCatalog
 from cdc_platform.lake.iceberg.lake import Lake
 from cdc_platform.lake.iceberg.maintenance import maintain
 from cdc_platform.lake.iceberg.schema import SchemaEvolutionError, evolve
-from cdc_platform.lake.iceberg.snapshots import CONSUMED_GTID, CONSUMED_POS
+from cdc_platform.lake.iceberg.snapshots import CONSUMED_GTID, CONSUMED_POS, mark_of
 from cdc_platform.lake.iceberg.table import LakeTable
 from cdc_platform.lake.merge import MergeResult, materialise
 from cdc_platform_tests.lake.helpers import (
@@ -517,7 +517,7 @@ def test_unknown_op_is_refused(spark, landing, warehouse):
     with pytest.raises(ValueError, match="shop.orders .*__cdc_op"):
         run(spark, landing, warehouse)
     table = target(spark, warehouse)
-    assert LakeTable.mark_of(table.history()) is None
+    assert mark_of(table.history()) is None
     assert table.read().count() == 0
 
 

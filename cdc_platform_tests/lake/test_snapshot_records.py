@@ -28,6 +28,7 @@ from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.snapshot.chunks import Chunk, ChunkedTable, ChunkKey
 from cdc_platform.capture.snapshot.commit_rule import Commit, Touch, decide_chunk_commit
 from cdc_platform.lake.iceberg.maintenance import maintain
+from cdc_platform.lake.iceberg.snapshots import mark_of
 from cdc_platform.lake.iceberg.table import LakeTable
 from cdc_platform.lake.merge import MergeResult
 from cdc_platform_tests.lake.helpers import (
@@ -316,7 +317,7 @@ def test_instructions_in_a_segment_without_the_snapshot_columns_are_refused(spar
     with pytest.raises(ValueError, match="segments without the __cdc_threshold"):
         run(spark, landing, warehouse)
     table = target(spark, warehouse)
-    assert LakeTable.mark_of(table.history()) is None and table.read().count() == 0
+    assert mark_of(table.history()) is None and table.read().count() == 0
 
 
 def test_range_assertions_on_text_keys_are_refused(spark, landing, warehouse):

@@ -25,6 +25,7 @@ from cdc_platform.defs.lake.definitions import target_key
 from cdc_platform.defs.names import scoped_name
 from cdc_platform.lake.iceberg.lake import Lake
 from cdc_platform.lake.iceberg.maintenance import ORPHAN_MIN_AGE, maintain, remove_orphans
+from cdc_platform.lake.iceberg.snapshots import mark_of
 from cdc_platform.lake.iceberg.table import LakeTable
 from cdc_platform.lake.spark import ensure_lake_conf
 
@@ -44,7 +45,7 @@ def _maintain(settings: Settings, spark: Any, schema: TableSchema
     report = maintain(target, older_than, warehouse.min_snapshots_to_keep)
     report.update(remove_orphans(target, datetime.now(UTC) - ORPHAN_MIN_AGE))
     current = target.current()
-    marked = target.mark_of(target.history())
+    marked = mark_of(target.history())
     return report, {
         "table": target.identifier,
         "exists": True,

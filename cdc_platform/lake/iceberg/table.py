@@ -213,15 +213,9 @@ class LakeTable:
         base = None
         for snapshot in self.ancestry():
             base = base or snapshot
-            if self.mark_of([snapshot]) is not None:
+            if mark_of([snapshot]) is not None:
                 return base, snapshot
         return base, None
-
-    @staticmethod
-    def mark_of(chain: list[Snapshot]) -> Snapshot | None:
-        """The newest snapshot of ``chain`` (newest first) that carries a consumed mark
-        (``snapshots.mark_of``)."""
-        return mark_of(chain)
 
     # -- reading ------------------------------------------------------------------------------
 
