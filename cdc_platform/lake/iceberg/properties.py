@@ -37,8 +37,8 @@ def source_properties(server_name: str, database: str, table: str) -> dict[str, 
 def target_properties(server_name: str, database: str, table: str,
                       primary_key: Sequence[str], renamed_through: int) -> dict[str, str]:
     """The properties a target is created with, by Spark (``LakeTable.ensure_created``) or
-    without it (``arrow_load``): the lake's write settings, its source table, the key it is
-    merged by and the newest column rename its columns follow."""
+    without it (``pyiceberg_schema.table_properties``): the lake's write settings, its source
+    table, the key it is merged by and the newest column rename its columns follow."""
     return {**TABLE_PROPERTIES, **source_properties(server_name, database, table),
             PRIMARY_KEY_PROPERTY: json.dumps(list(primary_key)),
             RENAMED_THROUGH_PROPERTY: str(renamed_through)}
