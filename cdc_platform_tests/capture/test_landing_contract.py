@@ -111,7 +111,7 @@ CAPTURE_FLOORS = (
     {"snapshot"},
     {"ddl"},
     {"signals"},
-    {"engine", "engine_options"},
+    {"engine", "engine_options", "standing"},
     {"start_errors"},
 )
 

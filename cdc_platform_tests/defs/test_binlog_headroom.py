@@ -4,8 +4,6 @@ own, and the streaming run's materialisations; on a private MariaDB whose binlog
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,88 +11,14 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from cdc_platform.capture.binlog.headroom import BinlogHeadroom, HeadroomStatus
 from cdc_platform.definitions import build_definitions
-from cdc_platform.defs.streaming import runner
 from cdc_platform.defs.streaming.checks import CHECK_NAME
-from cdc_platform.defs.streaming.runner import HeadroomProbe, StandingReport
 from cdc_platform.defs.streaming.sensors import sensor_name
 from cdc_platform.devservices import MariaDBServer
 from cdc_platform_tests.capture.binlog.test_headroom import EXPIRE, active_file, rotated
 from cdc_platform_tests.capture.binlog.test_headroom import source as source  # (fixture)
 from cdc_platform_tests.conftest import CdcEnv
 from cdc_platform_tests.devservices.test_devservices import needs_mariadb
-
-# ---- the run's side, without a server ------------------------------------------------------------
-
-
-def test_the_probe_never_waits_for_the_source() -> None:
-    release = threading.Event()
-    reads = []
-
-    def read() -> BinlogHeadroom:
-        reads.append(time.monotonic())
-        release.wait(5)
-        return BinlogHeadroom(HeadroomStatus.OK, needed_file="binlog.000001")
-
-    probe = HeadroomProbe(read, every=3600)
-    started = time.monotonic()
-    assert probe.poll() == (None, False)  # the reading started, on its own thread
-    assert probe.poll() == (None, False)
-    assert time.monotonic() - started < 0.5
-    release.set()
-    deadline = time.monotonic() + 5
-    while (found := probe.poll())[0] is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert found == (BinlogHeadroom(HeadroomStatus.OK, needed_file="binlog.000001"), True)
-    assert probe.poll()[1] is False  # not new any more
-    assert len(reads) == 1  # the next one is due an hour later
-
-
-class Log:
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, str]] = []
-
-    def warning(self, message: str) -> None:
-        self.lines.append(("warning", message))
-
-    def info(self, message: str) -> None:
-        self.lines.append(("info", message))
-
-
-def test_the_run_warns_when_the_headroom_becomes_low_and_again_while_it_stays_low(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    low = BinlogHeadroom(HeadroomStatus.LOW, needed_file="binlog.000007", seconds=600)
-    ok = BinlogHeadroom(HeadroomStatus.OK, needed_file="binlog.000009", seconds=7200,
-                        at_least=True, caught_up=True)
-    log = Log()
-    report = StandingReport(lambda: ok, log, every=3600)
-    report.tell(low)
-    report.tell(low)  # still low: once a quarter hour is enough
-    assert log.lines == [("warning", f"binlog headroom {low.describe()}")]
-    monkeypatch.setattr(runner, "HEADROOM_WARN_EVERY_SECONDS", 0.0)
-    report.tell(low)
-    assert log.lines[-1][0] == "warning" and len(log.lines) == 2
-    report.tell(ok)
-    report.tell(ok)
-    assert log.lines[2:] == [("info", f"binlog headroom: {ok.describe()}")]
-    report.tell(low)
-    assert log.lines[-1] == ("warning", f"binlog headroom {low.describe()}")
-
-
-def test_a_tick_gives_the_lag_and_the_newest_reading() -> None:
-    ok = BinlogHeadroom(HeadroomStatus.OK, needed_file="binlog.000009", seconds=7200,
-                        at_least=True, caught_up=False)
-    log = Log()
-    report = StandingReport(lambda: ok, log, every=3600)
-    stats = runner.EngineStats(lag_seconds=4.0, transactions=3, events=10)
-    deadline = time.monotonic() + 5
-    while (found := report.tick(stats))[1] is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    lag, headroom = found
-    assert headroom == ok and lag == pytest.approx(4.0, abs=1.0)
-    assert log.lines == [("info", f"binlog headroom: {ok.describe()}")]
-
 
 # ---- on a real source -----------------------------------------------------------------------------
 

@@ -16,14 +16,10 @@ from cdc_platform.capture.binlog.headroom import (
     checkpoint_lag_seconds,
 )
 from cdc_platform.capture.names import joined_name
+from cdc_platform.capture.standing import checkpoint_headroom
 from cdc_platform.config import Settings
 from cdc_platform.defs.names import single_asset_check
-from cdc_platform.defs.streaming.runner import (
-    STREAM_TAG,
-    changelog_key,
-    checkpoint_headroom,
-    standing_metadata,
-)
+from cdc_platform.defs.streaming.runner import STREAM_TAG, changelog_key, standing_metadata
 
 CHECK_NAME = "binlog_headroom"
 _PASSING = (HeadroomStatus.OK, HeadroomStatus.UNBOUNDED, HeadroomStatus.NO_CHECKPOINT)

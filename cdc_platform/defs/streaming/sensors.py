@@ -11,9 +11,10 @@ import time
 
 import dagster as dg
 
+from cdc_platform.capture.standing import HEADROOM_EVERY_SECONDS
 from cdc_platform.config import Settings
 from cdc_platform.defs.streaming.checks import evaluation, read_standing
-from cdc_platform.defs.streaming.runner import HEADROOM_EVERY_SECONDS, changelog_key
+from cdc_platform.defs.streaming.runner import changelog_key
 
 #: The check's result is recorded when it changes, and at least this often.
 REPORT_EVERY_SECONDS = 3600.0
