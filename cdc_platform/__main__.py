@@ -45,6 +45,8 @@ def _stop_on_signals(what: str) -> threading.Event:
 def _stream(args: argparse.Namespace) -> int:
     from cdc_platform.capture.engine import CaptureEngine, EngineOptions
     from cdc_platform.capture.landing.zone import LandingZone
+    from cdc_platform.capture.metrics import serve_engine_metrics
+    from cdc_platform.capture.standing import StandingReport, checkpoint_headroom
     from cdc_platform.capture.start_errors import check_source
     from cdc_platform.config import load_settings
 
@@ -56,8 +58,26 @@ def _stream(args: argparse.Namespace) -> int:
         EngineOptions.from_settings(settings),
         LandingZone.from_settings(settings),
     )
-    stats = engine.run(stop, stop_when_caught_up=args.until_caught_up,
-                       caught_up_idle_seconds=args.idle_seconds)
+    log = logging.getLogger("cdc_platform.stream")
+    standing = StandingReport(lambda: checkpoint_headroom(settings)[1], log)
+    endpoint = serve_engine_metrics(engine, settings, standing.headroom)
+    if endpoint is not None:
+        log.info(f"metrics: {endpoint.url}")
+
+    def progress() -> None:
+        stats = engine.stats
+        lag, _headroom = standing.tick(stats)
+        log.info(f"{stats.records} records in {stats.transactions} transactions, GTID "
+                 f"{stats.position or '-'}, lag {'-' if lag is None else f'{lag:.1f}s'}")
+
+    ticker = _Ticker(progress, every_seconds=30.0)
+    try:
+        stats = engine.run(stop, stop_when_caught_up=args.until_caught_up,
+                           caught_up_idle_seconds=args.idle_seconds)
+    finally:
+        ticker.stop()
+        if endpoint is not None:
+            endpoint.close()
     logging.info(f"stopped: {stats.records} records in {stats.transactions} transactions, "
                  f"GTID {stats.position or '-'}")
     return 0
@@ -81,6 +101,28 @@ def _apply(args: argparse.Namespace) -> int:
     applier.run(stop)
     logging.info(f"stopped: {applier.merges} merges in {applier.cycles} passes")
     return 0
+
+
+class _Ticker:
+    """Calls ``tick`` every ``every_seconds`` on a daemon thread until ``stop()``: the
+    ``stream`` command's progress lines and headroom readings, as the Dagster run's ticks."""
+
+    def __init__(self, tick: Callable[[], None], every_seconds: float) -> None:
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(tick, every_seconds),
+                                        name="progress", daemon=True)
+        self._thread.start()
+
+    def _run(self, tick: Callable[[], None], every_seconds: float) -> None:
+        while not self._stopped.wait(every_seconds):
+            try:
+                tick()
+            except Exception:  # noqa: BLE001 - a progress line is never worth the engine
+                logging.exception("progress report failed")
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=5)
 
 
 def _progress_logger(describe: Callable[[Any], str], every_seconds: float = 5.0

@@ -497,6 +497,28 @@ class SignalSettings(_Section):
     )
 
 
+#: Ports each source takes from ``metrics.port`` (docs/metrics.md, "Ports"): its engine, its
+#: applier, its snapshot runs, and one kept for a change-topic publisher.
+METRICS_PORTS_PER_SOURCE = 4
+
+
+class MetricsSettings(_Section):
+    """Prometheus endpoints (``/metrics``) of the long-running processes: the capture engine,
+    the applier and snapshot runs while they read (docs/metrics.md)."""
+
+    port: int = Field(
+        default=0, ge=0, le=65535,
+        description="First port of the deployment's metrics endpoints; 0: none. Source N (its "
+        "place in `sources`, from 0) takes 4 ports from `port + 4*N`: its capture engine, its "
+        "applier, its snapshot runs, and one kept free. On Kubernetes each run's pod gets the "
+        "`prometheus.io/*` annotations of its port.",
+    )
+    host: str = Field(
+        default="0.0.0.0",
+        description="Address the endpoints listen on (`127.0.0.1`: this host only).",
+    )
+
+
 class CapturedSource(SourceSettings):
     """One source of a deployment: its replica (as ``source``) and what is captured from it (as
     ``capture``). Its landing-zone folder, asset key prefix, lake namespaces and signal key are
@@ -523,6 +545,7 @@ class Settings(_Section):
     lake: LakeSettings = Field(default_factory=LakeSettings)
     reconcile: ReconcileSettings = Field(default_factory=ReconcileSettings)
     signals: SignalSettings = Field(default_factory=SignalSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     # The whole deployment's settings, kept by ``for_source``'s one-source settings.
     _deployment: Settings | None = PrivateAttr(default=None)
 
@@ -577,6 +600,27 @@ class Settings(_Section):
                 "spark.shared_filesystem: true if every Spark worker mounts them at the same "
                 "paths")
         return self
+
+    @model_validator(mode="after")
+    def _metrics_ports_exist(self) -> Settings:
+        last = self.metrics.port + METRICS_PORTS_PER_SOURCE * len(self.sources) - 1
+        if self.metrics.port and last > 65535:
+            raise ValueError(
+                f"metrics.port {self.metrics.port} leaves no room for the "
+                f"{METRICS_PORTS_PER_SOURCE} ports of each of {len(self.sources)} sources "
+                f"(the last would be {last}): set it to at most "
+                f"{65536 - METRICS_PORTS_PER_SOURCE * len(self.sources)}")
+        return self
+
+    def metrics_port(self, slot: int) -> int | None:
+        """The metrics port of this one-source settings' process in ``slot`` (0 engine, 1
+        applier, 2 snapshot runs), or None when ``metrics.port`` is 0. The source's place is
+        its place in the deployment, so one source's settings (``for_source``) give the same
+        port as the whole config's."""
+        if not self.metrics.port:
+            return None
+        index = self.deployment.server_names.index(self.source.server_name)
+        return self.metrics.port + METRICS_PORTS_PER_SOURCE * index + slot
 
     @property
     def server_names(self) -> tuple[str, ...]:

@@ -72,7 +72,12 @@ from cdc_platform.capture.events import (
 from cdc_platform.capture.flavours import flavour_of
 from cdc_platform.capture.gtid import GtidSet, any_gtid
 from cdc_platform.capture.landing.lander import Lander
-from cdc_platform.capture.landing.zone import SNAPSHOTS_CHECKPOINT_KEY, Checkpoint, LandingZone
+from cdc_platform.capture.landing.zone import (
+    SNAPSHOTS_CHECKPOINT_KEY,
+    Checkpoint,
+    LandingZone,
+    SnapshotSession,
+)
 from cdc_platform.capture.snapshot.sessions import SnapshotCoordinator
 from cdc_platform.capture.source import (
     SourceSession,
@@ -121,6 +126,16 @@ class CaptureEngine:
         # The position a purged binlog made the engine go on from (capture.snapshot_mode:
         # when_needed): purged again before any transaction from there means stop.
         self._recovered_at: str | None = None
+
+    # -- what monitoring reads (capture/metrics.py), from any thread -----------------------
+
+    def snapshot_sessions(self) -> list[SnapshotSession]:
+        """The snapshot sessions the engine's checkpoint holds now."""
+        return list(self._snapshots.sessions.values())
+
+    def spill_bytes(self) -> int:
+        """Bytes of open transactions spilled to disk now."""
+        return self._spill.bytes_on_disk()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -393,6 +408,9 @@ class CaptureEngine:
     def _on_rows(self, event: Rows) -> None:
         gtid = self._buffer.open_gtid or "?"
         state = self._tracker.state_of(event, gtid)
+        changes = self.stats.row_changes
+        changes[event.op] = changes.get(event.op, 0) + (
+            event.rows.count if event.columnar else len(event.rows))
         if event.columnar:
             block = column_block(state, event, gtid)
             if block is not None:

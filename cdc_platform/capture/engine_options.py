@@ -126,11 +126,14 @@ class EngineStats:
     transactions: int = 0
     records: int = 0
     records_by_table: dict[str, int] = field(default_factory=dict)
+    # row changes read from row events by the binlog's op (insert, update, delete)
+    row_changes: dict[str, int] = field(default_factory=dict)
     ddl_statements: int = 0
     rolled_back: int = 0
     reconnects: int = 0
     flushes: int = 0
     segments_written: int = 0
+    landed_bytes: int = 0  # the bytes of those segments
     orphans_removed: int = 0
     position: str = ""
     next_pos: int = 1
@@ -150,6 +153,7 @@ class EngineStats:
             by_table[table_id] = by_table.get(table_id, 0) + count
         self.records_by_table = by_table
         self.segments_written += landed.segments
+        self.landed_bytes += landed.bytes
 
     def checkpoint_landed(self, checkpoint: Checkpoint) -> None:
         """Once a checkpoint is durable (on the landing writer's thread): where it stands."""

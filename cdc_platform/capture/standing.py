@@ -70,6 +70,11 @@ class HeadroomProbe:
             self._thread.start()
         return latest, new
 
+    @property
+    def latest(self) -> BinlogHeadroom | None:
+        """The newest reading (None before the first), without starting one."""
+        return self._reading[1]
+
     def _run(self) -> None:
         self._reading = (self._reading[0] + 1, self._read())
 
@@ -87,6 +92,10 @@ class StandingReport:
         self._status: HeadroomStatus | None = None
         self._warned_at = float("-inf")
         self._probe.poll()  # (the first reading starts now)
+
+    def headroom(self) -> BinlogHeadroom | None:
+        """The newest headroom reading (for the metrics endpoint's scrapes)."""
+        return self._probe.latest
 
     def tick(self, stats: EngineStats) -> tuple[float | None, BinlogHeadroom | None]:
         headroom, new = self._probe.poll()

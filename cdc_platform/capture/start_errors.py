@@ -184,7 +184,8 @@ def describe_start_error(error: BaseException, account: SourceAccount | None = N
     Known: a bad config file (``ConfigError``), a source not set up for exact capture
     (``PrerequisiteError``), the engine's own stops (``EngineError``, ``StartError``), another
     engine holding the landing folder (``EngineLockedError``), an object store that refuses
-    the platform (``ObjectStoreError``: no bucket, wrong credentials), and the
+    the platform (``ObjectStoreError``: no bucket, wrong credentials), a metrics port taken
+    (``MetricsPortTakenError``), and the
     server's answers for a wrong password (1045), missing grants (1044, 1142, 1227), an
     unreachable server (2002, 2003, 2005, 2006, 2013), an unknown database (1049) and purged
     binlogs (1236). Nothing in the line comes from a password.
@@ -194,9 +195,10 @@ def describe_start_error(error: BaseException, account: SourceAccount | None = N
     from cdc_platform.capture.source import PrerequisiteError
     from cdc_platform.capture.store.s3store import ObjectStoreError
     from cdc_platform.config import ConfigError
+    from cdc_platform.metrics import MetricsPortTakenError
 
     if isinstance(error, ConfigError | PrerequisiteError | EngineError | StartError
-                  | EngineLockedError | ObjectStoreError):
+                  | EngineLockedError | ObjectStoreError | MetricsPortTakenError):
         return _one_line(str(error))
     cause = _mysql_error(error)
     if cause is not None:

@@ -29,6 +29,9 @@ FORBIDDEN = {
     # the ground floor: the settings schema, and the private services of the demo and tests
     "config": ("cdc_platform.capture", "cdc_platform.lake", "cdc_platform.defs",
                "cdc_platform.definitions", "cdc_platform.demo", "cdc_platform.devservices"),
+    "metrics": ("cdc_platform.config", "cdc_platform.capture", "cdc_platform.lake",
+                "cdc_platform.defs", "cdc_platform.definitions", "cdc_platform.demo",
+                "cdc_platform.devservices"),
     "devservices": ("cdc_platform.capture", "cdc_platform.lake", "cdc_platform.defs",
                     "cdc_platform.definitions", "cdc_platform.demo"),
 }
@@ -111,7 +114,7 @@ CAPTURE_FLOORS = (
     {"snapshot"},
     {"ddl"},
     {"signals"},
-    {"engine", "engine_options", "standing"},
+    {"engine", "engine_options", "standing", "metrics"},
     {"start_errors"},
 )
 

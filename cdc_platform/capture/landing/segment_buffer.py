@@ -88,10 +88,12 @@ Queued = dict[str, list[_Chunk | _BlockChunk]]  # table id -> its queued chunks,
 
 @dataclass
 class Landed:
-    """What ``write_segments`` wrote: records per table id, and the number of segments."""
+    """What ``write_segments`` wrote: records per table id, the number of segments and their
+    bytes."""
 
     records_by_table: dict[str, int]
     segments: int
+    bytes: int = 0
 
 
 class SegmentBuffer:
@@ -214,6 +216,7 @@ def write_segments(landing: LandingZone, chunks: Queued) -> Landed:
     part is a segment of its own, read one at a time."""
     written = []
     landed: dict[str, int] = {}
+    bytes_before = landing.segment_bytes
     for table_id, table_chunks in chunks.items():
         for run in _same_schema_runs(table_chunks):
             if isinstance(run[0], _BlockChunk) and not run[0].part.in_memory:
@@ -229,7 +232,7 @@ def write_segments(landing: LandingZone, chunks: Queued) -> Landed:
             landed[table_id] = landed.get(table_id, 0) + table.num_rows
     if written:
         landing.sync_dirs(written)
-    return Landed(landed, len(written))
+    return Landed(landed, len(written), landing.segment_bytes - bytes_before)
 
 
 def _run_table(run: list[_Chunk | _BlockChunk]) -> pa.Table:

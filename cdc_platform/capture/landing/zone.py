@@ -590,6 +590,7 @@ class LandingZone(LandingReader):
         store = url if isinstance(url, FileStore) else open_store(
             url, s3=s3, setting="landing_zone.url")
         self._lease: Lease | None = None
+        self.segment_bytes = 0  # bytes of the segments ``write_segment`` wrote
         self._lease_lost = threading.Event()
         self._fenced = False
         self._bounded: FileStore | None = None
@@ -923,9 +924,11 @@ class LandingZone(LandingReader):
         if isinstance(self.store, LocalFileStore):
             with self.store.atomic_output(*parts, sync_dir=False, sync_file=False) as sink:
                 pq.write_table(table, sink, **segment_write_options(table.column_names))
+                self.segment_bytes += sink.tell()
         else:
             with self.store.atomic_output(*parts) as sink:
                 pq.write_table(table, sink, **segment_write_options(table.column_names))
+                self.segment_bytes += sink.tell()
         return self.where(*parts)
 
     def sync_dirs(self, paths: list[Path] | list[Path | str]) -> None:

@@ -14,6 +14,7 @@ from cdc_platform.capture.binlog.headroom import (
 )
 from cdc_platform.capture.engine import CaptureEngine, EngineOptions, EngineStats
 from cdc_platform.capture.landing.zone import LandingZone
+from cdc_platform.capture.metrics import serve_engine_metrics
 from cdc_platform.capture.standing import StandingReport, checkpoint_headroom
 from cdc_platform.capture.start_errors import check_source
 from cdc_platform.config import Settings
@@ -116,13 +117,20 @@ def _run_engine(
                 asset_key=changelog_key(settings),
                 metadata={**stats_metadata(stats), **standing_metadata(lag, headroom)}))
 
-    run_in_thread(
-        context, "capture-engine",
-        lambda stop: engine.run(stop, stop_when_caught_up, caught_up_idle_seconds), log,
-        every=progress_seconds, on_tick=progress,
-        stopping="capture engine: stop requested (run cancelled or interrupted); flushing and "
-        "checkpointing",
-        grace_seconds=STOP_GRACE_SECONDS,
-        not_stopped=f"capture engine did not stop within {STOP_GRACE_SECONDS}s; the next run "
-        "resumes from the last checkpoint")
+    endpoint = serve_engine_metrics(engine, settings, standing.headroom)
+    if endpoint is not None:
+        context.log.info(f"capture engine metrics: {endpoint.url}")
+    try:
+        run_in_thread(
+            context, "capture-engine",
+            lambda stop: engine.run(stop, stop_when_caught_up, caught_up_idle_seconds), log,
+            every=progress_seconds, on_tick=progress,
+            stopping="capture engine: stop requested (run cancelled or interrupted); flushing "
+            "and checkpointing",
+            grace_seconds=STOP_GRACE_SECONDS,
+            not_stopped=f"capture engine did not stop within {STOP_GRACE_SECONDS}s; the next "
+            "run resumes from the last checkpoint")
+    finally:
+        if endpoint is not None:
+            endpoint.close()
     return engine.stats
