@@ -18,6 +18,12 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+#: The promise (``lake.freshness_seconds``), exported by every process so that alert rules
+#: compare each lag with its own source's promise.
+FRESHNESS_METRIC = "cdc_lake_freshness_seconds"
+FRESHNESS_HELP = ("The freshness promise, lake.freshness_seconds: every target reflects the "
+                  "source up to at most this many seconds ago.")
+
 
 class Role(enum.IntEnum):
     """A process's place among its source's ports (``config.METRICS_PORTS_PER_SOURCE``)."""

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent bootstrap for `make demo` / `make test` on a fresh machine:
-# Debian packages (MariaDB server, Java 17) if missing, then .venv with the package installed.
+# Debian packages (MariaDB server, Java 17, Prometheus) if missing, then .venv with the package installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +17,9 @@ PYTHON="${PYTHON:-python3}"
 dpkg -s libmariadb-dev >/dev/null 2>&1 || need_apt+=(libmariadb-dev)
 command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
 command -v gcc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)
+# Prometheus's server and promtool: the alert rules' unit tests (`promtool test rules`) and the
+# monitoring integration test, which scrapes a real engine and applier.
+command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
 py_include="$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
 [ -f "${py_include}/Python.h" ] || need_apt+=(python3-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then

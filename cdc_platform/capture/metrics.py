@@ -25,7 +25,15 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from cdc_platform.capture.binlog.headroom import BinlogHeadroom, HeadroomStatus, LagClock
 from cdc_platform.capture.engine_options import EngineState, EngineStats
 from cdc_platform.capture.landing.zone import SessionState, SnapshotSession
-from cdc_platform.metrics import MetricsEndpoint, Role, counter, gauge, serve
+from cdc_platform.metrics import (
+    FRESHNESS_HELP,
+    FRESHNESS_METRIC,
+    MetricsEndpoint,
+    Role,
+    counter,
+    gauge,
+    serve,
+)
 
 if TYPE_CHECKING:
     from cdc_platform.capture.engine import CaptureEngine
@@ -49,9 +57,11 @@ class EngineCollector(Collector):
     """``cdc_capture_*``, ``cdc_landing_*``, ``cdc_binlog_*`` and the engine-side
     ``cdc_snapshot_*`` metrics of one source's engine, labelled ``source``."""
 
-    def __init__(self, server_name: str, readings: EngineReadings) -> None:
+    def __init__(self, server_name: str, readings: EngineReadings,
+                 freshness_seconds: float) -> None:
         self.server_name = server_name
         self.readings = readings
+        self.freshness_seconds = freshness_seconds
         self._clock = LagClock()
 
     def collect(self) -> Iterator[Metric]:
@@ -59,6 +69,8 @@ class EngineCollector(Collector):
         stats = self.readings.stats()
         labels = ["source"]
 
+        yield gauge(FRESHNESS_METRIC, FRESHNESS_HELP, labels,
+                    [([source], self.freshness_seconds)])
         lag = self._clock.lag(time.time(), stats.lag_seconds, stats.transactions, stats.events,
                               stats.caught_up)
         yield gauge("cdc_capture_lag_seconds",
@@ -169,6 +181,6 @@ def serve_engine_metrics(engine: CaptureEngine, settings: Settings,
     registry = CollectorRegistry(auto_describe=True)
     registry.register(EngineCollector(settings.source.server_name, EngineReadings(
         stats=lambda: engine.stats, sessions=engine.snapshot_sessions,
-        spill_bytes=engine.spill_bytes, headroom=headroom)))
+        spill_bytes=engine.spill_bytes, headroom=headroom), settings.lake.freshness_seconds))
     return serve(registry, settings.metrics.host, port,
                  f"the capture engine of {settings.source.server_name!r}")

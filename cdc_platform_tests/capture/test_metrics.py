@@ -39,7 +39,7 @@ def _collector(stats: EngineStats, headroom: BinlogHeadroom | None = None,
                sessions: list[SnapshotSession] | None = None) -> EngineCollector:
     return EngineCollector("shop", EngineReadings(
         stats=lambda: stats, sessions=lambda: list(sessions or []), spill_bytes=lambda: 4096,
-        headroom=lambda: headroom))
+        headroom=lambda: headroom), freshness_seconds=60.0)
 
 
 def test_the_engine_counts_become_prometheus_counters_and_gauges() -> None:
@@ -55,6 +55,7 @@ def test_the_engine_counts_become_prometheus_counters_and_gauges() -> None:
     assert got[("cdc_capture_reconnects_total", src)] == 1
     assert got[("cdc_capture_connected", src)] == 1
     assert got[("cdc_capture_lag_seconds", src)] == 0
+    assert got[("cdc_lake_freshness_seconds", src)] == 60
     assert got[("cdc_landing_files_total", src)] == 3
     assert got[("cdc_landing_bytes_total", src)] == 9000
     assert got[("cdc_capture_spill_bytes", src)] == 4096
