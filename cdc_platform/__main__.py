@@ -143,6 +143,7 @@ def _snapshot(args: argparse.Namespace) -> int:
     """Snapshot one table in the foreground (the snapshot asset does the same in Dagster), or
     pause/resume/stop its session. The capture engine (``stream``) must be running."""
     from cdc_platform.capture.landing.zone import LandingZone
+    from cdc_platform.capture.metrics import ReadingTable, serve_snapshot_metrics
     from cdc_platform.capture.names import resolve_table_id, split_table_id
     from cdc_platform.capture.snapshot.errors import SnapshotError
     from cdc_platform.capture.snapshot.reading import progress as snapshot_progress
@@ -176,7 +177,20 @@ def _snapshot(args: argparse.Namespace) -> int:
                         else args.chunk_size),
             condition=args.condition,
             surrogate_key=args.surrogate_key.split(",") if args.surrogate_key else None)
-        result = reader.run(stop, _progress_logger(describe_progress))
+        latest: list[ReadingTable] = []
+        log_progress = _progress_logger(describe_progress)
+
+        def on_progress(progress: snapshot_progress.SnapshotProgress) -> None:
+            latest[:] = [ReadingTable(progress.table_id, progress, False)]
+            log_progress(progress)
+
+        endpoint = serve_snapshot_metrics(settings, lambda: list(latest),
+                                          logging.getLogger("cdc_platform.snapshot"))
+        try:
+            result = reader.run(stop, on_progress)
+        finally:
+            if endpoint is not None:
+                endpoint.close()
     except SnapshotError as error:
         logging.error(str(error))
         return 1

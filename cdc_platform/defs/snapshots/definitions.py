@@ -22,6 +22,7 @@ import dagster as dg
 from pydantic import Field
 
 from cdc_platform.capture.landing.zone import LandingZone
+from cdc_platform.capture.metrics import ReadingTable, serve_snapshot_metrics
 from cdc_platform.capture.names import joined_name
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.chunks import (
@@ -269,12 +270,18 @@ class _Plan:
                              f"{parallel} at a time, smallest first: "
                              f"{', '.join(t.table_id for t in tables[:20])}"
                              f"{' ...' if len(tables) > 20 else ''}")
+        endpoint = serve_snapshot_metrics(self.settings, lambda: [
+            ReadingTable(t.table_id, t.latest[0] if t.latest else None, t.ended)
+            for t in tables], context.log)
         # (closed at once if the step stops here: that stops every reader)
-        with contextlib.closing(run_tables(
+        with contextlib.ExitStack() as stack:
+            if endpoint is not None:
+                stack.callback(endpoint.close)
+            outcomes = stack.enter_context(contextlib.closing(run_tables(
                 context, notifications, tables,
                 parallel=config.parallel_tables or self.settings.capture.snapshot_readers,
                 retries=Retries(config.engine_retries, config.engine_retry_seconds),
-                progress_seconds=config.progress_seconds)) as outcomes:
+                progress_seconds=config.progress_seconds)))
             for outcome in outcomes:
                 yield self._recorded(outcome)
         if self.failed:

@@ -85,6 +85,7 @@ class TableRun:
     notes: queue.SimpleQueue[dict[str, Any]] = field(default_factory=queue.SimpleQueue)
     latest: list[SnapshotProgress] = field(default_factory=list)
     started: bool = False
+    ended: bool = False  # its outcome is known (done, stopped, skipped or failed)
 
 
 @dataclass(frozen=True)
@@ -245,6 +246,7 @@ def run_tables(
                     if table.latest:
                         context.log.info(describe_progress(table.latest[0]))
             for future in sorted(done, key=order.__getitem__):
+                futures[future].ended = True
                 error = future.exception()
                 yield TableOutcome(futures[future], None if error else future.result(), error)
     except BaseException:  # an interrupt, or the step closing this generator
