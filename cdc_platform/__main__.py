@@ -89,6 +89,7 @@ def _apply(args: argparse.Namespace) -> int:
     from cdc_platform.config import load_settings
     from cdc_platform.lake.applier.events import Applied
     from cdc_platform.lake.applier.process import build_applier
+    from cdc_platform.lake.metrics import applier_metrics, serve_applier_metrics
 
     settings = load_settings(args.config).for_source(args.source)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
@@ -97,8 +98,16 @@ def _apply(args: argparse.Namespace) -> int:
     def report(event: Any) -> None:
         logging.info(event.describe() if isinstance(event, Applied) else f"applier: {event}")
 
-    applier = build_applier(settings, report)
-    applier.run(stop)
+    metrics = applier_metrics(settings)
+    applier = build_applier(settings, metrics.observing(report))
+    endpoint = serve_applier_metrics(settings, metrics, applier)
+    if endpoint is not None:
+        logging.info(f"metrics: {endpoint.url}")
+    try:
+        applier.run(stop)
+    finally:
+        if endpoint is not None:
+            endpoint.close()
     logging.info(f"stopped: {applier.merges} merges in {applier.cycles} passes")
     return 0
 

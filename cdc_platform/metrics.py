@@ -33,6 +33,12 @@ class Role(enum.IntEnum):
     SNAPSHOT = 2
 
 
+def metrics_url(host: str, port: int) -> str:
+    """The URL a process on this host scrapes an endpoint listening on ``host:port`` at."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    return f"http://{shown}:{port}/metrics"
+
+
 class MetricsPortTakenError(RuntimeError):
     """The process's metrics port is taken (one line naming it and the setting)."""
 
@@ -48,8 +54,7 @@ class MetricsEndpoint:
 
     @property
     def url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
-        return f"http://{host}:{self.port}/metrics"
+        return metrics_url(self.host, self.port)
 
     def close(self) -> None:
         """Stop serving and free the port (a later run of the same role takes it again)."""

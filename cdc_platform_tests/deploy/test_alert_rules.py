@@ -4,7 +4,6 @@ platform exports."""
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,13 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cdc_platform_tests.deploy.exported_metrics import exported_metric_names
+from cdc_platform_tests.deploy.exported_metrics import exported_metric_names, metric_names
 
 MONITORING = Path(__file__).parents[2] / "helm" / "monitoring"
 RULES = MONITORING / "cdc-platform.rules.yml"
 RULE_TESTS = MONITORING / "cdc-platform.rules.test.yml"
-# Names in expressions that are not metrics: functions, keywords, recorded series, labels.
-_METRIC = re.compile(r"\b(cdc_[a-z0-9_]+|up)\b(?!\s*\()")
 
 needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None,
                                     reason="promtool is not installed (make bootstrap)")
@@ -42,7 +39,7 @@ def _rule_expressions() -> list[str]:
 
 def test_every_metric_the_rules_name_is_exported() -> None:
     exported = exported_metric_names() | {"up"}
-    named = {name for expr in _rule_expressions() for name in _METRIC.findall(expr)}
+    named = {name for expr in _rule_expressions() for name in metric_names(expr)}
     assert named, "no metric found in the rules: the pattern is wrong"
     assert named - exported == set()
 

@@ -36,6 +36,7 @@ from cdc_platform.defs.streaming.definitions import STREAM_TAG
 from cdc_platform.defs.streaming.runner import changelog_key
 from cdc_platform.defs.threaded import QueueLog, run_in_thread
 from cdc_platform.lake import freshness
+from cdc_platform.metrics import Role, metrics_url
 
 JOB_NAME = "apply_changes"
 APPLIER_TAG = "cdc_platform/applier"
@@ -228,6 +229,10 @@ def build_job(settings: Settings) -> dg.JobDefinition:
 
         context.instance.add_run_tags(context.run_id, {PID_TAG: str(os.getpid()),
                                                        HOST_TAG: socket.gethostname()})
+        port = settings.metrics_port(Role.APPLIER)
+        if port is not None:
+            context.log.info(f"applier metrics (served by its process): "
+                             f"{metrics_url(settings.metrics.host, port)}")
         try:
             run_in_thread(
                 context, "lake-applier", merge, QueueLog(), every=config.progress_seconds,

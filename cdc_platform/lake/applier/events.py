@@ -56,6 +56,9 @@ class Maintained:
     schema: TableSchema
     reason: str
     report: Mapping[str, Any]
+    # compaction (files rewritten, snapshots maybe expired too) | expiry (snapshots only) |
+    # orphans (unreferenced files removed)
+    kind: str = "compaction"
 
 
 @dataclass(frozen=True)

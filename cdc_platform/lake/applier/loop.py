@@ -84,6 +84,8 @@ class _TableState:
     merges_since_expiry: int = 0
     spark_upkeep: str = ""  # why the table needs Spark's compaction (too large without it)
     merge_started: float = -1e9  # (monotonic) when its last committed merge started
+    # (epoch seconds) when the target's newest Iceberg snapshot was committed, as last seen
+    committed_at: float | None = None
     last_compaction: float = -1e9
     loaded: bool = False  # the target is known to hold rows
     waited_for: str = ""  # the snapshot session it last said it waits for
@@ -148,6 +150,8 @@ class Applier:
         self.states: dict[str, _TableState] = {}
         self.cycles = 0
         self.merges = 0
+        # Told each pass's length in seconds (the metrics' pass-duration histogram).
+        self.on_pass: Callable[[float], None] | None = None
         self._housekept = False  # (this pass compacted or reconciled a table already)
         self._pool: ThreadPoolExecutor | None = None  # (merges of a pass, in parallel)
         self._pool_size = 0
@@ -249,11 +253,29 @@ class Applier:
                     due = ends
         return max(0.0, due - now)
 
+    @property
+    def landing(self) -> LandingReader:
+        """The landing zone it merges from."""
+        return self._landing
+
+    @property
+    def survey(self) -> Survey | None:
+        """The newest survey of the landing zone (None before the first pass)."""
+        return self._survey
+
     def cycle(self, stop: threading.Event | None = None) -> None:
         """One pass: merge every table with new records (``merge_parallelism`` at a time),
         then the housekeeping that is due. The landing zone is read once for all tables
         (``LandingReader.survey``: the checkpoint, then one listing of every table's segments
         and one of their column renames)."""
+        started = time.monotonic()
+        try:
+            self._cycle(stop)
+        finally:
+            if self.on_pass is not None:
+                self.on_pass(time.monotonic() - started)
+
+    def _cycle(self, stop: threading.Event | None) -> None:
         self.cycles += 1
         self._housekept = False
         self._pass_upkeeps = 0
@@ -439,7 +461,8 @@ class Applier:
             return None
         why = ", ".join(filter(None, [reason, f"{count} snapshots (at most "
                                       f"{options.max_snapshots} kept)" if expire else ""]))
-        return Maintained(schema, f"{why} (without Spark)", report)
+        return Maintained(schema, f"{why} (without Spark)", report,
+                          "compaction" if reason is not None else "expiry")
 
     def _merged(self, schema: TableSchema, started: float,
                 outcome: Callable[[], tuple[MergeResult, Maintained | None]]) -> None:
@@ -460,6 +483,8 @@ class Applier:
         state.failures = 0
         state.consumed_pos = result.consumed_pos
         state.known = True
+        if result.snapshot is not None:
+            state.committed_at = result.snapshot.committed_at.timestamp()
         state.loaded = state.loaded or result.rows > 0
         if result.committed:
             state.merge_started = started
@@ -520,6 +545,7 @@ class Applier:
         if reason is None:
             reason = compaction_reason(metadata, options.compact_min_files,
                                        options.compact_delete_ratio if deletes_count else None)
+        kind = "compaction" if reason is not None else "expiry"
         state.spark_upkeep = ""
         older_than = datetime.now(UTC) - timedelta(hours=options.snapshot_retention_hours)
         if state.merges_since_expiry >= EXPIRY_CHECK_MERGES:
@@ -543,7 +569,7 @@ class Applier:
         state.last_compaction = time.monotonic()
         current = target.current()
         self.emit(Maintained(schema, reason, {
-            **report, **(current.metadata() if current is not None else {})}))
+            **report, **(current.metadata() if current is not None else {})}, kind))
 
     def _maybe_remove_orphans(self, schema: TableSchema, state: _TableState) -> None:
         """Every ``ORPHAN_INTERVAL_SECONDS``, after a merge or an idle pass (a table that
@@ -565,7 +591,7 @@ class Applier:
                         ORPHAN_INTERVAL_SECONDS / 3600)
             return
         self.emit(Maintained(schema, f"files referenced by no snapshot, older than "
-                             f"{ORPHAN_MIN_AGE.days} days, removed", report))
+                             f"{ORPHAN_MIN_AGE.days} days, removed", report, "orphans"))
 
     def _after_catch_up(self, schema: TableSchema, state: _TableState) -> None:
         """Reconcile when due: the table has merged all it had (a difference then is real,

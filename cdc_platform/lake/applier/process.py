@@ -103,11 +103,23 @@ def _child(settings: Settings, conn: Connection, parent: int) -> None:
     failure: list[str] = []
 
     def loop() -> None:
+        from cdc_platform.lake.metrics import applier_metrics, serve_applier_metrics
+        from cdc_platform.metrics import MetricsPortTakenError
+
+        endpoint = None
         try:
-            appliers.append(build_applier(settings, lambda event: send(("event", event))))
+            metrics = applier_metrics(settings)
+            appliers.append(build_applier(settings, metrics.observing(
+                lambda event: send(("event", event)))))
+            endpoint = serve_applier_metrics(settings, metrics, appliers[0])
             appliers[0].run(stop)
+        except MetricsPortTakenError as error:  # (a start failure: its one line, no trace)
+            failure.append(str(error))
         except BaseException:  # noqa: BLE001 - sent to the parent, which fails the run
             failure.append(traceback.format_exc())
+        finally:
+            if endpoint is not None:
+                endpoint.close()
 
     worker = threading.Thread(target=loop, name="lake-applier", daemon=True)
     worker.start()
