@@ -29,20 +29,24 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from cdc_platform.capture.landing.zone import LandingReader, changelog_parts
 from cdc_platform.capture.landing_contract import TS_MS
-from cdc_platform.config import CONFIG_ENV, Settings
+from cdc_platform.config import CONFIG_ENV, METRICS_PORTS_PER_SOURCE, Settings
 from cdc_platform.devservices.demo_sources import DEMO_SOURCES
 from cdc_platform.devservices.kafka import TansuBroker
 from cdc_platform.devservices.mariadb import MariaDBServer
+from cdc_platform.devservices.ports import free_port_range
 from cdc_platform.devservices.seaweedfs import SeaweedFS
 from cdc_platform.devservices.spark_cluster import SparkCluster
 from cdc_platform.devservices.supervisor import Interrupted, ProcessSupervisor
+from cdc_platform.metrics import Role, metrics_url
 
 CDC_HOME = Path(os.environ.get("CDC_HOME", ".cdc")).absolute()
 DEMO_DIR = CDC_HOME / "demo"
@@ -106,6 +110,8 @@ def _environment(servers: tuple[MariaDBServer, ...], broker: TansuBroker,
     env.update({
         "CDC_HOME": str(CDC_HOME),
         "CDC_KAFKA_BOOTSTRAP": broker.bootstrap_servers,
+        # metrics.port: a free range, METRICS_PORTS_PER_SOURCE ports for each source
+        "CDC_METRICS_PORT": str(free_port_range(METRICS_PORTS_PER_SOURCE * len(DEMO_SOURCES))),
         "DAGSTER_HOME": str(DAGSTER_HOME),
         "PYSPARK_PYTHON": sys.executable,
     })
@@ -346,6 +352,9 @@ def _run_demo(supervisor: ProcessSupervisor, orders: int, workload_seconds: floa
                     "progress_seconds": 5.0}}}}, background=True)
             assert isinstance(launched, subprocess.Popen)
             streams[job] = launched
+        _say("metrics (Prometheus text, while the streams run): " + ", ".join(
+            f"{source.source.server_name} {url}" for source in sources
+            if (url := _engine_metrics_url(source)) is not None))
         _say("write workloads on both sources while they stream")
         workload.start(seconds=24 * 3600)  # until the snapshot has finished, stopped below
         workload_started = time.monotonic()
@@ -367,6 +376,9 @@ def _run_demo(supervisor: ProcessSupervisor, orders: int, workload_seconds: floa
         _say(f"workload done: {stats.transactions} transactions committed, "
              f"{stats.rolled_back} rolled back (it wrote all through the snapshot); waiting for "
              "the streams to catch up")
+        url = _engine_metrics_url(inventory_settings)
+        if url is not None:
+            _say(f"scraped {url}: {_scraped_line(url)}")
         if run is None:
             return 1
         if run.status.value != "SUCCESS":
@@ -436,6 +448,31 @@ def _start_spark_cluster(supervisor: ProcessSupervisor, s3: SeaweedFS) -> SparkC
     supervisor.start_service(cluster)
     _say(f"Spark master {cluster.master_url} (web UI {cluster.master_webui_url})")
     return cluster
+
+
+def _engine_metrics_url(settings: Settings) -> str | None:
+    port = settings.metrics_port(Role.ENGINE)
+    return None if port is None else metrics_url(settings.metrics.host, port)
+
+
+def _scraped_line(url: str) -> str:
+    """A few of the engine's metrics, as a Prometheus server would read them now."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            text = answer.read().decode()
+    except OSError as error:
+        return f"not reachable ({error})"
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name + (f"{{op={sample.labels['op']}}}" if "op" in sample.labels
+                                  else "")
+            values[name] = sample.value
+    ops = ", ".join(f"{op} {values.get(f'cdc_capture_row_changes_total{{op={op}}}', 0):,.0f}"
+                    for op in ("c", "u", "d"))
+    return (f"cdc_capture_lag_seconds {values.get('cdc_capture_lag_seconds', float('nan')):.1f}, "
+            f"cdc_capture_transactions_total {values.get('cdc_capture_transactions_total', 0):,.0f}, "
+            f"cdc_capture_row_changes_total by op: {ops}")
 
 
 def _print_summary(servers: dict[str, MariaDBServer], env: dict[str, str],

@@ -8,7 +8,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cdc_platform_tests.deploy.exported_metrics import applier_metrics_with_samples
+from cdc_platform_tests.monitoring.exported_metrics import applier_metrics_with_samples
 
 
 def _samples() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

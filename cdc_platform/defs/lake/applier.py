@@ -30,6 +30,7 @@ from cdc_platform.capture.landing.zone import LandingReader
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.config import Settings
 from cdc_platform.defs.lake.definitions import stalenesses, target_key
+from cdc_platform.defs.monitoring import k8s_config_tag
 from cdc_platform.defs.names import scoped_name, subsettable_asset_checks
 from cdc_platform.defs.signals.sensors import ACTIVE_STATUSES
 from cdc_platform.defs.streaming.definitions import STREAM_TAG
@@ -170,6 +171,12 @@ def _event_to_dagster(settings: Settings, event: Any, stale: dict[str, str | Non
         yield dg.AssetObservation(asset_key=changelog_key(settings), metadata=report.metadata())
 
 
+def _k8s_tags(settings: Settings) -> dict[str, Any]:
+    """The run pod's scrape annotations, when the applier serves metrics."""
+    config = k8s_config_tag(settings, Role.APPLIER)
+    return {"dagster-k8s/config": config} if config else {}
+
+
 def build_job(settings: Settings) -> dg.JobDefinition:
     server = settings.source.server_name
 
@@ -251,7 +258,8 @@ def build_job(settings: Settings) -> dg.JobDefinition:
         description=f"Long-running applier of {server!r}: landing zone -> Iceberg tables, "
         "within lake.freshness_seconds. The sensor "
         f"{sensor_name(settings)} keeps one run of it going.",
-        tags={APPLIER_TAG: server, "dagster/max_runtime": "0"},
+        tags={APPLIER_TAG: server, "dagster/max_runtime": "0",
+              **_k8s_tags(settings)},
         executor_def=dg.in_process_executor,
     )
 

@@ -41,11 +41,13 @@ from cdc_platform.capture.snapshot.reading.actions import (
 )
 from cdc_platform.capture.source import selector_from_settings
 from cdc_platform.config import Settings
+from cdc_platform.defs.monitoring import run_request_tags
 from cdc_platform.defs.snapshots.definitions import (
     SnapshotAssets,
     SnapshotConfig,
     run_session_prefix,
 )
+from cdc_platform.metrics import Role
 
 SNAPSHOT_TABLE_TAG = "cdc_platform/snapshot_table"
 SIGNAL_ID_TAG = "cdc_platform/signal_id"
@@ -159,7 +161,7 @@ def counted_runs(instance: dg.DagsterInstance, landing: LandingZone,
 
 
 def _run_request(action: StartSnapshot, topic_id: str, op_name: str,
-                 keys: dict[str, dg.AssetKey]) -> dg.RunRequest:
+                 keys: dict[str, dg.AssetKey], k8s_tags: dict[str, str]) -> dg.RunRequest:
     signal = action.signal
     config: dict[str, Any] = {
         "signal_id": signal.id, "signal_topic_id": topic_id, "signal_offset": signal.offset,
@@ -170,7 +172,7 @@ def _run_request(action: StartSnapshot, topic_id: str, op_name: str,
         asset_selection=[keys[action.table_id]],
         run_config={"ops": {op_name: {"config": config}}},
         tags={SNAPSHOT_TABLE_TAG: action.table_id, SIGNAL_ID_TAG: signal.id[:200],
-              SIGNAL_OFFSET_TAG: str(signal.offset)},
+              SIGNAL_OFFSET_TAG: str(signal.offset), **k8s_tags},
     )
 
 
@@ -308,7 +310,8 @@ def build_sensor(settings: Settings, assets: SnapshotAssets) -> dg.SensorDefinit
             elif isinstance(action, LogMessage):
                 context.log.info(f"{action.signal.describe()}: {action.signal.message}")
             elif isinstance(action, StartSnapshot):
-                requests.append(_run_request(action, topic_id, assets.op_name, keys))
+                requests.append(_run_request(action, topic_id, assets.op_name, keys,
+                                             run_request_tags(settings, Role.SNAPSHOT)))
                 condition = f" where {action.condition}" if action.condition else ""
                 context.log.info(f"{action.signal.describe()}: snapshot of "
                                  f"{action.table_id}{condition}")

@@ -43,8 +43,10 @@ from cdc_platform.capture.snapshot.reading import relaunch
 from cdc_platform.capture.snapshot.reading.batches import plan_runs
 from cdc_platform.capture.source import SourceSession, selector_from_settings
 from cdc_platform.config import Settings
+from cdc_platform.defs.monitoring import run_request_tags
 from cdc_platform.defs.signals.sensors import SNAPSHOT_TABLE_TAG, busy_tables, counted_runs
 from cdc_platform.defs.snapshots.definitions import SnapshotAssets
+from cdc_platform.metrics import Role
 
 RESNAPSHOT_TAG = "cdc_platform/resnapshot_after"
 # Every run this sensor launches: the source server's name (counted for max_parallel_snapshots).
@@ -165,11 +167,12 @@ def _listed(tables: list[str]) -> str:
 
 def _request(server: str, keys: Mapping[str, dg.AssetKey],
              markers: list[stale_markers.StaleMarker],
-             launches: Mapping[str, relaunch.Launch]) -> dg.RunRequest:
+             launches: Mapping[str, relaunch.Launch],
+             k8s_tags: Mapping[str, str]) -> dg.RunRequest:
     attempts = {m.table_id: launches[m.table_id].attempt for m in markers}
     key = batch_key(markers, attempts)
     tags = {AUTOMATIC_TAG: server, MARKER_TAG: key,
-            ANSWERED_TAG: max(marker_order(m) for m in markers)}
+            ANSWERED_TAG: max(marker_order(m) for m in markers), **k8s_tags}
     relaunched = [m.table_id for m in markers if attempts[m.table_id] > 1]
     if relaunched:
         first = launches[relaunched[0]].why
@@ -295,7 +298,8 @@ def build_sensor(settings: Settings, assets: SnapshotAssets) -> dg.SensorDefinit
                                 rows_per_run=capture.rows_per_snapshot_run)
             for batch in planned[:free]:
                 markers = [wanted[t] for t in batch]
-                requests.append(_request(server, keys, markers, launching))
+                requests.append(_request(server, keys, markers, launching,
+                                         run_request_tags(settings, Role.SNAPSHOT)))
                 rows = sum(estimates.get(t, 0) for t in batch)
                 again = [launching[t].why for t in batch if launching[t].attempt > 1]
                 context.log.info(

@@ -2,11 +2,13 @@
 binlog headroom of the changelog (its check and the sensor that records it while the engine is
 stopped too)."""
 
+from typing import Any
 
 import dagster as dg
 from pydantic import Field
 
 from cdc_platform.config import Settings
+from cdc_platform.defs.monitoring import k8s_config_tag
 from cdc_platform.defs.names import scoped_name
 from cdc_platform.defs.streaming.checks import headroom_check
 from cdc_platform.defs.streaming.runner import (
@@ -17,6 +19,7 @@ from cdc_platform.defs.streaming.runner import (
     run_engine,
 )
 from cdc_platform.defs.streaming.sensors import build_headroom_sensor
+from cdc_platform.metrics import Role
 
 # How the long-running streaming run behaves on a Dagster deployment (helm/values.yaml): no
 # max-runtime limit; retried as a new run, which resumes from the checkpoint, when it fails (pod
@@ -30,6 +33,12 @@ STREAM_RUN_TAGS = {
         "pod_spec_config": {"termination_grace_period_seconds": int(STOP_GRACE_SECONDS) + 60},
     },
 }
+
+
+def stream_run_tags(settings: Settings) -> dict[str, Any]:
+    """``STREAM_RUN_TAGS`` with the pod's scrape annotations when metrics are on."""
+    return {**STREAM_RUN_TAGS, "dagster-k8s/config": k8s_config_tag(
+        settings, Role.ENGINE, STREAM_RUN_TAGS["dagster-k8s/config"])}
 
 
 class StreamConfig(dg.Config):
@@ -70,7 +79,7 @@ def build(settings: Settings) -> dg.Definitions:
     @dg.job(
         name=scoped_name(settings, "stream_changes"),
         description=f"Long-running capture of source {server!r}: binlog -> landing zone.",
-        tags={STREAM_TAG: server, **STREAM_RUN_TAGS},
+        tags={STREAM_TAG: server, **stream_run_tags(settings)},
         executor_def=dg.in_process_executor,
     )
     def stream_changes() -> None:

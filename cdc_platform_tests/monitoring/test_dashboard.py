@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cdc_platform_tests.deploy.exported_metrics import exported_metric_names, metric_names
+from cdc_platform_tests.monitoring.exported_metrics import exported_metric_names, metric_names
 
 DASHBOARD = Path(__file__).parents[2] / "helm" / "monitoring" / "cdc-platform.dashboard.json"
 

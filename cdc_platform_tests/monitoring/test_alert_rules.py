@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cdc_platform_tests.deploy.exported_metrics import exported_metric_names, metric_names
+from cdc_platform_tests.monitoring.exported_metrics import exported_metric_names, metric_names
 
 MONITORING = Path(__file__).parents[2] / "helm" / "monitoring"
 RULES = MONITORING / "cdc-platform.rules.yml"
