@@ -77,6 +77,9 @@ run_coordinator:
         limit: 1
 telemetry:
   enabled: false
+# The targets' freshness policies (lake.freshness_seconds) in the UI's asset health.
+freshness:
+  enabled: true
 """
 
 

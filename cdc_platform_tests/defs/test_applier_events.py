@@ -8,8 +8,12 @@ import dagster as dg
 
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.defs.lake.applier import MERGE_LINES, LogLine, _events_to_dagster
-from cdc_platform.defs.lake.definitions import target_key
-from cdc_platform.lake.applier.events import Applied, Waiting
+from cdc_platform.defs.lake.definitions import (
+    FRESHNESS_POLICY_SLACK_SECONDS,
+    freshness_policy,
+    target_key,
+)
+from cdc_platform.lake.applier.events import Applied, Current, Waiting
 from cdc_platform.lake.iceberg.snapshots import Snapshot
 from cdc_platform.lake.merge import MergeResult
 from cdc_platform_tests.conftest import CdcEnv
@@ -78,3 +82,19 @@ def test_the_fresh_checks_of_every_target_are_one_definition_judging_the_selecte
     evaluations = result.get_asset_check_evaluations()
     assert sorted(e.asset_key.path[-1] for e in evaluations) == ["a", "c"]
     assert all(not e.passed and e.metadata["cause"].value == "engine" for e in evaluations)
+
+
+def test_a_quiet_current_target_is_materialised_with_its_mark_and_every_target_has_a_policy(
+        cdc_env: CdcEnv) -> None:
+    """Dagster's freshness policy counts from the last materialisation: the applier says a
+    quiet target is current, and that keeps the consumed position the fresh check reads."""
+    settings = cdc_env.settings
+    schema = TableSchema(cdc_env.db, "t", (), ("id",))
+    [current] = list(_events_to_dagster(settings, [Current(schema, 42)]))
+    assert isinstance(current, dg.AssetMaterialization)
+    assert current.asset_key == target_key(settings, schema)
+    assert current.metadata["current"].value is True
+    assert current.metadata["consumed_position"].value == 42
+    policy = freshness_policy(settings)
+    assert policy.fail_window.to_timedelta().total_seconds() == (
+        settings.lake.freshness_seconds + FRESHNESS_POLICY_SLACK_SECONDS)

@@ -112,6 +112,7 @@ def _event_to_dagster(settings: Settings, event: Any, stale: dict[str, str | Non
                       line: bool) -> Iterable[Any]:
     from cdc_platform.lake.applier.events import (
         Applied,
+        Current,
         Failed,
         Maintained,
         Reconciled,
@@ -129,6 +130,14 @@ def _event_to_dagster(settings: Settings, event: Any, stale: dict[str, str | Non
             description=f"merged by {JOB_NAME}",
             metadata={"stale": reason is not None, "stale_reason": reason or "",
                       **result.metadata()})
+    elif isinstance(event, Current):
+        yield dg.AssetMaterialization(
+            asset_key=target_key(settings, event.schema),
+            description=f"current: every landed change is merged ({JOB_NAME} had nothing to "
+            "merge since the last materialisation)",
+            metadata={"current": True, "records_read": 0,
+                      "consumed_position": -1 if event.consumed_pos is None
+                      else event.consumed_pos})
     elif isinstance(event, Failed):
         yield LogLine("warning", f"{event.schema.table_id}: merge failed ({event.attempts} in a row; "
                           f"retried with backoff): {event.error}")

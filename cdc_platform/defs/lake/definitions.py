@@ -10,6 +10,7 @@ naming it.
 
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 
 import dagster as dg
 
@@ -42,10 +43,24 @@ def targets_op_name(settings: Settings) -> str:
     return joined_name(settings.source.server_name, "targets")
 
 
+# Dagster's freshness policy of a target fails this long after the promise: time for the
+# applier's pass and the recording of its materialisation.
+FRESHNESS_POLICY_SLACK_SECONDS = 30.0
 # Another run committed a table's next version first (ConcurrentCommitError): materialising
 # again builds on that version.
 MATERIALISE_ATTEMPTS = 3
 RETRY_SECONDS = 1.0
+
+
+def freshness_policy(settings: Settings) -> dg.FreshnessPolicy:
+    """Dagster's freshness policy of a target, so that its asset health shows a stale target:
+    failing once its last materialisation is older than ``lake.freshness_seconds`` plus
+    ``FRESHNESS_POLICY_SLACK_SECONDS``. A merge materialises a target, and the applier
+    materialises a quiet target that has merged every landed change every half promise
+    (``lake.applier.events.Current``), so only a target that falls behind goes stale; the
+    ``fresh`` check says why."""
+    return dg.FreshnessPolicy.time_window(fail_window=timedelta(
+        seconds=settings.lake.freshness_seconds + FRESHNESS_POLICY_SLACK_SECONDS))
 
 
 def _target_spec(settings: Settings, schema: TableSchema) -> dg.AssetSpec:
@@ -58,6 +73,7 @@ def _target_spec(settings: Settings, schema: TableSchema) -> dg.AssetSpec:
         "folded by highest position per key (deletes and snapshot range assertions applied) "
         "and merged as one Iceberg snapshot per run, carrying the changelog mark it consumed.",
         metadata={"primary_key": ", ".join(schema.primary_key) or "(none)"},
+        freshness_policy=freshness_policy(settings),
         # Stream records and committed snapshot chunks both arrive through the changelog.
         deps=[changelog_key(settings), snapshot_key(settings, schema)],
     )

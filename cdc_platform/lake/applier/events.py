@@ -35,6 +35,17 @@ class Applied:
 
 
 @dataclass(frozen=True)
+class Current:
+    """A target with nothing to merge: every landed change of its table is merged (it says so
+    every ``current_every_seconds`` while it stays quiet, so that Dagster's freshness policy,
+    which counts from the last materialisation, sees a quiet table as fresh). Its mark is
+    the one its last merge committed."""
+
+    schema: TableSchema
+    consumed_pos: int | None
+
+
+@dataclass(frozen=True)
 class Failed:
     schema: TableSchema
     error: str
@@ -74,4 +85,4 @@ class Swept:
     report: retention.RetentionReport
 
 
-Event = Applied | Failed | Maintained | Reconciled | Swept
+Event = Applied | Current | Failed | Maintained | Reconciled | Swept

@@ -49,6 +49,7 @@ from cdc_platform.capture.snapshot.protocol import read_session_state
 from cdc_platform.lake.applier.decisions import compaction_reason, first_load_waits, same_position
 from cdc_platform.lake.applier.events import (
     Applied,
+    Current,
     Event,
     Failed,
     Maintained,
@@ -86,6 +87,8 @@ class _TableState:
     merge_started: float = -1e9  # (monotonic) when its last committed merge started
     # (epoch seconds) when the target's newest Iceberg snapshot was committed, as last seen
     committed_at: float | None = None
+    # (monotonic) when it last said it was merged or current (``Applied``, ``Current``)
+    reported_at: float = field(default_factory=time.monotonic)
     last_compaction: float = -1e9
     loaded: bool = False  # the target is known to hold rows
     waited_for: str = ""  # the snapshot session it last said it waits for
@@ -292,6 +295,7 @@ class Applier:
                 return
             if self._due(schema, checkpoint, survey):
                 due.append(schema)
+        self._report_current(tables, due, checkpoint, survey)
         if due:
             merging = time.monotonic()
             self._merge_all(due, stop)
@@ -309,6 +313,21 @@ class Applier:
         if self.sweep_landing_zone and self._landing_sweep.due():
             for swept in self._landing_sweep.in_background(tables, self.states):
                 self.emit(swept)
+
+    def _report_current(self, tables: list[TableSchema], due: list[TableSchema],
+                        checkpoint: Checkpoint, survey: Survey) -> None:
+        """``Current`` for each known target with nothing to merge that has said nothing for
+        ``current_every_seconds`` (the applier is the one writer of a target's mark, so what
+        it says follows its merges in order)."""
+        now, merging = time.monotonic(), {schema.table_id for schema in due}
+        for schema in tables:
+            state = self.states[schema.table_id]
+            if schema.table_id in merging or not state.known or state.failures or \
+                    now - state.reported_at < self.options.current_every_seconds or \
+                    self.pending(schema, checkpoint, survey):
+                continue
+            state.reported_at = now
+            self.emit(Current(schema, state.consumed_pos))
 
     def tables(self) -> list[TableSchema]:
         """The captured tables with a key, as the engine recorded them (new tables join as
@@ -492,6 +511,7 @@ class Applier:
             state.merges_since_reconcile += 1
             state.merges_since_expiry += 1
             self.merges += 1
+            state.reported_at = time.monotonic()
             self.emit(Applied(schema, result))
             if maintained is not None:
                 self.emit(maintained)

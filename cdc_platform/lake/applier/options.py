@@ -58,6 +58,8 @@ class ApplierOptions:
     retention_seconds: float = default_of(LandingZoneSettings, "retention_hours") * 3600
     sweep_interval_seconds: float = 60.0  # (no setting: how often the landing zone is swept)
     first_load_wait_seconds: float = default_of(LakeSettings, "freshness_seconds") / 2
+    # A target with nothing to merge says it is current (``events.Current``) this often.
+    current_every_seconds: float = default_of(LakeSettings, "freshness_seconds") / 2
     s3: S3Settings | None = None  # the config's s3 options (a landing zone at an S3 URL)
 
     @staticmethod
@@ -88,5 +90,6 @@ class ApplierOptions:
             min_snapshots_to_keep=settings.warehouse.min_snapshots_to_keep,
             retention_seconds=settings.landing_zone.retention_hours * 3600,
             first_load_wait_seconds=lake.freshness_seconds / 2,
+            current_every_seconds=lake.freshness_seconds / 2,
             s3=settings.s3,
         )

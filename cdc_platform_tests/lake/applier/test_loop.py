@@ -24,6 +24,7 @@ from cdc_platform.lake.applier import loop as applier_module
 from cdc_platform.lake.applier.decisions import compaction_reason, first_load_waits, same_position
 from cdc_platform.lake.applier.events import (
     Applied,
+    Current,
     Failed,
     Maintained,
     Reconciled,
@@ -473,3 +474,29 @@ def test_a_new_applier_removes_orphan_files_an_hour_after_its_start_then_daily()
 
     assert applier_module.ORPHAN_FIRST_SECONDS - 5 < until_due <= applier_module.ORPHAN_FIRST_SECONDS
     assert applier_module.ORPHAN_FIRST_SECONDS < applier_module.ORPHAN_INTERVAL_SECONDS
+
+
+def test_a_quiet_target_says_it_is_current_and_a_written_one_is_merged_instead(
+        cdc_env: CdcEnv, spark: Any) -> None:
+    """``Current`` every ``current_every_seconds`` while the table has nothing to merge, with
+    the mark of its last merge; a table with changes waiting is merged, never called current."""
+    env = cdc_env
+    env.execute("CREATE TABLE quiet (id INT PRIMARY KEY, v VARCHAR(20))",
+                "INSERT INTO quiet VALUES (1, 'one'), (2, 'two')")
+    options = _options(env, current_every_seconds=0.5)
+    with streaming(env), Running(spark, options) as running:
+        merged = _wait("the first merge", lambda: running.of(Applied))
+        _wait("two Current events", lambda: len(running.of(Current)) >= 2, 60)
+        marks = {event.consumed_pos for event in running.of(Current)}
+        assert marks == {merged[-1].result.consumed_pos}
+        env.execute("INSERT INTO quiet VALUES (3, 'three')")
+        _wait("the new row merged", lambda: len(running.of(Applied)) > len(merged), 60)
+        events = list(running.events)
+        applied = [i for i, e in enumerate(events) if isinstance(e, Applied)][-1]
+        newer = events[applied].result.consumed_pos
+        assert newer > merged[-1].result.consumed_pos
+        _wait("Current with the new mark", lambda: any(
+            e.consumed_pos == newer for e in running.of(Current)), 60)
+        # (never a Current between the write landing and its merge: every Current carries
+        # either the old mark before the merge, or the new one after it)
+        assert all(e.consumed_pos == newer for e in events[applied:] if isinstance(e, Current))
