@@ -152,12 +152,12 @@ def _snapshot(args: argparse.Namespace) -> int:
     """Snapshot one table in the foreground (the snapshot asset does the same in Dagster), or
     pause/resume/stop its session. The capture engine (``stream``) must be running."""
     from cdc_platform.capture.landing.zone import LandingZone
-    from cdc_platform.capture.metrics import ReadingTable, serve_snapshot_metrics
     from cdc_platform.capture.names import resolve_table_id, split_table_id
     from cdc_platform.capture.snapshot.errors import SnapshotError
     from cdc_platform.capture.snapshot.reading import progress as snapshot_progress
     from cdc_platform.capture.snapshot.reading import reader as snapshot_reader
     from cdc_platform.capture.snapshot.reading.actions import request_action
+    from cdc_platform.capture.snapshot.reading.metrics import ReadingTable, serve_snapshot_metrics
     from cdc_platform.capture.snapshot.reading.progress import describe_progress
     from cdc_platform.capture.start_errors import check_source
     from cdc_platform.config import load_settings

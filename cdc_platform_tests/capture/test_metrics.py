@@ -4,7 +4,6 @@ serving them on the source's port (``metrics.port``) with a one-line error when 
 
 from __future__ import annotations
 
-import logging
 import math
 import socket
 import urllib.request
@@ -12,24 +11,18 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
 from cdc_platform.capture.binlog.headroom import BinlogHeadroom, HeadroomStatus
 from cdc_platform.capture.engine_options import EngineState, EngineStats
 from cdc_platform.capture.landing.zone import SessionState, SnapshotSession
-from cdc_platform.capture.metrics import (
-    EngineCollector,
-    EngineReadings,
-    ReadingTable,
-    SnapshotRunCollector,
-    serve_snapshot_metrics,
-)
-from cdc_platform.capture.snapshot.reading.progress import ReaderState, SnapshotProgress
+from cdc_platform.capture.metrics import EngineCollector, EngineReadings
 from cdc_platform.capture.start_errors import describe_start_error
 from cdc_platform.config import parse_settings
 from cdc_platform.metrics import MetricsPortTakenError, Role, serve
 
 
-def _samples(collector: EngineCollector | SnapshotRunCollector) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+def _samples(collector: Collector) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     registry = CollectorRegistry()
     registry.register(collector)
     text = generate_latest(registry).decode()
@@ -144,41 +137,3 @@ def test_the_endpoint_serves_the_registry_and_a_taken_port_is_one_line() -> None
     assert f"127.0.0.1:{port}" in line and "metrics.port" in line
     # closed: the port is free again for the next run
     serve(CollectorRegistry(), "127.0.0.1", port, "again").close()
-
-
-def test_a_snapshot_run_serves_what_its_readers_read_and_the_tables_left() -> None:
-    progress = SnapshotProgress(table_id="db.a", session_id="s1", state=ReaderState.OPEN,
-                                rows=64, chunks=2, pending=1, rejected=1, reselected=0,
-                                last_key=[64], elapsed_seconds=3.0)
-    collector = SnapshotRunCollector("shop", lambda: [
-        ReadingTable("db.a", progress, False), ReadingTable("db.b", None, False),
-        ReadingTable("db.c", None, True)], freshness_seconds=60.0)
-    got = _samples(collector)
-    table = (("source", "shop"), ("table", "db.a"))
-    assert got[("cdc_snapshot_run_remaining_tables", (("source", "shop"),))] == 2
-    assert got[("cdc_snapshot_read_rows_total", table)] == 64
-    assert got[("cdc_snapshot_read_chunks_total", table)] == 2
-    assert got[("cdc_snapshot_rejected_chunks_total", table)] == 1
-    assert got[("cdc_snapshot_pending_chunks", table)] == 1
-    for state, value in (("open", 1), ("done", 0)):
-        labels = tuple(sorted((*table, ("state", state))))
-        assert got[("cdc_snapshot_reader_state", labels)] == value
-
-
-def test_a_second_snapshot_run_on_the_port_warns_and_reads_on(
-        caplog: pytest.LogCaptureFixture) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    settings = _settings(port, sources=1).for_source("s0")
-    settings = settings.model_copy(update={"metrics": settings.metrics.model_copy(
-        update={"host": "127.0.0.1", "port": port - 2})})
-    log = logging.getLogger("test.snapshot")
-    first = serve_snapshot_metrics(settings, lambda: [], log)
-    assert first is not None and first.port == port
-    try:
-        with caplog.at_level(logging.WARNING, logger="test.snapshot"):
-            assert serve_snapshot_metrics(settings, lambda: [], log) is None
-        assert "is taken" in caplog.text and "not served" in caplog.text
-    finally:
-        first.close()

@@ -22,7 +22,6 @@ import dagster as dg
 from pydantic import Field
 
 from cdc_platform.capture.landing.zone import LandingZone
-from cdc_platform.capture.metrics import ReadingTable, serve_snapshot_metrics
 from cdc_platform.capture.names import joined_name
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.chunks import (
@@ -35,6 +34,7 @@ from cdc_platform.capture.snapshot.protocol import (
     DEFAULT_CHUNK_SIZE,
     SignalRef,
 )
+from cdc_platform.capture.snapshot.reading.metrics import ReadingTable, serve_snapshot_metrics
 from cdc_platform.capture.snapshot.reading.progress import SnapshotStatus
 from cdc_platform.capture.snapshot.reading.reader import (
     DEFAULT_ACK_TIMEOUT_SECONDS,
