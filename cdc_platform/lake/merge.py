@@ -51,11 +51,10 @@ from cdc_platform.lake.columns import col
 from cdc_platform.lake.fold import INSTRUCTION, arrow_counts, fold, fold_latest
 from cdc_platform.lake.iceberg.catalog import quote
 from cdc_platform.lake.iceberg.commit import ConcurrentCommitError, commit_merge
-from cdc_platform.lake.iceberg.lake import Lake
+from cdc_platform.lake.iceberg.lake import Lake, ensure_lake_conf
 from cdc_platform.lake.iceberg.schema import drop_columns, prepare
 from cdc_platform.lake.iceberg.snapshots import CONSUMED_GTID, CONSUMED_POS, Snapshot
 from cdc_platform.lake.iceberg.table import LakeTable
-from cdc_platform.lake.spark import ensure_lake_conf
 from cdc_platform.lake.verdicts import not_asserted_away, tombstones
 
 log = logging.getLogger(__name__)

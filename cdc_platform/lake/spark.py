@@ -29,6 +29,7 @@ from pyspark.sql import SparkSession
 import cdc_platform
 from cdc_platform.config import is_cluster_master
 from cdc_platform.lake.iceberg.catalog import session_conf
+from cdc_platform.lake.iceberg.lake import LAKE_SQL_CONF
 from cdc_platform.lake.s3 import settings_s3_conf
 
 log = logging.getLogger(__name__)
@@ -36,16 +37,6 @@ log = logging.getLogger(__name__)
 # The directory holding the ``cdc_platform`` package this process runs (a checkout, an editable
 # install's source tree or site-packages): Python workers import the same code from it.
 PACKAGE_PARENT = str(Path(cdc_platform.__file__).resolve().parents[1])
-
-# Runtime SQL settings the lake's values depend on; ``ensure_lake_conf`` applies them to a session
-# built elsewhere (e.g. by a Dagster resource) before the lake reads or writes with it.
-LAKE_SQL_CONF: dict[str, str] = {
-    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
-    "spark.sql.parquet.datetimeRebaseModeInRead": "CORRECTED",
-    "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
-    "spark.sql.parquet.int96RebaseModeInRead": "CORRECTED",
-    "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
-}
 
 # Runtime and static settings; callers may override any of them through ``conf``.
 DEFAULT_CONF: dict[str, str] = {
@@ -191,14 +182,3 @@ def prepare_python_workers() -> None:
     directory through ``spark.executorEnv.PYTHONPATH`` (DEFAULT_CONF).
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-
-
-def ensure_lake_conf(spark: SparkSession) -> None:
-    """Pin the settings exact values depend on (cheap; a no-op on our own sessions).
-
-    Without them Spark refuses (EXCEPTION) or shifts (LEGACY) dates before 1582 and timestamps
-    before 1900 written by pyarrow, and writes timestamps as legacy INT96.
-    """
-    for key, value in LAKE_SQL_CONF.items():
-        if spark.conf.get(key, None) != value:
-            spark.conf.set(key, value)

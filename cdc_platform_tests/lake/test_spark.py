@@ -9,7 +9,8 @@ import zipfile
 from pathlib import Path
 
 import cdc_platform
-from cdc_platform.lake.spark import LAKE_SQL_CONF, build_spark_session, ensure_lake_conf
+from cdc_platform.lake.iceberg.lake import LAKE_SQL_CONF, ensure_lake_conf
+from cdc_platform.lake.spark import build_spark_session
 
 
 def test_session_defaults_and_one_session_per_process(spark):

@@ -23,11 +23,10 @@ from cdc_platform.capture.schema import TableSchema
 from cdc_platform.config import Settings
 from cdc_platform.defs.lake.definitions import target_key
 from cdc_platform.defs.names import scoped_name
-from cdc_platform.lake.iceberg.lake import Lake
+from cdc_platform.lake.iceberg.lake import Lake, ensure_lake_conf
 from cdc_platform.lake.iceberg.maintenance import ORPHAN_MIN_AGE, maintain, remove_orphans
 from cdc_platform.lake.iceberg.snapshots import mark_of
 from cdc_platform.lake.iceberg.table import LakeTable
-from cdc_platform.lake.spark import ensure_lake_conf
 
 JOB_NAME = "lake_maintenance"
 SCHEDULE_NAME = "lake_maintenance_schedule"

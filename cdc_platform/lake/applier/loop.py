@@ -61,12 +61,11 @@ from cdc_platform.lake.applier.sweep import LandingSweep
 from cdc_platform.lake.arrow_load import target_rows
 from cdc_platform.lake.arrow_merge import upkeep_without_spark
 from cdc_platform.lake.changelog import TableChangelog
-from cdc_platform.lake.iceberg.lake import Lake
+from cdc_platform.lake.iceberg.lake import Lake, ensure_lake_conf
 from cdc_platform.lake.iceberg.maintenance import ORPHAN_MIN_AGE, maintain, remove_orphans
 from cdc_platform.lake.iceberg.table import LakeTable
 from cdc_platform.lake.merge import MergeResult, materialise
 from cdc_platform.lake.reconcile import ReconcileResult, reconcile_target
-from cdc_platform.lake.spark import ensure_lake_conf
 from cdc_platform.lake.warmup import warm_up
 
 log = logging.getLogger(__name__)

@@ -14,6 +14,28 @@ from cdc_platform.capture.store import open_store
 from cdc_platform.lake.iceberg.catalog import SPARK_CATALOG, UNICODE_CATALOGS, catalog_properties
 from cdc_platform.lake.s3 import S3Endpoint, check_warehouse, warehouse_on_s3
 
+# Runtime SQL settings the lake's values depend on; every ``Lake`` applies them to its
+# session (``ensure_lake_conf``), whoever built it: ours have them already, a Dagster resource's or
+# a user's may not.
+LAKE_SQL_CONF: dict[str, str] = {
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    "spark.sql.parquet.datetimeRebaseModeInRead": "CORRECTED",
+    "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
+    "spark.sql.parquet.int96RebaseModeInRead": "CORRECTED",
+    "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
+}
+
+def ensure_lake_conf(spark: SparkSession) -> None:
+    """Pin the settings exact values depend on (cheap; a no-op on our own sessions).
+
+    Without them Spark refuses (EXCEPTION) or shifts (LEGACY) dates before 1582 and timestamps
+    before 1900 written by pyarrow, and writes timestamps as legacy INT96.
+    """
+    for key, value in LAKE_SQL_CONF.items():
+        if spark.conf.get(key, None) != value:
+            spark.conf.set(key, value)
+
+
 _register_lock = threading.Lock()
 _checked_catalogs: set[str] = set()  # (the properties of catalogs check_warehouse passed)
 
