@@ -51,7 +51,7 @@ from cdc_platform.lake.columns import col
 from cdc_platform.lake.fold import INSTRUCTION, arrow_counts, fold, fold_latest
 from cdc_platform.lake.iceberg.catalog import quote
 from cdc_platform.lake.iceberg.commit import ConcurrentCommitError, commit_merge
-from cdc_platform.lake.iceberg.lake import Lake, ensure_lake_conf
+from cdc_platform.lake.iceberg.lake import Lake
 from cdc_platform.lake.iceberg.schema import drop_columns, prepare
 from cdc_platform.lake.iceberg.snapshots import CONSUMED_GTID, CONSUMED_POS, Snapshot
 from cdc_platform.lake.iceberg.table import LakeTable
@@ -188,7 +188,6 @@ def materialise(
             merged = without_spark()
             if merged is None and target is None:
                 session = spark if isinstance(spark, SparkSession) else spark()
-                ensure_lake_conf(session)
                 target = LakeTable(Lake(session, warehouse_url, catalog), server_name, database,
                                    table)
                 if not isinstance(spark, SparkSession):

@@ -9,7 +9,7 @@ import zipfile
 from pathlib import Path
 
 import cdc_platform
-from cdc_platform.lake.iceberg.lake import LAKE_SQL_CONF, ensure_lake_conf
+from cdc_platform.lake.iceberg.lake import LAKE_SQL_CONF, Lake, ensure_lake_conf
 from cdc_platform.lake.spark import build_spark_session
 
 
@@ -28,6 +28,18 @@ def test_ensure_lake_conf_repairs_a_session_configured_elsewhere(spark):
     try:
         ensure_lake_conf(spark)
         assert {k: spark.conf.get(k) for k in LAKE_SQL_CONF} == LAKE_SQL_CONF
+    finally:
+        spark.conf.set(key, LAKE_SQL_CONF[key])
+
+
+def test_the_lake_repairs_the_session_it_is_given(spark, tmp_path):
+    """A session built elsewhere (a Dagster resource, a user's) is set right where the lake
+    takes it, the one place every table read and write goes through."""
+    key = "spark.sql.parquet.outputTimestampType"
+    spark.conf.set(key, "INT96")
+    try:
+        Lake(spark, str(tmp_path / "warehouse"))
+        assert spark.conf.get(key) == LAKE_SQL_CONF[key]
     finally:
         spark.conf.set(key, LAKE_SQL_CONF[key])
 

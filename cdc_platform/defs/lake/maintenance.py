@@ -23,7 +23,7 @@ from cdc_platform.capture.schema import TableSchema
 from cdc_platform.config import Settings
 from cdc_platform.defs.lake.definitions import target_key
 from cdc_platform.defs.names import scoped_name
-from cdc_platform.lake.iceberg.lake import Lake, ensure_lake_conf
+from cdc_platform.lake.iceberg.lake import Lake
 from cdc_platform.lake.iceberg.maintenance import ORPHAN_MIN_AGE, maintain, remove_orphans
 from cdc_platform.lake.iceberg.snapshots import mark_of
 from cdc_platform.lake.iceberg.table import LakeTable
@@ -74,7 +74,6 @@ def maintenance_op(settings: Settings, tables: list[TableSchema]) -> dg.OpDefini
     )
     def maintain(context: dg.OpExecutionContext, pyspark: LazyPySparkResource) -> None:
         spark = pyspark.spark_session
-        ensure_lake_conf(spark)
         failed: list[str] = []
         for schema in tables:
             try:

@@ -61,7 +61,7 @@ from cdc_platform.lake.applier.sweep import LandingSweep
 from cdc_platform.lake.arrow_load import target_rows
 from cdc_platform.lake.arrow_merge import upkeep_without_spark
 from cdc_platform.lake.changelog import TableChangelog
-from cdc_platform.lake.iceberg.lake import Lake, ensure_lake_conf
+from cdc_platform.lake.iceberg.lake import Lake
 from cdc_platform.lake.iceberg.maintenance import ORPHAN_MIN_AGE, maintain, remove_orphans
 from cdc_platform.lake.iceberg.table import LakeTable
 from cdc_platform.lake.merge import MergeResult, materialise
@@ -193,7 +193,6 @@ class Applier:
             session = started
         else:
             session = self._spark()
-        ensure_lake_conf(session)
         self._spark = session
         return session
 
@@ -214,7 +213,6 @@ class Applier:
                 self._started.append(error)
                 return
             try:
-                ensure_lake_conf(session)
                 warm_up(session)
             except Exception as error:  # noqa: BLE001 - only slower: the first MERGE warms it
                 log.warning("warming the Spark session up failed (%s); the first merge will "
@@ -226,8 +224,6 @@ class Applier:
         self._starting.start()
 
     def run(self, stop: threading.Event) -> None:
-        if isinstance(self._spark, SparkSession):
-            ensure_lake_conf(self._spark)
         try:
             while not stop.is_set():
                 started = time.monotonic()

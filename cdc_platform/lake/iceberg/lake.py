@@ -49,6 +49,8 @@ class Lake:
     """
 
     def __init__(self, spark: SparkSession, warehouse_url: str, catalog: Any = None) -> None:
+        # (the one place it is applied: every read and write of a table comes through a Lake)
+        ensure_lake_conf(spark)
         self.spark = spark
         self.warehouse_url = warehouse_url
         conf = spark.conf
