@@ -333,6 +333,10 @@ class WarehouseSettings(_Section):
     )
 
 
+#: The signing region when neither the config, the environment nor a profile names one.
+S3_DEFAULT_REGION = "us-east-1"
+
+
 class S3Settings(_Section):
     """How to reach S3-compatible object storage, for `s3://` URLs of `landing_zone.url` and
     `warehouse.url`. Credentials are never set here: they come from the standard AWS chain
@@ -378,6 +382,27 @@ class S3Settings(_Section):
         "half its 60 s lease.",
     )
 
+
+    def resolved(self, profile_region: str | None = None) -> S3Settings:
+        """This section with each empty setting filled from the AWS environment as boto3 and
+        pyarrow fill it: the endpoint from ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` (else
+        AWS's own), the region from ``AWS_REGION`` / ``AWS_DEFAULT_REGION``, else
+        ``profile_region`` (boto3's profile, where the caller has a session), else
+        ``S3_DEFAULT_REGION``. The one resolution every S3 client of the platform takes: the
+        landing zone's (boto3, pyarrow) and the lake's (Spark's s3a, Iceberg's S3FileIO)."""
+        env = os.environ
+        endpoint = (self.endpoint_url or env.get("AWS_ENDPOINT_URL_S3")
+                    or env.get("AWS_ENDPOINT_URL") or "").rstrip("/")
+        region = (self.region or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+                  or profile_region or S3_DEFAULT_REGION)
+        return self.model_copy(update={"endpoint_url": endpoint, "region": region})
+
+    @classmethod
+    def from_environment(cls) -> S3Settings:
+        """Where no ``s3`` section is given: all from the AWS environment, addressing buckets
+        by path with a custom endpoint (self-hosted servers serve ``endpoint/bucket/key``)."""
+        resolved = cls().resolved()
+        return resolved.model_copy(update={"path_style": bool(resolved.endpoint_url)})
 
 class LakeSettings(_Section):
     """How the applier (the long-running ``apply_changes`` job) keeps the lake tables fresh."""

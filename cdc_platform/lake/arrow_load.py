@@ -53,6 +53,7 @@ from cdc_platform.capture.landing_contract import (
     UPDATE,
 )
 from cdc_platform.capture.schema import TableSchema
+from cdc_platform.config import S3Settings
 from cdc_platform.lake.changelog import BatchPlan, TableChangelog
 from cdc_platform.lake.fold import arrow_fold_for_append
 from cdc_platform.lake.iceberg import row_delta
@@ -305,7 +306,7 @@ def project(rows: pa.Table, schema: Schema) -> pa.Table:
 
 
 def target_rows(warehouse_url: str, catalog: Any, server_name: str, database: str,
-                table: str, s3: Any = None) -> int | None:
+                table: str, s3: S3Settings | None = None) -> int | None:
     """A target's live rows read without Spark (0: no table or no snapshot yet), or None when
     the catalog is not one this module reads (``lake_catalog``)."""
     lake = lake_catalog(warehouse_url, catalog, s3)

@@ -49,6 +49,7 @@ from cdc_platform.capture.landing_contract import (
     TS_MS,
 )
 from cdc_platform.capture.schema import TableSchema
+from cdc_platform.config import S3Settings
 from cdc_platform.lake.arrow_load import (
     Loaded,
     create_empty,
@@ -126,7 +127,7 @@ class Merged:
 
 
 def materialise_without_spark(changelog: TableChangelog, warehouse_url: str, catalog: Any,
-                              server_name: str, s3: Any = None,
+                              server_name: str, s3: S3Settings | None = None,
                               schema_hint: TableSchema | None = None) -> Merged | None:
     """Fold the table's new changelog records into its target without Spark (an append into
     an empty one; an empty target for a table with no changelog yet, in ``schema_hint`` or
@@ -174,7 +175,7 @@ def _spark_name(lake: LocalHadoopCatalog | LakeRestCatalog, identifier: tuple[st
 
 
 def upkeep_without_spark(warehouse_url: str, catalog: Any, server_name: str, database: str,
-                         table: str, s3: Any = None, *, compact: bool,
+                         table: str, s3: S3Settings | None = None, *, compact: bool,
                          keep: int | None) -> dict[str, Any] | None:
     """Compact the target (``compact``) and expire its snapshots down to ``keep`` (None: no
     expiry) without Spark (``iceberg.upkeep``), under its commit lock. The report of what was

@@ -20,8 +20,9 @@ it starts.
 Where things come from: endpoint, region and addressing style are arguments (the config's ``s3``
 section: ``s3.endpoint_url``, ``s3.region``, ``s3.path_style``), each falling back to the AWS
 environment (``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``, ``AWS_REGION`` /
-``AWS_DEFAULT_REGION``, else ``us-east-1``) as boto3 and pyarrow do. Credentials never come
-from the configuration: both clients take them from the AWS environment and default chain
+``AWS_DEFAULT_REGION``, else ``us-east-1``) as boto3 and pyarrow do: ``config.S3Settings.resolved``,
+the one resolution every S3 client of the platform takes. Credentials never come from the
+configuration: both clients take them from the AWS environment and default chain
 (``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN``, a profile, IRSA's
 web identity, instance metadata).
 """
@@ -35,12 +36,12 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 from cdc_platform.capture.store.storage import is_s3_url
+from cdc_platform.config import S3Settings
 
 S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
 S3A_FILESYSTEM = "org.apache.hadoop.fs.s3a.S3AFileSystem"
@@ -48,7 +49,6 @@ S3A_FILESYSTEM = "org.apache.hadoop.fs.s3a.S3AFileSystem"
 # default chain (profile, web identity as IRSA sets it, container and instance metadata).
 S3A_CREDENTIALS_PROVIDERS = ("com.amazonaws.auth.EnvironmentVariableCredentialsProvider,"
                              "com.amazonaws.auth.DefaultAWSCredentialsProviderChain")
-DEFAULT_REGION = "us-east-1"
 JARS_ENV = "CDC_PLATFORM_S3_JARS"
 
 
@@ -58,50 +58,24 @@ def warehouse_on_s3(warehouse: str | None) -> bool:
     return is_s3_url(warehouse) or str(warehouse or "").startswith("arn:aws:s3tables:")
 
 
-@dataclass(frozen=True)
-class S3Endpoint:
-    """Where S3 is and how to address it, resolved: ``endpoint_url`` empty means AWS's own
-    endpoint for ``region``."""
+def resolved_s3(s3: S3Settings | None) -> S3Settings:
+    """The config's ``s3`` section resolved against the AWS environment
+    (``S3Settings.resolved``); None (no section given): the environment alone."""
+    return S3Settings.from_environment() if s3 is None else s3.resolved()
 
-    endpoint_url: str
-    region: str
-    path_style: bool
 
-    @classmethod
-    def resolve(cls, endpoint_url: str | None = None, region: str | None = None,
-                path_style: bool | None = None) -> S3Endpoint:
-        """The arguments, each falling back to the AWS environment when empty or None.
-
-        ``path_style`` defaults to True with a custom endpoint (self-hosted servers such as
-        SeaweedFS or MinIO serve ``endpoint/bucket/key``) and False on AWS.
-        """
-        env = os.environ
-        endpoint = (endpoint_url or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
-                    or "").rstrip("/")
-        signing_region = (region or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
-                          or DEFAULT_REGION)
-        return cls(endpoint, signing_region, bool(endpoint) if path_style is None else path_style)
-
-    @classmethod
-    def of_session(cls, get: Callable[[str], str | None]) -> S3Endpoint:
-        """The endpoint a Spark session was built with (``s3a_conf``'s settings, read with
-        ``get``, e.g. ``lambda key: spark.conf.get(key, None)``): the session is where the
-        config's ``s3`` section reaches the lake, so an Iceberg catalog registered in it
-        addresses S3 as its ``s3a`` reads do. Unset ones fall back to the environment."""
-        prefix = "spark.hadoop.fs.s3a"
-        path_style = get(f"{prefix}.path.style.access")
-        return cls.resolve(get(f"{prefix}.endpoint"), get(f"{prefix}.endpoint.region"),
-                           None if path_style is None else path_style.lower() == "true")
-
-    @classmethod
-    def of(cls, s3: Any = None) -> S3Endpoint:
-        """The endpoint of anything with ``endpoint_url``, ``region`` and ``path_style``
-        attributes (the config's ``s3`` section, ``capture.store.s3store.S3Settings``, an
-        ``S3Endpoint``), or of the environment alone for None."""
-        if isinstance(s3, S3Endpoint):
-            return s3
-        return cls.resolve(getattr(s3, "endpoint_url", None), getattr(s3, "region", None),
-                           getattr(s3, "path_style", None))
+def s3_settings_of_session(get: Callable[[str], str | None]) -> S3Settings:
+    """The S3 settings a Spark session was built with (``s3a_conf``'s, read with ``get``,
+    e.g. ``lambda key: spark.conf.get(key, None)``): the session is where the config's ``s3``
+    section reaches the lake, so an Iceberg catalog registered in it addresses S3 as its
+    ``s3a`` reads do. Unset ones come from the environment; an unset addressing style is
+    path-style with a custom endpoint."""
+    prefix = "spark.hadoop.fs.s3a"
+    path_style = get(f"{prefix}.path.style.access")
+    resolved = S3Settings(endpoint_url=get(f"{prefix}.endpoint") or "",
+                          region=get(f"{prefix}.endpoint.region") or "").resolved()
+    return resolved.model_copy(update={"path_style": bool(resolved.endpoint_url)
+                                       if path_style is None else path_style.lower() == "true"})
 
 
 def s3_jars_dir() -> Path:
@@ -124,12 +98,12 @@ def s3_jars() -> list[str]:
     return jars
 
 
-def catalog_s3_properties(s3: Any = None) -> dict[str, str]:
+def catalog_s3_properties(s3: S3Settings | None = None) -> dict[str, str]:
     """The Iceberg catalog properties for tables on S3 through ``S3FileIO``.
 
-    ``s3``: the config's ``s3`` section, an ``S3Endpoint`` or None (the environment).
+    ``s3``: the config's ``s3`` section, or None (the environment).
     """
-    endpoint = S3Endpoint.of(s3)
+    endpoint = resolved_s3(s3)
     props = {
         "io-impl": S3_FILE_IO,
         "client.region": endpoint.region,
@@ -140,10 +114,10 @@ def catalog_s3_properties(s3: Any = None) -> dict[str, str]:
     return props
 
 
-def s3a_conf(s3: Any = None) -> dict[str, str]:
+def s3a_conf(s3: S3Settings | None = None) -> dict[str, str]:
     """The ``spark.hadoop.fs.s3a.*`` settings for Spark's reads of ``s3a://`` (and ``s3://``)
     URLs: endpoint, region, addressing style and the credentials providers."""
-    endpoint = S3Endpoint.of(s3)
+    endpoint = resolved_s3(s3)
     prefix = "spark.hadoop.fs.s3a"
     conf = {
         "spark.hadoop.fs.s3a.impl": S3A_FILESYSTEM,
@@ -160,7 +134,7 @@ def s3a_conf(s3: Any = None) -> dict[str, str]:
     return conf
 
 
-def s3_session_conf(s3: Any = None) -> dict[str, str]:
+def s3_session_conf(s3: S3Settings | None = None) -> dict[str, str]:
     """The static settings of a session that reads or writes S3: the S3 jars on
     ``spark.jars``, and ``s3a_conf``. (The Iceberg runtime is every lake session's:
     ``lake.spark.DEFAULT_CONF``, which ``merge_conf`` joins these jars to.)"""
@@ -264,7 +238,7 @@ def _rest_get(properties: dict[str, str], url: str) -> tuple[int | None, str]:
         credentials = session.get_credentials()
         if credentials is not None:
             region = (properties.get("rest.signing-region") or properties.get("client.region")
-                      or session.region_name or DEFAULT_REGION)
+                      or S3Settings().resolved(session.region_name).region)
             request = AWSRequest(method="GET", url=url)
             SigV4Auth(credentials.get_frozen_credentials(),
                       properties.get("rest.signing-name", "execute-api"), region

@@ -37,7 +37,7 @@ from cdc_platform.lake.iceberg.catalog import catalog_properties
 from cdc_platform.lake.iceberg.maintenance import remove_orphans
 from cdc_platform.lake.s3 import (
     S3_FILE_IO,
-    S3Endpoint,
+    resolved_s3,
     s3_jars,
     s3_session_conf,
     s3a_conf,
@@ -82,16 +82,20 @@ def test_endpoint_from_arguments_then_the_aws_environment(monkeypatch: pytest.Mo
                                                           ) -> None:
     for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION"):
         monkeypatch.delenv(name, raising=False)
-    assert S3Endpoint.resolve() == S3Endpoint("", "us-east-1", False)
+    assert S3Settings.from_environment() == S3Settings(endpoint_url="", region="us-east-1",
+                                                       path_style=False)
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://seaweed:8333/")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
-    assert S3Endpoint.resolve() == S3Endpoint("http://seaweed:8333", "eu-west-1", True)
-    settings_s3 = SimpleNamespace(endpoint_url="https://minio:9000", region="", path_style=False)
-    assert S3Endpoint.of(settings_s3) == S3Endpoint("https://minio:9000", "eu-west-1", False)
+    assert S3Settings.from_environment() == S3Settings(
+        endpoint_url="http://seaweed:8333", region="eu-west-1", path_style=True)
+    settings_s3 = S3Settings(endpoint_url="https://minio:9000", region="", path_style=False)
+    assert resolved_s3(settings_s3) == S3Settings(endpoint_url="https://minio:9000",
+                                                  region="eu-west-1", path_style=False)
+    assert resolved_s3(None) == S3Settings.from_environment()
 
 
 def test_catalog_properties_of_a_warehouse_on_s3() -> None:
-    s3 = S3Endpoint("http://seaweed:8333", "eu-west-1", True)
+    s3 = S3Settings(endpoint_url="http://seaweed:8333", region="eu-west-1", path_style=True)
     rest = SimpleNamespace(type="rest", uri="http://catalog:8181",
                            properties={"rest.auth.type": "sigv4", "client.region": "us-west-2"})
     props = catalog_properties("s3://lake/warehouse", rest, s3)
@@ -101,7 +105,7 @@ def test_catalog_properties_of_a_warehouse_on_s3() -> None:
     assert props["client.region"] == "us-west-2"  # the catalog's own properties win
     assert props["warehouse"] == "s3://lake/warehouse"
     assert "s3.endpoint" not in catalog_properties(
-        "s3://lake", rest, S3Endpoint("", "us-east-1", False))
+        "s3://lake", rest, S3Settings(endpoint_url="", region="us-east-1", path_style=False))
     assert "io-impl" not in catalog_properties("/tmp/warehouse", None, s3)
 
 
@@ -111,8 +115,8 @@ def test_session_conf_only_for_s3_deployments() -> None:
                                warehouse=SimpleNamespace(url=warehouse),
                                spark=SimpleNamespace(master="local[2]", app_name="t",
                                                      conf=spark_conf),
-                               s3=SimpleNamespace(endpoint_url="http://seaweed:8333",
-                                                  region="us-east-1", path_style=True))
+                               s3=S3Settings(endpoint_url="http://seaweed:8333",
+                                             region="us-east-1", path_style=True))
 
     assert settings_s3_conf(settings("/tmp/lz", "/tmp/wh")) == {}
     polaris = settings("/tmp/lz", "cdc_lake")
@@ -131,8 +135,8 @@ def test_session_conf_only_for_s3_deployments() -> None:
         conf["spark.hadoop.fs.s3a.aws.credentials.provider"]
     assert not any("secret" in key or "access.key" in key for key in conf)
     assert settings_s3_conf(settings("/tmp/lz", "s3://lake")) == s3_session_conf(
-        S3Endpoint("http://seaweed:8333", "us-east-1", True))
-    assert "spark.hadoop.fs.s3a.endpoint" not in s3a_conf(S3Endpoint("", "us-east-1", False))
+        S3Settings(endpoint_url="http://seaweed:8333", region="us-east-1", path_style=True))
+    assert "spark.hadoop.fs.s3a.endpoint" not in s3a_conf(S3Settings(region="us-east-1"))
     assert merge_conf({"spark.jars": "a,b", "k": "1"}, {"spark.jars": "b,c", "k": "2"}) == \
         {"spark.jars": "a,b,c", "k": "2"}
 
@@ -182,7 +186,7 @@ def spark_report(seaweedfs: SeaweedFS) -> dict[str, Any]:
            "landing": store.uri}
     env = {key: value for key, value in os.environ.items() if not key.startswith("AWS_")}
     # The credentials only in the AWS environment; AWS_ENDPOINT_URL also reaches Lake's catalog
-    # properties (it passes no endpoint: lake.s3.S3Endpoint's fallback, as boto3 and pyarrow).
+    # properties (it passes no endpoint: config.S3Settings.resolved's fallback, as boto3 and pyarrow).
     env.update(seaweedfs.client_env(), PYSPARK_PYTHON=sys.executable)
     env[CHILD_ENV] = json.dumps(job)
     child = subprocess.run(
@@ -208,7 +212,7 @@ def _spark_child() -> None:
     from cdc_platform.lake.spark import build_spark_session
 
     job = json.loads(os.environ[CHILD_ENV])
-    s3 = S3Endpoint(job["s3_endpoint"], REGION, path_style=True)
+    s3 = S3Settings(endpoint_url=job["s3_endpoint"], region=REGION, path_style=True)
     spark = build_spark_session(app_name="cdc_platform_tests.s3_lake", conf=s3_session_conf(s3))
     spark.sparkContext.setLogLevel("ERROR")
     try:

@@ -70,12 +70,12 @@ def _merge_child() -> None:
     from cdc_platform.lake.iceberg.lake import Lake
     from cdc_platform.lake.iceberg.table import LakeTable
     from cdc_platform.lake.merge import materialise
-    from cdc_platform.lake.s3 import S3Endpoint, s3_session_conf
+    from cdc_platform.lake.s3 import s3_session_conf
     from cdc_platform.lake.spark import build_spark_session
 
     job = json.loads(os.environ[CHILD_ENV])
     spark = build_spark_session(app_name="cdc_platform_tests.s3_merge_faults", conf=s3_session_conf(
-        S3Endpoint(job["endpoint"], REGION, path_style=True)))
+        S3Settings(endpoint_url=job["endpoint"], region=REGION, path_style=True)))
     spark.sparkContext.setLogLevel("ERROR")
     catalog = CatalogSettings(type="rest", uri=job["catalog_uri"], properties={
         "rest.auth.type": "sigv4", "rest.signing-name": "s3tables",

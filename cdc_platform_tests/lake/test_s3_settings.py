@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from cdc_platform.config import parse_settings
+from cdc_platform.config import S3Settings, parse_settings
 from cdc_platform.definitions import spark_config
 from cdc_platform.defs.dbt.project import spark_conf as dbt_spark_conf
 from cdc_platform.lake.iceberg.catalog import iceberg_jar
-from cdc_platform.lake.s3 import S3Endpoint, s3_jars, s3a_conf
+from cdc_platform.lake.s3 import s3_jars, s3_settings_of_session, s3a_conf
 from cdc_platform.lake.spark import deployment_conf, settings_conf
 
 ENDPOINT = "http://127.0.0.1:18333"
@@ -64,5 +64,6 @@ def test_the_catalog_takes_the_endpoint_its_session_was_built_with(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     settings = _settings("s3://landing/cdc", "s3://lake/warehouse")
     session = s3a_conf(settings.s3)
-    assert S3Endpoint.of_session(session.get) == S3Endpoint(ENDPOINT, "eu-west-3", True)
-    assert S3Endpoint.of_session({}.get) == S3Endpoint("", "us-east-1", False)
+    assert s3_settings_of_session(session.get) == S3Settings(
+        endpoint_url=ENDPOINT, region="eu-west-3", path_style=True)
+    assert s3_settings_of_session({}.get) == S3Settings(region="us-east-1")

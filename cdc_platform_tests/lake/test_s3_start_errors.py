@@ -18,11 +18,11 @@ import pytest
 
 from cdc_platform.capture.start_errors import describe_start_error
 from cdc_platform.capture.store.s3store import ObjectStoreError
-from cdc_platform.config import CatalogSettings
+from cdc_platform.config import CatalogSettings, S3Settings
 from cdc_platform.devservices.ports import free_port
 from cdc_platform.devservices.seaweedfs import SeaweedFS
 from cdc_platform.lake.iceberg.catalog import catalog_properties
-from cdc_platform.lake.s3 import S3Endpoint, check_warehouse
+from cdc_platform.lake.s3 import check_warehouse
 from cdc_platform_tests import s3_fixtures
 
 pytestmark = pytest.mark.integration
@@ -35,13 +35,13 @@ def _rest(server: SeaweedFS, warehouse: str, uri: str | None = None) -> dict[str
     """The Spark catalog's properties for a REST catalog, as the platform builds them."""
     catalog = CatalogSettings(type="rest", uri=uri or server.catalog_uri or "",
                               properties={**SIGV4, "rest.signing-region": server.region})
-    return catalog_properties(warehouse, catalog, S3Endpoint(server.endpoint_url,
-                                                             server.region, True))
+    return catalog_properties(warehouse, catalog, S3Settings(
+        endpoint_url=server.endpoint_url, region=server.region, path_style=True))
 
 
 def _hadoop(server: SeaweedFS, warehouse: str) -> dict[str, str]:
-    return catalog_properties(warehouse, CatalogSettings(), S3Endpoint(server.endpoint_url,
-                                                                       server.region, True))
+    return catalog_properties(warehouse, CatalogSettings(), S3Settings(
+        endpoint_url=server.endpoint_url, region=server.region, path_style=True))
 
 
 def _line(properties: dict[str, str]) -> str:

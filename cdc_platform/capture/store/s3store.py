@@ -71,7 +71,6 @@ from cdc_platform.config import S3Settings
 __all__ = ["ObjectStoreError", "ObjectStoreUnavailableError", "S3FileStore",
            "credentials_source", "parse_s3_url"]
 
-DEFAULT_REGION = "us-east-1"
 # 409 ConditionalRequestConflict: another conditional write to the key was in flight; the
 # request may be repeated (it is not an answer about the object's state).
 _CONFLICT_ATTEMPTS = 20
@@ -127,6 +126,7 @@ class _Connection:
     _bounded_client: Any = field(default=None, repr=False)
     _single_client: Any = field(default=None, repr=False)
     _arrow: pafs.S3FileSystem | None = field(default=None, repr=False)
+    _resolved: S3Settings | None = field(default=None, repr=False)
 
     @property
     def session(self) -> boto3.session.Session:
@@ -136,8 +136,17 @@ class _Connection:
             return self._session
 
     @property
+    def resolved(self) -> S3Settings:
+        """The options resolved as every S3 client of the platform resolves them, with the
+        region of boto3's profile before the default (``S3Settings.resolved``)."""
+        with self._lock:
+            if self._resolved is None:
+                self._resolved = self.options.resolved(self.session.region_name)
+            return self._resolved
+
+    @property
     def region(self) -> str:
-        return self.options.region or self.session.region_name or DEFAULT_REGION
+        return self.resolved.region
 
     @property
     def client(self) -> Any:
@@ -192,7 +201,8 @@ class _Connection:
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
         )
-        return session.client("s3", endpoint_url=options.endpoint_url or None, config=config)
+        return session.client("s3", endpoint_url=self.resolved.endpoint_url or None,
+                              config=config)
 
     def arrow(self) -> pafs.S3FileSystem:
         with self._lock:
@@ -206,8 +216,8 @@ class _Connection:
                     "retry_strategy": pafs.AwsStandardS3RetryStrategy(
                         max_attempts=options.max_attempts),
                 }
-                if options.endpoint_url:
-                    endpoint = urlparse(options.endpoint_url)
+                if self.resolved.endpoint_url:
+                    endpoint = urlparse(self.resolved.endpoint_url)
                     kwargs["endpoint_override"] = endpoint.netloc + endpoint.path.rstrip("/")
                     kwargs["scheme"] = endpoint.scheme or "https"
                 # (no keys: pyarrow's AWS SDK reads the same standard credential chain)

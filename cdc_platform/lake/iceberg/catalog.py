@@ -17,6 +17,7 @@ from typing import Any
 
 from cdc_platform.capture.names import valid_name
 from cdc_platform.capture.store import open_store
+from cdc_platform.config import S3Settings
 from cdc_platform.lake.s3 import catalog_s3_properties, warehouse_on_s3
 
 ICEBERG_VERSION = "1.10.2"
@@ -42,7 +43,8 @@ def session_conf() -> dict[str, str]:
     return {"spark.jars": iceberg_jar(), "spark.sql.extensions": EXTENSIONS}
 
 
-def catalog_properties(warehouse_url: str, catalog: Any, s3: Any = None) -> dict[str, str]:
+def catalog_properties(warehouse_url: str, catalog: Any, s3: S3Settings | None = None
+                       ) -> dict[str, str]:
     """The Iceberg catalog's properties (``spark.sql.catalog.<name>.<key>`` without prefix).
 
     ``catalog`` is a ``config.CatalogSettings`` (or None: Hadoop on the warehouse). The table
@@ -50,8 +52,8 @@ def catalog_properties(warehouse_url: str, catalog: Any, s3: Any = None) -> dict
 
     A warehouse on S3 (``s3://bucket/prefix``, or an S3 Tables bucket's ARN) gets Iceberg's
     ``S3FileIO`` with the endpoint, region and addressing style of ``s3`` (the config's ``s3``
-    section; None: the AWS environment, ``lake.s3.S3Endpoint``); the session needs the S3 jars
-    (``lake.s3.s3_session_conf``). ``catalog.properties`` override any of them.
+    section, resolved against the AWS environment: ``config.S3Settings.resolved``); the session
+    needs the S3 jars (``lake.s3.s3_session_conf``). ``catalog.properties`` override any of them.
     """
     kind = getattr(catalog, "type", "hadoop")
     uri = getattr(catalog, "uri", "")

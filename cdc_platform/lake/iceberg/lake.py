@@ -12,7 +12,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from cdc_platform.capture.store import open_store
 from cdc_platform.lake.iceberg.catalog import SPARK_CATALOG, UNICODE_CATALOGS, catalog_properties
-from cdc_platform.lake.s3 import S3Endpoint, check_warehouse, warehouse_on_s3
+from cdc_platform.lake.s3 import check_warehouse, s3_settings_of_session, warehouse_on_s3
 
 # Runtime SQL settings the lake's values depend on; every ``Lake`` applies them to its
 # session (``ensure_lake_conf``), whoever built it: ours have them already, a Dagster resource's or
@@ -54,7 +54,7 @@ class Lake:
         self.spark = spark
         self.warehouse_url = warehouse_url
         conf = spark.conf
-        s3 = S3Endpoint.of_session(lambda key: conf.get(key, None)) if warehouse_on_s3(
+        s3 = s3_settings_of_session(lambda key: conf.get(key, None)) if warehouse_on_s3(
             warehouse_url) else None
         self.properties = catalog_properties(warehouse_url, catalog, s3)
         self.unicode_names = getattr(catalog, "type", "hadoop") in UNICODE_CATALOGS

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from cdc_platform.config import S3Settings
 from cdc_platform.lake.iceberg.catalog import namespace_name, table_name
 from cdc_platform.lake.iceberg.hadoop import LocalHadoopCatalog, local_hadoop_catalog
 from cdc_platform.lake.iceberg.rest import LakeRestCatalog, rest_catalog
 
 
-def lake_catalog(warehouse_url: str, catalog: Any = None, s3: Any = None
+def lake_catalog(warehouse_url: str, catalog: Any = None, s3: S3Settings | None = None
                  ) -> LocalHadoopCatalog | LakeRestCatalog | None:
     """The lake's catalog as a writer without Spark commits through it (a Hadoop catalog on a
     local warehouse, or a REST catalog: ``iceberg.rest``), or None: Spark's path."""

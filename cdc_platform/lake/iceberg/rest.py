@@ -27,9 +27,10 @@ from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.exceptions import CommitFailedException, RESTError
 from pyiceberg.typedef import EMPTY_DICT, Properties
 
+from cdc_platform.config import S3Settings
 from cdc_platform.lake.iceberg.catalog import catalog_properties
 from cdc_platform.lake.iceberg.commit import ConcurrentCommitError
-from cdc_platform.lake.s3 import S3_FILE_IO, S3Endpoint, warehouse_on_s3
+from cdc_platform.lake.s3 import S3_FILE_IO, warehouse_on_s3
 
 if TYPE_CHECKING:
     from pyiceberg.io import FileIO
@@ -132,15 +133,16 @@ def pyiceberg_properties(properties: dict[str, str]) -> dict[str, str] | None:
     return out
 
 
-def rest_catalog(warehouse_url: str, catalog: Any, s3: Any = None) -> LakeRestCatalog | None:
+def rest_catalog(warehouse_url: str, catalog: Any, s3: S3Settings | None = None
+                 ) -> LakeRestCatalog | None:
     """The REST catalog of ``catalog`` (``config.CatalogSettings``) as pyiceberg reaches it,
     or None: not a REST catalog, or one with settings this module does not translate.
     ``s3``: the config's ``s3`` section (endpoint, region, addressing), as the Spark
     session's."""
     if getattr(catalog, "type", "hadoop") != "rest":
         return None
-    endpoint = S3Endpoint.of(s3) if warehouse_on_s3(warehouse_url) else None
-    properties = pyiceberg_properties(catalog_properties(warehouse_url, catalog, endpoint))
+    properties = pyiceberg_properties(catalog_properties(
+        warehouse_url, catalog, s3 if warehouse_on_s3(warehouse_url) else None))
     if properties is None:
         return None
     name = getattr(catalog, "name", "lake")

@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -356,3 +357,29 @@ def test_local_and_s3_compare_and_swap_share_one_api(tmp_path: Path):
     local = LocalFileStore(tmp_path)
     local.write_atomically("f", data=b"abc")
     assert local.read_versioned("f") == (b"abc", '"900150983cd24fb0d6963f7d28e17f72"')
+
+
+def test_the_store_resolves_its_region_and_endpoint_as_every_s3_client_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One resolution (``S3Settings.resolved``): the config, then AWS_REGION /
+    AWS_DEFAULT_REGION, then boto3's profile, then us-east-1; the endpoint from the config or
+    AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL. (The store once skipped AWS_REGION, which the
+    lake's clients honoured: the two could sign for different regions.)"""
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
+                 "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    config = tmp_path / "aws-config"
+    config.write_text("[default]\nregion = ap-south-1\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+
+    def connection(**settings: Any) -> Any:
+        return S3FileStore("bucket", "", S3Settings(**settings))._connection
+
+    assert connection().region == "ap-south-1"  # (the profile's)
+    monkeypatch.setenv("AWS_REGION", "eu-north-1")
+    assert connection().region == "eu-north-1"
+    assert connection(region="us-west-2").region == "us-west-2"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://seaweed:8333/")
+    assert connection().resolved.endpoint_url == "http://seaweed:8333"
+    assert connection(endpoint_url="http://minio:9000").resolved.endpoint_url == \
+        "http://minio:9000"
