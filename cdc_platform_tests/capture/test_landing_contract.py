@@ -152,7 +152,7 @@ def test_capture_floors_import_only_downwards() -> None:
 # and so do watermark and native, which the lake's reconcile reads the source with too.
 SNAPSHOT = "cdc_platform.capture.snapshot"
 SNAPSHOT_READER_SIDE = f"{SNAPSHOT}.reading"
-SNAPSHOT_ENGINE_SIDE = {f"{SNAPSHOT}.sessions"}
+SNAPSHOT_ENGINE_SIDE = {f"{SNAPSHOT}.sessions", f"{SNAPSHOT}.chunk_decisions"}
 # The chunk words both sides share run no SQL: reading a chunk is the reader side's (keyset).
 SNAPSHOT_CHUNK_WORDS = f"{SNAPSHOT}.chunks"
 SERVER_READS = ("pymysql", "MySQLdb", f"{SNAPSHOT}.native", f"{SNAPSHOT}.watermark")

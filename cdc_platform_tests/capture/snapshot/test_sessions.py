@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from cdc_platform.capture.gtid import MariadbPosition, parse_gtid
 from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
-from cdc_platform.capture.snapshot import protocol, sessions
+from cdc_platform.capture.snapshot import chunk_decisions, protocol, sessions
 from cdc_platform.capture.snapshot.chunks import Chunk, ChunkedTable, ChunkKey, schema_fingerprint
 from cdc_platform.capture.snapshot.commit_rule import TouchedKeyLog
 from cdc_platform.capture.snapshot.protocol import (
@@ -171,14 +171,14 @@ def test_a_waiting_chunk_is_decided_from_its_manifest_and_its_rows_read_once(
     coordinator.on_tick(_pos(10))
     _publish(landing, 0, ((1, 10), (2, 20)), read_at=15, high=2)
     opened: list[int] = []
-    read_rows = sessions.read_chunk_rows
+    read_rows = chunk_decisions.read_chunk_rows
 
     def counting(landing: LandingZone, database: str, table: str, session_id: str,
                  seq: int) -> Any:
         opened.append(seq)
         return read_rows(landing, database, table, session_id, seq)
 
-    monkeypatch.setattr(sessions, "read_chunk_rows", counting)
+    monkeypatch.setattr(chunk_decisions, "read_chunk_rows", counting)
     for processed in range(10, 15):
         assert not coordinator.on_tick(_pos(processed))
     assert opened == [] and _session(coordinator)["committed"] == []
@@ -415,9 +415,9 @@ def test_touch_candidates_keep_every_row_whose_key_was_touched(data, width) -> N
         [pa.array([r[i] for r in rows], s.arrow_type()) for i, s in enumerate(specs)],
         schema=schema.arrow_schema(metadata_columns=False))
     touches = {tuple(k): ["t"] for k in touched} | {(): ["wide"]}
-    candidates = sessions._touch_candidates(table, schema.primary_key, touches)
+    candidates = chunk_decisions._touch_candidates(table, schema.primary_key, touches)
     chosen = set(range(len(rows))) if candidates is None else set(candidates.to_pylist())
-    python_keys = list(zip(*(sessions._key_values(table.column(n)) for n in schema.primary_key),
+    python_keys = list(zip(*(chunk_decisions._key_values(table.column(n)) for n in schema.primary_key),
                            strict=True)) if rows else []
     for index, row_key in enumerate(python_keys):
         if row_key in touches:
