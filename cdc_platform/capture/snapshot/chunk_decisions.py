@@ -98,7 +98,7 @@ def _touch_candidates(rows: pa.Table, key_names: tuple[str, ...],
 
 
 @dataclass(slots=True)
-class _Tracked:
+class TrackedSession:
     """What the engine holds in memory for a session it tracks (open or paused); it goes
     when the session ends, and is rebuilt empty at engine start."""
 
@@ -136,7 +136,7 @@ class ChunkDecisions:
     max_rejections_in_a_row: int
     _emitter: SnapshotEmitter
     _schemas: TableSchemas
-    _tracked: dict[str, _Tracked]
+    _tracked: dict[str, TrackedSession]
 
     def _end(self, table_id: str) -> None:
         raise NotImplementedError
@@ -197,7 +197,7 @@ class ChunkDecisions:
         return _Decisions(schema, key_specs, keys_only, schema_fingerprint(schema),
                           parse_position(self.flavour, session.opening))
 
-    def _decide_one(self, session: SnapshotSession, tracked: _Tracked, decisions: _Decisions,
+    def _decide_one(self, session: SnapshotSession, tracked: TrackedSession, decisions: _Decisions,
                     seq: int, processed: GtidSet) -> Reject | Commit | None:
         """Decide one pending chunk, and land it if it commits; None when it must wait.
 
@@ -255,13 +255,13 @@ class ChunkDecisions:
 
     @staticmethod
     def _decide(chunk: Chunk, processed: GtidSet, decisions: _Decisions,
-                tracked: _Tracked) -> Reject | Commit | None:
+                tracked: TrackedSession) -> Reject | Commit | None:
         decision = decide_chunk_commit(
             chunk, processed, decisions.opening, tracked.touched.horizon,
             tracked.touched.touches, decisions.fingerprint, tracked.ddl)
         return decision if isinstance(decision, Reject | Commit) else None
 
-    def _reject(self, session: SnapshotSession, tracked: _Tracked, seq: int,
+    def _reject(self, session: SnapshotSession, tracked: TrackedSession, seq: int,
                 reason: str) -> None:
         """Record a rejection (the reader reads the range again); stop the session when its
         chunks keep being rejected with no commit between (MAX_REJECTIONS_IN_A_ROW)."""

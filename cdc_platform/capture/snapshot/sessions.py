@@ -42,7 +42,7 @@ from cdc_platform.capture.gtid import Gtid, GtidSet, parse_position
 from cdc_platform.capture.keys import Key
 from cdc_platform.capture.landing.zone import EndedSessions, LandingZone, session_time
 from cdc_platform.capture.schema import TableSchema
-from cdc_platform.capture.snapshot.chunk_decisions import ChunkDecisions, _Tracked
+from cdc_platform.capture.snapshot.chunk_decisions import ChunkDecisions, TrackedSession
 from cdc_platform.capture.snapshot.commit_rule import (
     TouchedKeyLog,
 )
@@ -190,7 +190,7 @@ class SnapshotCoordinator(ChunkDecisions):
         # The sessions the checkpoint records: those tracked (open, paused: ``_tracked``) and
         # those that ended and have not left it yet (``_ended``).
         self.sessions: dict[str, SnapshotSession] = {}
-        self._tracked: dict[str, _Tracked] = {}
+        self._tracked: dict[str, TrackedSession] = {}
         self._ended: dict[str, _Ended] = {}
         # Sessions that left the checkpoint (``ended_sessions.json``), each table's newest: a
         # request that still names one of them is not opened again.
@@ -276,7 +276,7 @@ class SnapshotCoordinator(ChunkDecisions):
                       f"{' ...' if len(leaving) > 5 else ''}); {len(self.sessions)} remain")
 
     def _track(self, session: SnapshotSession) -> None:
-        self._tracked[session.table_id] = _Tracked(
+        self._tracked[session.table_id] = TrackedSession(
             TouchedKeyLog(parse_position(self.flavour, session.horizon), time.monotonic()),
             tuple(session.chunk_key))
         self._ended.pop(session.table_id, None)
