@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 import errno
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -23,6 +23,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 FRESHNESS_METRIC = "cdc_lake_freshness_seconds"
 FRESHNESS_HELP = ("The freshness promise, lake.freshness_seconds: every target reflects the "
                   "source up to at most this many seconds ago.")
+
+
+_F = TypeVar("_F", GaugeMetricFamily, CounterMetricFamily)
 
 
 class Role(enum.IntEnum):
@@ -90,16 +93,16 @@ def serve(registry: CollectorRegistry, host: str, port: int, what: str) -> Metri
 def gauge(name: str, documentation: str, labels: list[str],
           samples: list[tuple[list[str], float]]) -> GaugeMetricFamily:
     """A gauge family with its samples (``(label values, value)``), for collectors."""
-    family = GaugeMetricFamily(name, documentation, labels=labels)
-    for values, value in samples:
-        family.add_metric(values, value)
-    return family
+    return _family(GaugeMetricFamily(name, documentation, labels=labels), samples)
 
 
 def counter(name: str, documentation: str, labels: list[str],
             samples: list[tuple[list[str], float]]) -> CounterMetricFamily:
     """A counter family (``name`` without ``_total``: the exposition adds it)."""
-    family = CounterMetricFamily(name, documentation, labels=labels)
+    return _family(CounterMetricFamily(name, documentation, labels=labels), samples)
+
+
+def _family(family: _F, samples: list[tuple[list[str], float]]) -> _F:
     for values, value in samples:
         family.add_metric(values, value)
     return family
