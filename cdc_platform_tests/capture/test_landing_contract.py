@@ -120,11 +120,16 @@ CAPTURE_FLOORS = (
 
 
 def _capture_floor(module: str) -> int | None:
-    """The floor of a capture module (its sub-package, or the module itself at the top)."""
+    """The floor of a capture module: that of the longest entry naming it or a package above
+    it (``landing.records`` before ``landing``; most entries are a sub-package, or a module at
+    the top)."""
     parts = module.split(".")
     if parts[:2] != ["cdc_platform", "capture"] or len(parts) < 3:
         return None
-    return next((i for i, floor in enumerate(CAPTURE_FLOORS) if parts[2] in floor), None)
+    relative = ".".join(parts[2:])
+    placed = [(len(entry), i) for i, floor in enumerate(CAPTURE_FLOORS) for entry in floor
+              if relative == entry or relative.startswith(entry + ".")]
+    return max(placed)[1] if placed else None
 
 
 def test_capture_floors_import_only_downwards() -> None:
