@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from cdc_platform.capture.charsets import landing_charset
-from cdc_platform.capture.landing_contract import CHANGELOG_META_FIELDS
+from cdc_platform.capture.landing.records import CHANGELOG_META_FIELDS
 from cdc_platform.capture.names import split_table_id, table_id
 
 # The kinds a source column is reduced to. One landing type per kind.

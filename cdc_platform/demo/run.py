@@ -36,8 +36,8 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from cdc_platform.capture.landing.records import TS_MS
 from cdc_platform.capture.landing.zone import LandingReader, changelog_parts
-from cdc_platform.capture.landing_contract import TS_MS
 from cdc_platform.config import CONFIG_ENV, METRICS_PORTS_PER_SOURCE, Settings
 from cdc_platform.devservices.demo_sources import DEMO_SOURCES
 from cdc_platform.devservices.kafka import TansuBroker

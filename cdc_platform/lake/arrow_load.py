@@ -46,12 +46,12 @@ from pyiceberg.io import pyarrow as _pyiceberg_writer  # noqa: F401
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table, Transaction
 
-from cdc_platform.capture.landing.zone import Checkpoint
-from cdc_platform.capture.landing_contract import (
+from cdc_platform.capture.landing.records import (
     CREATE,
     SNAPSHOT_ROW,
     UPDATE,
 )
+from cdc_platform.capture.landing.zone import Checkpoint
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.config import S3Settings
 from cdc_platform.lake.changelog import BatchPlan, TableChangelog

@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 from pyiceberg.exceptions import NoSuchTableError, RESTError
 from pyiceberg.table import Table
 
-from cdc_platform.capture.landing_contract import (
+from cdc_platform.capture.landing.records import (
     DELETE,
     INSTRUCTION_OPS,
     OP,

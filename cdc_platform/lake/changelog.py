@@ -25,20 +25,20 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from cdc_platform.capture.ddl.column_renames import ColumnRenames, column_mapping, renamed_schema
-from cdc_platform.capture.landing.zone import (
-    Checkpoint,
-    LandingReader,
-    Survey,
-    changelog_parts,
-    column_renames_parts,
-)
-from cdc_platform.capture.landing_contract import (
+from cdc_platform.capture.landing.records import (
     CHANGELOG_META_FIELDS,
     HI_PREFIX,
     POS,
     RESERVED_PREFIX,
     THRESHOLD,
     snapshot_arrow_fields,
+)
+from cdc_platform.capture.landing.zone import (
+    Checkpoint,
+    LandingReader,
+    Survey,
+    changelog_parts,
+    column_renames_parts,
 )
 from cdc_platform.capture.names import table_id
 from cdc_platform.capture.schema import TableSchema

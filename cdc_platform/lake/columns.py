@@ -27,7 +27,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from cdc_platform.capture.landing_contract import (
+from cdc_platform.capture.landing.records import (
     CHANGELOG_META_FIELDS,
     OP,
     POS,

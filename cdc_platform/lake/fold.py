@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from cdc_platform.capture.landing_contract import (
+from cdc_platform.capture.landing.records import (
     CREATE,
     DELETE,
     INSTRUCTION_OPS,

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from cdc_platform.capture.landing.records import TS_MS
 from cdc_platform.capture.landing.zone import LandingReader, changelog_parts
-from cdc_platform.capture.landing_contract import TS_MS
 
 
 @dataclass(frozen=True)

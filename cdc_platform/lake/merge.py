@@ -34,7 +34,7 @@ from pyspark import StorageLevel
 from pyspark.sql import SparkSession
 
 from cdc_platform.capture.ddl.column_renames import ColumnRenames
-from cdc_platform.capture.landing_contract import (
+from cdc_platform.capture.landing.records import (
     DELETE,
     INSTRUCTION_OPS,
     OP,

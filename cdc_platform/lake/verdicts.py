@@ -33,7 +33,7 @@ from pyspark.sql.types import (
 )
 
 from cdc_platform.capture.keys import Key, key_order, range_ordered
-from cdc_platform.capture.landing_contract import (
+from cdc_platform.capture.landing.records import (
     DELETE,
     HI_OPEN,
     INSTRUCTION_OPS,

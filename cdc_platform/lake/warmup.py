@@ -25,8 +25,8 @@ from pathlib import Path
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
+from cdc_platform.capture.landing.records import CREATE, DELETE, GTID, OP, POS, TS_MS, UPDATE
 from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
-from cdc_platform.capture.landing_contract import CREATE, DELETE, GTID, OP, POS, TS_MS, UPDATE
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.config import CatalogSettings
 from cdc_platform.lake.merge import materialise

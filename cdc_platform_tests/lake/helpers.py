@@ -17,12 +17,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cdc_platform.capture.ddl.column_renames import ColumnRenames
+from cdc_platform.capture.landing.records import snapshot_arrow_fields
 from cdc_platform.capture.landing.zone import (
     changelog_parts,
     column_renames_name,
     column_renames_parts,
 )
-from cdc_platform.capture.landing_contract import snapshot_arrow_fields
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.lake.iceberg.lake import Lake
 from cdc_platform.lake.iceberg.table import LakeTable

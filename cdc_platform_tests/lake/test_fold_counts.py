@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from cdc_platform.capture.landing_contract import INSTRUCTION_OPS, OP, POS, TS_MS
+from cdc_platform.capture.landing.records import INSTRUCTION_OPS, OP, POS, TS_MS
 from cdc_platform.lake.columns import col
 from cdc_platform.lake.fold import INSTRUCTION, arrow_stats, spark_stats
 

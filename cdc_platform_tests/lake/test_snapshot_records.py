@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 
 from cdc_platform.capture.gtid import MariadbGtid, MariadbPosition
-from cdc_platform.capture.landing_contract import HI_OPEN, LO_OPEN, THRESHOLD, hi_column
+from cdc_platform.capture.landing.records import HI_OPEN, LO_OPEN, THRESHOLD, hi_column
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.snapshot.chunks import Chunk, ChunkedTable, ChunkKey
 from cdc_platform.capture.snapshot.commit_rule import Commit, Touch, decide_chunk_commit

@@ -19,7 +19,7 @@ from pyiceberg.table import StaticTable
 from pyspark.sql import SparkSession
 from pyspark.sql.types import TimestampType
 
-from cdc_platform.capture.landing_contract import POS
+from cdc_platform.capture.landing.records import POS
 from cdc_platform.lake.iceberg.table import LakeTable
 
 

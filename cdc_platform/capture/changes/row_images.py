@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 
 from cdc_platform.capture.changes.spill import records_schema
 from cdc_platform.capture.events import EngineError, Rows
-from cdc_platform.capture.landing_contract import CREATE, DELETE, UPDATE
+from cdc_platform.capture.landing.records import CREATE, DELETE, UPDATE
 from cdc_platform.capture.schema import ColumnValueError, TableSchema
 from cdc_platform.capture.values import Converter, converter_for
 

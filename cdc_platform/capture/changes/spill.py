@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 
 from cdc_platform.capture.events import EngineError
-from cdc_platform.capture.landing_contract import OP
+from cdc_platform.capture.landing.records import OP
 from cdc_platform.capture.schema import ColumnValueError, TableSchema, landing_arrays
 
 # The op column of spilled records is the changelog's (records land as they are spilled).

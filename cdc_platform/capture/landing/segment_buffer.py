@@ -24,8 +24,8 @@ import pyarrow as pa
 from cdc_platform.capture.changes.row_images import Record
 from cdc_platform.capture.changes.spill import HeldRecords, SpilledRecords
 from cdc_platform.capture.events import EngineError
+from cdc_platform.capture.landing.records import OP, snapshot_field
 from cdc_platform.capture.landing.zone import LandingZone
-from cdc_platform.capture.landing_contract import OP, snapshot_field
 from cdc_platform.capture.schema import (
     ColumnSpec,
     ColumnValueError,

@@ -3,7 +3,7 @@ reads it: file and directory names, the ``Checkpoint`` (its one parser) with the
 snapshot session records, the reader's ``SnapshotRequest`` (``request.json``), the table catalog,
 ``LandingReader`` (one server's folder, read from any store of ``capture.store.storage``) and
 ``LandingZone`` (the engine's writable folder, local or on S3, through the same store). The
-records' columns are ``capture.landing_contract``'s.
+records' columns are ``capture.landing.records``'s.
 
 Layout and contracts: docs/landing-zone.md. Every file appears atomically (temporary name,
 fsync, rename; one PUT on object storage), and the checkpoint is replaced only after every segment it covers is durable,
@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cdc_platform.capture.events import EngineError
-from cdc_platform.capture.landing_contract import DICTIONARY_COLUMNS
+from cdc_platform.capture.landing.records import DICTIONARY_COLUMNS
 from cdc_platform.capture.names import name_of_path_component, path_component
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.store import open_store

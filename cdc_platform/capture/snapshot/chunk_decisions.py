@@ -16,8 +16,7 @@ import pyarrow.compute as pc
 
 from cdc_platform.capture import names
 from cdc_platform.capture.gtid import Gtid, GtidSet, parse_position
-from cdc_platform.capture.landing.zone import LandingZone, session_time
-from cdc_platform.capture.landing_contract import (
+from cdc_platform.capture.landing.records import (
     HI_OPEN,
     LO_OPEN,
     RANGE_ASSERTION,
@@ -26,6 +25,7 @@ from cdc_platform.capture.landing_contract import (
     THRESHOLD,
     hi_column,
 )
+from cdc_platform.capture.landing.zone import LandingZone, session_time
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.snapshot.chunks import (
     Chunk,

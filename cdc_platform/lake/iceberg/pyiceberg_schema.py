@@ -30,7 +30,7 @@ from pyiceberg.types import (
 )
 from pyspark.sql import types as spark_types
 
-from cdc_platform.capture.landing_contract import POS
+from cdc_platform.capture.landing.records import POS
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.lake.columns import spark_type
 from cdc_platform.lake.iceberg.properties import target_comment, target_properties

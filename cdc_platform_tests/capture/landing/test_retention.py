@@ -30,6 +30,14 @@ from hypothesis import strategies as st
 from cdc_platform.capture import names
 from cdc_platform.capture.gtid import parse_position
 from cdc_platform.capture.landing import retention
+from cdc_platform.capture.landing.records import (
+    GTID,
+    OP,
+    POS,
+    THRESHOLD,
+    TS_MS,
+    snapshot_arrow_fields,
+)
 from cdc_platform.capture.landing.retention import (
     COMPACTION_WINDOW_SECONDS,
     EngineSession,
@@ -52,14 +60,6 @@ from cdc_platform.capture.landing.zone import (
     column_renames_parts,
     segment_name,
     snapshot_parts,
-)
-from cdc_platform.capture.landing_contract import (
-    GTID,
-    OP,
-    POS,
-    THRESHOLD,
-    TS_MS,
-    snapshot_arrow_fields,
 )
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.snapshot import protocol
