@@ -93,6 +93,7 @@ from bench._engine import engine_peak_rss, run_engine
 from bench._s3 import BenchS3
 from bench._tables import SNAPSHOT_COLUMNS, SNAPSHOT_DB, SNAPSHOT_TABLE, fill_snapshot_table
 from cdc_platform.capture.engine import EngineOptions
+from cdc_platform.capture.landing.records import segment_schema
 from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.source import TableSelector
@@ -248,7 +249,7 @@ def _segment(schema: TableSchema, ids: list[int], ops: list[str], first_pos: int
         "customer": [rng.randint(1, 5000) for _ in range(n)],
         "status": ["paid" if op == "u" else "new" for op in ops],
     }
-    return pa.Table.from_pydict(columns, schema=schema.arrow_schema())
+    return pa.Table.from_pydict(columns, schema=segment_schema(schema))
 
 
 def _change_batch(rng: random.Random, size: int, batch: int, next_id: int

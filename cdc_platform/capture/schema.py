@@ -9,7 +9,6 @@ canonical value (see ``capture.values``).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -17,8 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from cdc_platform.capture.charsets import landing_charset
-from cdc_platform.capture.landing.records import CHANGELOG_META_FIELDS
-from cdc_platform.capture.names import split_table_id, table_id
+from cdc_platform.capture.names import table_id
 
 # The kinds a source column is reduced to. One landing type per kind.
 KINDS = (
@@ -156,33 +154,15 @@ class TableSchema:
         kept = tuple(c for c in self.columns if c.name not in excluded)
         return TableSchema(self.database, self.table, kept, self.primary_key)
 
-    def arrow_schema(self, metadata_columns: bool = True) -> pa.Schema:
-        """The changelog schema: metadata columns first, then the user columns. Built once
-        per schema (the stream asks for it per block of rows; the metadata is JSON)."""
-        cache = self.__dict__.get("_arrow_schemas")
-        if cache is None:
-            cache = {}
-            object.__setattr__(self, "_arrow_schemas", cache)  # (frozen: not a field)
-        schema = cache.get(metadata_columns)
+    def arrow_schema(self) -> pa.Schema:
+        """The user columns' Arrow schema, in source order (a segment's, with the change
+        metadata before them, is ``landing.records.segment_schema``). Built once per schema
+        (the stream asks for it per block of rows)."""
+        schema = self.__dict__.get("_arrow_schema")
         if schema is None:
-            schema = cache[metadata_columns] = self._build_arrow_schema(metadata_columns)
+            schema = pa.schema([pa.field(c.name, c.arrow_type()) for c in self.columns])
+            object.__setattr__(self, "_arrow_schema", schema)  # (frozen: not a field)
         return schema
-
-    def _build_arrow_schema(self, metadata_columns: bool) -> pa.Schema:
-        fields: list[pa.Field] = []
-        if metadata_columns:
-            fields += CHANGELOG_META_FIELDS
-        fields += [pa.field(c.name, c.arrow_type()) for c in self.columns]
-        return pa.schema(fields, metadata=self.parquet_metadata())
-
-    def parquet_metadata(self) -> dict[bytes, bytes]:
-        return {
-            b"cdc.table": self.table_id.encode(),
-            b"cdc.database": self.database.encode(),
-            b"cdc.table_name": self.table.encode(),
-            b"cdc.primary_key": json.dumps(list(self.primary_key)).encode(),
-            b"cdc.columns": json.dumps([c.to_dict() for c in self.columns]).encode(),
-        }
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -199,22 +179,6 @@ class TableSchema:
             table=data["table"],
             columns=tuple(ColumnSpec.from_dict(c) for c in data["columns"]),
             primary_key=tuple(data.get("primary_key") or ()),
-        )
-
-    @staticmethod
-    def from_parquet_metadata(metadata: dict[bytes, bytes]) -> TableSchema:
-        if b"cdc.database" in metadata and b"cdc.table_name" in metadata:
-            database = metadata[b"cdc.database"].decode()
-            table = metadata[b"cdc.table_name"].decode()
-        else:  # segments written before the names were stored apart
-            database, table = split_table_id(metadata[b"cdc.table"].decode())
-        return TableSchema(
-            database=database,
-            table=table,
-            columns=tuple(
-                ColumnSpec.from_dict(c) for c in json.loads(metadata[b"cdc.columns"])
-            ),
-            primary_key=tuple(json.loads(metadata[b"cdc.primary_key"])),
         )
 
 

@@ -32,6 +32,7 @@ from cdc_platform.capture.landing.records import (
     RESERVED_PREFIX,
     THRESHOLD,
     snapshot_arrow_fields,
+    table_schema_of_segment,
 )
 from cdc_platform.capture.landing.zone import (
     Checkpoint,
@@ -344,7 +345,7 @@ def _conform_arrow(data: pa.Table, target: pa.Schema) -> pa.Table:
 
 def _schema_from_metadata(metadata: dict[bytes, bytes] | None, segment: Segment) -> TableSchema:
     try:
-        return TableSchema.from_parquet_metadata(metadata or {})
+        return table_schema_of_segment(metadata or {})
     except (KeyError, ValueError) as exc:
         raise ValueError(
             f"segment {segment.uri} lacks valid cdc.table / cdc.primary_key / "

@@ -25,7 +25,16 @@ from pathlib import Path
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from cdc_platform.capture.landing.records import CREATE, DELETE, GTID, OP, POS, TS_MS, UPDATE
+from cdc_platform.capture.landing.records import (
+    CREATE,
+    DELETE,
+    GTID,
+    OP,
+    POS,
+    TS_MS,
+    UPDATE,
+    segment_schema,
+)
 from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.config import CatalogSettings
@@ -53,7 +62,7 @@ _SCHEMA = TableSchema(
 def _segment(landing: LandingZone, first_pos: int, ops: list[tuple[str, int]]) -> int:
     """One segment of ``ops`` (op, key), one transaction each; the next free position."""
     positions = list(range(first_pos, first_pos + len(ops)))
-    schema = _SCHEMA.arrow_schema()
+    schema = segment_schema(_SCHEMA)
     columns = {
         POS: positions,
         GTID: [f"0-1-{p}" for p in positions],

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cdc_platform.capture.landing.records import segment_metadata, table_schema_of_segment
 from cdc_platform.capture.landing.zone import changelog_parts, tables_from_json, tables_to_json
 from cdc_platform.capture.names import (
     AmbiguousTableError,
@@ -149,13 +150,13 @@ def test_tables_json_is_keyed_by_the_schemas_own_ids():
     assert tables_from_json(tables_to_json({"x": schema})) == {"`my.db`.t": schema}
 
 
-def test_parquet_metadata_keeps_database_and_table_apart():
+def test_segment_metadata_keeps_database_and_table_apart():
     schema = TableSchema("my.db", "a.b", (ColumnSpec("id", "int"),), ("id",))
-    metadata = schema.parquet_metadata()
-    assert TableSchema.from_parquet_metadata(metadata) == schema
+    metadata = segment_metadata(schema)
+    assert table_schema_of_segment(metadata) == schema
     legacy = {k: v for k, v in metadata.items() if k not in (b"cdc.database", b"cdc.table_name")}
     legacy[b"cdc.table"] = b"shop.a.b"  # written before: database without a dot
-    assert TableSchema.from_parquet_metadata(legacy).table == "a.b"
+    assert table_schema_of_segment(legacy).table == "a.b"
 
 
 def test_the_engine_moves_directories_written_before_names_were_escaped(tmp_path):

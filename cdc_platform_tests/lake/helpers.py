@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cdc_platform.capture.ddl.column_renames import ColumnRenames
-from cdc_platform.capture.landing.records import snapshot_arrow_fields
+from cdc_platform.capture.landing.records import segment_schema, snapshot_arrow_fields
 from cdc_platform.capture.landing.zone import (
     changelog_parts,
     column_renames_name,
@@ -74,7 +74,7 @@ class Landing:
             ops.append(op)
             gtids.append(f"0-1-{self.txn}")
             rows.append(row)
-        arrow_schema = table_schema.arrow_schema()
+        arrow_schema = segment_schema(table_schema)
         if snapshot:
             for field in snapshot_arrow_fields(table_schema):
                 arrow_schema = arrow_schema.append(field)

@@ -8,8 +8,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from cdc_platform.capture.landing.records import table_schema_of_segment
 from cdc_platform.capture.landing.zone import LandingReader
-from cdc_platform.capture.schema import ColumnSpec, TableSchema
+from cdc_platform.capture.schema import ColumnSpec
 from cdc_platform.lake.changelog import TableChangelog, read_checkpoint
 from cdc_platform_tests.lake.helpers import SERVER, Landing, schema
 
@@ -49,7 +50,7 @@ def test_segments_are_selected_by_their_position_range(tmp_path: Path):
     assert TableChangelog.open(landing.url, SERVER, "shop", "nothing").segments(None, None) == []
     segment = TableChangelog.open(landing.url, SERVER, "shop", "items").segments(None, None)[0]
     metadata = pq.read_schema(segment.path, filesystem=segment.filesystem).metadata
-    assert TableSchema.from_parquet_metadata(metadata) == S
+    assert table_schema_of_segment(metadata) == S
 
 
 def test_batch_filters_positions_and_conforms_older_segments_by_name(spark, tmp_path: Path):

@@ -117,7 +117,7 @@ def target_df(
     spark: SparkSession, tmp_path: Path, schema: TableSchema, rows: list[dict[str, Any]]
 ) -> DataFrame:
     """A Spark DataFrame of ``rows`` with the landing types, read back from Parquet."""
-    table = pa.Table.from_pylist(rows, schema=schema.arrow_schema(metadata_columns=False))
+    table = pa.Table.from_pylist(rows, schema=schema.arrow_schema())
     path = tmp_path / f"target-{uuid.uuid4().hex}.parquet"
     pq.write_table(table, path)
     return spark.read.parquet(str(path))

@@ -27,6 +27,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from cdc_platform.capture.landing.records import segment_schema
 from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.config import S3Settings
@@ -191,7 +192,7 @@ class _Changelog:
                                 ("customer", customer), ("status", status)):
                 columns[name].append(value)
             self.next_pos += 1
-        table = pa.Table.from_pydict(columns, schema=SCHEMA.arrow_schema())
+        table = pa.Table.from_pydict(columns, schema=segment_schema(SCHEMA))
         self.zone.write_segment(SCHEMA, table, first, self.next_pos - 1)
         self.zone.write_tables({SCHEMA.table_id: SCHEMA})
         self.zone.write_checkpoint(Checkpoint(SERVER_NAME, "mariadb",

@@ -185,7 +185,7 @@ class HeldRecords:
 def records_schema(schema: TableSchema) -> pa.Schema:
     """The Arrow schema of records of ``schema`` out of the changelog: the op, then the landing
     columns, with the table schema in the metadata (spilled files are read back by it)."""
-    fields = [pa.field(OP_COLUMN, pa.string()), *schema.arrow_schema(metadata_columns=False)]
+    fields = [pa.field(OP_COLUMN, pa.string()), *schema.arrow_schema()]
     return pa.schema(fields, metadata={_SCHEMA_KEY: json.dumps(schema.to_dict()).encode()})
 
 

@@ -1,21 +1,22 @@
-"""The changelog's records as the landing zone holds them: column names, ops and Arrow types.
+"""The landing zone's records, as the engine writes them and the lake reads them: the changelog's
+column names, ops and Arrow types, a segment's schema and its ``cdc.*`` Parquet metadata.
 
-One definition for the engine that writes segments and the lake that reads them
-(docs/landing-zone.md, "Segments" and "Snapshot records"). It sits in ``capture`` because the
-lake imports capture and never the reverse, and apart from ``capture.landing.zone`` (the layout,
-the checkpoint and the files) because ``capture.schema`` builds each table's changelog schema
-from these columns while ``capture.landing.zone`` needs ``capture.schema``: one module for both would
-be an import cycle. It imports nothing of the project, so any module may import it.
+The contract between the capture engine and the lake in one module (docs/landing-zone.md,
+"Segments" and "Snapshot records"). It sits in ``capture`` because the lake imports capture and
+never the reverse, and apart from ``capture.landing.zone`` (the layout, the checkpoint and the
+files) because every floor of capture speaks it (``changes`` spells the ops) while the zone
+sits above them: it imports nothing of the project but ``capture.schema`` and
+``capture.names``, so any module may import it (``capture.landing`` imports nothing itself).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
 
 import pyarrow as pa
 
-if TYPE_CHECKING:
-    from cdc_platform.capture.schema import TableSchema
+from cdc_platform.capture.names import split_table_id
+from cdc_platform.capture.schema import ColumnSpec, TableSchema
 
 # Every column the changelog and the lake add starts with this; a source column may not (the
 # lake refuses such tables: Spark matches column names ignoring case).
@@ -39,6 +40,47 @@ CHANGELOG_META_FIELDS: tuple[pa.Field, ...] = (
 # dictionaries on every column took 0.34 s to write 14.9 MB, on these alone 0.21 s for 7.7 MB
 # (zstd finds the repeats of low-cardinality user columns).
 DICTIONARY_COLUMNS = (GTID, OP, TS_MS)
+
+
+
+def segment_schema(schema: TableSchema) -> pa.Schema:
+    """A segment's Arrow schema: the change metadata columns first, then the table's user
+    columns (``TableSchema.arrow_schema``), with ``segment_metadata`` attached. Built once per
+    schema (the stream asks for it per block of rows; the metadata is JSON)."""
+    cached = schema.__dict__.get("_segment_schema")
+    if cached is None:
+        cached = pa.schema([*CHANGELOG_META_FIELDS, *schema.arrow_schema()],
+                           metadata=segment_metadata(schema))
+        object.__setattr__(schema, "_segment_schema", cached)  # (frozen: not a field)
+    return cached
+
+
+def segment_metadata(schema: TableSchema) -> dict[bytes, bytes]:
+    """The ``cdc.*`` key-value metadata of a segment's Parquet footer: the table's names, key
+    and columns, from which the lake reads the schema the segment was written with."""
+    return {
+        b"cdc.table": schema.table_id.encode(),
+        b"cdc.database": schema.database.encode(),
+        b"cdc.table_name": schema.table.encode(),
+        b"cdc.primary_key": json.dumps(list(schema.primary_key)).encode(),
+        b"cdc.columns": json.dumps([c.to_dict() for c in schema.columns]).encode(),
+    }
+
+
+def table_schema_of_segment(metadata: dict[bytes, bytes]) -> TableSchema:
+    """The table schema a segment was written with, from its ``segment_metadata``."""
+    if b"cdc.database" in metadata and b"cdc.table_name" in metadata:
+        database = metadata[b"cdc.database"].decode()
+        table = metadata[b"cdc.table_name"].decode()
+    else:  # segments written before the names were stored apart
+        database, table = split_table_id(metadata[b"cdc.table"].decode())
+    return TableSchema(
+        database=database,
+        table=table,
+        columns=tuple(ColumnSpec.from_dict(c) for c in json.loads(metadata[b"cdc.columns"])),
+        primary_key=tuple(json.loads(metadata[b"cdc.primary_key"])),
+    )
+
 
 # ---- ops ---------------------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ import pyarrow as pa
 from cdc_platform.capture.changes.row_images import Record
 from cdc_platform.capture.changes.spill import HeldRecords, SpilledRecords
 from cdc_platform.capture.events import EngineError
-from cdc_platform.capture.landing.records import OP, snapshot_field
+from cdc_platform.capture.landing.records import OP, segment_schema, snapshot_field
 from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.schema import (
     ColumnSpec,
@@ -280,7 +280,7 @@ def _blocks_table(blocks: list[_BlockChunk]) -> pa.Table:
             pa.array(stamps[owner]),
         ]
         arrays += [records.column(column.name) for column in schema.columns]
-        return pa.Table.from_arrays(arrays, schema=schema.arrow_schema())
+        return pa.Table.from_arrays(arrays, schema=segment_schema(schema))
     except (pa.ArrowException, KeyError, OSError) as error:
         block = blocks[0]
         where = getattr(block.part, "path", None)
@@ -300,7 +300,7 @@ def _arrow_table(chunk: _Chunk, rows: list[tuple[Any, ...]] | pa.Table | None = 
     schema = chunk.schema
     if rows is None:
         rows = chunk.rows
-    arrow_schema = schema.arrow_schema()
+    arrow_schema = segment_schema(schema)
     if chunk.extra:
         for name in chunk.extra:
             arrow_schema = arrow_schema.append(snapshot_field(schema, name))

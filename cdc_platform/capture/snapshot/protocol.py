@@ -372,7 +372,7 @@ def chunk_arrow_table(schema: TableSchema, rows: Sequence[Sequence[Any]],
         arrays = landing_arrays(schema, list(rows), columns)
     except ColumnValueError as error:
         raise SnapshotError(f"snapshot of {schema.table_id}: {error}") from error
-    return pa.Table.from_arrays(arrays, schema=schema.arrow_schema(metadata_columns=False))
+    return pa.Table.from_arrays(arrays, schema=schema.arrow_schema())
 
 
 def write_chunk(landing: LandingZone, chunk: Chunk, session_id: str, seq: int,

@@ -36,6 +36,7 @@ from cdc_platform.capture.landing.records import (
     POS,
     THRESHOLD,
     TS_MS,
+    segment_schema,
     snapshot_arrow_fields,
 )
 from cdc_platform.capture.landing.retention import (
@@ -384,7 +385,7 @@ def _segment(landing: LandingZone, schema: TableSchema, positions: list[int], mt
              op: str = "c", snapshot: bool = False) -> SegmentFile:
     """One segment as the engine writes it (``LandingZone.write_segment``), landed at
     ``mtime``; the first user column holds the position (a number, or ``line <pos>``)."""
-    arrow_schema = schema.arrow_schema()
+    arrow_schema = segment_schema(schema)
     if snapshot:
         for field in snapshot_arrow_fields(schema):
             arrow_schema = arrow_schema.append(field)

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from cdc_platform.capture.events import EngineError
+from cdc_platform.capture.landing.records import segment_schema
 from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
 
 
@@ -45,7 +46,7 @@ def test_a_flushs_segments_are_made_durable_together(tmp_path: Path,
         schema = TableSchema("db", name, (ColumnSpec("id", "int"),), ("id",))
         table = pa.Table.from_pydict({"__cdc_pos": [1], "__cdc_gtid": ["0-1-1"],
                                       "__cdc_op": ["c"], "__cdc_ts_ms": [1], "id": [1]},
-                                     schema=schema.arrow_schema())
+                                     schema=segment_schema(schema))
         written.append(landing.write_segment(schema, table, 1, 1))
     assert synced == []  # (nothing synced file by file while writing)
     landing.sync_dirs(written)

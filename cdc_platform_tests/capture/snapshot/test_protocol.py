@@ -168,7 +168,7 @@ def test_chunk_files_rows_first_then_manifest(tmp_path: Path,
         "after": "0-1-12", "fingerprint": schema_fingerprint(SCHEMA), "read_at": None}
     assert ChunkManifest.from_json((directory / "00000007.json").read_bytes()) == manifest
     table = read_chunk_rows(landing, "shop", "orders", "run-1", 7)
-    assert table.schema.equals(SCHEMA.arrow_schema(metadata_columns=False),
+    assert table.schema.equals(SCHEMA.arrow_schema(),
                                check_metadata=True)
     assert [tuple(r.values()) for r in table.to_pylist()] == [
         (3, Decimal("1.50"), at.replace(tzinfo=UTC), "x"), (9, None, None, None)]

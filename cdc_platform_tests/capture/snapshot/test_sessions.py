@@ -413,7 +413,7 @@ def test_touch_candidates_keep_every_row_whose_key_was_touched(data, width) -> N
     schema = TableSchema("db", "t", specs, tuple(s.name for s in specs))
     table = pa.Table.from_arrays(
         [pa.array([r[i] for r in rows], s.arrow_type()) for i, s in enumerate(specs)],
-        schema=schema.arrow_schema(metadata_columns=False))
+        schema=schema.arrow_schema())
     touches = {tuple(k): ["t"] for k in touched} | {(): ["wide"]}
     candidates = chunk_decisions._touch_candidates(table, schema.primary_key, touches)
     chosen = set(range(len(rows))) if candidates is None else set(candidates.to_pylist())

@@ -206,7 +206,7 @@ def _landing_table(table: ChunkedTable, raw_columns: Sequence[Sequence[Any] | pa
     whose value has no exact landing form."""
     arrays = native.landing_columns(table.schema, raw_columns, source.field_types(),
                                     source.encoding)
-    return pa.Table.from_arrays(arrays, schema=table.schema.arrow_schema(metadata_columns=False))
+    return pa.Table.from_arrays(arrays, schema=table.schema.arrow_schema())
 
 
 def _landed_columns(table: ChunkedTable, raw_rows: native.RawRows, source: _NativeRows
