@@ -24,13 +24,15 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from cdc_platform.capture.ddl.column_renames import ColumnRenames, column_mapping, renamed_schema
 from cdc_platform.capture.landing.records import (
     CHANGELOG_META_FIELDS,
     HI_PREFIX,
     POS,
     RESERVED_PREFIX,
     THRESHOLD,
+    ColumnRenames,
+    column_mapping,
+    renamed_schema,
     snapshot_arrow_fields,
     table_schema_of_segment,
 )

@@ -33,7 +33,6 @@ from typing import Any
 from pyspark import StorageLevel
 from pyspark.sql import SparkSession
 
-from cdc_platform.capture.ddl.column_renames import ColumnRenames
 from cdc_platform.capture.landing.records import (
     DELETE,
     INSTRUCTION_OPS,
@@ -42,6 +41,7 @@ from cdc_platform.capture.landing.records import (
     ROW_OPS,
     SNAPSHOT_ROW,
     THRESHOLD,
+    ColumnRenames,
 )
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.config import S3Settings

@@ -18,13 +18,13 @@ import pytest
 from cdc_platform.capture.ddl import stale_markers
 from cdc_platform.capture.ddl.stale import arrived_tables
 from cdc_platform.capture.ddl.stale_markers import (
-    StaleMarker,
     launched_by_platform,
     read_markers,
     resolve_markers,
     target_staleness,
 )
 from cdc_platform.capture.events import EngineError
+from cdc_platform.capture.landing.records import StaleMarker
 from cdc_platform.devservices.mariadb import MariaDBServer
 from cdc_platform_tests.capture.snapshot.reading.live_engine import invisible, streaming
 from cdc_platform_tests.conftest import CdcEnv

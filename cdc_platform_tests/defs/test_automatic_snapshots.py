@@ -9,12 +9,8 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from cdc_platform.capture.ddl.stale_markers import (
-    StaleMarker,
-    armed,
-    read_markers,
-    target_staleness,
-)
+from cdc_platform.capture.ddl.stale_markers import armed, read_markers, target_staleness
+from cdc_platform.capture.landing.records import StaleMarker
 from cdc_platform.capture.landing.zone import Checkpoint
 from cdc_platform.capture.snapshot.protocol import SignalRef
 from cdc_platform.capture.snapshot.reading import relaunch

@@ -16,8 +16,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from cdc_platform.capture.ddl.column_renames import ColumnRenames
-from cdc_platform.capture.landing.records import segment_schema, snapshot_arrow_fields
+from cdc_platform.capture.landing.records import (
+    ColumnRenames,
+    segment_schema,
+    snapshot_arrow_fields,
+)
 from cdc_platform.capture.landing.zone import (
     changelog_parts,
     column_renames_name,

@@ -1,5 +1,7 @@
 """Column renames (and drops) of captured tables: read from ALTER TABLE, recorded in the
-landing zone.
+landing zone. The record (``ColumnRenames``) and how it renames older columns
+(``column_mapping``, ``renamed_schema``) are the landing contract's, ``capture.landing.records``,
+read by the lake; this module decides what an ALTER renames or drops and writes the record.
 
 A rename changes no value, but the binlog carries it only as statement text: the segments
 before it hold the column under its old name, the ones after under the new name. Read by name,
@@ -26,13 +28,9 @@ Format: docs/landing-zone.md, "Column renames".
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
-import json
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 
-from cdc_platform.capture import names
 from cdc_platform.capture.ddl.parse import (
     TableDdl,
     alter_clauses,
@@ -42,57 +40,12 @@ from cdc_platform.capture.ddl.parse import (
     token_at,
     word_of,
 )
+from cdc_platform.capture.landing.records import ColumnRenames, Rename
 from cdc_platform.capture.landing.zone import (
     LandingZone,
     column_renames_name,
     column_renames_parts,
 )
-from cdc_platform.capture.schema import TableSchema
-
-Rename = tuple[str, str]  # (old column name, new column name) as the statement writes them
-
-
-@dataclass(frozen=True)
-class ColumnRenames:
-    """The column renames one ALTER TABLE made to one captured table, in statement order."""
-
-    database: str
-    table: str
-    gtid: str  # the DDL's GTID
-    position: int  # the record's own changelog position (see the module docstring)
-    renames: tuple[Rename, ...]
-    recorded_at: str = ""
-    # Columns the ALTER drops (as written): the lake drops them from the target once it has
-    # consumed the changelog past the record, whether or not a row change followed.
-    dropped: tuple[str, ...] = ()
-
-    @property
-    def table_id(self) -> str:
-        return names.table_id(self.database, self.table)
-
-    def describe(self) -> str:
-        changes = [f"{old} -> {new}" for old, new in self.renames]
-        changes += [f"{column} dropped" for column in self.dropped]
-        return (f"table {self.table_id}: column(s) renamed or dropped at GTID {self.gtid} "
-                f"(changelog position {self.position}): {', '.join(changes)}")
-
-    def to_json(self) -> bytes:
-        data = dataclasses.asdict(self)
-        data["renames"] = [list(pair) for pair in self.renames]
-        data["dropped"] = list(self.dropped)
-        if not self.dropped:
-            del data["dropped"]  # (the files of renames alone read as before)
-        return json.dumps(data, indent=1).encode()
-
-    @staticmethod
-    def from_json(text: bytes | str) -> ColumnRenames:
-        data = json.loads(text)
-        return ColumnRenames(
-            database=str(data["database"]), table=str(data["table"]), gtid=str(data["gtid"]),
-            position=int(data["position"]),
-            renames=tuple((str(old), str(new)) for old, new in data["renames"]),
-            recorded_at=str(data.get("recorded_at", "")),
-            dropped=tuple(str(column) for column in data.get("dropped", ())))
 
 
 def renamed_columns(ddl: TableDdl) -> tuple[Rename, ...]:
@@ -131,39 +84,6 @@ def dropped_columns(ddl: TableDdl) -> tuple[str, ...]:
         return ()
     return tuple(column for clause in alter_clauses(statement_tokens(ddl.query))
                  if (column := dropped_column(clause)) is not None)
-
-
-def column_mapping(columns: Iterable[str], records: Sequence[ColumnRenames]) -> dict[str, str]:
-    """Each of ``columns`` (names before ``records``) -> its name after them, in order.
-
-    Only columns whose name changes are in the result. Raises ValueError when two columns
-    would end under one name (the renames do not belong to these columns).
-    """
-    current = {c: c for c in columns}  # original -> name now
-    for record in records:
-        by_name = {now.lower(): original for original, now in current.items()}
-        moves = {by_name[old.lower()]: new for old, new in record.renames
-                 if old.lower() in by_name}
-        current.update(moves)
-        finals = [n.lower() for n in current.values()]
-        if len(set(finals)) != len(finals):
-            clash = sorted({n for n in current.values() if finals.count(n.lower()) > 1})
-            raise ValueError(
-                f"table {record.table_id}: the column renames at GTID {record.gtid} (changelog "
-                f"position {record.position}) would give several columns the name(s) {clash}; "
-                "the landing zone's column renames do not match its segments")
-    return {original: now for original, now in current.items() if original != now}
-
-
-def renamed_schema(schema: TableSchema, records: Sequence[ColumnRenames]) -> TableSchema:
-    """``schema`` (as before ``records``) with its columns and key renamed by them."""
-    mapping = column_mapping(schema.column_names, records)
-    if not mapping:
-        return schema
-    columns = tuple(dataclasses.replace(c, name=mapping.get(c.name, c.name))
-                    for c in schema.columns)
-    key = tuple(mapping.get(k, k) for k in schema.primary_key)
-    return dataclasses.replace(schema, columns=columns, primary_key=key)
 
 
 def record_column_renames(landing: LandingZone, ddl: TableDdl, gtid: str, position: int,

@@ -22,16 +22,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from cdc_platform.capture import names
-from cdc_platform.capture.ddl.column_renames import ColumnRenames, record_column_renames
+from cdc_platform.capture.ddl.column_renames import record_column_renames
 from cdc_platform.capture.ddl.parse import TableDdl
 from cdc_platform.capture.ddl.stale_markers import (
-    StaleMarker,
     record_stale_after_statement,
     record_stale_targets,
 )
 from cdc_platform.capture.ddl.statement_dml import StatementDml
 from cdc_platform.capture.ddl.statements import Unclassified, classify_statement
 from cdc_platform.capture.events import EngineError
+from cdc_platform.capture.landing.records import ColumnRenames, StaleMarker
 from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.source import TableSelector

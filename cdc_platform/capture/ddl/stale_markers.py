@@ -1,4 +1,6 @@
 """Stale-target markers in the landing zone: written by the engine, resolved by snapshots.
+The marker record (``StaleMarker``, its file name and JSON) is the landing contract's,
+``capture.landing.records``; this module writes, reads, resolves and forgets the files.
 
 For every table a DDL leaves stale (``capture.ddl.stale``), the engine writes a marker while it
 processes the DDL, so before its checkpoint passes it; a replay writes the same file again.
@@ -22,11 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import hashlib
-import json
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 
 from cdc_platform.capture import names
 from cdc_platform.capture.ddl.parse import TableDdl
@@ -38,6 +36,12 @@ from cdc_platform.capture.ddl.stale import (
 )
 from cdc_platform.capture.ddl.statements import DatabaseDrop, Unclassified
 from cdc_platform.capture.gtid import parse_gtid, parse_position
+from cdc_platform.capture.landing.records import (
+    HISTORY_VERBS,
+    HISTORY_WORDS,
+    StaleMarker,
+    history_suffix,
+)
 from cdc_platform.capture.landing.zone import Checkpoint, LandingReader, LandingZone
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.protocol import (
@@ -48,107 +52,9 @@ from cdc_platform.capture.snapshot.protocol import (
     read_session_state,
 )
 
-#: Verbs of history markers (the engine's, not a statement's): the table's rows predate what
-#: the changelog holds. INITIAL: found at the engine's first start; CAPTURED: became captured
-#: with rows (a widened filter, or first seen by its row events); PURGED: changes lost to a
-#: purged binlog (``capture.snapshot_mode: when_needed``).
-HISTORY_VERBS = ("INITIAL", "CAPTURED", "PURGED")
-# What the UI says of an open history marker: (the state of the target, the snapshot's name).
-_HISTORY_WORDS = {
-    "INITIAL": ("history not loaded yet", "initial snapshot"),
-    "CAPTURED": ("history not loaded yet", "initial snapshot"),
-    "PURGED": ("changes lost to a purged binlog not loaded yet", "recovery snapshot"),
-}
-
 
 def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-
-
-@dataclass(frozen=True)
-class StaleMarker:
-    """A target made stale by a DDL: written by the engine before its checkpoint passes the
-    DDL, resolved by a whole-table snapshot that opened after it, forgotten once the target
-    applied that snapshot."""
-
-    database: str
-    table: str
-    gtid: str  # the DDL's GTID
-    verb: str  # ALTER | CREATE | DROP | RENAME | TRUNCATE | DROP DATABASE | ... (the statement's)
-    reason: str
-    position: int  # the changelog position at the DDL: records before it precede it
-    gone: bool = False  # no source table under this name any more: nothing to snapshot
-    index: int = 0  # of the marker among its DDL's markers (part of the file name)
-    recorded_at: str = ""
-    resolved_by: str | None = None  # the snapshot session that made the target exact again
-    resolved_pos: int | None = None  # the table's changelog holds that snapshot up to here
-    # History markers (HISTORY_VERBS): the GTID set the engine was at or had to pass (the
-    # source's executed set when it wrote the marker). The sensor waits for the checkpoint to
-    # contain it; a snapshot whose opening set contains it resolves the marker.
-    since: str | None = None
-    # A rename brought the rows of a table that is not captured under this name: they are new
-    # to capture (launched under capture.snapshot_mode as well as capture.resnapshot_on_ddl).
-    newly_captured: bool = False
-    # Not stored: the snapshot answering the marker, while one runs (``resolve_markers``).
-    running: str = field(default="", compare=False)
-    # Why the platform no longer launches the marker's snapshot by itself (the re-snapshot
-    # sensor's verdict on the runs that answered it, ``note_given_up``), with what to do.
-    given_up: str | None = field(default=None, compare=False)
-
-    @property
-    def table_id(self) -> str:
-        return names.table_id(self.database, self.table)
-
-    @property
-    def resolved(self) -> bool:
-        return self.resolved_by is not None
-
-    @property
-    def history(self) -> bool:
-        """A history marker: the table's older rows are not in the changelog (no DDL)."""
-        return self.verb in HISTORY_VERBS
-
-    @property
-    def file_name(self) -> str:
-        """Sorts in DDL order: by changelog position, then (DDLs with no record between) by
-        the GTID's sequence number. A history marker's name is its point, verb and table: the
-        engine writes it once (a replay finds it there)."""
-        if self.history:
-            return f"{self.position:020d}-{0:020d}-{self.verb}-{_history_suffix(self.table_id)}"
-        sequence = re.search(r"(\d+)$", self.gtid)
-        gtid = re.sub(r"[^0-9A-Za-z-]", "_", self.gtid)
-        return (f"{self.position:020d}-{int(sequence.group(1)) if sequence else 0:020d}-"
-                f"{gtid}-{self.index}.json")
-
-    def headline(self) -> str:
-        """One line for a run's tags and the sensor's log: what the snapshot is for."""
-        if self.history:
-            state, snapshot = _HISTORY_WORDS[self.verb]
-            return f"{snapshot} ({self.verb}): {state}"
-        return f"{self.verb} at GTID {self.gtid}: {self.reason}"
-
-    def describe(self) -> str:
-        if self.history:
-            state, snapshot = _HISTORY_WORDS[self.verb]
-            then = ("nothing to snapshot" if self.gone else
-                    f"the {snapshot} loads it (capture.snapshot_mode)")
-            return (f"table {self.table_id}: {state} ({self.verb}, changelog position "
-                    f"{self.position}): {self.reason}; {then}")
-        return (f"table {self.table_id}: target stale after {self.verb} at GTID {self.gtid} "
-                f"(changelog position {self.position}): {self.reason}")
-
-    def to_json(self) -> bytes:
-        data = dataclasses.asdict(self)
-        del data["running"]
-        if self.given_up is None:
-            del data["given_up"]
-        return json.dumps(data, indent=1).encode()
-
-    @staticmethod
-    def from_json(text: bytes | str) -> StaleMarker:
-        data = json.loads(text)
-        known = {f.name for f in dataclasses.fields(StaleMarker)}
-        return StaleMarker(**{k: v for k, v in data.items() if k in known})
 
 
 MARKERS_DIR = "stale"
@@ -251,19 +157,13 @@ def record_history(landing: LandingZone, verb: str, tables: Iterable[StaleTable]
     return written
 
 
-def _history_suffix(table_id: str) -> str:
-    """How a table's history markers' file names end (a digest of its id)."""
-    digest = hashlib.sha1(table_id.encode("utf-8", "surrogatepass")).hexdigest()
-    return f"{digest[:16]}.json"
-
-
 def withdraw_history(landing: LandingZone, table_id: str) -> list[StaleMarker]:
     """A table the engine saw created (``CREATE TABLE``) has all its rows in the binlog from
     there on: its open history markers are deleted (gone ones stay: they speak of the target's
     rows of the table that was dropped). Returns the markers withdrawn. Only the markers
     named for the table are read (a new database's thousand CREATEs each read every marker:
     70 ms a CREATE at a thousand tables)."""
-    suffix = _history_suffix(table_id)
+    suffix = history_suffix(table_id)
     withdrawn = []
     for name in landing.store.list_names(MARKERS_DIR):
         if not name.endswith(suffix):
@@ -414,7 +314,7 @@ def target_staleness(markers: Sequence[StaleMarker], table_id: str,
             gone = ("the source table is gone: drop the lake table, or re-create the source "
                     "table and snapshot it")
             if marker.history:
-                state, snapshot = _HISTORY_WORDS[marker.verb]
+                state, snapshot = HISTORY_WORDS[marker.verb]
                 progress = (f"running ({marker.running})" if marker.running else
                             f"not loaded: {marker.given_up}" if marker.given_up else
                             "pending (the platform launches it: capture.snapshot_mode, at "
@@ -431,7 +331,7 @@ def target_staleness(markers: Sequence[StaleMarker], table_id: str,
                 f"re-snapshot {table_id} (automatic with {automatic})")
             reasons.append(f"{marker.verb} at GTID {marker.gtid}: {marker.reason}; {fix}")
         elif (consumed_pos or 0) < (marker.resolved_pos or 0):
-            what = (f"{_HISTORY_WORDS[marker.verb][1]} ({marker.verb})" if marker.history
+            what = (f"{HISTORY_WORDS[marker.verb][1]} ({marker.verb})" if marker.history
                     else f"{marker.verb} at GTID {marker.gtid}")
             reasons.append(f"{what}: snapshotted (session {marker.resolved_by}); materialise "
                            "the target to apply it")

@@ -36,6 +36,7 @@ from collections.abc import Mapping
 import dagster as dg
 
 from cdc_platform.capture.ddl import stale_markers
+from cdc_platform.capture.landing.records import StaleMarker
 from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.names import split_table_id
 from cdc_platform.capture.snapshot.protocol import Action, read_request
@@ -76,27 +77,27 @@ def sensor_name(settings: Settings) -> str:
     return f"{settings.source.server_name}_resnapshot_after_ddl"
 
 
-def run_key(marker: stale_markers.StaleMarker) -> str:
+def run_key(marker: StaleMarker) -> str:
     if marker.history:  # (its point has no GTID of its own: when and where it was written)
         return (f"snapshot:{marker.verb}:{marker.table_id}:{marker.position}:"
                 f"{marker.recorded_at}")
     return f"resnapshot:{marker.table_id}:{marker.gtid}:{marker.position}"
 
 
-def marker_order(marker: stale_markers.StaleMarker) -> str:
+def marker_order(marker: StaleMarker) -> str:
     """A marker's place among the markers the engine wrote, as text that sorts so: its
     changelog position, then when it was written (a marker written again at the same position
     after its earlier self was forgotten comes after it). Both come from the engine."""
     return f"{marker.position:020d} {marker.recorded_at}"
 
 
-def attempt_key(marker: stale_markers.StaleMarker, attempt: int = 1) -> str:
+def attempt_key(marker: StaleMarker, attempt: int = 1) -> str:
     """The marker's run key for its ``attempt``-th run: each launch of it has its own."""
     key = run_key(marker)
     return key if attempt <= 1 else f"{key}:attempt-{attempt}"
 
 
-def batch_key(markers: list[stale_markers.StaleMarker],
+def batch_key(markers: list[StaleMarker],
               attempts: Mapping[str, int] | None = None) -> str:
     """The run key of a run answering ``markers`` (each at its attempt, by table: 1 when not
     given): a marker's own for a run of one table."""
@@ -108,7 +109,7 @@ def batch_key(markers: list[stale_markers.StaleMarker],
 
 
 def _answered(instance: dg.DagsterInstance, server: str, keys: Mapping[str, dg.AssetKey],
-              wanted: Mapping[str, stale_markers.StaleMarker]
+              wanted: Mapping[str, StaleMarker]
               ) -> dict[str, list[relaunch.EndedRun]]:
     """Tables whose wanted marker runs of ``server`` answered and which ended, with those runs
     (a marker's key may repeat on another source: runs are this source's by tag)."""
@@ -166,7 +167,7 @@ def _listed(tables: list[str]) -> str:
 
 
 def _request(server: str, keys: Mapping[str, dg.AssetKey],
-             markers: list[stale_markers.StaleMarker],
+             markers: list[StaleMarker],
              launches: Mapping[str, relaunch.Launch],
              k8s_tags: Mapping[str, str]) -> dg.RunRequest:
     attempts = {m.table_id: launches[m.table_id].attempt for m in markers}
@@ -201,7 +202,7 @@ def build_sensor(settings: Settings, assets: SnapshotAssets) -> dg.SensorDefinit
     by_key = {v: k for k, v in keys.items()}
     landing = LandingZone.from_settings(settings, server)
 
-    def launches(marker: stale_markers.StaleMarker) -> bool:
+    def launches(marker: StaleMarker) -> bool:
         return stale_markers.launched_by_platform(marker, capture.snapshot_mode,
                                                   capture.resnapshot_on_ddl)
 

@@ -21,7 +21,7 @@ from pyspark.sql.types import (
     StructField,
 )
 
-from cdc_platform.capture.ddl.column_renames import ColumnRenames, column_mapping
+from cdc_platform.capture.landing.records import ColumnRenames, column_mapping
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.lake.columns import user_struct
 from cdc_platform.lake.iceberg.properties import (

@@ -11,16 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdc_platform.capture.ddl.column_renames import (
-    ColumnRenames,
-    column_mapping,
-    record_column_renames,
-    renamed_columns,
-    renamed_schema,
-)
+from cdc_platform.capture.ddl.column_renames import record_column_renames, renamed_columns
 from cdc_platform.capture.ddl.parse import parse_table_ddl
 from cdc_platform.capture.ddl.stale import stale_tables
 from cdc_platform.capture.ddl.stale_markers import read_markers
+from cdc_platform.capture.landing.records import ColumnRenames, column_mapping, renamed_schema
 from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.lake.changelog import TableChangelog

@@ -14,13 +14,13 @@ from cdc_platform.capture.ddl.parse import parse_table_ddl
 from cdc_platform.capture.ddl.stale import stale_tables
 from cdc_platform.capture.ddl.stale_markers import (
     MARKERS_DIR,
-    StaleMarker,
     read_markers,
     record_stale_targets,
     resolve_markers,
     snapshots_wanted,
     target_staleness,
 )
+from cdc_platform.capture.landing.records import StaleMarker
 from cdc_platform.capture.landing.zone import (
     SNAPSHOTS_CHECKPOINT_KEY,
     Checkpoint,
