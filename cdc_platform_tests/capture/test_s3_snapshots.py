@@ -23,7 +23,9 @@ from cdc_platform.capture.ddl.stale_markers import read_markers
 from cdc_platform.capture.landing.zone import (
     READER_LEASE_FILE,
     SNAPSHOT_CHUNKS_DIR,
+    Action,
     LandingZone,
+    SnapshotRequest,
     snapshot_parts,
 )
 from cdc_platform.capture.snapshot import protocol
@@ -266,7 +268,7 @@ def test_retention_sweeps_decided_chunks_and_finished_sessions_on_s3(seaweedfs: 
     """The sweep's chunk rules through the store: rows files of decided chunks go at once,
     a replaced session's files and a finished session's once quiet; the request stays."""
     from cdc_platform.capture.landing.retention import CHUNKS, FINISHED_SESSION_GRACE_SECONDS, sweep
-    from cdc_platform.capture.snapshot.protocol import SessionState, SnapshotSession
+    from cdc_platform.capture.landing.zone import SessionState, SnapshotSession
     from cdc_platform_tests.capture.landing.test_retention import (
         HOUR,
         _sessions_checkpoint,
@@ -278,8 +280,8 @@ def test_retention_sweeps_decided_chunks_and_finished_sessions_on_s3(seaweedfs: 
     for seq in range(4):
         _write_chunk(landing, "s1", seq, [(seq, "x")])
     _write_chunk(landing, "old", 0, [(1, "x")])
-    protocol.write_request(landing, "shop", "items", protocol.SnapshotRequest(
-        "s1", protocol.Action.OPEN, ("id",), None, 10))
+    protocol.write_request(landing, "shop", "items", SnapshotRequest(
+        "s1", Action.OPEN, ("id",), None, 10))
     session = SnapshotSession("shop.items", "s1", SessionState.OPEN, "0-1-1", 1, "0-1-1",
                               ["id"], committed=[0, 1], rejected={"2": "re-read"})
     _sessions_checkpoint(landing, session)

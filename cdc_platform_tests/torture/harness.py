@@ -530,6 +530,7 @@ def _run_requested_snapshots(settings: Any, landing: Any) -> None:
     from cdc_platform.capture import names
     from cdc_platform.capture.ddl import stale_markers
     from cdc_platform.capture.engine import CaptureEngine, EngineOptions
+    from cdc_platform.capture.landing.zone import Action, SessionState
     from cdc_platform.capture.snapshot import protocol
     from cdc_platform.capture.snapshot.reading import reader as snapshot_reader
 
@@ -542,9 +543,8 @@ def _run_requested_snapshots(settings: Any, landing: Any) -> None:
         table_id = names.table_id(database, table)
         session = protocol.latest_session(landing, checkpoint, table_id)
         ended = (session is not None and session.session_id == request.session_id
-                 and session.state in (protocol.SessionState.DONE,
-                                       protocol.SessionState.STOPPED))
-        if request.action != protocol.Action.STOP and not ended:
+                 and session.state in (SessionState.DONE, SessionState.STOPPED))
+        if request.action != Action.STOP and not ended:
             requested.append(table_id)
     if settings.capture.resnapshot_on_ddl:
         wanted = stale_markers.snapshots_wanted(stale_markers.resolve_markers(landing))

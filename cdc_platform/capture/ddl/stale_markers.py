@@ -42,15 +42,16 @@ from cdc_platform.capture.landing.records import (
     StaleMarker,
     history_suffix,
 )
-from cdc_platform.capture.landing.zone import Checkpoint, LandingReader, LandingZone
-from cdc_platform.capture.schema import TableSchema
-from cdc_platform.capture.snapshot.protocol import (
+from cdc_platform.capture.landing.zone import (
+    Checkpoint,
     EndedSessions,
+    LandingReader,
+    LandingZone,
     SessionState,
     SnapshotSession,
-    read_ended_sessions,
-    read_session_state,
 )
+from cdc_platform.capture.schema import TableSchema
+from cdc_platform.capture.snapshot.protocol import read_ended_sessions, read_session_state
 
 
 def _now() -> str:

@@ -25,7 +25,12 @@ from cdc_platform.capture.landing.records import (
     THRESHOLD,
     hi_column,
 )
-from cdc_platform.capture.landing.zone import LandingZone, session_time
+from cdc_platform.capture.landing.zone import (
+    LandingZone,
+    SessionState,
+    SnapshotSession,
+    session_time,
+)
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.snapshot.chunks import (
     Chunk,
@@ -44,8 +49,6 @@ from cdc_platform.capture.snapshot.commit_rule import (
 from cdc_platform.capture.snapshot.conditions import Condition
 from cdc_platform.capture.snapshot.protocol import (
     ChunkManifest,
-    SessionState,
-    SnapshotSession,
     chunk_parts,
     decode_key,
     manifest_name,

@@ -8,7 +8,10 @@ engine's session state in ``checkpoint.json`` and, once ended sessions left it,
 ``ended_sessions.json`` (engine -> reader), and ``reader.lock`` (``reader.lease`` on object
 storage). Nothing else is shared
 between the two processes; what each side does with these files is in ``reader`` and
-``sessions``. Every file is read and written through the zone's store (``landing.store``, path
+``sessions``. The request and session records themselves (``SnapshotRequest``, ``Action``,
+``SignalRef``, ``SnapshotSession``, ``SessionState``, ``EndedSessions``) are the landing zone's
+(``capture.landing.zone``, a floor below, so that retention reads them with the same parsers)
+and are imported from there. Every file is read and written through the zone's store (``landing.store``, path
 parts below the server's folder), so one code path serves a local zone and an ``s3://`` one.
 """
 
@@ -31,13 +34,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cdc_platform.capture.keys import Key
-
-# The engine's session record (``SnapshotSession``, ``SessionState``) is the checkpoint's, and
-# the reader's request record (``SnapshotRequest``, ``Action``, ``SignalRef`` ...) the landing
-# zone's too (``landing.zone``, a floor below, so that retention reads them with the same
-# parsers); they are named here too, as docs/snapshots.md names them with this protocol.
-from cdc_platform.capture.landing.zone import ACTIONS as ACTIONS
-from cdc_platform.capture.landing.zone import DEFAULT_CHUNK_SIZE as DEFAULT_CHUNK_SIZE
 from cdc_platform.capture.landing.zone import (
     ENDED_SESSIONS_FILE,
     READER_LEASE_FILE,
@@ -59,8 +55,6 @@ from cdc_platform.capture.landing.zone import (
     table_parts,
     timestamp_now,
 )
-from cdc_platform.capture.landing.zone import NO_SESSION as NO_SESSION
-from cdc_platform.capture.landing.zone import SessionState as SessionState
 from cdc_platform.capture.schema import ColumnSpec, ColumnValueError, TableSchema, landing_arrays
 from cdc_platform.capture.snapshot import native
 from cdc_platform.capture.snapshot.chunks import Chunk

@@ -40,17 +40,21 @@ import pyarrow as pa
 from cdc_platform.capture import names
 from cdc_platform.capture.gtid import Gtid, GtidSet, parse_position
 from cdc_platform.capture.keys import Key
-from cdc_platform.capture.landing.zone import EndedSessions, LandingZone, session_time
+from cdc_platform.capture.landing.zone import (
+    Action,
+    EndedSessions,
+    LandingZone,
+    SessionState,
+    SnapshotRequest,
+    SnapshotSession,
+    session_time,
+)
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.chunk_decisions import ChunkDecisions, TrackedSession
 from cdc_platform.capture.snapshot.commit_rule import (
     TouchedKeyLog,
 )
 from cdc_platform.capture.snapshot.protocol import (
-    Action,
-    SessionState,
-    SnapshotRequest,
-    SnapshotSession,
     chunk_parts,
     delete_request_notice,
     read_ended_sessions,

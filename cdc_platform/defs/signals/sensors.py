@@ -16,7 +16,7 @@ from typing import Any
 
 import dagster as dg
 
-from cdc_platform.capture.landing.zone import LandingZone
+from cdc_platform.capture.landing.zone import Action, LandingZone, SignalRef, SnapshotRequest
 from cdc_platform.capture.names import split_table_id
 from cdc_platform.capture.signals.checks import SourceChecks
 from cdc_platform.capture.signals.kafka import KafkaChannelError, KafkaTopics, SignalCursor
@@ -27,14 +27,7 @@ from cdc_platform.capture.signals.plan import (
     StartSnapshot,
     plan_signals,
 )
-from cdc_platform.capture.snapshot.protocol import (
-    Action,
-    SignalRef,
-    SnapshotRequest,
-    read_request,
-    read_session_state,
-    reader_alive,
-)
+from cdc_platform.capture.snapshot.protocol import read_request, read_session_state, reader_alive
 from cdc_platform.capture.snapshot.reading.actions import (
     session_live,
     signal_action,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import dagster as dg
 from pydantic import Field
 
-from cdc_platform.capture.landing.zone import LandingZone
+from cdc_platform.capture.landing.zone import DEFAULT_CHUNK_SIZE, LandingZone, SignalRef
 from cdc_platform.capture.names import joined_name
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.chunks import (
@@ -30,10 +30,6 @@ from cdc_platform.capture.snapshot.chunks import (
     snapshot_key_problem,
 )
 from cdc_platform.capture.snapshot.conditions import UnsafeConditionError, validate_condition
-from cdc_platform.capture.snapshot.protocol import (
-    DEFAULT_CHUNK_SIZE,
-    SignalRef,
-)
 from cdc_platform.capture.snapshot.reading.metrics import ReadingTable, serve_snapshot_metrics
 from cdc_platform.capture.snapshot.reading.progress import SnapshotStatus
 from cdc_platform.capture.snapshot.reading.reader import (

@@ -37,9 +37,9 @@ import dagster as dg
 
 from cdc_platform.capture.ddl import stale_markers
 from cdc_platform.capture.landing.records import StaleMarker
-from cdc_platform.capture.landing.zone import LandingZone
+from cdc_platform.capture.landing.zone import Action, LandingZone
 from cdc_platform.capture.names import split_table_id
-from cdc_platform.capture.snapshot.protocol import Action, read_request
+from cdc_platform.capture.snapshot.protocol import read_request
 from cdc_platform.capture.snapshot.reading import relaunch
 from cdc_platform.capture.snapshot.reading.batches import plan_runs
 from cdc_platform.capture.source import SourceSession, selector_from_settings

@@ -55,8 +55,12 @@ from cdc_platform.capture.landing.zone import (
     SNAPSHOT_CHUNKS_DIR,
     SNAPSHOTS_CHECKPOINT_KEY,
     SNAPSHOTS_DIR,
+    Action,
     Checkpoint,
     LandingZone,
+    SessionState,
+    SnapshotRequest,
+    SnapshotSession,
     column_renames_name,
     column_renames_parts,
     segment_name,
@@ -65,7 +69,6 @@ from cdc_platform.capture.landing.zone import (
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.snapshot import protocol
 from cdc_platform.capture.snapshot.chunks import Chunk, ChunkedTable, ChunkKey
-from cdc_platform.capture.snapshot.protocol import SessionState, SnapshotSession
 from cdc_platform.capture.snapshot.sessions import SnapshotCoordinator
 from cdc_platform.capture.store.storage import LocalFileStore
 from cdc_platform.lake.changelog import TableChangelog
@@ -333,8 +336,8 @@ def test_the_session_a_request_names_is_read_by_the_request_parser(tmp_path: Pat
     landing = LandingZone(str(tmp_path), "demo")
     parts = protocol.request_parts("shop", "items")
     assert retention._requested_session(landing, *parts[1:3], "s1") is None  # (no request)
-    protocol.write_request(landing, "shop", "items", protocol.SnapshotRequest(
-        "s2", protocol.Action.OPEN, ("id",), None, 10))
+    protocol.write_request(landing, "shop", "items", SnapshotRequest(
+        "s2", Action.OPEN, ("id",), None, 10))
     assert retention._requested_session(landing, *parts[1:3], "s1") == "s2"
     landing.root.joinpath(*parts).write_text('{"session_id": "s2", "act')  # a broken hand edit
     assert retention._requested_session(landing, *parts[1:3], "s1") == "s1"
@@ -346,8 +349,8 @@ def test_sweep_deletes_decided_chunk_rows_and_finished_sessions_and_the_engine_s
     for seq in range(4):
         _write_chunk(landing, "s1", seq, [(seq, "x")])
     _write_chunk(landing, "old", 0, [(1, "x")])
-    protocol.write_request(landing, "shop", "items", protocol.SnapshotRequest(
-        "s1", protocol.Action.OPEN, ("id",), None, 10))
+    protocol.write_request(landing, "shop", "items", SnapshotRequest(
+        "s1", Action.OPEN, ("id",), None, 10))
     session = SnapshotSession("shop.items", "s1", SessionState.OPEN, "0-1-1", 1, "0-1-1",
                               ["id"], committed=[0, 1], rejected={"2": "re-read"})
     _sessions_checkpoint(landing, session)

@@ -22,17 +22,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cdc_platform.capture.gtid import MariadbPosition, parse_gtid
-from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
+from cdc_platform.capture.landing.zone import Checkpoint, LandingZone, SnapshotRequest
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.snapshot import chunk_decisions, protocol, sessions
 from cdc_platform.capture.snapshot.chunks import Chunk, ChunkedTable, ChunkKey, schema_fingerprint
 from cdc_platform.capture.snapshot.commit_rule import TouchedKeyLog
-from cdc_platform.capture.snapshot.protocol import (
-    SnapshotRequest,
-    request_parts,
-    write_chunk,
-    write_request,
-)
+from cdc_platform.capture.snapshot.protocol import request_parts, write_chunk, write_request
 from cdc_platform.capture.snapshot.sessions import SnapshotCoordinator
 
 SCHEMA = TableSchema("db", "t", (ColumnSpec("k", "int"), ColumnSpec("v", "int")), ("k",))

@@ -22,12 +22,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from cdc_platform.capture import source as source_sql
+from cdc_platform.capture.landing.zone import SnapshotRequest
 from cdc_platform.capture.snapshot.chunks import schema_fingerprint
-from cdc_platform.capture.snapshot.protocol import (
-    SnapshotRequest,
-    chunk_parts,
-    write_request,
-)
+from cdc_platform.capture.snapshot.protocol import chunk_parts, write_request
 from cdc_platform.capture.snapshot.reading.progress import (
     SnapshotProgress,
     SnapshotResult,

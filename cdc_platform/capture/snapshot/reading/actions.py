@@ -10,19 +10,21 @@ from __future__ import annotations
 from dataclasses import replace
 
 from cdc_platform.capture import names
-from cdc_platform.capture.landing.zone import LandingZone
-from cdc_platform.capture.snapshot.errors import SnapshotError
-from cdc_platform.capture.snapshot.protocol import (
+from cdc_platform.capture.landing.zone import (
     DEFAULT_CHUNK_SIZE,
     NO_SESSION,
     Action,
+    LandingZone,
     SignalRef,
     SnapshotRequest,
+    timestamp_now,
+)
+from cdc_platform.capture.snapshot.errors import SnapshotError
+from cdc_platform.capture.snapshot.protocol import (
     read_control,
     read_request,
     read_session_state,
     reader_alive,
-    timestamp_now,
     write_control,
     write_request,
 )

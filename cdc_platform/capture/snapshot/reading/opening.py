@@ -16,12 +16,15 @@ import json
 import re
 import time
 
-from cdc_platform.capture.landing.zone import SNAPSHOT_CHUNKS_DIR, snapshot_parts
-from cdc_platform.capture.snapshot.errors import NoEngineError, SnapshotError
-from cdc_platform.capture.snapshot.protocol import (
+from cdc_platform.capture.landing.zone import (
     NO_SESSION,
+    SNAPSHOT_CHUNKS_DIR,
     Action,
     SnapshotRequest,
+    snapshot_parts,
+)
+from cdc_platform.capture.snapshot.errors import NoEngineError, SnapshotError
+from cdc_platform.capture.snapshot.protocol import (
     chunk_parts,
     manifest_name,
     progress_parts,

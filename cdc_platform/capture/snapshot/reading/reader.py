@@ -34,7 +34,15 @@ import pymysql
 from cdc_platform.capture import names
 from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.keys import Key
-from cdc_platform.capture.landing.zone import LandingZone
+from cdc_platform.capture.landing.zone import (
+    DEFAULT_CHUNK_SIZE,
+    NO_SESSION,
+    Action,
+    LandingZone,
+    SessionState,
+    SignalRef,
+    SnapshotRequest,
+)
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.chunks import (
     DEFAULT_CHUNK_MAX_BYTES,
@@ -51,14 +59,8 @@ from cdc_platform.capture.snapshot.errors import (
     SnapshotError,
 )
 from cdc_platform.capture.snapshot.protocol import (
-    DEFAULT_CHUNK_SIZE,
-    NO_SESSION,
-    Action,
     ChunkManifest,
     ReaderLock,
-    SessionState,
-    SignalRef,
-    SnapshotRequest,
     chunk_parts,
     encode_key,
     progress_parts,

@@ -9,12 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from cdc_platform.capture.landing.zone import SnapshotRequest
 from cdc_platform.capture.snapshot.errors import SnapshotError
-from cdc_platform.capture.snapshot.protocol import (
-    SnapshotRequest,
-    read_request,
-    write_request,
-)
+from cdc_platform.capture.snapshot.protocol import read_request, write_request
 from cdc_platform.capture.snapshot.reading import actions
 from cdc_platform.capture.snapshot.reading.actions import (
     pause,

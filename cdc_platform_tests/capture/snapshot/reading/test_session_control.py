@@ -9,12 +9,9 @@ import threading
 import time
 from typing import Any
 
-from cdc_platform.capture.landing.zone import LandingZone
+from cdc_platform.capture.landing.zone import LandingZone, SignalRef
 from cdc_platform.capture.snapshot.errors import SnapshotError
-from cdc_platform.capture.snapshot.protocol import (
-    SignalRef,
-    read_request,
-)
+from cdc_platform.capture.snapshot.protocol import read_request
 from cdc_platform.capture.snapshot.reading import actions
 from cdc_platform.capture.snapshot.reading.actions import signal_action
 from cdc_platform.capture.snapshot.reading.progress import (
