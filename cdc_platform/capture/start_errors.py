@@ -191,7 +191,7 @@ def describe_start_error(error: BaseException, account: SourceAccount | None = N
     binlogs (1236). Nothing in the line comes from a password.
     """
     from cdc_platform.capture.engine import EngineError
-    from cdc_platform.capture.landing.zone import EngineLockedError
+    from cdc_platform.capture.landing.fencing import EngineLockedError
     from cdc_platform.capture.source import PrerequisiteError
     from cdc_platform.capture.store.s3store import ObjectStoreError
     from cdc_platform.config import ConfigError

@@ -31,7 +31,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from cdc_platform.capture.landing.zone import ENGINE_LEASE_FILE, LandingReader
+from cdc_platform.capture.landing.fencing import ENGINE_LEASE_FILE
+from cdc_platform.capture.landing.zone import LandingReader
 from cdc_platform.capture.store import open_store
 from cdc_platform.devservices.mariadb import gtid_position_covers
 from cdc_platform.devservices.seaweedfs import SeaweedFS

@@ -15,16 +15,18 @@ import pytest
 
 from cdc_platform.capture.ddl.stale import StaleTable
 from cdc_platform.capture.ddl.stale_markers import read_markers, record_history, withdraw_history
+from cdc_platform.capture.landing.fencing import (
+    ENGINE_LEASE_FILE,
+    EngineLockedError,
+    LandingZoneTakenError,
+)
 from cdc_platform.capture.landing.retention import SWEEP_LEASE_FILE, sweep
 from cdc_platform.capture.landing.zone import (
     CHECKPOINT_FILE,
-    ENGINE_LEASE_FILE,
     XA_DIR,
     Checkpoint,
-    EngineLockedError,
     LandingReader,
     LandingZone,
-    LandingZoneTakenError,
     column_renames_name,
     column_renames_parts,
 )

@@ -15,7 +15,7 @@ import pymysql
 import pytest
 
 from cdc_platform.capture.engine import EngineError
-from cdc_platform.capture.landing.zone import EngineLockedError
+from cdc_platform.capture.landing.fencing import EngineLockedError
 from cdc_platform.capture.source import PrerequisiteError, purged_binlog_stop
 from cdc_platform.capture.start_errors import (
     SourceAccount,

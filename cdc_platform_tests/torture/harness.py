@@ -781,11 +781,11 @@ def run_faults(cluster: Cluster, spark: Any, cells: list[Cell], root: Path, *, k
     ``--source``; ``cells`` must then be captured by that config); ``database`` is where the
     workload writes. ``while_streaming`` is run once halfway through the kills, while the
     engine streams between two of them."""
-    from cdc_platform.capture.landing.zone import (
+    from cdc_platform.capture.landing.fencing import (
         ENGINE_LEASE_TTL_SECONDS,
         ENGINE_LEASE_WAIT_SLACK_SECONDS,
-        LandingZone,
     )
+    from cdc_platform.capture.landing.zone import LandingZone
     from cdc_platform.config import parse_settings
 
     started = time.monotonic()

@@ -2,8 +2,10 @@
 reads it: file and directory names, the ``Checkpoint`` (its one parser) with the engine's
 snapshot session records, the reader's ``SnapshotRequest`` (``request.json``), the table catalog,
 ``LandingReader`` (one server's folder, read from any store of ``capture.store.storage``) and
-``LandingZone`` (the engine's writable folder, local or on S3, through the same store). The
-records' columns are ``capture.landing.records``'s.
+``LandingZone`` (the engine's writable folder, local or on S3, through the same store), with
+the copies of the XA spill files on object storage. The records' columns are
+``capture.landing.records``'s; the engine lock, lease and fencing of its writes are
+``capture.landing.fencing``'s (``SingleWriter``, which ``LandingZone`` is).
 
 Layout and contracts: docs/landing-zone.md. Every file appears atomically (temporary name,
 fsync, rename; one PUT on object storage), and the checkpoint is replaced only after every segment it covers is durable,
@@ -15,15 +17,12 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import enum
-import fcntl
 import hashlib
 import json
 import logging
 import os
 import re
 import tempfile
-import threading
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -33,16 +32,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cdc_platform.capture.events import EngineError
+from cdc_platform.capture.landing.fencing import (
+    ENGINE_LEASE_TTL_SECONDS,
+    LandingZoneTakenError,
+    SingleWriter,
+)
 from cdc_platform.capture.landing.records import DICTIONARY_COLUMNS
 from cdc_platform.capture.names import name_of_path_component, path_component
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.store import open_store
-from cdc_platform.capture.store.lease import Lease, process_holder
 from cdc_platform.capture.store.storage import (
     ArrowFileStore,
     FileStore,
     LocalFileStore,
-    StoreUnavailableError,
     fsync_directory,
     make_durable,
     write_atomically,
@@ -72,24 +74,7 @@ READER_LOCK_FILE = "reader.lock"  # local zones: a live reader's flock
 READER_LEASE_FILE = "reader.lease"  # object stores: a live reader's lease (capture.store.lease)
 COLUMN_RENAMES_DIR = "renames"
 COLUMN_RENAMES_NAME = re.compile(r"^(\d{20})\.json$")
-ENGINE_LOCK_FILE = "engine.lock"  # local zones: the engine's flock
-ENGINE_LEASE_FILE = "engine.lease"  # object stores: the engine's lease (capture.store.lease)
 XA_DIR = "xa"  # object stores: copies of the spill files the checkpoint names
-# The engine's lease on object storage: renewed every third of it; a killed engine's lease
-# blocks a new engine at most this long.
-ENGINE_LEASE_TTL_SECONDS = 60.0
-# How much longer than the lease's ttl a starting engine waits for an unrenewed lease (clock
-# skew, a slow read) before it is refused; and how long after an expired (unreleased) lease's
-# expires_at an engine that took it over waits before its first write. The invariant that keeps
-# a cut-off engine's writes from landing after its successor's first one (and so after its
-# successor's ``remove_uncommitted``, which would leave them as duplicates): every write the
-# engine makes under its lease goes through ``LandingZone.store``, a store ``within`` the
-# lease's expiry (``Lease.expiry``, by the holder's monotonic clock and never later than the
-# ``expires_at`` it wrote), so no attempt starts after the expiry and a started one ends
-# within ``bounded_attempt_seconds`` of it (2 s connect + 5 s read timeout = 7 s, s3store):
-#   last attempt end < expiry + 7 s < expires_at + 10 s (this slack) <= successor's first write,
-# which holds while the two hosts' clocks are less than 3 s apart.
-ENGINE_LEASE_WAIT_SLACK_SECONDS = 10.0
 
 log = logging.getLogger(__name__)
 
@@ -176,15 +161,6 @@ def _xa_files(checkpoint: Checkpoint) -> set[str]:
 
     state = checkpoint.extra.get(XA_CHECKPOINT_KEY) or {}
     return {part["file"] for entry in state.values() for part in entry.get("parts", ())}
-
-
-class EngineLockedError(RuntimeError):
-    """Another engine holds the server's landing folder: a start failure, not a crash."""
-
-
-class LandingZoneTakenError(EngineLockedError):
-    """On object storage: this engine's lease was lost, or its checkpoint's compare-and-swap
-    failed because another engine replaced the checkpoint; it must stop writing at once."""
 
 
 @dataclass
@@ -566,7 +542,7 @@ class LandingReader:
         return sorted(found)
 
 
-class LandingZone(LandingReader):
+class LandingZone(SingleWriter, LandingReader):
     """One source server's folder in the landing zone, as the engine writes it: a local
     directory, or a prefix of an S3 bucket (``s3://bucket/prefix``), through one ``FileStore``.
 
@@ -589,11 +565,8 @@ class LandingZone(LandingReader):
                  lease_ttl_seconds: float = ENGINE_LEASE_TTL_SECONDS) -> None:
         store = url if isinstance(url, FileStore) else open_store(
             url, s3=s3, setting="landing_zone.url")
-        self._lease: Lease | None = None
+        self._init_single_writer(lease_ttl_seconds)
         self.segment_bytes = 0  # bytes of the segments ``write_segment`` wrote
-        self._lease_lost = threading.Event()
-        self._fenced = False
-        self._bounded: FileStore | None = None
         if isinstance(store, ArrowFileStore):
             raise ValueError(
                 f"landing_zone.url {store.uri}: the capture engine writes only local paths, "
@@ -606,35 +579,7 @@ class LandingZone(LandingReader):
         else:
             digest = hashlib.sha256(self.store.uri.encode()).hexdigest()[:16]
             self.root = scratch or Path(tempfile.gettempdir()) / "cdc_platform-scratch" / digest
-        self.lease_ttl_seconds = lease_ttl_seconds
-        self._checkpoint_etag: str | None = None
         self._xa_uploaded: set[str] = set()
-
-    @property
-    def store(self) -> FileStore:
-        """The zone's store: on object storage, while this engine holds the lease, the store
-        ``within`` the lease's expiry (``_lease_expiry``), so that each of the engine's writes
-        (segments, tables.json, XA copies, column renames, snapshot controls, markers...) is
-        sent only before the lease expires and ends within the store's
-        ``bounded_attempt_seconds`` of it (``ENGINE_LEASE_WAIT_SLACK_SECONDS``: the
-        invariant); a write past it raises ``ObjectStoreUnavailableError`` instead of landing
-        after a successor took over. Reads go through it too (single attempts with short
-        timeouts, retried until the expiry: an engine past it could do nothing with them).
-        Otherwise (local zones, no lease held) the plain store."""
-        bounded = self._bounded
-        return bounded if self._fenced and bounded is not None else self._store
-
-    @store.setter
-    def store(self, store: FileStore) -> None:
-        self._store = store
-
-    def _lease_expiry(self) -> float:
-        """The deadline of the engine's writes: the lease's expiry, as renewals move it on
-        (``time.monotonic()``); 0.0 once the lease is lost."""
-        lease = self._lease
-        if lease is None or self._lease_lost.is_set():
-            return 0.0
-        return lease.expiry
 
     @staticmethod
     def from_settings(settings: Settings, server_name: str | None = None) -> LandingZone:
@@ -671,7 +616,7 @@ class LandingZone(LandingReader):
         return self.local.joinpath(*parts) if self.local is not None else self.store.uri_of(
             *parts)
 
-    # ---- the single writer ---------------------------------------------------------------
+    # ---- the single writer (``fencing``) ------------------------------------------------
 
     @contextlib.contextmanager
     def engine_lock(self) -> Iterator[None]:
@@ -682,121 +627,13 @@ class LandingZone(LandingReader):
         On Kubernetes the streaming job's tag concurrency limit enforces the same across pods.
         """
         if self.local is None:
-            with self._engine_lease():
+            with self._engine_lease(CHECKPOINT_FILE):
+                self._restore_xa_files()  # (renewed meanwhile: large files take a while)
                 yield
             return
-        self.root.mkdir(parents=True, exist_ok=True)
-        handle = open(self.root / ENGINE_LOCK_FILE, "a+")  # noqa: SIM115 - held for the run
-        try:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                handle.seek(0)
-                holder = handle.read().strip() or "unknown"
-                raise EngineLockedError(
-                    f"another capture engine is already streaming {self.server_name!r} into "
-                    f"{self.root} ({holder}); stop it first: one engine per source server"
-                ) from None
-            handle.seek(0)
-            handle.truncate()
-            handle.write(f"pid {os.getpid()}")
-            handle.flush()
+        with self._engine_flock():
             self.escape_legacy_dirs()
             yield
-        finally:
-            handle.close()
-
-    @contextlib.contextmanager
-    def _engine_lease(self) -> Iterator[None]:
-        check = getattr(self._store, "check", None)
-        if check is not None:
-            check()  # (ObjectStoreError: one line naming landing_zone.url)
-        lease = Lease(self._store, ENGINE_LEASE_FILE)
-        holder = process_holder()
-        # A restarted engine (a run retry, a pod restart) meets the lease of the engine it
-        # replaces, killed without releasing it: it waits for that lease to expire rather
-        # than fail, and is refused as soon as the lease is renewed (its holder lives).
-        if not lease.acquire(holder, self.lease_ttl_seconds,
-                             wait_seconds=self.lease_ttl_seconds + ENGINE_LEASE_WAIT_SLACK_SECONDS):
-            current = lease.current()
-            other = current.holder if current is not None and current.holder else "unknown"
-            raise EngineLockedError(
-                f"another capture engine is already streaming {self.server_name!r} into "
-                f"{self.store.uri} ({other}, lease {ENGINE_LEASE_FILE}); stop it first: one "
-                "engine per source server (its lease was renewed while this engine waited for "
-                f"it to expire; a killed engine's lease expires after "
-                f"{self.lease_ttl_seconds:g} s)")
-        self._lease_lost.clear()
-        stop = threading.Event()
-        renewer = threading.Thread(target=self._renew_lease, args=(lease, stop),
-                                   name=f"lease-{self.server_name}", daemon=True)
-        try:
-            self._lease, self._bounded = lease, self._store.within(self._lease_expiry)
-            renewer.start()
-            self._wait_out_replaced(lease)
-            versioned = self._store.read_versioned(CHECKPOINT_FILE)
-            self._checkpoint_etag = None if versioned is None else versioned[1]
-            self._fenced = True
-            self._restore_xa_files()  # (renewed meanwhile: large files take a while)
-            yield
-        finally:
-            stop.set()
-            if renewer.is_alive():
-                renewer.join()
-            self._lease, self._fenced, self._checkpoint_etag = None, False, None
-            self._bounded = None
-            try:
-                lease.release()
-            except Exception:  # noqa: BLE001 - it expires on its own
-                log.warning(f"landing zone {self.store.uri}: releasing the engine lease failed "
-                            "(it expires on its own)", exc_info=True)
-
-    def _wait_out_replaced(self, lease: Lease) -> None:
-        """After taking over another engine's expired lease (not released, its holder not
-        known gone): wait until ``ENGINE_LEASE_WAIT_SLACK_SECONDS`` past its ``expires_at``
-        before the first write, so that a write that engine started before its lease expired
-        (cut off by a partition, still retrying) has ended by then (the invariant at
-        ``ENGINE_LEASE_WAIT_SLACK_SECONDS``). The lease is renewed meanwhile."""
-        replaced = lease.replaced
-        if replaced is None:
-            return
-        wait = replaced.expires_at + ENGINE_LEASE_WAIT_SLACK_SECONDS - time.time()
-        if wait > 0:
-            log.warning(f"landing zone {self._store.uri}: took over the expired lease of "
-                        f"{replaced.holder or 'unknown'}; waiting {wait:.0f} s for any write it "
-                        "began before its expiry to end before writing")
-            time.sleep(wait)
-
-    def _renew_lease(self, lease: Lease, stop: threading.Event) -> None:
-        interval = self.lease_ttl_seconds / 3
-        while not stop.wait(interval):
-            why = "another engine took over the landing zone"
-            try:
-                renewed = lease.renew()
-            except StoreUnavailableError as error:
-                # (the renewal retried until it could no longer land before the expiry)
-                renewed = False
-                why = f"the store did not answer before it expired: {error}"
-            except Exception:  # noqa: BLE001 - retried at the next interval while held
-                log.warning(f"landing zone {self._store.uri}: renewing the engine lease failed",
-                            exc_info=True)
-                renewed = lease.held
-                why = "it expired while its renewal failed"
-            if not renewed:
-                self._lease_lost.set()
-                log.error(f"landing zone {self._store.uri}: the engine lease was lost ({why}); "
-                          "no more writes")
-                return
-
-    def _check_fence(self) -> None:
-        """On object storage, under the engine lock: refuse to write once the lease is lost
-        (renewal failed, or this process was frozen past the lease's ttl)."""
-        if self._fenced and (self._lease_lost.is_set() or self._lease is None
-                             or not self._lease.held):
-            raise LandingZoneTakenError(
-                f"capture engine {self.server_name!r}: its lease on {self.store.uri} was lost "
-                "(expired or taken by another engine); another engine took over the landing "
-                "zone: stopping without writing")
 
     # ---- writes ----------------------------------------------------------------------------
 

@@ -322,7 +322,8 @@ def test_a_fenced_segment_write_never_lands_after_the_lease_expired(
     (not for s3.retry_seconds), then raises; nothing lands when the server is back. The
     renewer's line says the store did not answer (one line, no traceback), not that another
     engine took over."""
-    from cdc_platform.capture.landing.zone import LandingZone, LandingZoneTakenError
+    from cdc_platform.capture.landing.fencing import LandingZoneTakenError
+    from cdc_platform.capture.landing.zone import LandingZone
     from cdc_platform.capture.schema import ColumnSpec, TableSchema
 
     ttl = 12.0
@@ -358,10 +359,11 @@ def test_an_engine_taking_over_an_expired_lease_waits_out_its_holders_writes(
     """A successor's first write comes only ENGINE_LEASE_WAIT_SLACK_SECONDS after the
     expires_at of the lease it took over (by then any write its cut-off holder began before
     the expiry has ended); a released lease is taken over at once."""
-    from cdc_platform.capture.landing import zone as zone_module
-    from cdc_platform.capture.landing.zone import ENGINE_LEASE_FILE, Checkpoint, LandingZone
+    from cdc_platform.capture.landing import fencing
+    from cdc_platform.capture.landing.fencing import ENGINE_LEASE_FILE
+    from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
 
-    monkeypatch.setattr(zone_module, "ENGINE_LEASE_WAIT_SLACK_SECONDS", 3.0)
+    monkeypatch.setattr(fencing, "ENGINE_LEASE_WAIT_SLACK_SECONDS", 3.0)
     stale = LandingZone(store, "demo", scratch=tmp_path / "a", lease_ttl_seconds=1.0)
     fresh = LandingZone(store, "demo", scratch=tmp_path / "b", lease_ttl_seconds=30.0)
     monkeypatch.setattr(stale, "_renew_lease", lambda lease, stop: None)  # (frozen)
