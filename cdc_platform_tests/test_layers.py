@@ -19,7 +19,7 @@ import pyarrow as pa
 from cdc_platform.capture.landing import records as contract
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 
-PACKAGE = Path(__file__).resolve().parents[2] / "cdc_platform"
+PACKAGE = Path(__file__).resolve().parents[1] / "cdc_platform"
 
 # Layer -> imports it must never make (anywhere in a module, function bodies included).
 FORBIDDEN = {
