@@ -1,4 +1,5 @@
-"""The landing-zone contract is one definition, below everything that uses it.
+"""The package's import layers, and the landing-zone contract as one definition below
+everything that uses it.
 
 Read from the sources (no import needed): capture imports nothing of the layers above it
 (lake, defs, Dagster, Spark), the contract's modules import (almost) nothing of the project,
