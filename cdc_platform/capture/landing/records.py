@@ -156,7 +156,7 @@ class ColumnRenames:
     database: str
     table: str
     gtid: str  # the DDL's GTID
-    position: int  # the record's own changelog position (see the module docstring)
+    position: int  # the record's own changelog position (see the section's comment above)
     renames: tuple[Rename, ...]
     recorded_at: str = ""
     # Columns the ALTER drops (as written): the lake drops them from the target once it has
