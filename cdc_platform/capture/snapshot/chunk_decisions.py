@@ -9,7 +9,7 @@ sessions' life so each reads as one concept.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -56,8 +56,34 @@ from cdc_platform.capture.snapshot.protocol import (
     read_chunk_rows,
 )
 
-if TYPE_CHECKING:
-    from cdc_platform.capture.snapshot.sessions import SnapshotEmitter, TableSchemas
+
+class SnapshotEmitter(Protocol):
+    """The one way the coordinator's records reach the changelog: at the engine's current
+    point, after every change it processed (the engine's ``Lander``)."""
+
+    @property
+    def next_pos(self) -> int:
+        """The changelog position the next record takes: where a session opening now opens."""
+        ...
+
+    def add_snapshot(self, schema: TableSchema, op: str, rows: list[tuple[Any, ...]] | pa.Table,
+                     extra: dict[str, list[Any]] | None) -> int:
+        """Queue records of one op (chunk rows, a range assertion, a sweep); the first position
+        they take. Rows are tuples in schema column order, or (chunk rows) an Arrow table of
+        the user columns. Raises, queueing nothing, when they do not fit the schema."""
+        ...
+
+
+class TableSchemas(Protocol):
+    """The engine's schemas, which chunks are decided against (``changes.schemas.
+    SchemaTracker``): as the binlog's table maps gave them, or read from the source."""
+
+    schemas: dict[str, TableSchema]
+
+    def learn_table(self, table_id: str) -> TableSchema | None:
+        """The table's current schema read from the source (shaped by the selector), recorded
+        as the engine's; None when the table does not exist."""
+        ...
 
 
 def _key_values(column: pa.ChunkedArray) -> list[Any]:

@@ -33,9 +33,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
-
-import pyarrow as pa
+from typing import Any
 
 from cdc_platform.capture import names
 from cdc_platform.capture.gtid import Gtid, GtidSet, parse_position
@@ -50,7 +48,12 @@ from cdc_platform.capture.landing.zone import (
     session_time,
 )
 from cdc_platform.capture.schema import TableSchema
-from cdc_platform.capture.snapshot.chunk_decisions import ChunkDecisions, TrackedSession
+from cdc_platform.capture.snapshot.chunk_decisions import (
+    ChunkDecisions,
+    SnapshotEmitter,
+    TableSchemas,
+    TrackedSession,
+)
 from cdc_platform.capture.snapshot.commit_rule import (
     TouchedKeyLog,
 )
@@ -113,35 +116,6 @@ MIN_GENERATION_SECONDS = 30.0
 MAX_REJECTIONS_IN_A_ROW = 200
 # After the source could not give a table's schema, ask again no sooner than this.
 SCHEMA_RETRY_SECONDS = 5.0
-
-
-class SnapshotEmitter(Protocol):
-    """The one way the coordinator's records reach the changelog: at the engine's current
-    point, after every change it processed (the engine's ``Lander``)."""
-
-    @property
-    def next_pos(self) -> int:
-        """The changelog position the next record takes: where a session opening now opens."""
-        ...
-
-    def add_snapshot(self, schema: TableSchema, op: str, rows: list[tuple[Any, ...]] | pa.Table,
-                     extra: dict[str, list[Any]] | None) -> int:
-        """Queue records of one op (chunk rows, a range assertion, a sweep); the first position
-        they take. Rows are tuples in schema column order, or (chunk rows) an Arrow table of
-        the user columns. Raises, queueing nothing, when they do not fit the schema."""
-        ...
-
-
-class TableSchemas(Protocol):
-    """The engine's schemas, which chunks are decided against (``changes.schemas.
-    SchemaTracker``): as the binlog's table maps gave them, or read from the source."""
-
-    schemas: dict[str, TableSchema]
-
-    def learn_table(self, table_id: str) -> TableSchema | None:
-        """The table's current schema read from the source (shaped by the selector), recorded
-        as the engine's; None when the table does not exist."""
-        ...
 
 
 @dataclass(slots=True)
