@@ -269,8 +269,9 @@ def bench_initial_load_many(tables: int, rows: int, work: Path,
             runs = _runs_report(instance, t0)
             snapshots_at, snapshots = _materialised_at(instance, [
                 dg.AssetKey([SERVER_NAME, "snapshot", SNAPSHOT_DB, t]) for t in names])
-            merges = sum(len(instance.fetch_materializations(
-                dg.AssetKey([SERVER_NAME, SNAPSHOT_DB, t]), limit=1000).records) for t in names)
+            merges = sum(1 for t in names for record in instance.fetch_materializations(
+                dg.AssetKey([SERVER_NAME, SNAPSHOT_DB, t]), limit=1000).records
+                if "current" not in record.asset_materialization.metadata)
     finally:
         if platform is not None:
             platform.stop()

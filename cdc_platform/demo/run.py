@@ -514,7 +514,8 @@ def _print_summary(servers: dict[str, MariaDBServer], env: dict[str, str],
                     target_rows = catalog_rows.get(table)
                     target_rows = "-" if target_rows is None else target_rows
                 elif event and event.asset_materialization:
-                    target_rows = event.asset_materialization.metadata["rows"].value
+                    rows = event.asset_materialization.metadata.get("rows")
+                    target_rows = "-" if rows is None else rows.value
                 differences: Any = "?"
                 check = _latest_check(instance, key)
                 if check is not None:

@@ -90,11 +90,12 @@ def test_a_quiet_current_target_is_materialised_with_its_mark_and_every_target_h
     quiet target is current, and that keeps the consumed position the fresh check reads."""
     settings = cdc_env.settings
     schema = TableSchema(cdc_env.db, "t", (), ("id",))
-    [current] = list(_events_to_dagster(settings, [Current(schema, 42)]))
+    [current] = list(_events_to_dagster(settings, [Current(schema, 42, 7)]))
     assert isinstance(current, dg.AssetMaterialization)
     assert current.asset_key == target_key(settings, schema)
     assert current.metadata["current"].value is True
     assert current.metadata["consumed_position"].value == 42
+    assert current.metadata["rows"].value == 7
     policy = freshness_policy(settings)
     assert policy.fail_window.to_timedelta().total_seconds() == (
         settings.lake.freshness_seconds + FRESHNESS_POLICY_SLACK_SECONDS)

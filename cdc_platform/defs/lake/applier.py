@@ -137,7 +137,8 @@ def _event_to_dagster(settings: Settings, event: Any, stale: dict[str, str | Non
             "merge since the last materialisation)",
             metadata={"current": True, "records_read": 0,
                       "consumed_position": -1 if event.consumed_pos is None
-                      else event.consumed_pos})
+                      else event.consumed_pos,
+                      **({} if event.rows is None else {"rows": event.rows})})
     elif isinstance(event, Failed):
         yield LogLine("warning", f"{event.schema.table_id}: merge failed ({event.attempts} in a row; "
                           f"retried with backoff): {event.error}")

@@ -39,10 +39,11 @@ class Current:
     """A target with nothing to merge: every landed change of its table is merged (it says so
     every ``current_every_seconds`` while it stays quiet, so that Dagster's freshness policy,
     which counts from the last materialisation, sees a quiet table as fresh). Its mark is
-    the one its last merge committed."""
+    the one its last merge committed, and its rows those that merge left (None: not known)."""
 
     schema: TableSchema
     consumed_pos: int | None
+    rows: int | None = None
 
 
 @dataclass(frozen=True)

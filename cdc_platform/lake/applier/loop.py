@@ -86,6 +86,7 @@ class _TableState:
     merge_started: float = -1e9  # (monotonic) when its last committed merge started
     # (epoch seconds) when the target's newest Iceberg snapshot was committed, as last seen
     committed_at: float | None = None
+    rows: int | None = None  # the target's rows after its last merge
     # (monotonic) when it last said it was merged or current (``Applied``, ``Current``)
     reported_at: float = field(default_factory=time.monotonic)
     last_compaction: float = -1e9
@@ -322,7 +323,7 @@ class Applier:
                     self.pending(schema, checkpoint, survey):
                 continue
             state.reported_at = now
-            self.emit(Current(schema, state.consumed_pos))
+            self.emit(Current(schema, state.consumed_pos, state.rows))
 
     def tables(self) -> list[TableSchema]:
         """The captured tables with a key, as the engine recorded them (new tables join as
@@ -499,6 +500,7 @@ class Applier:
         state.known = True
         if result.snapshot is not None:
             state.committed_at = result.snapshot.committed_at.timestamp()
+        state.rows = result.rows
         state.loaded = state.loaded or result.rows > 0
         if result.committed:
             state.merge_started = started
