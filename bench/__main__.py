@@ -551,7 +551,7 @@ def _native_select(server: MariaDBServer) -> float:
 
 def bench_snapshot(rows: int, write_rate: float, work: Path, s3: BenchS3 | None = None
                    ) -> None:
-    from cdc_platform.capture.landing.zone import DEFAULT_CHUNK_SIZE
+    from cdc_platform.capture.landing.session_records import DEFAULT_CHUNK_SIZE
 
     print(f"\n## snapshot: {rows:,}-row table, chunk size {DEFAULT_CHUNK_SIZE}, reader + capture "
           "engine (chunks -> Parquet changelog + checkpoint), same machine")

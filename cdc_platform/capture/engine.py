@@ -72,12 +72,8 @@ from cdc_platform.capture.events import (
 from cdc_platform.capture.flavours import flavour_of
 from cdc_platform.capture.gtid import GtidSet, any_gtid
 from cdc_platform.capture.landing.lander import Lander
-from cdc_platform.capture.landing.zone import (
-    SNAPSHOTS_CHECKPOINT_KEY,
-    Checkpoint,
-    LandingZone,
-    SnapshotSession,
-)
+from cdc_platform.capture.landing.session_records import SnapshotSession
+from cdc_platform.capture.landing.zone import SNAPSHOTS_CHECKPOINT_KEY, Checkpoint, LandingZone
 from cdc_platform.capture.snapshot.sessions import SnapshotCoordinator
 from cdc_platform.capture.source import (
     SourceSession,

@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from cdc_platform.capture.binlog.headroom import BinlogHeadroom, HeadroomStatus, LagClock
 from cdc_platform.capture.engine_options import EngineState, EngineStats
-from cdc_platform.capture.landing.zone import SessionState, SnapshotSession
+from cdc_platform.capture.landing.session_records import SessionState, SnapshotSession
 from cdc_platform.metrics import (
     FRESHNESS_HELP,
     FRESHNESS_METRIC,

@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 
 from cdc_platform.capture.binlog.headroom import BinlogHeadroom, HeadroomStatus
 from cdc_platform.capture.engine_options import EngineState, EngineStats
-from cdc_platform.capture.landing.zone import SessionState, SnapshotSession
+from cdc_platform.capture.landing.session_records import SessionState, SnapshotSession
 from cdc_platform.capture.metrics import EngineCollector, EngineReadings
 from cdc_platform.capture.start_errors import describe_start_error
 from cdc_platform.config import parse_settings

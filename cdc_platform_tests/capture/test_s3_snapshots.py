@@ -20,12 +20,11 @@ import dagster as dg
 import pytest
 
 from cdc_platform.capture.ddl.stale_markers import read_markers
+from cdc_platform.capture.landing.session_records import Action, SnapshotRequest
 from cdc_platform.capture.landing.zone import (
     READER_LEASE_FILE,
     SNAPSHOT_CHUNKS_DIR,
-    Action,
     LandingZone,
-    SnapshotRequest,
     snapshot_parts,
 )
 from cdc_platform.capture.snapshot import protocol
@@ -268,7 +267,7 @@ def test_retention_sweeps_decided_chunks_and_finished_sessions_on_s3(seaweedfs: 
     """The sweep's chunk rules through the store: rows files of decided chunks go at once,
     a replaced session's files and a finished session's once quiet; the request stays."""
     from cdc_platform.capture.landing.retention import CHUNKS, FINISHED_SESSION_GRACE_SECONDS, sweep
-    from cdc_platform.capture.landing.zone import SessionState, SnapshotSession
+    from cdc_platform.capture.landing.session_records import SessionState, SnapshotSession
     from cdc_platform_tests.capture.landing.test_retention import (
         HOUR,
         _sessions_checkpoint,

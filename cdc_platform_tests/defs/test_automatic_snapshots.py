@@ -11,7 +11,8 @@ import pytest
 
 from cdc_platform.capture.ddl.stale_markers import armed, read_markers, target_staleness
 from cdc_platform.capture.landing.records import StaleMarker
-from cdc_platform.capture.landing.zone import Checkpoint, SignalRef
+from cdc_platform.capture.landing.session_records import SignalRef
+from cdc_platform.capture.landing.zone import Checkpoint
 from cdc_platform.capture.snapshot.reading import relaunch
 from cdc_platform.capture.snapshot.reading.actions import signal_action
 from cdc_platform.definitions import build_definitions

@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import Producer
 
 from cdc_platform.__main__ import main
-from cdc_platform.capture.landing.zone import NO_SESSION, SignalRef, SnapshotRequest
+from cdc_platform.capture.landing.session_records import NO_SESSION, SignalRef, SnapshotRequest
 from cdc_platform.capture.signals.kafka import KafkaTopics, SignalCursor
 from cdc_platform.capture.snapshot.protocol import read_control, read_request, write_request
 from cdc_platform.definitions import build_definitions

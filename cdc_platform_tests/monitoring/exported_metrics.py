@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cdc_platform.capture.binlog.headroom import BinlogHeadroom, HeadroomStatus
 from cdc_platform.capture.engine_options import EngineStats
-from cdc_platform.capture.landing.zone import SessionState, SnapshotSession
+from cdc_platform.capture.landing.session_records import SessionState, SnapshotSession
 from cdc_platform.capture.metrics import EngineCollector, EngineReadings
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.snapshot.reading.metrics import ReadingTable, SnapshotRunCollector

@@ -530,7 +530,7 @@ def _run_requested_snapshots(settings: Any, landing: Any) -> None:
     from cdc_platform.capture import names
     from cdc_platform.capture.ddl import stale_markers
     from cdc_platform.capture.engine import CaptureEngine, EngineOptions
-    from cdc_platform.capture.landing.zone import Action, SessionState
+    from cdc_platform.capture.landing.session_records import Action, SessionState
     from cdc_platform.capture.snapshot import protocol
     from cdc_platform.capture.snapshot.reading import reader as snapshot_reader
 

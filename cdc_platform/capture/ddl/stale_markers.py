@@ -42,14 +42,12 @@ from cdc_platform.capture.landing.records import (
     StaleMarker,
     history_suffix,
 )
-from cdc_platform.capture.landing.zone import (
-    Checkpoint,
+from cdc_platform.capture.landing.session_records import (
     EndedSessions,
-    LandingReader,
-    LandingZone,
     SessionState,
     SnapshotSession,
 )
+from cdc_platform.capture.landing.zone import Checkpoint, LandingReader, LandingZone
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.protocol import read_ended_sessions, read_session_state
 

@@ -83,6 +83,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from cdc_platform.capture.landing.session_records import SessionState, SnapshotRequest
 from cdc_platform.capture.landing.zone import (
     CHANGELOG_DIR,
     SEGMENT_NAME,
@@ -91,8 +92,6 @@ from cdc_platform.capture.landing.zone import (
     SNAPSHOTS_DIR,
     Checkpoint,
     LandingZone,
-    SessionState,
-    SnapshotRequest,
     changelog_parts,
     segment_name,
     segment_write_options,

@@ -25,12 +25,8 @@ from cdc_platform.capture.landing.records import (
     THRESHOLD,
     hi_column,
 )
-from cdc_platform.capture.landing.zone import (
-    LandingZone,
-    SessionState,
-    SnapshotSession,
-    session_time,
-)
+from cdc_platform.capture.landing.session_records import SessionState, SnapshotSession, session_time
+from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.snapshot.chunks import (
     Chunk,

@@ -34,26 +34,28 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cdc_platform.capture.keys import Key
-from cdc_platform.capture.landing.zone import (
+from cdc_platform.capture.landing.session_records import (
     ENDED_SESSIONS_FILE,
+    Action,
+    EndedSessions,
+    SignalRef,
+    SnapshotRequest,
+    SnapshotSession,
+    timestamp_now,
+)
+from cdc_platform.capture.landing.zone import (
     READER_LEASE_FILE,
     READER_LOCK_FILE,
     SNAPSHOT_CHUNKS_DIR,
     SNAPSHOT_CONTROL_FILE,
     SNAPSHOT_REQUEST_FILE,
     SNAPSHOTS_DIR,
-    Action,
     Checkpoint,
-    EndedSessions,
     LandingReader,
     LandingZone,
-    SignalRef,
-    SnapshotRequest,
-    SnapshotSession,
     snapshot_parts,
     table_of_parts,
     table_parts,
-    timestamp_now,
 )
 from cdc_platform.capture.schema import ColumnSpec, ColumnValueError, TableSchema, landing_arrays
 from cdc_platform.capture.snapshot import native

@@ -38,15 +38,15 @@ from typing import Any
 from cdc_platform.capture import names
 from cdc_platform.capture.gtid import Gtid, GtidSet, parse_position
 from cdc_platform.capture.keys import Key
-from cdc_platform.capture.landing.zone import (
+from cdc_platform.capture.landing.session_records import (
     Action,
     EndedSessions,
-    LandingZone,
     SessionState,
     SnapshotRequest,
     SnapshotSession,
     session_time,
 )
+from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.chunk_decisions import (
     ChunkDecisions,

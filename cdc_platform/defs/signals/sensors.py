@@ -16,7 +16,8 @@ from typing import Any
 
 import dagster as dg
 
-from cdc_platform.capture.landing.zone import Action, LandingZone, SignalRef, SnapshotRequest
+from cdc_platform.capture.landing.session_records import Action, SignalRef, SnapshotRequest
+from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.names import split_table_id
 from cdc_platform.capture.signals.checks import SourceChecks
 from cdc_platform.capture.signals.kafka import KafkaChannelError, KafkaTopics, SignalCursor

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import dagster as dg
 from pydantic import Field
 
-from cdc_platform.capture.landing.zone import DEFAULT_CHUNK_SIZE, LandingZone, SignalRef
+from cdc_platform.capture.landing.session_records import DEFAULT_CHUNK_SIZE, SignalRef
+from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.names import joined_name
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.chunks import (

@@ -37,7 +37,8 @@ import dagster as dg
 
 from cdc_platform.capture.ddl import stale_markers
 from cdc_platform.capture.landing.records import StaleMarker
-from cdc_platform.capture.landing.zone import Action, LandingZone
+from cdc_platform.capture.landing.session_records import Action
+from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.names import split_table_id
 from cdc_platform.capture.snapshot.protocol import read_request
 from cdc_platform.capture.snapshot.reading import relaunch

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from cdc_platform.capture.gtid import parse_position
-from cdc_platform.capture.landing.zone import SessionState, SnapshotSession
+from cdc_platform.capture.landing.session_records import SessionState, SnapshotSession
 
 
 def compaction_reason(metadata: Mapping[str, Any], min_files: int,

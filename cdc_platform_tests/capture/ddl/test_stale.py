@@ -21,14 +21,12 @@ from cdc_platform.capture.ddl.stale_markers import (
     target_staleness,
 )
 from cdc_platform.capture.landing.records import StaleMarker
-from cdc_platform.capture.landing.zone import (
-    SNAPSHOTS_CHECKPOINT_KEY,
-    Checkpoint,
+from cdc_platform.capture.landing.session_records import (
     EndedSessions,
-    LandingZone,
     SessionState,
     SnapshotSession,
 )
+from cdc_platform.capture.landing.zone import SNAPSHOTS_CHECKPOINT_KEY, Checkpoint, LandingZone
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 
 SCHEMAS = {"s.t": TableSchema("s", "t", (ColumnSpec("id", "int"), ColumnSpec("a", "int")),

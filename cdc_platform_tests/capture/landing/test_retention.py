@@ -51,16 +51,18 @@ from cdc_platform.capture.landing.retention import (
     horizon,
     sweep,
 )
+from cdc_platform.capture.landing.session_records import (
+    Action,
+    SessionState,
+    SnapshotRequest,
+    SnapshotSession,
+)
 from cdc_platform.capture.landing.zone import (
     SNAPSHOT_CHUNKS_DIR,
     SNAPSHOTS_CHECKPOINT_KEY,
     SNAPSHOTS_DIR,
-    Action,
     Checkpoint,
     LandingZone,
-    SessionState,
-    SnapshotRequest,
-    SnapshotSession,
     column_renames_name,
     column_renames_parts,
     segment_name,

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cdc_platform.capture.landing.zone import DEFAULT_CHUNK_SIZE, SnapshotRequest
+from cdc_platform.capture.landing.session_records import DEFAULT_CHUNK_SIZE, SnapshotRequest
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.snapshot.chunks import Chunk, ChunkedTable, ChunkKey, schema_fingerprint
 from cdc_platform.capture.snapshot.conditions import Condition

@@ -22,7 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cdc_platform.capture.gtid import MariadbPosition, parse_gtid
-from cdc_platform.capture.landing.zone import Checkpoint, LandingZone, SnapshotRequest
+from cdc_platform.capture.landing.session_records import SnapshotRequest
+from cdc_platform.capture.landing.zone import Checkpoint, LandingZone
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.snapshot import chunk_decisions, protocol, sessions
 from cdc_platform.capture.snapshot.chunks import Chunk, ChunkedTable, ChunkKey, schema_fingerprint

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cdc_platform.capture import source as source_sql
-from cdc_platform.capture.landing.zone import SnapshotRequest
+from cdc_platform.capture.landing.session_records import SnapshotRequest
 from cdc_platform.capture.snapshot.chunks import schema_fingerprint
 from cdc_platform.capture.snapshot.protocol import chunk_parts, write_request
 from cdc_platform.capture.snapshot.reading.progress import (

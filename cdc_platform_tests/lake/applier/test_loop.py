@@ -298,7 +298,7 @@ def test_compaction_reason_and_positions() -> None:
 def test_an_empty_target_waits_a_bounded_while_for_its_running_snapshot() -> None:
     import datetime as dt
 
-    from cdc_platform.capture.landing.zone import SessionState, SnapshotSession
+    from cdc_platform.capture.landing.session_records import SessionState, SnapshotSession
 
     opened = dt.datetime(2026, 11, 26, 12, 0, 0, tzinfo=dt.UTC)
 
@@ -347,7 +347,7 @@ def test_segments_of_a_table_the_filters_no_longer_capture_are_swept(
 def _snapshot_open_on_a_new_table(env: CdcEnv) -> None:
     """Table ``t`` with a changelog record and snapshot session ``s1`` open on it (as the
     engine records it in its checkpoint): its empty target waits for the snapshot."""
-    from cdc_platform.capture.landing.zone import SessionState, SnapshotSession
+    from cdc_platform.capture.landing.session_records import SessionState, SnapshotSession
 
     env.execute("CREATE TABLE t (id INT PRIMARY KEY, v INT)", "INSERT INTO t VALUES (1, 1)")
     env.catch_up()

@@ -10,15 +10,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 from cdc_platform.capture import names
-from cdc_platform.capture.landing.zone import (
+from cdc_platform.capture.landing.session_records import (
     DEFAULT_CHUNK_SIZE,
     NO_SESSION,
     Action,
-    LandingZone,
     SignalRef,
     SnapshotRequest,
     timestamp_now,
 )
+from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.snapshot.errors import SnapshotError
 from cdc_platform.capture.snapshot.protocol import (
     read_control,

@@ -11,12 +11,8 @@ from __future__ import annotations
 import threading
 import time
 
-from cdc_platform.capture.landing.zone import (
-    CHECKPOINT_FILE,
-    Checkpoint,
-    LandingZone,
-    SnapshotSession,
-)
+from cdc_platform.capture.landing.session_records import SnapshotSession
+from cdc_platform.capture.landing.zone import CHECKPOINT_FILE, Checkpoint, LandingZone
 from cdc_platform.capture.snapshot.protocol import read_ended_sessions, read_session_state
 
 

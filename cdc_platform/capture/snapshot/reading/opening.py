@@ -16,13 +16,8 @@ import json
 import re
 import time
 
-from cdc_platform.capture.landing.zone import (
-    NO_SESSION,
-    SNAPSHOT_CHUNKS_DIR,
-    Action,
-    SnapshotRequest,
-    snapshot_parts,
-)
+from cdc_platform.capture.landing.session_records import NO_SESSION, Action, SnapshotRequest
+from cdc_platform.capture.landing.zone import SNAPSHOT_CHUNKS_DIR, snapshot_parts
 from cdc_platform.capture.snapshot.errors import NoEngineError, SnapshotError
 from cdc_platform.capture.snapshot.protocol import (
     chunk_parts,

@@ -34,15 +34,15 @@ import pymysql
 from cdc_platform.capture import names
 from cdc_platform.capture import source as source_sql
 from cdc_platform.capture.keys import Key
-from cdc_platform.capture.landing.zone import (
+from cdc_platform.capture.landing.session_records import (
     DEFAULT_CHUNK_SIZE,
     NO_SESSION,
     Action,
-    LandingZone,
     SessionState,
     SignalRef,
     SnapshotRequest,
 )
+from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.chunks import (
     DEFAULT_CHUNK_MAX_BYTES,

@@ -16,13 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from cdc_platform.capture import source as source_sql
-from cdc_platform.capture.landing.zone import (
-    SNAPSHOTS_CHECKPOINT_KEY,
-    Checkpoint,
-    EndedSessions,
-    LandingZone,
-    SnapshotSession,
-)
+from cdc_platform.capture.landing.session_records import EndedSessions, SnapshotSession
+from cdc_platform.capture.landing.zone import SNAPSHOTS_CHECKPOINT_KEY, Checkpoint, LandingZone
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.snapshot.protocol import (
     chunk_parts,

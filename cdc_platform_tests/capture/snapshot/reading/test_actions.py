@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cdc_platform.capture.landing.zone import SnapshotRequest
+from cdc_platform.capture.landing.session_records import SnapshotRequest
 from cdc_platform.capture.snapshot.errors import SnapshotError
 from cdc_platform.capture.snapshot.protocol import read_request, write_request
 from cdc_platform.capture.snapshot.reading import actions

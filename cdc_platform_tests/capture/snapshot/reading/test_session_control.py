@@ -9,7 +9,8 @@ import threading
 import time
 from typing import Any
 
-from cdc_platform.capture.landing.zone import LandingZone, SignalRef
+from cdc_platform.capture.landing.session_records import SignalRef
+from cdc_platform.capture.landing.zone import LandingZone
 from cdc_platform.capture.snapshot.errors import SnapshotError
 from cdc_platform.capture.snapshot.protocol import read_request
 from cdc_platform.capture.snapshot.reading import actions
