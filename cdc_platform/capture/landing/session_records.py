@@ -71,13 +71,18 @@ class SnapshotSession:
     def from_dict(data: dict[str, Any], table_id: str = "") -> SnapshotSession:
         """The session a checkpoint records (``table_id``: its key there). Fields a record
         lacks take their defaults, and fields this version does not know are left out, so a
-        checkpoint of another version reads too; ``state`` must be one of ``SessionState``."""
+        checkpoint of another version reads too; ``state`` must be one of ``SessionState``.
+        The record's lists and mappings are copied: the session grows its own (a chunk
+        committed after it was read must not change the record it was read from)."""
         known = {f.name for f in fields(SnapshotSession)}
         opening = str(data.get("opening") or "")
         defaults = {"table_id": table_id, "opening": opening, "opening_pos": 0,
                     "horizon": opening, "chunk_key": []}
-        return SnapshotSession(**{**defaults, **{k: v for k, v in data.items() if k in known},
-                                  "state": SessionState(data["state"])})
+        values = {**defaults, **{k: v for k, v in data.items() if k in known}}
+        values.update({k: list(values[k]) for k in ("chunk_key", "committed") if k in values})
+        if "rejected" in values:
+            values["rejected"] = dict(values["rejected"])
+        return SnapshotSession(**{**values, "state": SessionState(data["state"])})
 
     @property
     def tracked(self) -> bool:

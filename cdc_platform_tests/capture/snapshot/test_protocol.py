@@ -14,7 +14,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cdc_platform.capture.landing.session_records import DEFAULT_CHUNK_SIZE, SnapshotRequest
+from cdc_platform.capture.landing.session_records import (
+    DEFAULT_CHUNK_SIZE,
+    SnapshotRequest,
+    SnapshotSession,
+)
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.snapshot.chunks import Chunk, ChunkedTable, ChunkKey, schema_fingerprint
 from cdc_platform.capture.snapshot.conditions import Condition
@@ -250,3 +254,17 @@ def test_engine_drops_chunk_rows_whose_key_was_touched_outside_the_low_watermark
     coordinator.on_tick(parse_position("mariadb", "0-1-11"))
     [rows] = [rows for op, rows in emitted if op == "r"]
     assert [row[1] for row in rows] == [2], rows  # the touched key's row is dropped
+
+
+def test_a_session_read_from_a_record_never_changes_the_record() -> None:
+    """The engine restarts from a checkpoint's records: a chunk committed afterwards must not
+    write itself into the record it was read from (which a later restart would read as a
+    committed chunk of a session still open: its next chunk 0 was never decided)."""
+    record = {"session_id": "s1", "state": "open", "opening": "0-1-1", "chunk_key": ["k"],
+              "committed": [], "rejected": {}}
+    session = SnapshotSession.from_dict(record, "db.t")
+    session.committed.append(0)
+    session.rejected["1"] = "raced"
+    session.chunk_key.append("x")
+    assert record == {"session_id": "s1", "state": "open", "opening": "0-1-1",
+                      "chunk_key": ["k"], "committed": [], "rejected": {}}
