@@ -1,7 +1,7 @@
 """How Prometheus finds a run's metrics on Kubernetes: the run pod of a job whose process
 serves ``/metrics`` (``metrics.port``) carries the ``prometheus.io/*`` annotations of its port
 (the convention of Prometheus's ``kubernetes_sd`` pod examples and most charts) and labels
-naming its source and role, for a PodMonitor (helm/values-monitoring.yaml, docs/metrics.md)."""
+naming its source and role, for a PodMonitor (helm/monitoring/podmonitor.yaml, docs/metrics.md)."""
 
 from __future__ import annotations
 
