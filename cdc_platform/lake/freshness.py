@@ -15,6 +15,7 @@ targets' consumed marks) and this decides, so the rule is one function with test
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -77,6 +78,16 @@ def judge(facts: Facts) -> Verdict:
     return Verdict(True, lag, "", "")
 
 
+def unmerged_segments(names: Iterable[tuple[int, int, str]], consumed_pos: int | None,
+                      next_pos: int) -> Iterator[tuple[int, int, str]]:
+    """The segments (``(first, last, name)``, in the listing's order) that may hold records of
+    a table past its target's consumed mark and before the checkpoint's ``next_pos``: the one
+    rule of what a target has still to merge (the applier's ``pending``, this verdict's
+    ``oldest_pending_seconds`` and the applier's target-lag metric read it)."""
+    return ((first, last, name) for first, last, name in names
+            if (consumed_pos is None or last > consumed_pos) and first < next_pos)
+
+
 def oldest_pending_seconds(landing: LandingReader, database: str, table: str,
                            consumed_pos: int | None, next_pos: int,
                            names: list[tuple[int, int, str]] | None = None) -> float | None:
@@ -89,9 +100,7 @@ def oldest_pending_seconds(landing: LandingReader, database: str, table: str,
     """
     if names is None:
         names = landing.segment_names(database, table)
-    for first, last, name in names:
-        if (consumed_pos is not None and last <= consumed_pos) or first >= next_pos:
-            continue
+    for _first, _last, name in unmerged_segments(names, consumed_pos, next_pos):
         filesystem, path = landing.store.arrow(*changelog_parts(database, table), name)
         try:
             metadata = pq.ParquetFile(filesystem.open_input_file(path)).metadata

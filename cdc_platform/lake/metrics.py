@@ -32,7 +32,7 @@ from cdc_platform.capture.names import split_table_id
 from cdc_platform.config import Settings
 from cdc_platform.lake.applier.events import Applied, Event, Failed, Maintained, Reconciled
 from cdc_platform.lake.applier.loop import Applier
-from cdc_platform.lake.freshness import oldest_pending_seconds
+from cdc_platform.lake.freshness import oldest_pending_seconds, unmerged_segments
 from cdc_platform.metrics import (
     FRESHNESS_HELP,
     FRESHNESS_METRIC,
@@ -166,9 +166,7 @@ class ApplierMetrics(Collector):
                         consumed_pos: int | None, next_pos: int,
                         names: list[tuple[int, int, str]]) -> float | None:
         """``oldest_pending_seconds`` with each segment's footer read once."""
-        for first, last, name in names:
-            if (consumed_pos is not None and last <= consumed_pos) or first >= next_pos:
-                continue
+        for first, last, name in unmerged_segments(names, consumed_pos, next_pos):
             key = (database, table, name)
             if key not in self._footers:
                 if len(self._footers) >= FOOTER_CACHE_ENTRIES:

@@ -61,6 +61,7 @@ from cdc_platform.lake.applier.sweep import LandingSweep
 from cdc_platform.lake.arrow_load import target_rows
 from cdc_platform.lake.arrow_merge import upkeep_without_spark
 from cdc_platform.lake.changelog import TableChangelog
+from cdc_platform.lake.freshness import unmerged_segments
 from cdc_platform.lake.iceberg.lake import Lake
 from cdc_platform.lake.iceberg.maintenance import ORPHAN_MIN_AGE, maintain, remove_orphans
 from cdc_platform.lake.iceberg.table import LakeTable
@@ -346,11 +347,10 @@ class Applier:
         state = self.states[schema.table_id]
         if not state.known:
             return True
-        after = state.consumed_pos
         names = survey.segment_names(schema.database, schema.table) if survey is not None \
             else self._landing.segment_names(schema.database, schema.table)
-        return any((after is None or last > after) and first < checkpoint.next_pos
-                   for first, last, _ in names)
+        return next(unmerged_segments(names, state.consumed_pos, checkpoint.next_pos),
+                    None) is not None
 
     def _target(self, schema: TableSchema) -> LakeTable:
         return LakeTable(Lake(self.spark, self.options.warehouse_url, self.options.catalog),
