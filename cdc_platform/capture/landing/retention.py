@@ -15,6 +15,8 @@ deletes. Why each is safe:
   which the engine deletes at its next start and replays with the same positions. The engine
   itself never reads a segment again (it resumes from the checkpoint's GTID set), and a reader
   reads only records after its target's mark (``lake.changelog.TableChangelog.segments``).
+  Where publishers are required (change topics), never past what each published through
+  (``capture.landing.published``): a change is published before its segment goes.
 * A segment **expires** when it ends at or below the horizon, its file is older than the
   retention, and it is not the table's newest committed segment. Age is the file's
   modification time (when it landed; a compacted segment takes its newest input's), not its
@@ -50,7 +52,7 @@ deletes. Why each is safe:
   them is durable, and a start deletes every file its checkpoint does not name (those a
   killed engine left). A sweep cannot tell a running engine's open transaction from an
   orphan, so it only counts them.
-* Never touched: ``checkpoint.json``, ``tables.json``, column-rename records, stale markers
+* Never touched: ``checkpoint.json``, ``tables.json``, publishers' records (``published/``), column-rename records, stale markers
   (the lake deletes them once applied), snapshot requests, controls and locks.
 
 Every deletion is of one file, and every prefix of a sweep's deletions leaves a zone in
@@ -83,6 +85,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from cdc_platform.capture.landing.published import hold as publishers_hold
 from cdc_platform.capture.landing.session_records import SessionState, SnapshotRequest
 from cdc_platform.capture.landing.zone import (
     CHANGELOG_DIR,
@@ -151,9 +154,11 @@ class SegmentFile:
 
 
 def horizon(table: str, consumed: Mapping[str, int | None], unread: Collection[str],
-            next_pos: int) -> int:
+            next_pos: int, published: int | None = None) -> int:
     """The highest position no reader of ``table``'s segments needs (0: none): its target's
-    consumed mark; everything committed if it has no target; never ``next_pos`` or past it."""
+    consumed mark; everything committed if it has no target; never past what the publishers
+    published (``published``: ``capture.landing.published.hold``, None when none holds the
+    table); never ``next_pos`` or past it."""
     if table in consumed:
         mark = consumed[table]
         free = 0 if mark is None else mark
@@ -161,6 +166,8 @@ def horizon(table: str, consumed: Mapping[str, int | None], unread: Collection[s
         free = next_pos - 1
     else:
         free = 0
+    if published is not None:
+        free = min(free, published)
     return max(0, min(free, next_pos - 1))
 
 
@@ -343,13 +350,15 @@ class RetentionReport:
 
 def sweep(landing: LandingZone, consumed: Mapping[str, int | None], unread: Collection[str],
           retention_seconds: float, now: float | None = None, *,
-          compact: bool = True) -> RetentionReport:
+          compact: bool = True, publishers: Collection[str] = ()) -> RetentionReport:
     """Delete what no reader needs any more, compact small segments nobody reads; report.
 
     ``consumed``: table id (``capture.names.table_id``) -> the changelog position its target
     consumed through (its mark, inclusive), None when it consumed nothing yet. ``unread``:
     tables without a target (their segments go by age alone). Tables in neither keep all of
     their segments. ``retention_seconds``: how long a consumed segment stays after it landed.
+    ``publishers``: the publishers that must have published a segment before it goes
+    (``capture.landing.published``; one that wrote no record yet holds everything).
     ``now``: the time ages are measured at (default: the clock). A table whose files cannot be
     handled is reported in ``errors`` and the sweep goes on.
     """
@@ -365,10 +374,14 @@ def sweep(landing: LandingZone, consumed: Mapping[str, int | None], unread: Coll
         checkpoint = landing.read_checkpoint()
         if checkpoint is not None:
             unread = set(unread)
+            # (read after the checkpoint: a publisher's record only grows, so an older read
+            # holds back more, never less)
+            marks = {name: landing.read_published(name) for name in publishers}
             for database, table in landing.changelog_tables():
+                name = table_id(database, table)
                 try:
                     _sweep_table(landing, database, table, horizon(
-                        table_id(database, table), consumed, unread, checkpoint.next_pos),
+                        name, consumed, unread, checkpoint.next_pos, publishers_hold(marks, name)),
                         checkpoint.next_pos, retention_seconds, now, compact, report)
                 except (OSError, pa.ArrowException, ValueError) as error:
                     _failed(report, f"changelog of {table_id(database, table)}", error)

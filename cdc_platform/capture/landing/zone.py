@@ -36,6 +36,11 @@ from cdc_platform.capture.landing.fencing import (
     LandingZoneTakenError,
     SingleWriter,
 )
+from cdc_platform.capture.landing.published import (
+    PUBLISHED_DIR,
+    PublishedMarks,
+    published_name,
+)
 from cdc_platform.capture.landing.records import DICTIONARY_COLUMNS
 from cdc_platform.capture.landing.session_records import (
     ENDED_SESSIONS_FILE,
@@ -326,6 +331,32 @@ class LandingReader:
             if match:
                 found.append((int(match.group(1)), name))
         return sorted(found)
+
+    def read_published(self, publisher: str) -> PublishedMarks | None:
+        """``publisher``'s record (``capture.landing.published``), None before its first."""
+        found = self.published_version(publisher)
+        return None if found is None else found[0]
+
+    def published_version(self, publisher: str) -> tuple[PublishedMarks, str] | None:
+        """``publisher``'s record and the version token its next ``write_published`` names."""
+        found = self.store.read_versioned(PUBLISHED_DIR, published_name(publisher))
+        if found is None:
+            return None
+        data, etag = found
+        try:
+            return PublishedMarks.from_json(data), etag
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(
+                f"{self.store.uri_of(PUBLISHED_DIR, published_name(publisher))} is not a valid "
+                f"publisher record ({exc!r}); it is written by the {publisher} publisher"
+            ) from exc
+
+    def write_published(self, marks: PublishedMarks, etag: str | None) -> str | None:
+        """Replace the publisher's record if it is still the version ``etag`` (None: create it
+        if there is none); the new version's token, or None when another writer changed it
+        (a second publisher of this source took over)."""
+        return self.store.write_versioned(PUBLISHED_DIR, published_name(marks.publisher),
+                                          data=marks.to_json(), etag=etag)
 
 
 class LandingZone(SingleWriter, LandingReader):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdc_platform.capture import source as source_sql
+from cdc_platform.capture.landing.published import CHANGE_TOPICS
 from cdc_platform.capture.source import TableSelector
 from cdc_platform.capture.store.storage import is_s3_url
 from cdc_platform.config import (
@@ -61,6 +62,8 @@ class ApplierOptions:
     # A target with nothing to merge says it is current (``events.Current``) this often.
     current_every_seconds: float = default_of(LakeSettings, "freshness_seconds") / 2
     s3: S3Settings | None = None  # the config's s3 options (a landing zone at an S3 URL)
+    # Publishers retention waits for (``capture.landing.published``): the change topics'.
+    publishers: tuple[str, ...] = ()
 
     @staticmethod
     def from_settings(settings: Any) -> ApplierOptions:
@@ -92,4 +95,10 @@ class ApplierOptions:
             first_load_wait_seconds=lake.freshness_seconds / 2,
             current_every_seconds=lake.freshness_seconds / 2,
             s3=settings.s3,
+            publishers=publishers_of(settings),
         )
+
+
+def publishers_of(settings: Any) -> tuple[str, ...]:
+    """The publishers a source's landing-zone retention waits for."""
+    return (CHANGE_TOPICS,) if settings.source.change_topics.enabled else ()

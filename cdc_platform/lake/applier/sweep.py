@@ -65,7 +65,8 @@ class LandingSweep:
                             ) -> retention.RetentionReport:
         landing = LandingZone(self.options.landing_url, self.options.server_name,
                               s3=self.options.s3)
-        return retention.sweep(landing, consumed, unread, self.options.retention_seconds)
+        return retention.sweep(landing, consumed, unread, self.options.retention_seconds,
+                               publishers=self.options.publishers)
 
     def _inputs(self, tables: list[TableSchema], states: Mapping[str, _Mark]
                 ) -> tuple[dict[str, int | None], list[str]] | None:

@@ -30,6 +30,8 @@ from hypothesis import strategies as st
 from cdc_platform.capture import names
 from cdc_platform.capture.gtid import parse_position
 from cdc_platform.capture.landing import retention
+from cdc_platform.capture.landing.published import CHANGE_TOPICS, PublishedMarks
+from cdc_platform.capture.landing.published import hold as publishers_hold
 from cdc_platform.capture.landing.records import (
     GTID,
     OP,
@@ -856,3 +858,62 @@ def test_spill_files_of_a_killed_engine_go_when_it_restarts_and_sweeps_never_tou
     assert not any(spill.iterdir())
     landed = sum(pq.read_metadata(p).num_rows for _, _, p in env.landing.segments(env.db, "big"))
     assert landed == 60_000
+
+
+# ---- publishers (change topics): nothing is swept before it is published ----------------------
+
+
+@given(marks=st.dictionaries(st.sampled_from(["shop.items", "shop.log", "shop.other"]),
+                             st.integers(0, 120)),
+       unpublished=st.sets(st.sampled_from(["shop.items", "shop.log", "shop.other"])),
+       consumed=st.integers(0, 120), next_pos=st.integers(1, 120),
+       recorded=st.booleans())
+def test_the_horizon_never_passes_what_a_required_publisher_published(
+        marks: dict[str, int], unpublished: set[str], consumed: int, next_pos: int,
+        recorded: bool) -> None:
+    record = PublishedMarks(CHANGE_TOPICS, marks, frozenset(unpublished)) if recorded else None
+    for table in ("shop.items", "shop.log", "shop.other"):
+        held = publishers_hold({CHANGE_TOPICS: record}, table)
+        free = horizon(table, {"shop.items": consumed}, ["shop.log"], next_pos, held)
+        assert free <= horizon(table, {"shop.items": consumed}, ["shop.log"], next_pos)
+        if record is None:
+            assert free == 0  # a publisher that saved nothing yet holds every table whole
+        elif table in marks:
+            assert free <= marks[table]
+        elif table in unpublished:
+            assert held is None  # a table it does not publish waits only for its target
+        else:
+            assert free == 0  # not looked at yet: held whole
+    # No publisher required: the horizon is the target's alone.
+    assert publishers_hold({}, "shop.items") is None
+
+
+def test_a_sweep_waits_for_the_publisher_and_ignores_one_not_required(tmp_path: Path) -> None:
+    landing = LandingZone(str(tmp_path), "demo")
+    old = time.time() - 2 * HOUR
+    for position in range(1, 40, 2):
+        _segment(landing, ITEMS, [position], old + position)
+    landing.write_checkpoint(Checkpoint("demo", "mariadb", "0-1-1", 40))
+    # Required but no record yet: nothing goes, whatever the target consumed.
+    sweep(landing, {"shop.items": 39}, [], HOUR, compact=False, publishers=[CHANGE_TOPICS])
+    assert len(landing.segments("shop", "items")) == 20
+    assert landing.write_published(PublishedMarks(CHANGE_TOPICS, {"shop.items": 9}), None)
+    sweep(landing, {"shop.items": 39}, [], HOUR, compact=False, publishers=[CHANGE_TOPICS])
+    assert [s[0] for s in landing.segments("shop", "items")][0] == 11  # <= 9 published: gone
+    # A record left by a publisher that is no longer required (change topics turned off)
+    # holds nothing back.
+    sweep(landing, {"shop.items": 39}, [], HOUR, compact=False)
+    assert [s[0] for s in landing.segments("shop", "items")] == [39]
+
+
+def test_the_publishers_record_is_replaced_only_from_the_version_read(tmp_path: Path) -> None:
+    landing = LandingZone(str(tmp_path), "demo")
+    first = landing.write_published(PublishedMarks(CHANGE_TOPICS, {"shop.items": 3}), None)
+    assert first is not None
+    # A second writer that read nothing (or an older version) cannot replace it.
+    assert landing.write_published(PublishedMarks(CHANGE_TOPICS, {"shop.items": 5}), None) is None
+    second = landing.write_published(PublishedMarks(CHANGE_TOPICS, {"shop.items": 5}), first)
+    assert second is not None
+    assert landing.write_published(PublishedMarks(CHANGE_TOPICS, {"shop.items": 7}), first) is None
+    marks, version = landing.published_version(CHANGE_TOPICS)
+    assert (dict(marks.through), version) == ({"shop.items": 5}, second)
