@@ -18,7 +18,8 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from cdc_platform.defs.lake.applier import APPLIER_TAG, CHILD_PID_TAG, PID_TAG, REASON_TAG
+from cdc_platform.defs.lake.applier import APPLIER_TAG, CHILD_PID_TAG, PID_TAG
+from cdc_platform.defs.long_running import REASON_TAG
 from cdc_platform.defs.signals.sensors import SNAPSHOT_TABLE_TAG
 from cdc_platform_tests.capture.snapshot.reading.live_engine import EngineThread
 from cdc_platform_tests.conftest import CdcEnv

@@ -14,8 +14,6 @@ running, and each target's ``fresh`` check (``lake.freshness_seconds``).
 
 
 import json
-import os
-import socket
 import threading
 import time
 from collections.abc import Iterable
@@ -30,9 +28,9 @@ from cdc_platform.capture.landing.zone import LandingReader
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.config import Settings
 from cdc_platform.defs.lake.definitions import stalenesses, target_key
+from cdc_platform.defs.long_running import RunTags, active_runs, keep_running, run_alive
 from cdc_platform.defs.monitoring import k8s_config_tag
 from cdc_platform.defs.names import scoped_name, subsettable_asset_checks
-from cdc_platform.defs.signals.sensors import ACTIVE_STATUSES
 from cdc_platform.defs.streaming.definitions import STREAM_TAG
 from cdc_platform.defs.streaming.runner import changelog_key
 from cdc_platform.defs.threaded import QueueLog, run_in_thread
@@ -45,7 +43,7 @@ PID_TAG = "cdc_platform/applier_pid"
 # The pid of the process the run merges in (``lake.applier.process``).
 CHILD_PID_TAG = "cdc_platform/applier_child_pid"
 HOST_TAG = "cdc_platform/applier_host"
-REASON_TAG = "cdc_platform/launched_because"
+RUN_TAGS = RunTags(APPLIER_TAG, PID_TAG, HOST_TAG)
 # Segment footers the freshness judgement reads at once (a request each on object storage).
 FOOTER_READERS = 8
 # The fresh check's result is recorded when it changes, and at least this often.
@@ -244,8 +242,7 @@ def build_job(settings: Settings) -> dg.JobDefinition:
             context.log.info(f"applier: {counters.merges} merges in {counters.passes} passes "
                              f"over {counters.tables} tables (process {child.pid})")
 
-        context.instance.add_run_tags(context.run_id, {PID_TAG: str(os.getpid()),
-                                                       HOST_TAG: socket.gethostname()})
+        context.instance.add_run_tags(context.run_id, RUN_TAGS.where())
         port = settings.metrics_port(Role.APPLIER)
         if port is not None:
             context.log.info(f"applier metrics (served by its process): "
@@ -276,24 +273,6 @@ def build_job(settings: Settings) -> dg.JobDefinition:
 
 # ---- freshness ----------------------------------------------------------------------------
 
-def _alive(run: dg.DagsterRun) -> bool | None:
-    """Whether the run's process is alive, when this host can tell (None: it cannot)."""
-    pid, host = run.tags.get(PID_TAG), run.tags.get(HOST_TAG)
-    if not pid or host != socket.gethostname():
-        return None
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, ValueError):
-        return None
-    return True
-
-
-def _active_runs(instance: dg.DagsterInstance, tag: str, server: str) -> list[dg.DagsterRun]:
-    return list(instance.get_runs(filters=dg.RunsFilter(statuses=ACTIVE_STATUSES, tags={tag: server})))
-
-
 def _checkpoint_age(checkpoint: Any) -> float | None:
     """Seconds since the engine wrote the checkpoint (``checkpoint_lag_seconds`` without the
     lag it recorded)."""
@@ -314,7 +293,7 @@ def judge_targets(instance: dg.DagsterInstance, settings: Settings,
     checkpoint = survey.checkpoint
     limit = settings.lake.freshness_seconds
     age = _checkpoint_age(checkpoint) if checkpoint is not None else None
-    engine_running = bool(_active_runs(instance, STREAM_TAG, server)) or (
+    engine_running = bool(active_runs(instance, STREAM_TAG, server)) or (
         age is not None and age <= limit)
     engine_lag = None
     if checkpoint is not None and checkpoint.lag_seconds is not None and age is not None \
@@ -377,8 +356,8 @@ def _fresh_checks(settings: Settings, keyed: list[TableSchema]) -> dg.AssetCheck
         description=f"The fresh checks of {server!r}'s targets.")
     def fresh(context: dg.AssetCheckExecutionContext) -> Iterable[dg.AssetCheckResult]:
         selected = [by_key[check.asset_key] for check in context.selected_asset_check_keys]
-        running = [r for r in _active_runs(context.instance, APPLIER_TAG, server)
-                   if _alive(r) is not False]
+        running = [r for r in active_runs(context.instance, APPLIER_TAG, server)
+                   if run_alive(r, RUN_TAGS) is not False]
         verdicts = judge_targets(context.instance, settings, selected, bool(running))
         for schema in selected:
             evaluation = _evaluation(settings, schema, verdicts[schema.table_id])
@@ -408,26 +387,8 @@ def build_sensor(settings: Settings, tables: list[TableSchema], job: dg.JobDefin
     )
     def keep_lake_fresh(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         instance = context.instance
-        problem = ""
-        running = []
-        for run in _active_runs(instance, APPLIER_TAG, server):
-            if _alive(run) is False:
-                problem = (f"run {run.run_id[:8]} ended without stopping (its process "
-                           f"{run.tags.get(PID_TAG)} is gone)")
-                context.log.warning(f"{JOB_NAME} {problem}; marking it failed")
-                instance.report_run_failed(run, message=f"{JOB_NAME}: {problem}")
-            else:
-                running.append(run)
-        requests = []
-        if not running:
-            last = instance.get_runs(filters=dg.RunsFilter(tags={APPLIER_TAG: server}), limit=1)
-            reason = problem or (f"the last run {last[0].run_id[:8]} ended "
-                                 f"({last[0].status.value.lower()})" if last
-                                 else "no run of it yet")
-            problem = problem or reason
-            context.log.info(f"launching {JOB_NAME}: {reason}")
-            requests.append(dg.RunRequest(run_key=f"applier:{server}:{time.time():.0f}",
-                                          tags={REASON_TAG: reason[:200]}))
+        kept = keep_running(context, JOB_NAME, RUN_TAGS, server)
+        running, requests, problem = kept.running, kept.requests, kept.problem
         verdicts = judge_targets(instance, settings, keyed, bool(running),
                                  "" if running else problem)
         try:
