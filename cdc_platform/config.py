@@ -484,8 +484,9 @@ _TOPIC = r"^[A-Za-z0-9._-]{1,249}$"
 class KafkaSettings(_Section):
     bootstrap_servers: str = Field(
         default="",
-        description="Kafka bootstrap servers (`host:port,...`) of the signal and notification "
-        "topics. Empty: no signals (the signal sensor skips each tick saying so).",
+        description="Kafka bootstrap servers (`host:port,...`). In `signals.kafka`: of the "
+        "signal and notification topics, empty: no signals (the signal sensor skips each tick "
+        "saying so). In `change_topics.kafka`: of the change topics, empty: `signals.kafka`'s.",
     )
     config: dict[str, str] = Field(
         default_factory=dict,
@@ -522,8 +523,68 @@ class SignalSettings(_Section):
     )
 
 
+class ChangeTopicSettings(_Section):
+    """Debezium-envelope change events on Kafka topics, one per table (docs/change-topics.md):
+    the publisher (``publish_changes``) reads the landing zone from its own position."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Publish this source's row changes to Kafka topics. The `publish_changes` "
+        "job (kept running by its sensor) publishes; landing-zone retention waits for it.",
+    )
+    kafka: KafkaSettings = Field(
+        default_factory=KafkaSettings,
+        description="The brokers of the change topics; an empty `bootstrap_servers` means "
+        "those of the signal topic, with their `config` (`signals.kafka`).",
+    )
+    prefix: str = Field(
+        default="", pattern=r"^$|^[A-Za-z0-9._-]{1,200}$",
+        description="Debezium's `topic.prefix`: topics are `<prefix>.<database>.<table>` (each "
+        "character a topic name cannot hold becomes `_`) and `source.name` says it. Empty: the "
+        "source's `server_name`.",
+    )
+    tables: TableFilter = Field(
+        default_factory=TableFilter,
+        description="Which captured tables publish (patterns as `capture.tables`); by default "
+        "every captured table.",
+    )
+    tombstones_on_delete: bool = Field(
+        default=True,
+        description="After each delete event, a tombstone (the key, a null value) for log "
+        "compaction, as Debezium's `tombstones.on.delete`.",
+    )
+    schemas_enable: bool = Field(
+        default=True,
+        description="The JSON converter's `schemas.enable`: each key and value is "
+        "`{\"schema\": ..., \"payload\": ...}`; false: the payload alone.",
+    )
+    transactions: bool = Field(
+        default=True,
+        description="Publish each batch in a Kafka transaction (`transactional.id` "
+        "`cdc-topics-<server_name>`), so `read_committed` consumers never see a batch a killed "
+        "publisher left half-sent. Off: an idempotent producer only.",
+    )
+    partitions: int = Field(
+        default=1, ge=1, le=1000,
+        description="Partitions of each topic the publisher creates (keyed by the primary key: "
+        "one key's changes stay in order in one partition).",
+    )
+    replication_factor: int = Field(
+        default=-1, ge=-1, le=32,
+        description="Replication factor of the topics it creates; -1: the broker's default.",
+    )
+    batch_records: int = Field(
+        default=20_000, ge=1, le=1_000_000,
+        description="Records published per batch (one transaction, then the position is "
+        "saved) at most.",
+    )
+    poll_seconds: float = Field(
+        default=0.5, gt=0, le=60, description="Wait between looks at the landing zone when idle."
+    )
+
+
 #: Ports each source takes from ``metrics.port`` (docs/metrics.md, "Ports"): its engine, its
-#: applier, its snapshot runs, and one kept for a change-topic publisher.
+#: applier, its snapshot runs, and its change-topic publisher.
 METRICS_PORTS_PER_SOURCE = 4
 
 
@@ -535,8 +596,8 @@ class MetricsSettings(_Section):
         default=0, ge=0, le=65535,
         description="First port of the deployment's metrics endpoints; 0: none. Source N (its "
         "place in `sources`, from 0) takes 4 ports from `port + 4*N`: its capture engine, its "
-        "applier, its snapshot runs, and one kept free. On Kubernetes each run's pod gets the "
-        "`prometheus.io/*` annotations of its port.",
+        "applier, its snapshot runs, and its change-topic publisher. On Kubernetes each run's "
+        "pod gets the `prometheus.io/*` annotations of its port.",
     )
     host: str = Field(
         default="0.0.0.0",
@@ -550,6 +611,11 @@ class CapturedSource(SourceSettings):
     its ``server_name``."""
 
     capture: CaptureSettings = Field(default_factory=CaptureSettings)
+    change_topics: ChangeTopicSettings = Field(default_factory=ChangeTopicSettings)
+
+
+# The top-level keys of a one-source config that are ``sources[0]``'s (``_single_source``).
+_PER_SOURCE = ("source", "capture", "change_topics")
 
 
 class Settings(_Section):
@@ -577,16 +643,18 @@ class Settings(_Section):
     @model_validator(mode="before")
     @classmethod
     def _single_source(cls, data: Any) -> Any:
-        """``source:`` + ``capture:`` is the one-element ``sources:``."""
-        if not isinstance(data, dict) or ("source" not in data and "capture" not in data):
+        """``source:`` + ``capture:`` (+ ``change_topics:``) is the one-element ``sources:``."""
+        if not isinstance(data, dict) or not any(key in data for key in _PER_SOURCE):
             return data
         if "sources" in data:
-            raise ValueError("set either `sources` or `source` (+ `capture`), not both")
+            raise ValueError("set either `sources` or `source` (+ `capture`, `change_topics`), "
+                             "not both")
         data = dict(data)
-        source, capture = data.pop("source", None), data.pop("capture", None)
+        source = data.pop("source", None)
+        sections = {key: data.pop(key) for key in _PER_SOURCE[1:] if key in data}
         if not isinstance(source, dict):
             raise ValueError("`source` must be a mapping (or use `sources`, a list)")
-        data["sources"] = [{**source, **({"capture": capture} if capture is not None else {})}]
+        data["sources"] = [{**source, **sections}]
         return data
 
     @model_validator(mode="after")
@@ -639,7 +707,7 @@ class Settings(_Section):
 
     def metrics_port(self, slot: int) -> int | None:
         """The metrics port of this one-source settings' process in ``slot`` (0 engine, 1
-        applier, 2 snapshot runs), or None when ``metrics.port`` is 0. The source's place is
+        applier, 2 snapshot runs, 3 change-topic publisher), or None when ``metrics.port`` is 0. The source's place is
         its place in the deployment, so one source's settings (``for_source``) give the same
         port as the whole config's."""
         if not self.metrics.port:
@@ -726,7 +794,7 @@ def _error_key(loc: tuple[Any, ...], single_source: bool) -> str:
     if parts[:1] == ["sources"] and len(parts) > 1 and parts[1].isdigit():
         if single_source:
             rest = parts[2:]
-            parts = rest if rest[:1] == ["capture"] else ["source", *rest]
+            parts = rest if rest[:1] and rest[0] in _PER_SOURCE[1:] else ["source", *rest]
         else:
             parts = [f"sources[{parts[1]}]", *parts[2:]]
     return ".".join(parts)

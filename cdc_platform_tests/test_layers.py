@@ -27,6 +27,9 @@ FORBIDDEN = {
     "capture": ("cdc_platform.lake", "cdc_platform.defs", "cdc_platform.definitions",
                 "dagster", "pyspark"),
     "lake": ("cdc_platform.defs", "cdc_platform.definitions", "dagster"),
+    # the change-topic publisher: beside the lake, reading the landing zone as it does
+    "topics": ("cdc_platform.lake", "cdc_platform.defs", "cdc_platform.definitions",
+               "dagster", "pyspark"),
     # the ground floor: the settings schema, and the private services of the demo and tests
     "config": ("cdc_platform.capture", "cdc_platform.lake", "cdc_platform.defs",
                "cdc_platform.definitions", "cdc_platform.demo", "cdc_platform.devservices"),
