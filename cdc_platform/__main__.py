@@ -112,6 +112,39 @@ def _apply(args: argparse.Namespace) -> int:
     return 0
 
 
+def _publish(args: argparse.Namespace) -> int:
+    """The change-topic publisher in the foreground (the ``publish_changes`` job runs the same
+    loop): landing zone -> Debezium-envelope Kafka topics until stopped."""
+    from cdc_platform.config import load_settings
+    from cdc_platform.topics.metrics import serve_publisher_metrics
+    from cdc_platform.topics.producer import PublishError
+    from cdc_platform.topics.publisher import describe, open_publisher
+
+    settings = load_settings(args.config).for_source(args.source)
+    if not settings.source.change_topics.enabled:
+        print(f"cdc_platform publish: change topics are off for {settings.source.server_name!r}"
+              ": set change_topics.enabled: true (sources[].change_topics)", file=sys.stderr)
+        return 1
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    stop = _stop_on_signals("stopping after the batch in progress")
+    publisher = open_publisher(settings)
+    endpoint = serve_publisher_metrics(settings, publisher)
+    if endpoint is not None:
+        logging.info(f"metrics: {endpoint.url}")
+    ticker = _Ticker(lambda: logging.info(describe(publisher.stats)), every_seconds=30.0)
+    try:
+        publisher.run(stop, stop_when_caught_up=args.until_caught_up)
+    except PublishError as error:
+        print(f"cdc_platform publish: {error}", file=sys.stderr)
+        return 1
+    finally:
+        ticker.stop()
+        if endpoint is not None:
+            endpoint.close()
+    logging.info(f"stopped: {describe(publisher.stats)}")
+    return 0
+
+
 class _Ticker:
     """Calls ``tick`` every ``every_seconds`` on a daemon thread until ``stop()``: the
     ``stream`` command's progress lines and headroom readings, as the Dagster run's ticks."""
@@ -306,6 +339,17 @@ def main(argv: list[str] | None = None) -> int:
                         "when the config has several)")
     apply.add_argument("--config", help="config file (default: $CDC_PLATFORM_CONFIG or the demo)")
     apply.set_defaults(run=_apply)
+
+    publish = commands.add_parser(
+        "publish", help="run the change-topic publisher in the foreground (landing zone -> "
+        "Debezium-envelope Kafka topics)")
+    publish.add_argument("--source", help="sources[].server_name of the source (needed "
+                         "when the config has several)")
+    publish.add_argument("--config", help="config file (default: $CDC_PLATFORM_CONFIG or the "
+                         "demo)")
+    publish.add_argument("--until-caught-up", action="store_true",
+                         help="stop once everything landed is published")
+    publish.set_defaults(run=_publish)
 
     snapshot = commands.add_parser(
         "snapshot", help="incremental snapshot of one table (the engine must be streaming)")

@@ -34,6 +34,7 @@ class Role(enum.IntEnum):
     ENGINE = 0
     APPLIER = 1
     SNAPSHOT = 2
+    PUBLISHER = 3
 
 
 def metrics_url(host: str, port: int) -> str:
