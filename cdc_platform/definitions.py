@@ -32,6 +32,7 @@ from cdc_platform.defs.signals import definitions as signals_defs
 from cdc_platform.defs.snapshots import definitions as snapshots_defs
 from cdc_platform.defs.snapshots import sensors as snapshots_sensors
 from cdc_platform.defs.streaming import definitions as streaming_defs
+from cdc_platform.defs.topics import definitions as topics_defs
 from cdc_platform.lake.spark import deployment_conf, prepare_python_workers
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,7 @@ def source_definitions(config: Settings) -> dg.Definitions:
             snapshots_sensors.build(config, snapshot_assets),
             signals_defs.build(config, snapshot_assets),
             dbt_defs.build(config, tables),
+            topics_defs.build(config),
             dg.Definitions(resources={source_resource_key(config): source_resource(config)}),
         )
     except Exception as error:  # noqa: BLE001 - one source must not keep the others from loading
