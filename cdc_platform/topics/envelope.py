@@ -8,7 +8,8 @@ the value is ``before, after, source, transaction, op, ts_ms, ts_us, ts_ns`` und
 primary key columns under ``<topic>.Key``. What the landing zone does not hold is sent as the
 schema allows: ``before`` of an update is null (no before image is landed), ``before`` of a
 delete carries the key columns only, ``file``/``pos`` (not landed) are ``""``/``0``, ``row``
-counts the transaction's records of this table in the batch, ``thread``/``query`` are null and
+counts the transaction's records of this table in the batch (0 for snapshot rows, which land
+with no GTID), ``thread``/``query`` are null and
 ``transaction`` is null (no transaction metadata).
 
 An encoder is built once per segment schema: its schema JSON is written once and spliced
@@ -202,8 +203,10 @@ class TableEncoder:
         messages: list[Message] = []
         row_in_transaction, previous_gtid = 0, None
         for index, values in enumerate(zip(*columns, strict=True)):
-            position, gtid, op = positions[index], gtids[index], ops[index]
-            row_in_transaction = row_in_transaction + 1 if gtid == previous_gtid and index else 0
+            # (snapshot records land with an empty GTID: they belong to no transaction)
+            position, gtid, op = positions[index], gtids[index] or None, ops[index]
+            same_transaction = gtid is not None and gtid == previous_gtid
+            row_in_transaction = row_in_transaction + 1 if same_transaction else 0
             previous_gtid = gtid
             image = dict(zip(names, values, strict=True))
             if commit_ms[index] is None:

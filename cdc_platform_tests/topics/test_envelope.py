@@ -166,6 +166,19 @@ def test_row_counts_the_records_of_the_table_within_their_transaction() -> None:
     assert [value(m)["payload"]["source"]["row"] for m in messages] == [0, 1, 2, 0, 0, 1]
 
 
+def test_snapshot_rows_land_without_a_gtid_and_are_sent_with_none() -> None:
+    """The engine lands chunk rows with an empty GTID and the time of the chunk's commit."""
+    batch = segment(CUSTOMERS, [customer(1, "r", 1, gtid=""), customer(2, "r", 2, gtid=""),
+                                customer(3, "c", 3, gtid="0-1-9"),
+                                customer(4, "c", 4, gtid="0-1-9")])
+    messages = TableEncoder(CUSTOMERS, OPTIONS).encode(batch)
+    sources = [value(m)["payload"]["source"] for m in messages]
+    assert [(s["gtid"], s["server_id"], s["row"], s["snapshot"]) for s in sources] == [
+        (None, 0, 0, "incremental"), (None, 0, 0, "incremental"), ("0-1-9", 1, 0, "false"),
+        ("0-1-9", 1, 1, "false")]
+    assert messages[0].headers[0] == ("cdc.gtid", b"")
+
+
 def test_the_envelope_time_is_when_the_batch_was_encoded() -> None:
     before = time.time_ns()
     messages = TableEncoder(CUSTOMERS, OPTIONS).encode(
