@@ -177,12 +177,20 @@ def _uint64(column: ColumnSpec, optional: bool) -> FieldEncoding:
     return _field(column, "int64", optional, _mapped(lambda v: unsigned_as_long(int(v))))
 
 
+def _decimal128_values(array: pa.Array | pa.ChunkedArray) -> list[str | None]:
+    """decimal128 values from their 16-byte little-endian unscaled integers, as stored."""
+    chunks = array.chunks if isinstance(array, pa.ChunkedArray) else [array]
+    return [None if raw is None else _base64(decimal_bytes(int.from_bytes(raw, "little",
+                                                                          signed=True)))
+            for chunk in chunks for raw in chunk.view(pa.binary(16)).to_pylist()]
+
+
 def _decimal(column: ColumnSpec, optional: bool) -> FieldEncoding:
     precision, scale = column.precision or 10, column.scale or 0
+    values = _decimal128_values if pa.types.is_decimal128(column.arrow_type()) else _mapped(
+        lambda v: _base64(decimal_bytes(decimal_unscaled(v, scale))))  # (p > 38: text)
     return _field(
-        column, "bytes", optional,
-        _mapped(lambda v: _base64(decimal_bytes(decimal_unscaled(v, scale)))),
-        name=DECIMAL_NAME, version=1,
+        column, "bytes", optional, values, name=DECIMAL_NAME, version=1,
         parameters={"scale": str(scale), DECIMAL_PRECISION_PARAMETER: str(precision)})
 
 

@@ -85,8 +85,7 @@ def server_id_of(gtid: str | None) -> int:
     return int(match.group(1)) if match else 0
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value, separators=_COMPACT, ensure_ascii=False)
+_json = json.JSONEncoder(separators=_COMPACT, ensure_ascii=False).encode
 
 
 def _struct_schema(fields: list[dict[str, Any]], optional: bool, name: str | None = None,
@@ -175,11 +174,11 @@ class TableEncoder:
         self.key_schema: dict[str, Any] | None = key_struct if self._key_fields else None
         # The texts spliced around every payload.
         if options.schemas_enable:
-            self._value_head = '{"schema":' + _json(envelope) + ',"payload":'
-            self._key_head = '{"schema":' + _json(key_struct) + ',"payload":'
-            self._tail = "}"
+            self._value_head = b'{"schema":' + _json(envelope).encode() + b',"payload":'
+            self._key_head = b'{"schema":' + _json(key_struct).encode() + b',"payload":'
+            self._tail = b"}"
         else:
-            self._value_head = self._key_head = self._tail = ""
+            self._value_head = self._key_head = self._tail = b""
 
     def encode(self, records_table: pa.Table) -> list[Message]:
         """The messages of ``records_table``: the rows of one segment (change metadata, user
@@ -220,7 +219,7 @@ class TableEncoder:
             key = self._key({k: values[i] for k, i in zip(key_names, key_indexes, strict=True)})
             headers = ((GTID_HEADER, (gtid or "").encode()),
                        (POSITION_HEADER, str(position).encode()))
-            value = (self._value_head + _json(payload) + self._tail).encode()
+            value = b"".join((self._value_head, _json(payload).encode(), self._tail))
             messages.append(Message(key, value, headers, position))
             if op == records.DELETE and self.options.tombstones_on_delete:
                 messages.append(Message(key, None, headers, position))
@@ -252,4 +251,4 @@ class TableEncoder:
     def _key(self, key: dict[str, Any]) -> bytes | None:
         if not self._key_fields:
             return None
-        return (self._key_head + _json(key) + self._tail).encode()
+        return b"".join((self._key_head, _json(key).encode(), self._tail))

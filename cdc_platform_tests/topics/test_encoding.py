@@ -84,6 +84,23 @@ def test_decimal_field_is_connects_decimal_with_scale_and_precision() -> None:
         ["BNI=", "/w==", "AA==", None]
 
 
+@given(st.integers(1, 38).flatmap(lambda p: st.tuples(
+    st.just(p), st.integers(0, p),
+    st.lists(st.none() | st.integers(-(10 ** p) + 1, 10 ** p - 1), max_size=8))),
+    st.integers(0, 3))
+def test_decimal128_values_are_read_from_their_stored_unscaled_integers(
+        case: tuple[int, int, list[int | None]], cut: int) -> None:
+    precision, scale, unscaled = case
+    column = ColumnSpec("d", "decimal", precision=precision, scale=scale)
+    landed = [None if u is None else Decimal(f"{u}E-{scale}") for u in unscaled]
+    array = pa.chunked_array([pa.array(landed, column.arrow_type()).slice(cut),
+                              pa.array(landed[:cut], column.arrow_type())],
+                             column.arrow_type())
+    expected = [None if u is None else base64.b64encode(decimal_bytes(u)).decode()
+                for u in unscaled[cut:] + unscaled[:cut]]
+    assert field_encoding(column, True).values(array) == expected
+
+
 def test_a_decimal_above_precision_38_lands_as_text_and_is_sent_exactly() -> None:
     column = ColumnSpec("big", "decimal", precision=65, scale=5)
     assert column.arrow_type() == pa.string()
