@@ -12,8 +12,6 @@ job, the sensor that keeps one run of it going, and the ``change_topics`` asset 
   judged from the landing zone alone (the publisher's saved position and segment footers).
 """
 
-from __future__ import annotations
-
 import json
 import time
 from typing import Any
@@ -150,7 +148,12 @@ def build_sensor(settings: Settings, job: dg.JobDefinition) -> dg.SensorDefiniti
         f"{JOB_NAME} when no run of it is active (the run's tags say why), fails a run whose "
         "process is gone, and records the change_topics asset's `published` check.",
     )
-    def keep_topics_published(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+    def keep_topics_published(context: dg.SensorEvaluationContext
+                              ) -> dg.SensorResult | dg.SkipReason:
+        if not PublisherOptions.from_settings(settings).bootstrap_servers:
+            return dg.SkipReason(
+                "no Kafka bootstrap servers for the change topics: set "
+                "change_topics.kafka.bootstrap_servers or signals.kafka.bootstrap_servers")
         kept = keep_running(context, JOB_NAME, RUN_TAGS, server)
         passed, lag, behind = judge_topics(settings)
         if passed:
@@ -200,7 +203,7 @@ def build(settings: Settings) -> dg.Definitions:
         f"{sensor_name(settings)}.")
 
     @dg.multi_asset_check(specs=[check], name=f"published__{server}")
-    def published(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+    def published() -> dg.AssetCheckResult:
         passed, lag, behind = judge_topics(settings)
         return dg.AssetCheckResult(asset_key=topics_key(settings), check_name="published",
                                    passed=passed, metadata={"lag_seconds": round(lag, 1),
