@@ -61,7 +61,8 @@ BILLING_TABLES = ("billing", ("invoices", "payments"))
 JOINED_MODEL = (INVENTORY_SOURCE, "analytics", "customer_billing")
 
 _DAGSTER_YAML = """\
-# Written by `make demo` / `make ui`. At most one streaming run and one applier per source.
+# Written by `make demo` / `make ui`. At most one streaming run, one applier and one change-topic
+# publisher per source.
 run_coordinator:
   module: dagster.core.run_coordinator
   class: QueuedRunCoordinator
@@ -72,6 +73,10 @@ run_coordinator:
           applyLimitPerUniqueValue: true
         limit: 1
       - key: cdc_platform/applier
+        value:
+          applyLimitPerUniqueValue: true
+        limit: 1
+      - key: cdc_platform/topics
         value:
           applyLimitPerUniqueValue: true
         limit: 1
@@ -89,6 +94,8 @@ def _say(message: str) -> None:
 
 SNAPSHOT_TABLE = "inventory.orders"
 SNAPSHOT_RUN_TIMEOUT_SECONDS = 600.0
+# How long the demo waits for the change-topic publisher to publish everything landed.
+TOPICS_TIMEOUT_SECONDS = 180.0
 
 
 def _servers() -> tuple[MariaDBServer, ...]:
@@ -407,8 +414,10 @@ def _run_demo(supervisor: ProcessSupervisor, orders: int, workload_seconds: floa
             code = _dagster_job(supervisor, env, job)
         ok = _print_summary({INVENTORY_SOURCE: server, BILLING_SOURCE: billing}, env,
                             deployment, seaweedfs, cluster) and code == 0
-        _say("all tables of both sources reconcile: zero differences, and the joined model is "
-             "built" if ok else f"differences found or a run failed: see {DEMO_DIR}/*.log")
+        ok = _print_topics(server, inventory_settings) and ok
+        _say("all tables of both sources reconcile: zero differences, the joined model is "
+             "built, and every inventory table rebuilt from its topic equals the source"
+             if ok else f"differences found or a run failed: see {DEMO_DIR}/*.log")
         print()
         print("See the runs (the snapshot run launched by the signal sensor among them), "
               "materialisations, reconcile checks and the lineage of both sources into "
@@ -420,6 +429,61 @@ def _run_demo(supervisor: ProcessSupervisor, orders: int, workload_seconds: floa
             workload.stop()
         # the supervisor then stops the streams first (they checkpoint), the daemon, the
         # broker and the servers
+
+
+def _print_topics(server: MariaDBServer, settings: Settings) -> bool:
+    """Each inventory table rebuilt from its change topic by a plain consumer
+    (``demo.topic_tables``) and compared with the source, once the publisher (launched by
+    its sensor under the daemon) has published everything landed."""
+    from cdc_platform.capture.landing.published import CHANGE_TOPICS
+    from cdc_platform.capture.names import table_id
+    from cdc_platform.demo.topic_tables import compare_with_source
+    from cdc_platform.topics.naming import topic_name
+    from cdc_platform.topics.publisher import PublisherOptions
+
+    options = PublisherOptions.from_settings(settings)
+    landing = LandingReader.open(settings.landing_zone.url, settings.source.server_name,
+                                 s3=settings.s3)
+    database, tables = INVENTORY_TABLES
+    _say(f"waiting for the change-topic publisher (publish_changes, launched by its sensor) "
+         f"to publish every landed change of {database}")
+    deadline = time.monotonic() + TOPICS_TIMEOUT_SECONDS
+    while True:
+        checkpoint = landing.read_checkpoint()
+        marks = landing.read_published(CHANGE_TOPICS)
+        if checkpoint is not None and marks is not None and all(
+                marks.through.get(table_id(database, t), 0) >= checkpoint.next_pos - 1
+                for t in tables):
+            break
+        if time.monotonic() > deadline:
+            _say(f"the change topics were not published within {TOPICS_TIMEOUT_SECONDS:.0f}s: "
+                 f"see the publish_changes run in {DEMO_DIR / 'dagster-daemon.log'} or the UI")
+            return False
+        time.sleep(1.0)
+    _say("each inventory table rebuilt from its Kafka topic by a plain confluent-kafka consumer "
+         "(creates, updates, snapshot reads and deletes applied by key), against the source:")
+    ok = True
+    for table in tables:
+        topic = topic_name(options.envelope.prefix, database, table)
+        with server.root_connect() as conn:
+            rebuilt, found = compare_with_source(options.bootstrap_servers, topic, conn,
+                                                 database, table, _key_columns(conn, database,
+                                                                               table))
+        ops = ", ".join(f"{op} {n:,}" for op, n in sorted(rebuilt.ops.items()))
+        print(f"    {topic}: {rebuilt.events + rebuilt.tombstones:,} messages ({ops}, "
+              f"{rebuilt.tombstones:,} tombstones); rebuilt {len(rebuilt.rows):,} rows: "
+              f"{len(found)} differences" + (f" (first: {found[0]})" if found else ""),
+              flush=True)
+        ok = ok and not found
+    return ok
+
+
+def _key_columns(conn: Any, database: str, table: str) -> list[str]:
+    with conn.cursor() as cursor:
+        cursor.execute("SELECT COLUMN_NAME FROM information_schema.KEY_COLUMN_USAGE WHERE "
+                       "TABLE_SCHEMA = %s AND TABLE_NAME = %s AND CONSTRAINT_NAME = 'PRIMARY' "
+                       "ORDER BY ORDINAL_POSITION", (database, table))
+        return [row[0] for row in cursor.fetchall()]
 
 
 def _start_seaweedfs(supervisor: ProcessSupervisor) -> SeaweedFS:

@@ -6,6 +6,7 @@ that the alert rules and the dashboard are checked against the code, not against
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -21,6 +22,8 @@ from cdc_platform.lake.applier.events import Applied, Failed, Maintained, Reconc
 from cdc_platform.lake.merge import MergeResult
 from cdc_platform.lake.metrics import ApplierMetrics
 from cdc_platform.lake.reconcile import ReconcileResult
+from cdc_platform.topics.metrics import PublisherMetrics
+from cdc_platform.topics.publisher import PublisherStats
 
 
 def sample_names(registry: CollectorRegistry) -> set[str]:
@@ -66,9 +69,18 @@ def applier_metrics_with_samples() -> ApplierMetrics:
 TARGET_GAUGES = {"cdc_target_lag_seconds", "cdc_target_seconds_since_commit"}
 
 
+def _publisher() -> PublisherMetrics:
+    """A change-topic publisher's metrics, with a sample of each (the collector reads only
+    the publisher's stats)."""
+    stats = PublisherStats(messages={"db.t": 3}, batches=1, through={"db.t": 9},
+                           last_commit=1.0, pending_since_ms={"db.t": 1_000})
+    return PublisherMetrics("s", 60.0, SimpleNamespace(stats=stats))  # type: ignore[arg-type]
+
+
 def exported_metric_names() -> set[str]:
     registry = CollectorRegistry()
-    for collector in (_engine(), _snapshot_run(), applier_metrics_with_samples()):
+    for collector in (_engine(), _snapshot_run(), applier_metrics_with_samples(),
+                      _publisher()):
         registry.register(collector)
     return sample_names(registry) | TARGET_GAUGES
 
