@@ -649,6 +649,8 @@ def main() -> int:
     parser.add_argument("--stream-rows", type=int, default=600_000)
     parser.add_argument("--lake-sizes", default="100000,1000000")
     parser.add_argument("--batch", type=int, default=10_000)
+    parser.add_argument("--topics-rows", type=int, default=200_000,
+                        help="landed records the change-topic publisher sends (default 200,000)")
     parser.add_argument("--snapshot-rows", type=int,
                         default=int(os.environ.get("BENCH_SNAPSHOT_ROWS", "1000000")),
                         help="rows of the snapshotted table (env BENCH_SNAPSHOT_ROWS; "
@@ -757,6 +759,10 @@ def _run_sections(args: argparse.Namespace, only: tuple[str, ...], work: Path,
         from bench.code_location import bench_code_location
 
         bench_code_location(work)
+    if "topics" in only:
+        from bench.topics import bench_topics
+
+        bench_topics(args.topics_rows, work)
     if "cluster" in only:
         from bench.cluster import bench_cluster
 
@@ -764,7 +770,8 @@ def _run_sections(args: argparse.Namespace, only: tuple[str, ...], work: Path,
 
 
 SECTIONS = ("streaming", "freshness", "lake", "snapshot", "large_transaction", "e2e",
-            "lake-many", "initial-load", "initial-load-many", "code-location", "cluster")
+            "lake-many", "initial-load", "initial-load-many", "code-location", "topics",
+            "cluster")
 # (with --s3: their rows on SeaweedFS too)
 S3_SECTIONS = ("streaming", "snapshot", "e2e", "lake-many")
 
