@@ -156,7 +156,7 @@ def decode(schema: dict[str, Any] | None, value: Any) -> Any:
     name, kind = schema.get("name"), schema.get("type")
     if name == "org.apache.kafka.connect.data.Decimal":
         unscaled = int.from_bytes(base64.b64decode(value), "big", signed=True)
-        return Decimal(unscaled).scaleb(-int(schema["parameters"]["scale"]))
+        return Decimal(f"{unscaled}E-{int(schema['parameters']['scale'])}")  # (exact)
     if name == "io.debezium.time.Date":
         return dt.date(1970, 1, 1) + dt.timedelta(days=value)
     if name == "io.debezium.time.Timestamp":
