@@ -425,7 +425,8 @@ def test_a_renamed_column_carries_its_new_name_after_the_rename(signal_env: CdcE
 
 def _topics(env: CdcEnv) -> set[str]:
     admin = AdminClient({"bootstrap.servers": env.kafka_bootstrap})
-    return {t for t in admin.list_topics(timeout=10).topics if t.startswith(env.server_name)}
+    mine = f"{env.server_name}.{env.db}."
+    return {t for t in admin.list_topics(timeout=10).topics if t.startswith(mine)}
 
 
 def test_tables_the_filter_leaves_out_get_no_topic(signal_env: CdcEnv) -> None:
