@@ -248,6 +248,7 @@ class Publisher:
             if last <= after or first >= next_pos:
                 continue
             for schema, records in self._read(database, table, segment, after, next_pos):
+                records = records.slice(0, batch.limit - batch.records)  # (the batch's room)
                 if name not in self.stats.pending_since_ms and records.num_rows:
                     self.stats.pending_since_ms[name] = int(
                         pc.min(records.column(TS_MS)).as_py() or 0)
