@@ -15,17 +15,28 @@ import sys
 import textwrap
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from cdc_platform.capture.landing import retention
 from cdc_platform.capture.landing.published import CHANGE_TOPICS
 from cdc_platform.capture.landing.records import GTID, OP, POS, ROW_OPS
 from cdc_platform.capture.names import table_id
 from cdc_platform.demo.topic_tables import TopicEvent, compare_with_source, read_topic, rebuild
+from cdc_platform.devservices.kafka import TansuBroker
+from cdc_platform.devservices.ports import free_port, free_port_range
+from cdc_platform.lake.applier.options import ApplierOptions
+from cdc_platform.topics import producer as producer_module
+from cdc_platform.topics import publisher as publisher_module
+from cdc_platform.topics.metrics import serve_publisher_metrics
+from cdc_platform.topics.producer import PublishError
 from cdc_platform.topics.publisher import Publisher, open_publisher
 from cdc_platform_tests.conftest import CdcEnv
 
@@ -272,3 +283,232 @@ def test_a_batch_holds_at_most_batch_records_records(signal_env: CdcEnv) -> None
     publisher.run(threading.Event(), stop_when_caught_up=True)
     assert sum(batches) == 2_000
     assert max(batches) <= 300, batches
+
+
+
+# -- the broker goes away -------------------------------------------------------------------
+
+
+class _Writer:
+    """Inserts into ``items`` one row a transaction, every ``every`` seconds, from ``first``
+    on, until ``stop()`` (the number written is ``written``)."""
+
+    def __init__(self, env: CdcEnv, first: int, every: float = 0.05) -> None:
+        self.env, self.next_id, self.every = env, first, every
+        self.written = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="test-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.env.execute(f"INSERT INTO items VALUES ({self.next_id}, 1, 'live')")
+            self.next_id += 1
+            self.written += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+def test_a_broker_outage_stalls_only_the_publisher_and_every_change_landed_meanwhile_arrives_after_the_restart(  # noqa: E501
+        signal_env: CdcEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = signal_env
+    # (shorter request timeouts and backoff: the outage shows within seconds, not minutes)
+    monkeypatch.setattr(producer_module, "REQUEST_TIMEOUT_SECONDS", 2.0)
+    monkeypatch.setattr(publisher_module, "MAX_BACKOFF_SECONDS", 2.0)
+    broker = TansuBroker(port=free_port())
+    broker.start()
+    writer: _Writer | None = None
+    try:
+        _publishing(env, kafka={"bootstrap_servers": broker.bootstrap_servers},
+                    batch_records=200)
+        _items_table(env)
+        publisher = open_publisher(env.settings)
+        stats = publisher.stats
+        with _streaming(env), _running(publisher) as errors:
+            env.execute("INSERT INTO items SELECT seq, seq, NULL FROM seq_1_to_100")
+            _wait_until(lambda: stats.messages.get(table_id(env.db, "items"), 0) >= 100, 60,
+                        "the first rows published")
+            writer = _Writer(env, first=101)
+            broker.stop()
+            _wait_until(lambda: not stats.broker_up and stats.failures >= 1, 60,
+                        "the publisher noticed the broker is gone")
+            at_outage = _saved_through(env, "items")
+            failures, lag = stats.failures, stats.lag_seconds()
+            landed_at_outage = env.landing.read_checkpoint().next_pos
+            started = time.monotonic()
+            _wait_until(lambda: stats.failures >= failures + 2, 60, "the publisher retried")
+            waited = time.monotonic() - started
+            assert errors == [], "the publisher stopped instead of retrying"
+            assert not stats.broker_up
+            assert stats.lag_seconds() >= lag + waited - 0.5
+            assert _saved_through(env, "items") == at_outage
+            assert env.landing.read_checkpoint().next_pos > landed_at_outage  # capture goes on
+
+            broker.start()  # (same port: the publisher's bootstrap stays valid; topics lost)
+            time.sleep(2)
+            writer.stop()
+            written = 100 + writer.written
+            _wait_until(lambda: len(_landed(env, "items").positions) == written, 60,
+                        "every insert landed")
+            last = max(_landed(env, "items").positions)
+            _wait_until(lambda: _saved_through(env, "items") >= last, 90,
+                        "the publisher caught up after the restart")
+            assert errors == [] and stats.broker_up
+        landed = _landed(env, "items")
+        expected = {p for p in landed.positions if p > at_outage}
+        assert len(expected) >= writer.written > 0
+        for isolation in ISOLATIONS:
+            events = _events(read_topic(broker.bootstrap_servers, _topic(env, "items"),
+                                        isolation=isolation, idle_seconds=3))
+            seen = collections.Counter(e.position for e in events)
+            assert set(seen) == expected, (isolation, sorted(expected - set(seen))[:5],
+                                           sorted(set(seen) - expected)[:5])
+            assert max(seen.values()) == 1, isolation
+    finally:
+        if writer is not None:
+            writer.stop()
+        broker.stop()
+
+
+# -- a second publisher ---------------------------------------------------------------------
+
+
+def test_a_second_publisher_of_the_source_stops_the_first_at_its_next_save(
+        signal_env: CdcEnv) -> None:
+    """The first publisher has sent its second batch when the second one starts, publishes
+    everything and saves; the first one's save of that batch then fails (compare-and-swap on
+    the published record) and it stops: that one batch is the only thing sent twice."""
+    env = signal_env
+    _publishing(env, batch_records=500)
+    _items_table(env)
+    env.execute("INSERT INTO items SELECT seq, seq, NULL FROM seq_1_to_3000")
+    env.catch_up()
+    landed = sorted(_landed(env, "items").positions)
+    second_batch_sent, go_on = threading.Event(), threading.Event()
+
+    def hold_the_second_batch(messages: int) -> None:
+        if first.stats.batches == 2:
+            second_batch_sent.set()
+            go_on.wait(60)
+
+    first = open_publisher(env.settings, on_batch=hold_the_second_batch)
+    with _running(first) as errors:
+        assert second_batch_sent.wait(60)
+        assert _saved_through(env, "items") == landed[499]
+        open_publisher(env.settings).run(threading.Event(), stop_when_caught_up=True)
+        assert _saved_through(env, "items") == landed[-1]
+        go_on.set()
+        _wait_until(lambda: bool(errors), 30, "the first publisher stopped")
+    [error] = errors
+    assert isinstance(error, PublishError), error
+    assert "another publisher saved its position meanwhile" in str(error)
+    assert first.stats.batches == 2 and first.stats.messages == {table_id(env.db, "items"): 1000}
+    assert _saved_through(env, "items") == landed[-1]  # (the first one's save did not land)
+    events = _events(read_topic(env.kafka_bootstrap, _topic(env, "items"),
+                                isolation="read_uncommitted", idle_seconds=3))
+    seen = collections.Counter(e.position for e in events)
+    assert set(seen) == set(landed)
+    assert sorted(p for p, n in seen.items() if n > 1) == landed[500:1000]
+
+
+# -- a message the broker cannot take -------------------------------------------------------
+
+
+def test_a_change_larger_than_the_broker_takes_stops_the_publisher_naming_table_position_and_fix(  # noqa: E501
+        signal_env: CdcEnv) -> None:
+    env = signal_env
+    _publishing(env, batch_records=5)
+    env.execute("CREATE TABLE files (id INT PRIMARY KEY, body LONGBLOB)")
+    env.execute("INSERT INTO files SELECT seq, 'small' FROM seq_1_to_10")
+    env.execute("INSERT INTO files VALUES (11, REPEAT('x', 2 * 1024 * 1024))")
+    env.execute("INSERT INTO files VALUES (12, 'after')")
+    env.catch_up()
+    positions = sorted(_landed(env, "files").positions)
+    big = positions[10]
+
+    for _attempt in range(2):  # (and again after a restart: it does not get past it)
+        with pytest.raises(PublishError) as raised:
+            open_publisher(env.settings).run(threading.Event(), stop_when_caught_up=True)
+        message = str(raised.value)
+        assert f"{table_id(env.db, 'files')} position {big}" in message, message
+        assert "max.message.bytes" in message and "message.max.bytes" in message, message
+        assert _saved_through(env, "files") == positions[9]
+
+
+# -- retention --------------------------------------------------------------------------------
+
+
+def test_retention_keeps_every_segment_the_publisher_has_not_published(
+        signal_env: CdcEnv) -> None:
+    env = signal_env
+    assert ApplierOptions.from_settings(env.settings).publishers == ()
+    _publishing(env)
+    assert ApplierOptions.from_settings(env.settings).publishers == (CHANGE_TOPICS,)
+    _items_table(env)
+    env.execute("INSERT INTO items SELECT seq, seq, NULL FROM seq_1_to_500")
+    env.catch_up()
+    open_publisher(env.settings).run(threading.Event(), stop_when_caught_up=True)
+    published = _saved_through(env, "items")
+    for start in (501, 1001):  # two more segments, landed and not published
+        env.execute(f"INSERT INTO items SELECT seq, seq, NULL FROM seq_{start}_to_{start + 499}")
+        env.catch_up()
+    landed = _landed(env, "items").positions
+    assert min(landed) <= published < max(landed)
+    consumed = {table_id(env.db, "items"): env.landing.read_checkpoint().next_pos - 1}
+
+    retention.sweep(env.landing, consumed=consumed, unread=[], retention_seconds=0,
+                    publishers=(CHANGE_TOPICS,))
+    assert _landed(env, "items").positions == {p for p in landed if p > published}
+    assert all(first > published for first, _last, _path in env.landing.segments(env.db, "items"))
+
+    # (without the publisher's hold the same sweep deletes all but the newest segment, which
+    # retention always keeps: it was the hold that kept them)
+    retention.sweep(env.landing, consumed=consumed, unread=[], retention_seconds=0)
+    [(first, last, _path)] = env.landing.segments(env.db, "items")
+    assert first > published and last == max(landed)
+
+
+# -- metrics ----------------------------------------------------------------------------------
+
+
+def _scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return {(sample.name, frozenset(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def test_the_publisher_metrics_say_lag_broker_state_and_messages_by_table(
+        signal_env: CdcEnv) -> None:
+    env = signal_env
+    port = free_port_range(4)
+    env.overrides["metrics"] = {"port": port}
+    _publishing(env)
+    _items_table(env)
+    env.execute("INSERT INTO items SELECT seq, seq, NULL FROM seq_1_to_10")
+    env.execute("UPDATE items SET v = 0 WHERE id <= 3")
+    env.execute("DELETE FROM items WHERE id > 8")
+    env.catch_up()
+    publisher = open_publisher(env.settings)
+    endpoint = serve_publisher_metrics(env.settings, publisher)
+    assert endpoint is not None
+    source = ("source", env.server_name)
+    table = ("table", table_id(env.db, "items"))
+    try:
+        assert endpoint.port == port + 3
+        before = _scrape(endpoint.url)
+        assert before[("cdc_topics_broker_up", frozenset([source]))] == 0
+        assert ("cdc_topics_messages_total", frozenset([source, table])) not in before
+
+        publisher.run(threading.Event(), stop_when_caught_up=True)
+        after = _scrape(endpoint.url)
+        assert after[("cdc_topics_lag_seconds", frozenset([source]))] == 0
+        assert after[("cdc_topics_broker_up", frozenset([source]))] == 1
+        # 10 inserts, 3 updates, 2 deletes and their 2 tombstones
+        assert after[("cdc_topics_messages_total", frozenset([source, table]))] == 17
+        assert after[("cdc_topics_published_position", frozenset([source, table]))] == \
+            _saved_through(env, "items")
+    finally:
+        endpoint.close()
