@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -140,3 +142,22 @@ def test_publish_changes_run_in_process_publishes_and_records_the_asset(
     marks = env.landing.read_published("change_topics")
     assert marks is not None
     assert marks.through[f"{env.db}.items"] == env.landing.read_checkpoint().next_pos - 1
+
+
+def test_the_sensor_fails_a_run_whose_process_is_gone_and_launches_another_saying_so(
+        signal_env: CdcEnv, instance: dg.DagsterInstance) -> None:
+    env = signal_env
+    _topics_on(env)
+    _items(env, 5)
+    env.catch_up()
+    defs = build_definitions(env.settings)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # (a pid that was a publisher's: no process any more)
+    job = defs.resolve_job_def("publish_changes")
+    run = instance.create_run_for_job(job, status=dg.DagsterRunStatus.STARTED, tags={
+        **job.tags, RUN_TAGS.pid: str(gone.pid), RUN_TAGS.host: socket.gethostname()})
+
+    [request] = _tick(defs, env, instance, None).run_requests
+    assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.FAILURE
+    assert request.tags[REASON_TAG] == (f"run {run.run_id[:8]} ended without stopping (its "
+                                        f"process {gone.pid} is gone)")

@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cdc_platform.capture.landing import retention
 from cdc_platform.capture.landing.published import CHANGE_TOPICS
-from cdc_platform.capture.landing.records import GTID, OP, POS, ROW_OPS
+from cdc_platform.capture.landing.records import GTID, OP, POS, ROW_OPS, TS_MS
 from cdc_platform.capture.names import table_id
 from cdc_platform.demo.topic_tables import TopicEvent, compare_with_source, read_topic, rebuild
 from cdc_platform.devservices.kafka import TansuBroker
@@ -512,3 +512,48 @@ def test_the_publisher_metrics_say_lag_broker_state_and_messages_by_table(
             _saved_through(env, "items")
     finally:
         endpoint.close()
+
+
+@pytest.mark.xfail(strict=True, reason="PublisherStats.pending_since_ms keeps a table's first "
+                   "pending commit time until the table is caught up: the lag counts from the "
+                   "oldest change of the backlog, published or not")
+def test_while_catching_up_the_lag_is_the_age_of_the_oldest_change_not_published_yet(
+        signal_env: CdcEnv) -> None:
+    """Three transactions of 300 rows, landed 4 s apart; two batches of 300 publish the first
+    two. The lag is then the age of the third's commit, not of the first's (published)."""
+    env = signal_env
+    _publishing(env, batch_records=300)
+    _items_table(env)
+    for start in (1, 301, 601):
+        if start > 1:
+            time.sleep(4)
+        env.execute(f"INSERT INTO items SELECT seq, seq, NULL FROM seq_{start}_to_{start + 299}")
+    env.catch_up()
+    stop = threading.Event()
+    batches: list[int] = []
+
+    def two_batches(messages: int) -> None:
+        batches.append(messages)
+        if len(batches) == 2:
+            stop.set()  # (the pass still saves its position)
+
+    publisher = open_publisher(env.settings, on_batch=two_batches)
+    publisher.run(stop)
+    through = _saved_through(env, "items")
+    assert batches == [300, 300] and through == sorted(_landed(env, "items").positions)[599]
+
+    oldest_unpublished_ms = min(
+        ts for pos, ts in _commit_times(env, "items").items() if pos > through)
+    now = time.time()
+    assert publisher.stats.lag_seconds(now) == pytest.approx(
+        now - oldest_unpublished_ms / 1000, abs=1.0)
+
+
+def _commit_times(env: CdcEnv, table: str) -> dict[int, int]:
+    """Position -> source commit time (ms) of ``table``'s landed records."""
+    times: dict[int, int] = {}
+    for _first, _last, path in env.landing.segments(env.db, table):
+        records = pq.read_table(path, columns=[POS, TS_MS])
+        times.update(zip(records.column(POS).to_pylist(),
+                         records.column(TS_MS).cast("int64").to_pylist(), strict=True))
+    return times
