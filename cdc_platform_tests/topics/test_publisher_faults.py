@@ -436,6 +436,17 @@ def test_a_change_larger_than_the_broker_takes_stops_the_publisher_naming_table_
         assert "max.message.bytes" in message and "message.max.bytes" in message, message
         assert _saved_through(env, "files") == positions[9]
 
+    # The fix the message names: the producer's message.max.bytes raised (Tansu takes the
+    # message as it is); the publisher then goes past it.
+    env.overrides["change_topics"]["kafka"] = {
+        "bootstrap_servers": env.kafka_bootstrap, "config": {"message.max.bytes": "8000000"}}
+    open_publisher(env.settings).run(threading.Event(), stop_when_caught_up=True)
+    assert _saved_through(env, "files") >= positions[-1]
+    with env.connect() as conn:
+        rebuilt, differences = compare_with_source(env.kafka_bootstrap, _topic(env, "files"),
+                                                   conn, env.db, "files", ["id"])
+    assert differences == [] and len(rebuilt.rows[(11,)]["body"]) == 2 * 1024 * 1024
+
 
 # -- retention --------------------------------------------------------------------------------
 
