@@ -568,3 +568,32 @@ def _commit_times(env: CdcEnv, table: str) -> dict[int, int]:
         times.update(zip(records.column(POS).to_pylist(),
                          records.column(TS_MS).cast("int64").to_pylist(), strict=True))
     return times
+
+
+def test_a_publisher_started_while_the_broker_is_down_waits_for_it_and_then_publishes_all(
+        signal_env: CdcEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = signal_env
+    monkeypatch.setattr(producer_module, "REQUEST_TIMEOUT_SECONDS", 2.0)
+    monkeypatch.setattr(publisher_module, "MAX_BACKOFF_SECONDS", 2.0)
+    broker = TansuBroker(port=free_port())  # (not started yet: nothing listens on its port)
+    _publishing(env, kafka={"bootstrap_servers": f"{broker.host}:{broker.port}"})
+    _items_table(env)
+    env.execute("INSERT INTO items SELECT seq, seq, NULL FROM seq_1_to_200")
+    env.catch_up()
+    landed = _landed(env, "items")
+    publisher = open_publisher(env.settings)
+    stats = publisher.stats
+    try:
+        with _running(publisher) as errors:
+            _wait_until(lambda: stats.failures >= 2, 60, "the publisher retried")
+            assert errors == [] and not stats.broker_up
+            assert _saved_through(env, "items") == 0
+            assert stats.lag_seconds() > 0
+            broker.start()
+            _wait_until(lambda: _saved_through(env, "items") >= max(landed.positions), 60,
+                        "published once the broker came")
+            assert errors == [] and stats.broker_up and stats.lag_seconds() == 0
+        events = _events(read_topic(broker.bootstrap_servers, _topic(env, "items")))
+        assert [e.position for e in events] == sorted(landed.positions)
+    finally:
+        broker.stop()
