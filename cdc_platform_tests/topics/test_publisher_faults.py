@@ -597,3 +597,36 @@ def test_a_publisher_started_while_the_broker_is_down_waits_for_it_and_then_publ
         assert [e.position for e in events] == sorted(landed.positions)
     finally:
         broker.stop()
+
+
+def test_retention_holds_everything_until_the_publisher_saved_once_and_never_a_table_left_out(
+        signal_env: CdcEnv, kafka: TansuBroker) -> None:
+    env = signal_env
+    _publishing(env, tables={"exclude": [rf"{env.db}\.skipped"]})
+    _items_table(env)
+    env.execute("CREATE TABLE skipped (id INT PRIMARY KEY, v INT)")
+    for start in (1, 501, 1001):  # three segments of each table
+        env.execute(f"INSERT INTO items SELECT seq, seq, NULL FROM seq_{start}_to_{start + 499}",
+                    f"INSERT INTO skipped SELECT seq, seq FROM seq_{start}_to_{start + 499}")
+        env.catch_up()
+    next_pos = env.landing.read_checkpoint().next_pos
+    consumed = {table_id(env.db, t): next_pos - 1 for t in ("items", "skipped")}
+
+    def segments(table: str) -> int:
+        return len(env.landing.segments(env.db, table))
+
+    # No record saved yet: the publisher has published nothing, and holds every table.
+    retention.sweep(env.landing, consumed=consumed, unread=[], retention_seconds=0,
+                    publishers=(CHANGE_TOPICS,))
+    assert (segments("items"), segments("skipped")) == (3, 3)
+
+    open_publisher(env.settings).run(threading.Event(), stop_when_caught_up=True)
+    marks = env.landing.read_published(CHANGE_TOPICS)
+    assert marks is not None
+    assert marks.unpublished == {table_id(env.db, "skipped")}
+    assert set(marks.through) == {table_id(env.db, "items")}
+    retention.sweep(env.landing, consumed=consumed, unread=[], retention_seconds=0,
+                    publishers=(CHANGE_TOPICS,))
+    assert (segments("items"), segments("skipped")) == (1, 1)  # (the newest stays, always)
+    assert _topic(env, "items") in kafka.list_topics()
+    assert _topic(env, "skipped") not in kafka.list_topics()
