@@ -161,3 +161,22 @@ def test_the_sensor_fails_a_run_whose_process_is_gone_and_launches_another_sayin
     assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.FAILURE
     assert request.tags[REASON_TAG] == (f"run {run.run_id[:8]} ended without stopping (its "
                                         f"process {gone.pid} is gone)")
+
+
+def test_a_publisher_that_cannot_go_on_fails_the_run_with_its_one_line(
+        signal_env: CdcEnv, instance: dg.DagsterInstance) -> None:
+    env = signal_env
+    _topics_on(env)
+    env.execute("CREATE TABLE files (id INT PRIMARY KEY, body LONGBLOB)",
+                "INSERT INTO files VALUES (1, REPEAT('x', 2 * 1024 * 1024))")
+    env.catch_up()
+    defs = build_definitions(env.settings)
+
+    result = defs.resolve_job_def("publish_changes").execute_in_process(
+        instance=instance, run_config=RUN_CONFIG, raise_on_error=False)
+    assert not result.success
+    [failure] = [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+    description = failure.step_failure_data.user_failure_data.description
+    assert description.startswith("change topics: ")
+    assert f"table {env.db}.files position " in description
+    assert "message.max.bytes" in description
