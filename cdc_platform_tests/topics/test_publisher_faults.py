@@ -630,3 +630,55 @@ def test_retention_holds_everything_until_the_publisher_saved_once_and_never_a_t
     assert (segments("items"), segments("skipped")) == (1, 1)  # (the newest stays, always)
     assert _topic(env, "items") in kafka.list_topics()
     assert _topic(env, "skipped") not in kafka.list_topics()
+
+
+def test_the_publish_command_serves_its_metrics_on_the_publisher_port_and_stops_on_sigterm(
+        signal_env: CdcEnv) -> None:
+    env = signal_env
+    port = free_port_range(4)
+    env.overrides["metrics"] = {"port": port}
+    _publishing(env)
+    _items_table(env)
+    env.execute("INSERT INTO items SELECT seq, seq, NULL FROM seq_1_to_40")
+    env.catch_up()
+    url = f"http://127.0.0.1:{port + 3}/metrics"
+    messages = ("cdc_topics_messages_total",
+                frozenset([("source", env.server_name), ("table", table_id(env.db, "items"))]))
+
+    def published_all() -> bool:
+        try:
+            return _scrape(url).get(messages) == 40
+        except OSError:
+            return False  # (not serving yet)
+
+    command = subprocess.Popen(_publish_command(env), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE)
+    try:
+        _wait_until(published_all, 60, "40 messages counted on the publisher's metrics port")
+        command.send_signal(signal.SIGTERM)
+        _, stderr = command.communicate(timeout=60)
+    finally:
+        if command.poll() is None:
+            command.kill()
+    assert command.returncode == 0, stderr.decode()[-2000:]
+    assert "stopped: change topics: 40 messages in 1 batches to 1 topics, caught up" in \
+        stderr.decode()
+
+
+def test_the_publish_command_says_why_it_stops(signal_env: CdcEnv) -> None:
+    env = signal_env
+    off = subprocess.run(_publish_command(env), capture_output=True, timeout=60)
+    assert off.returncode == 1
+    assert f"change topics are off for {env.server_name!r}" in off.stderr.decode()
+
+    _publishing(env)
+    env.execute("CREATE TABLE files (id INT PRIMARY KEY, body LONGBLOB)",
+                "INSERT INTO files VALUES (1, REPEAT('x', 2 * 1024 * 1024))")
+    env.catch_up()
+    [position] = _landed(env, "files").positions
+    stopped = subprocess.run(_publish_command(env, "--until-caught-up"), capture_output=True,
+                             timeout=120)
+    assert stopped.returncode == 1
+    [line] = [line for line in stopped.stderr.decode().splitlines()
+              if line.startswith("cdc_platform publish: ")]
+    assert f"table {table_id(env.db, 'files')} position {position} is larger" in line
