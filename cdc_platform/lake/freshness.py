@@ -15,14 +15,7 @@ targets' consumed marks) and this decides, so the rule is one function with test
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from cdc_platform.capture.landing.records import TS_MS
-from cdc_platform.capture.landing.zone import LandingReader, changelog_parts
 
 
 @dataclass(frozen=True)
@@ -76,54 +69,3 @@ def judge(facts: Facts) -> Verdict:
         return Verdict(False, lag, f"landed changes wait {backlog:.0f} s to be merged "
                        f"(promise: {limit:g} s){problem}", "backlog")
     return Verdict(True, lag, "", "")
-
-
-def unmerged_segments(names: Iterable[tuple[int, int, str]], consumed_pos: int | None,
-                      next_pos: int) -> Iterator[tuple[int, int, str]]:
-    """The segments (``(first, last, name)``, in the listing's order) that may hold records of
-    a table past its target's consumed mark and before the checkpoint's ``next_pos``: the one
-    rule of what a target has still to merge (the applier's ``pending``, this verdict's
-    ``oldest_pending_seconds`` and the applier's target-lag metric read it)."""
-    return ((first, last, name) for first, last, name in names
-            if (consumed_pos is None or last > consumed_pos) and first < next_pos)
-
-
-def oldest_pending_seconds(landing: LandingReader, database: str, table: str,
-                           consumed_pos: int | None, next_pos: int,
-                           names: list[tuple[int, int, str]] | None = None) -> float | None:
-    """Source commit time (seconds) of the oldest landed record of the table past its target's
-    consumed mark and before the checkpoint's ``next_pos``; None when there is none.
-
-    Read from the first such segment's footer statistics (``__cdc_ts_ms``), so no data is
-    read; a segment without statistics counts from its file's modification time. ``names``:
-    the table's segments as a survey listed them (``LandingReader.survey``), else listed now.
-    """
-    if names is None:
-        names = landing.segment_names(database, table)
-    for _first, _last, name in unmerged_segments(names, consumed_pos, next_pos):
-        filesystem, path = landing.store.arrow(*changelog_parts(database, table), name)
-        try:
-            metadata = pq.ParquetFile(filesystem.open_input_file(path)).metadata
-        except (OSError, pa.ArrowInvalid):
-            continue  # deleted by retention since the listing, or being written
-        oldest = _min_statistic(metadata, TS_MS)
-        if oldest is not None:
-            return oldest / 1000
-        info = filesystem.get_file_info(path)
-        if info.mtime is not None:
-            return info.mtime.timestamp()
-    return None
-
-
-def _min_statistic(metadata: pq.FileMetaData, column: str) -> int | None:
-    names = metadata.schema.names
-    if column not in names:
-        return None
-    index = names.index(column)
-    lowest = None
-    for group in range(metadata.num_row_groups):
-        statistics = metadata.row_group(group).column(index).statistics
-        if statistics is None or not statistics.has_min_max:
-            return None
-        lowest = statistics.min if lowest is None else min(lowest, statistics.min)
-    return lowest

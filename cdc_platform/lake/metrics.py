@@ -12,7 +12,7 @@ Two sources, both off the merge path:
 of the oldest landed change it has not merged, 0 when it has merged everything landed. A
 merge's own lag (newest change to commit) says nothing of a table that waits its turn in a long
 pass, so it is measured from the landing zone: the first segment past the target's mark, its
-``__cdc_ts_ms`` minimum from the footer statistics (``lake.freshness.oldest_pending_seconds``,
+``__cdc_ts_ms`` minimum from the footer statistics (``capture.landing.pending.oldest_pending_seconds``,
 as the ``fresh`` check reads it), read once per segment and kept.
 """
 
@@ -28,11 +28,11 @@ from prometheus_client import Histogram
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from cdc_platform.capture.landing.pending import oldest_pending_seconds, unmerged_segments
 from cdc_platform.capture.names import split_table_id
 from cdc_platform.config import Settings
 from cdc_platform.lake.applier.events import Applied, Event, Failed, Maintained, Reconciled
 from cdc_platform.lake.applier.loop import Applier
-from cdc_platform.lake.freshness import oldest_pending_seconds, unmerged_segments
 from cdc_platform.metrics import (
     FRESHNESS_HELP,
     FRESHNESS_METRIC,

@@ -24,6 +24,7 @@ from typing import Any
 import dagster as dg
 
 from cdc_platform.capture.binlog.headroom import checkpoint_lag_seconds
+from cdc_platform.capture.landing.pending import oldest_pending_seconds
 from cdc_platform.capture.landing.zone import LandingReader
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.config import Settings
@@ -306,7 +307,7 @@ def judge_targets(instance: dg.DagsterInstance, settings: Settings,
         if checkpoint is None:
             return None
         consumed = _consumed_position(latest.get(target_key(settings, schema)))
-        return freshness.oldest_pending_seconds(
+        return oldest_pending_seconds(
             landing, schema.database, schema.table, consumed, checkpoint.next_pos,
             names=survey.segment_names(schema.database, schema.table))
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import dagster as dg
 
+from cdc_platform.capture.landing.pending import oldest_pending_seconds
 from cdc_platform.capture.landing.published import CHANGE_TOPICS
 from cdc_platform.capture.landing.zone import LandingReader, table_of_parts
 from cdc_platform.capture.names import table_id
@@ -27,7 +28,6 @@ from cdc_platform.defs.monitoring import k8s_config_tag
 from cdc_platform.defs.names import scoped_name
 from cdc_platform.defs.streaming.runner import changelog_key
 from cdc_platform.defs.threaded import QueueLog, run_in_thread
-from cdc_platform.lake.freshness import oldest_pending_seconds
 from cdc_platform.metrics import Role
 from cdc_platform.topics.metrics import serve_publisher_metrics
 from cdc_platform.topics.producer import PublishError

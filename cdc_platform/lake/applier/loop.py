@@ -43,6 +43,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from cdc_platform.capture.landing.pending import unmerged_segments
 from cdc_platform.capture.landing.zone import Checkpoint, LandingReader, Survey
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.capture.snapshot.protocol import read_session_state
@@ -61,7 +62,6 @@ from cdc_platform.lake.applier.sweep import LandingSweep
 from cdc_platform.lake.arrow_load import target_rows
 from cdc_platform.lake.arrow_merge import upkeep_without_spark
 from cdc_platform.lake.changelog import TableChangelog
-from cdc_platform.lake.freshness import unmerged_segments
 from cdc_platform.lake.iceberg.lake import Lake
 from cdc_platform.lake.iceberg.maintenance import ORPHAN_MIN_AGE, maintain, remove_orphans
 from cdc_platform.lake.iceberg.table import LakeTable
