@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from cdc_platform.capture.landing.pending import oldest_pending_seconds
 from cdc_platform.capture.landing.published import CHANGE_TOPICS, PublishedMarks
 from cdc_platform.capture.landing.records import POS, TS_MS, table_schema_of_segment
 from cdc_platform.capture.landing.zone import (
@@ -85,13 +86,17 @@ class PublisherOptions:
         from cdc_platform.capture.source import selector_from_settings
 
         topics = settings.source.change_topics
-        kafka = topics.kafka if topics.kafka.bootstrap_servers else settings.signals.kafka
+        # (no brokers of their own: the signal topic's, with its client settings, which
+        # change_topics.kafka.config extends, e.g. with message.max.bytes)
+        own = bool(topics.kafka.bootstrap_servers)
+        kafka = topics.kafka if own else settings.signals.kafka
+        kafka_config = {**({} if own else settings.signals.kafka.config), **topics.kafka.config}
         server = settings.source.server_name
         return PublisherOptions(
             server_name=server,
             landing_url=settings.landing_zone.url,
             bootstrap_servers=kafka.bootstrap_servers,
-            kafka_config=dict(kafka.config),
+            kafka_config=kafka_config,
             captured=selector_from_settings(settings),
             published=TableSelector(include=topics.tables.include,
                                     exclude=topics.tables.exclude),
@@ -157,6 +162,10 @@ class Publisher:
         self._topics: dict[str, str] = {}  # topic -> the table id publishing to it
         self._marks: PublishedMarks | None = None
         self._version: str | None = None
+        self._filler: str | None = None  # the table that filled the last batch
+        # The commit time (ms) of the first record each table's read gave in this pass: if the
+        # batch fails, they are the oldest changes not published (the lag counts from them).
+        self._first_read: dict[str, int] = {}
 
     @property
     def producer(self) -> ChangeProducer:
@@ -204,21 +213,35 @@ class Publisher:
         marks = self._marks or PublishedMarks(CHANGE_TOPICS)
         through = dict(marks.through)
         unpublished: set[str] = set()
+        # Per table with records left: the commit time (ms) of the oldest not published; made
+        # the stats' only once the batch is on the broker (a failed batch published nothing).
+        pending = dict(self.stats.pending_since_ms)
+        self._first_read = {}
         batch = _Batch(self.options.batch_records)
-        for database, table in _tables(survey):
+        filler = None
+        for database, table in self._in_turn(_tables(survey)):
             name = table_id(database, table)
             if not self.options.publishes(database, table):
                 unpublished.add(name)
-                self.stats.pending_since_ms.pop(name, None)
+                pending.pop(name, None)
                 continue
-            if batch.full:
-                continue  # (its turn comes in the next pass)
-            if self._publish_table(survey, database, table, through, checkpoint.next_pos,
-                                   batch):
+            if batch.full:  # (its turn comes in the next pass; how long it waits, from footers)
+                if name not in pending:
+                    oldest = oldest_pending_seconds(
+                        self.landing, database, table, through.get(name, 0),
+                        checkpoint.next_pos, names=survey.segment_names(database, table))
+                    if oldest is not None:
+                        pending[name] = int(oldest * 1000)
+                continue
+            left = self._publish_table(survey, database, table, through, checkpoint.next_pos,
+                                       batch)
+            if left is None:
                 # everything committed of the table is sent: the mark moves to the checkpoint
                 # even where no record was (so retention can delete what the target consumed)
                 through[name] = max(through.get(name, 0), checkpoint.next_pos - 1)
-                self.stats.pending_since_ms.pop(name, None)
+                pending.pop(name, None)
+            else:
+                pending[name], filler = left, name
         if batch.begun:
             self.producer.commit()
             self.stats.batches += 1
@@ -232,26 +255,38 @@ class Publisher:
             self.producer.ping()  # (nothing to send: is the broker there?)
             self.stats.broker_up = True
         self.stats.records += batch.records
+        self.stats.pending_since_ms = pending
+        self._filler = filler
         self._save(PublishedMarks(CHANGE_TOPICS, through, frozenset(unpublished)))
         self.stats.caught_up = not batch.full
         return batch.records
 
+    def _in_turn(self, tables: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """The tables in the order this pass visits them: from the one after the table that
+        filled the last batch, so a busy table's backlog never keeps the others waiting for
+        more than a batch or so (every pass started at the first table did)."""
+        names = [table_id(*t) for t in tables]
+        if self._filler not in names:
+            return tables
+        cut = names.index(self._filler) + 1
+        return tables[cut:] + tables[:cut]
+
     # -- one table ---------------------------------------------------------------------------
 
     def _publish_table(self, survey: Survey, database: str, table: str,
-                       through: dict[str, int], next_pos: int, batch: _Batch) -> bool:
+                       through: dict[str, int], next_pos: int, batch: _Batch) -> int | None:
         """Send the table's records after ``through[table]`` and below ``next_pos`` until the
-        batch is full, moving ``through``; True when none is left."""
+        batch is full, moving ``through``; None when none is left, else the commit time (ms) of
+        the oldest record left (of the first one cut off, or, when the batch filled at the end
+        of a read, of the last one sent: the next is at most that much newer)."""
         name = table_id(database, table)
         after = through.get(name, 0)
         for first, last, segment in survey.segment_names(database, table):
             if last <= after or first >= next_pos:
                 continue
-            for schema, records in self._read(database, table, segment, after, next_pos):
-                records = records.slice(0, batch.limit - batch.records)  # (the batch's room)
-                if name not in self.stats.pending_since_ms and records.num_rows:
-                    self.stats.pending_since_ms[name] = int(
-                        pc.min(records.column(TS_MS)).as_py() or 0)
+            for schema, read in self._read(database, table, segment, after, next_pos):
+                records = read.slice(0, batch.limit - batch.records)  # (the batch's room)
+                self._first_read.setdefault(name, int(read.column(TS_MS)[0].as_py() or 0))
                 encoder = self._encoder(name, schema)
                 if not batch.begun:
                     self.producer.begin()
@@ -267,8 +302,11 @@ class Publisher:
                 through[name] = after
                 batch.add(name, records.num_rows, sent)
                 if batch.full:
-                    return False
-        return True
+                    rest = read.column(TS_MS)
+                    oldest = rest[records.num_rows] if read.num_rows > records.num_rows \
+                        else rest[records.num_rows - 1]
+                    return int(oldest.as_py() or 0)
+        return None
 
     def _read(self, database: str, table: str, segment: str, after: int, before: int
               ) -> Iterator[tuple[TableSchema, pa.Table]]:
@@ -330,6 +368,8 @@ class Publisher:
         """A batch the broker did not take: given up, sent again from the saved position."""
         self.stats.failures += 1
         self.stats.broker_up = False
+        for name, oldest in self._first_read.items():
+            self.stats.pending_since_ms.setdefault(name, oldest)
         self.stats.last_error = str(error)
         log.warning("change topics: %s; retrying from the saved position with backoff", error)
         if self._producer is not None and not self._producer.abort():

@@ -525,9 +525,6 @@ def test_the_publisher_metrics_say_lag_broker_state_and_messages_by_table(
         endpoint.close()
 
 
-@pytest.mark.xfail(strict=True, reason="PublisherStats.pending_since_ms keeps a table's first "
-                   "pending commit time until the table is caught up: the lag counts from the "
-                   "oldest change of the backlog, published or not")
 def test_while_catching_up_the_lag_is_the_age_of_the_oldest_change_not_published_yet(
         signal_env: CdcEnv) -> None:
     """Three transactions of 300 rows, landed 4 s apart; two batches of 300 publish the first
@@ -684,9 +681,6 @@ def test_the_publish_command_says_why_it_stops(signal_env: CdcEnv) -> None:
     assert f"table {table_id(env.db, 'files')} position {position} is larger" in line
 
 
-@pytest.mark.xfail(strict=True, reason="publish_once starts every pass at the first table "
-                   "(sorted) and skips the others once the batch is full: a table behind a "
-                   "busy one waits until that one is caught up")
 def test_a_table_behind_a_busy_one_is_published_within_a_few_batches(signal_env: CdcEnv) -> None:
     """``a_busy`` has a backlog of eight batches, ``b_quiet`` ten rows: the quiet table's
     changes go out within two batches, not after the busy table's backlog."""
