@@ -491,7 +491,9 @@ class KafkaSettings(_Section):
     config: dict[str, str] = Field(
         default_factory=dict,
         description="Extra librdkafka client settings, e.g. `security.protocol`, "
-        "`sasl.mechanism`, `sasl.username`, `sasl.password: ${KAFKA_PASSWORD}`.",
+        "`sasl.mechanism`, `sasl.username`, `sasl.password: ${KAFKA_PASSWORD}`. In "
+        "`change_topics.kafka` without bootstrap servers of its own, they extend "
+        "`signals.kafka.config` (e.g. `message.max.bytes` for large rows).",
     )
 
 
@@ -535,7 +537,8 @@ class ChangeTopicSettings(_Section):
     kafka: KafkaSettings = Field(
         default_factory=KafkaSettings,
         description="The brokers of the change topics; an empty `bootstrap_servers` means "
-        "those of the signal topic, with their `config` (`signals.kafka`).",
+        "those of the signal topic, with their `config` (`signals.kafka`), which this `config` "
+        "extends.",
     )
     prefix: str = Field(
         default="", pattern=r"^$|^[A-Za-z0-9._-]{1,200}$",
