@@ -48,12 +48,15 @@ class TopicEvent:
         return int(self.headers.get("cdc.position", "0"))
 
 
-def read_topic(bootstrap_servers: str, topic: str, idle_seconds: float = 3.0,
-               max_seconds: float = 120.0, isolation: str = "read_committed",
+def read_topic(bootstrap_servers: str, topic: str, idle_seconds: float = 2.0,
+               max_seconds: float = 900.0, isolation: str = "read_committed",
                extra: dict[str, str] | None = None) -> list[TopicEvent]:
     """Every message of ``topic`` from offset 0 of each partition, in offset order per
-    partition; reading stops once nothing arrived for ``idle_seconds`` after the last message
-    (``max_seconds`` at most). Partitions are assigned, not joined (no consumer group)."""
+    partition. Reading ends once every partition is read up to the end offset the broker
+    reports, asked again after each quiet moment, and nothing more arrived for
+    ``idle_seconds`` (``max_seconds`` at most): a consumer under load or a broker that pauses
+    while it serves a large fetch stops no read early (it did, on idle time alone, in a busy
+    demo). Partitions are assigned, not joined (no consumer group)."""
     consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"rebuild-{topic}",
                          "enable.auto.commit": False, "isolation.level": isolation,
                          **(extra or {})})
@@ -67,23 +70,41 @@ def read_topic(bootstrap_servers: str, topic: str, idle_seconds: float = 3.0,
         events: list[TopicEvent] = []
         deadline = time.monotonic() + max_seconds
         quiet_since = time.monotonic()
-        while time.monotonic() < deadline and time.monotonic() - quiet_since < idle_seconds:
-            message = consumer.poll(0.2)
-            if message is None:
+        while time.monotonic() < deadline:
+            messages = consumer.consume(1000, 0.2)
+            if not messages:
+                if time.monotonic() - quiet_since >= idle_seconds and _at_end(
+                        consumer, topic, partitions):
+                    break
                 continue
-            if message.error():
-                continue  # (end of partition and passing errors: keep reading)
             quiet_since = time.monotonic()
-            key, value = message.key(), message.value()
-            events.append(TopicEvent(
-                message.partition(), message.offset(),
-                None if key is None else _decoded_key(json.loads(key)),
-                None if value is None else json.loads(value),
-                {k: v.decode() if isinstance(v, bytes) else str(v)
-                 for k, v in (message.headers() or [])}))
+            for message in messages:
+                if message.error():
+                    continue  # (end of partition and passing errors: keep reading)
+                key, value = message.key(), message.value()
+                events.append(TopicEvent(
+                    message.partition(), message.offset(),
+                    None if key is None else _decoded_key(json.loads(key)),
+                    None if value is None else json.loads(value),
+                    {k: v.decode() if isinstance(v, bytes) else str(v)
+                     for k, v in (message.headers() or [])}))
         return events
     finally:
         consumer.close()
+
+
+def _at_end(consumer: Consumer, topic: str, partitions: list[int]) -> bool:
+    """Whether the consumer's position (past transaction markers too) has reached the end
+    offset the broker reports in every partition (Tansu reports the base offset of the last
+    record batch + 1: a read that reached it has fetched that whole batch)."""
+    positions = consumer.position([TopicPartition(topic, p) for p in partitions])
+    for position in positions:
+        _low, high = consumer.get_watermark_offsets(TopicPartition(topic, position.partition),
+                                                    timeout=10)
+        read_to = max(position.offset, 0)  # (negative: nothing read yet)
+        if read_to < high:
+            return False
+    return True
 
 
 def _decoded_key(document: Any) -> dict[str, Any]:
