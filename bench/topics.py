@@ -32,6 +32,7 @@ from cdc_platform.capture.landing.records import segment_schema
 from cdc_platform.capture.landing.zone import Checkpoint, LandingReader, LandingZone
 from cdc_platform.capture.schema import ColumnSpec, TableSchema
 from cdc_platform.capture.source import TableSelector
+from cdc_platform.demo.topic_tables import read_topic
 from cdc_platform.devservices.kafka import TansuBroker
 from cdc_platform.topics.envelope import EnvelopeOptions, TableEncoder
 from cdc_platform.topics.publisher import Publisher, PublisherOptions
@@ -111,6 +112,10 @@ def bench_topics(rows: int, work: Path) -> None:
             producer.poll(0)
         producer.flush(120)
         bare_seconds = time.perf_counter() - started
+
+        started = time.perf_counter()
+        read = read_topic(broker.bootstrap_servers, encoder.topic, idle_seconds=5.0)
+        read_seconds = time.perf_counter() - started - 5.0
     finally:
         broker.stop()
     size = sum(len(m.value or b"") for m in encoded) / max(1, len(encoded))
@@ -119,6 +124,8 @@ def bench_topics(rows: int, work: Path) -> None:
           f"{published_seconds:.1f}s = {publisher_rate:,.0f} msg/s ({stats.batches} batches; "
           f"{size:,.0f} bytes a value)")
     print(f"encoding only: {len(encoded) / encode_seconds:,.0f} msg/s")
+    print(f"a plain consumer reading the topic back (demo.topic_tables.read_topic): "
+          f"{len(read):,} messages at {len(read) / read_seconds:,.0f} msg/s")
     print(f"bare confluent-kafka producer, same messages pre-encoded: "
           f"{len(encoded) / bare_seconds:,.0f} msg/s")
     print(f"ratio publisher/bare producer: {publisher_rate / (len(encoded) / bare_seconds):.2f}; "
