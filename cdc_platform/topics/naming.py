@@ -7,8 +7,9 @@ name cannot hold (anything but ASCII letters, digits, ``.``, ``_``, ``-``) becom
 character beyond U+FFFF, two code units, becomes ``__``), then the name is cut to Kafka's 249
 characters; a name that is exactly ``.`` or ``..`` becomes ``_`` or ``__``. Like Debezium's,
 the rule is not injective (``my-db.t`` and ``my_db.t`` differ, but ``a.b``'s table ``c`` and
-``a``'s table ``b.c`` share ``prefix.a.b.c``); two captured tables whose topics coincide share
-the topic, as they would under Debezium.
+``a``'s table ``b.c`` share ``prefix.a.b.c``). Debezium would let two such tables share the
+topic; our publisher stops instead, naming both (``topics.publisher``): a consumer could not
+tell their events apart.
 
 The key, value and envelope schemas are named after the topic (``<topic>.Key``, ``.Value``,
 ``.Envelope``), unadjusted: Debezium's default ``schema.name.adjustment.mode`` is ``none``.
