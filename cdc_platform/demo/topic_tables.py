@@ -231,7 +231,8 @@ def differences(rebuilt: RebuiltTable, source_rows: list[dict[str, Any]],
                 key_columns: list[str], schema: dict[str, dict[str, Any]]) -> list[str]:
     """What differs between the rebuilt table and the source's rows (each a column -> value
     dict as PyMySQL reads it with a UTC session): missing, extra and different keys, with
-    their columns; compares the columns the events carry (excluded columns are not sent)."""
+    their columns; compares the columns the events carry (excluded columns are not sent), and
+    finds a row without a column the newest event's schema has."""
     found: list[str] = []
     source = {tuple(source_value(row[k], schema.get(k)) for k in key_columns): row
               for row in source_rows}
@@ -240,6 +241,9 @@ def differences(rebuilt: RebuiltTable, source_rows: list[dict[str, Any]],
         if built is None:
             found.append(f"missing {key}")
             continue
+        missing = [column for column in schema if column not in built]
+        if missing:  # (its last event predates a column the newest events carry)
+            found.append(f"{key}: no value for {', '.join(missing)}")
         for column, value in built.items():
             expected = source_value(row.get(column), schema.get(column))
             if expected != value:
