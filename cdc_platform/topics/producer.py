@@ -223,14 +223,18 @@ class ChangeProducer:
         reason = kafka_error(error)
         if reason is None:
             return BrokerUnavailable(f"{doing}: {error}")
-        if reason.code() in _FATAL_CODES or (reason.fatal() and not self.transactional):
+        # (a producer in a fatal state fails every call after with the local _FATAL code)
+        fatal = reason.fatal() or reason.code() == KafkaError._FATAL
+        if reason.code() in _FATAL_CODES or (fatal and not self.transactional):
             return PublishError(self._fatal_text(reason, doing))
-        if reason.fatal():
-            # (a fenced or broken transactional producer: only a new one goes on)
-            return PublishError(f"change topics: {doing}: {reason.str()} (the producer's "
-                                "transactional id was taken over by another publisher of this "
-                                "source, or the broker lost its transaction state); the "
-                                "publisher restarts from its saved position")
+        if fatal:
+            # (a fenced or broken transactional producer: only a new one goes on, and a new
+            # one would fence the publisher that took over)
+            return PublishError(f"change topics: {doing}: {reason.str()}: another publisher "
+                                "of this source took over its transactional id (two "
+                                "publish_changes runs, or a `python -m cdc_platform publish`), "
+                                "or the broker lost its transaction state; this one stops, and "
+                                "a new run starts from the saved position")
         if reason.txn_requires_abort():
             return BrokerUnavailable(f"{doing}: {reason.str()} (transaction aborted)")
         return BrokerUnavailable(f"{doing}: {reason.str()}")
