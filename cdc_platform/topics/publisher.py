@@ -188,7 +188,8 @@ class Publisher:
             while not stop.is_set():
                 try:
                     sent = self.publish_once()
-                except BrokerUnavailable as error:
+                except (BrokerUnavailable, OSError) as error:  # (OSError: the landing zone's
+                    # store did not answer, e.g. object storage; read again from the position)
                     self._failed(error)
                     stop.wait(backoff)
                     backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
@@ -284,7 +285,7 @@ class Publisher:
         for first, last, segment in survey.segment_names(database, table):
             if last <= after or first >= next_pos:
                 continue
-            for schema, read in self._read(database, table, segment, after, next_pos):
+            for schema, read in self._checked_reads(database, table, segment, after, next_pos):
                 records = read.slice(0, batch.limit - batch.records)  # (the batch's room)
                 self._first_read.setdefault(name, int(read.column(TS_MS)[0].as_py() or 0))
                 encoder = self._encoder(name, schema)
@@ -293,7 +294,11 @@ class Publisher:
                     batch.begun = True
                 self.producer.ensure_topics([encoder.topic])
                 sent = 0
-                for message in encoder.encode(records):
+                try:
+                    messages = encoder.encode(records)
+                except ValueError as error:
+                    raise _unpublishable(database, table, segment, error) from error
+                for message in messages:
                     self.producer.send(encoder.topic, message.key, message.value,
                                        list(message.headers),
                                        f"table {name} position {message.position}")
@@ -308,6 +313,21 @@ class Publisher:
                     return int(oldest.as_py() or 0)
         return None
 
+    def _checked_reads(self, database: str, table: str, segment: str, after: int,
+                       before: int) -> Iterator[tuple[TableSchema, pa.Table]]:
+        """``_read``, where a segment that is not what the capture engine writes (no schema
+        metadata, an unknown op, a record without a commit time) stops the publisher naming
+        the segment, rather than failing with a traceback or skipping it."""
+        reads = self._read(database, table, segment, after, before)
+        while True:
+            try:
+                schema, records = next(reads)
+            except StopIteration:
+                return
+            except (ValueError, KeyError, TypeError, pa.ArrowInvalid) as error:
+                raise _unpublishable(database, table, segment, error) from error
+            yield schema, records
+
     def _read(self, database: str, table: str, segment: str, after: int, before: int
               ) -> Iterator[tuple[TableSchema, pa.Table]]:
         """The segment's records with ``after < pos < before``, ``READ_ROWS`` at a time, with
@@ -315,7 +335,10 @@ class Publisher:
         filesystem, path = self.landing.store.arrow(*changelog_parts(database, table), segment)
         with filesystem.open_input_file(path) as source:
             parquet = pq.ParquetFile(source)
-            schema = table_schema_of_segment(parquet.schema_arrow.metadata or {})
+            try:
+                schema = table_schema_of_segment(parquet.schema_arrow.metadata or {})
+            except KeyError as missing:
+                raise ValueError(f"its footer lacks the engine's metadata {missing}") from None
             for batch in parquet.iter_batches(batch_size=READ_ROWS):
                 records = pa.Table.from_batches([batch])
                 positions = records.column(POS)
@@ -375,6 +398,13 @@ class Publisher:
         if self._producer is not None and not self._producer.abort():
             self._producer.close(0)
             self._producer = None  # (a new one: its transactional id fences the old one)
+
+
+def _unpublishable(database: str, table: str, segment: str, error: Exception) -> PublishError:
+    return PublishError(
+        f"change topics: segment {segment} of {table_id(database, table)} cannot be published "
+        f"({error}); only the capture engine's files belong in the changelog: move this one out "
+        "of the landing zone, or leave the table out with change_topics.tables.exclude")
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """The change-topic publisher on an S3 landing zone (a real SeaweedFS): it reads the segments,
 saves its position with a conditional put (a second publisher's save makes the first stop),
-and retention on object storage keeps what it has not published."""
+and retention on object storage keeps what it has not published; and what it does with a file
+in the changelog that the engine did not write."""
 
 from __future__ import annotations
 
@@ -86,3 +87,28 @@ def test_publishing_from_s3_saves_by_conditional_put_and_retention_waits(
     assert len(table.rows) == 60
     assert table.rows[(1,)]["name"] == "u61"  # updated by the fourth segment
     assert table.rows[(41,)]["name"] == "c41"
+
+
+def test_a_segment_the_engine_did_not_write_stops_the_publisher_by_name(
+        kafka: TansuBroker, tmp_path: Path) -> None:
+    """A file named like a segment without the engine's metadata, or with an op the landing
+    zone does not know, stops the publisher with one line naming it (never a skip)."""
+    url = str(tmp_path / "landing")
+    zone = LandingZone(url, "s3pub")
+    options = PublisherOptions(
+        server_name="s3pub", landing_url=url, bootstrap_servers=kafka.bootstrap_servers,
+        captured=TableSelector(), published=TableSelector(),
+        envelope=EnvelopeOptions(prefix=f"bad{int(time.time() * 1000)}"))
+    row = {"__cdc_pos": [1], "__cdc_gtid": ["0-1-1"], "__cdc_op": ["c"],
+           "__cdc_ts_ms": [1_700_000_000_000], "id": [1], "name": ["a"]}
+    zone.write_checkpoint(Checkpoint("s3pub", "mariadb", "0-1-2", 2))
+    for schema, op, reason in (
+            (segment_schema(ITEMS).remove_metadata(), "c", "lacks the engine's metadata"),
+            (segment_schema(ITEMS), "x", "unknown change op")):
+        zone.write_segment(ITEMS, pa.Table.from_pydict({**row, "__cdc_op": [op]},
+                                                       schema=schema), 1, 1)
+        publisher = Publisher(options, LandingReader.open(url, "s3pub"))
+        with pytest.raises(PublishError, match=r"segment 0+1-0+1\.parquet of shop\.items "
+                           rf"cannot be published \(.*{reason}"):
+            publisher.run(threading.Event(), stop_when_caught_up=True)
+        assert zone.read_published(CHANGE_TOPICS) is None  # nothing saved past it
