@@ -24,6 +24,7 @@ from cdc_platform.topics.publisher import PublisherStats, open_publisher
 from cdc_platform_tests.capture.snapshot.reading.live_engine import (
     invisible,
     snapshot_reader,
+    snapshot_while_writing,
     streaming,
 )
 from cdc_platform_tests.conftest import CdcEnv
@@ -256,10 +257,9 @@ def test_incremental_snapshot_rows_arrive_as_reads_in_changelog_order(signal_env
     env.execute("CREATE TABLE items (id INT PRIMARY KEY, name VARCHAR(40), price DECIMAL(10,2))")
     # rows only a snapshot can bring: the binlog never sees them
     invisible(env, "INSERT INTO items SELECT seq, CONCAT('n', seq), seq / 4 FROM seq_1_to_600")
-    done = threading.Event()
     written: set[int] = set()
 
-    def write() -> None:
+    def write(done: threading.Event) -> None:
         rng = random.Random(11)
         with env.mariadb.root_connect(database=env.db, autocommit=True) as conn, \
                 conn.cursor() as cur:
@@ -273,14 +273,7 @@ def test_incremental_snapshot_rows_arrive_as_reads_in_changelog_order(signal_env
                 written.add(key)
                 time.sleep(0.005)
 
-    with streaming(env):
-        writer = threading.Thread(target=write, daemon=True)
-        writer.start()
-        try:
-            result = snapshot_reader(env, "items", chunk_size=50).run()
-        finally:
-            done.set()
-            writer.join(30)
+    result = snapshot_while_writing(env, "items", write, chunk_size=50)
     assert result.status == "done"
     env.catch_up()
     _publish(env)

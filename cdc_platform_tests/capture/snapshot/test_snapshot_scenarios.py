@@ -38,6 +38,7 @@ from cdc_platform_tests.capture.snapshot.reading.live_engine import (
     finish_and_reconcile,
     invisible,
     snapshot_reader,
+    snapshot_while_writing,
     streaming,
 )
 from cdc_platform_tests.conftest import CdcEnv
@@ -147,21 +148,12 @@ def test_traffic_only_on_an_excluded_table(cdc_env: CdcEnv, spark: Any) -> None:
     _items(env)
     env.execute("CREATE TABLE noise (id INT PRIMARY KEY AUTO_INCREMENT, v INT)")
     invisible(env, "INSERT INTO items SELECT seq, 'x', seq, 'a' FROM seq_1_to_500")
-    done = threading.Event()
-
-    def noise() -> None:
+    def noise(done: threading.Event) -> None:
         while not done.is_set():
             env.execute("INSERT INTO noise (v) VALUES (1)")
             time.sleep(0.01)
 
-    with streaming(env):
-        writer = threading.Thread(target=noise, daemon=True)
-        writer.start()
-        try:
-            result = snapshot_reader(env, "items", chunk_size=50).run()
-        finally:
-            done.set()
-            writer.join(30)
+    result = snapshot_while_writing(env, "items", noise, chunk_size=50)
     assert (result.status, result.rows) == ("done", 500)
     assert not (env.landing.root / "changelog" / env.db / "noise").exists()
     finish_and_reconcile(env, spark, "items")

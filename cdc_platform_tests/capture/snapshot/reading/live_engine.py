@@ -73,6 +73,22 @@ def snapshot_reader(env: CdcEnv, table: str, **options: Any) -> SnapshotReader:
     return SnapshotReader(env.landing, connection, "mariadb", schema, **options)
 
 
+def snapshot_while_writing(env: CdcEnv, table: str, write: Callable[[threading.Event], None],
+                           **options: Any) -> Any:
+    """Snapshot ``table`` (``snapshot_reader`` with ``options``) with the engine streaming and
+    ``write(done)`` running in a thread until the snapshot ended (``done`` is set then); the
+    reader's result."""
+    done = threading.Event()
+    with streaming(env):
+        writer = threading.Thread(target=write, args=(done,), daemon=True)
+        writer.start()
+        try:
+            return snapshot_reader(env, table, **options).run()
+        finally:
+            done.set()
+            writer.join(30)
+
+
 def finish_and_reconcile(env: CdcEnv, spark: Any, *tables: str) -> None:
     """Land everything, materialise, and require target == source for each table."""
     env.catch_up()

@@ -18,6 +18,7 @@ from cdc_platform_tests.capture.snapshot.reading.live_engine import (
     finish_and_reconcile,
     invisible,
     snapshot_reader,
+    snapshot_while_writing,
     streaming,
 )
 from cdc_platform_tests.conftest import CdcEnv
@@ -51,10 +52,9 @@ def test_inserts_updates_and_deletes_during_the_snapshot(cdc_env: CdcEnv, spark:
     _items(env)
     invisible(env, "INSERT INTO items SELECT seq * 2, CONCAT('n', seq), seq, 'open' "
                    "FROM seq_1_to_3000")
-    done = threading.Event()
     writes: list[int] = []
 
-    def write() -> None:
+    def write(done: threading.Event) -> None:
         rng = random.Random(7)
         with env.mariadb.root_connect(database=env.db, autocommit=True) as conn, \
                 conn.cursor() as cur:
@@ -72,14 +72,7 @@ def test_inserts_updates_and_deletes_during_the_snapshot(cdc_env: CdcEnv, spark:
                 writes.append(key)
                 time.sleep(0.002)
 
-    with streaming(env):
-        writer = threading.Thread(target=write, daemon=True)
-        writer.start()
-        try:
-            result = snapshot_reader(env, "items", chunk_size=100).run()
-        finally:
-            done.set()
-            writer.join(30)
+    result = snapshot_while_writing(env, "items", write, chunk_size=100)
     assert result.status == "done" and result.chunks >= 25
     assert len(writes) > 50
     finish_and_reconcile(env, spark, "items")
