@@ -17,14 +17,13 @@ import json
 import threading
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
 
 from cdc_platform.capture.binlog.headroom import checkpoint_lag_seconds
-from cdc_platform.capture.landing.pending import oldest_pending_seconds
+from cdc_platform.capture.landing.pending import oldest_pending_by_table
 from cdc_platform.capture.landing.zone import LandingReader
 from cdc_platform.capture.schema import TableSchema
 from cdc_platform.config import Settings
@@ -45,8 +44,6 @@ PID_TAG = "cdc_platform/applier_pid"
 CHILD_PID_TAG = "cdc_platform/applier_child_pid"
 HOST_TAG = "cdc_platform/applier_host"
 RUN_TAGS = RunTags(APPLIER_TAG, PID_TAG, HOST_TAG)
-# Segment footers the freshness judgement reads at once (a request each on object storage).
-FOOTER_READERS = 8
 # The fresh check's result is recorded when it changes, and at least this often.
 REPORT_EVERY_SECONDS = 300.0
 STOP_GRACE_SECONDS = 120.0
@@ -286,7 +283,7 @@ def judge_targets(instance: dg.DagsterInstance, settings: Settings,
     """Every target's freshness verdict now (no Spark: run records, the checkpoint, segment
     footers and each target's newest materialisation). Whatever the number of tables: one
     survey of the landing zone, one query for the targets' newest materialisations, and the
-    footers of the tables with pending segments read ``FOOTER_READERS`` at a time (on object
+    footers of the tables with pending segments read a few at a time (``oldest_pending_by_table``; on object
     storage a request each)."""
     server = settings.source.server_name
     landing = LandingReader.open(settings.landing_zone.url, server, s3=settings.s3)
@@ -303,17 +300,11 @@ def judge_targets(instance: dg.DagsterInstance, settings: Settings,
     latest = instance.get_latest_materialization_events(
         [target_key(settings, schema) for schema in tables]) if tables else {}
 
-    def oldest(schema: TableSchema) -> float | None:
-        if checkpoint is None:
-            return None
-        consumed = _consumed_position(latest.get(target_key(settings, schema)))
-        return oldest_pending_seconds(
-            landing, schema.database, schema.table, consumed, checkpoint.next_pos,
-            names=survey.segment_names(schema.database, schema.table))
-
-    with ThreadPoolExecutor(max_workers=FOOTER_READERS) as pool:
-        pending = dict(zip([t.table_id for t in tables], pool.map(oldest, tables),
-                           strict=True))
+    oldest = oldest_pending_by_table(landing, survey, {
+        (schema.database, schema.table): _consumed_position(latest.get(target_key(settings,
+                                                                                 schema)))
+        for schema in tables})
+    pending = {schema.table_id: oldest[(schema.database, schema.table)] for schema in tables}
     now = time.time()
     return {schema.table_id: freshness.judge(freshness.Facts(
         now=now, freshness_seconds=limit, engine_running=engine_running,

@@ -18,7 +18,7 @@ from typing import Any
 
 import dagster as dg
 
-from cdc_platform.capture.landing.pending import oldest_pending_seconds
+from cdc_platform.capture.landing.pending import oldest_pending_by_table
 from cdc_platform.capture.landing.published import CHANGE_TOPICS
 from cdc_platform.capture.landing.zone import LandingReader, table_of_parts
 from cdc_platform.capture.names import table_id
@@ -122,18 +122,16 @@ def judge_topics(settings: Settings) -> tuple[bool, float, str]:
     if survey.checkpoint is None:
         return True, 0.0, "nothing landed yet"
     marks = landing.read_published(CHANGE_TOPICS)
-    now, worst, behind = time.time(), 0.0, ""
     options = PublisherOptions.from_settings(settings)
-    for db_dir, table_dir in survey.segments:
-        database, table = table_of_parts(db_dir, table_dir)
-        if not options.publishes(database, table):
-            continue
-        through = 0 if marks is None else marks.through.get(table_id(database, table), 0)
-        oldest = oldest_pending_seconds(landing, database, table, through,
-                                        survey.checkpoint.next_pos,
-                                        names=survey.segment_names(database, table))
-        if oldest is not None and now - oldest > worst:
-            worst, behind = now - oldest, table_id(database, table)
+    published = [table_of_parts(*parts) for parts in survey.segments]
+    oldest = oldest_pending_by_table(landing, survey, {
+        (database, table): 0 if marks is None else marks.through.get(
+            table_id(database, table), 0)
+        for database, table in published if options.publishes(database, table)})
+    now, worst, behind = time.time(), 0.0, ""
+    for (database, table), seconds in oldest.items():
+        if seconds is not None and now - seconds > worst:
+            worst, behind = now - seconds, table_id(database, table)
     limit = settings.lake.freshness_seconds
     return worst <= limit, worst, behind
 
